@@ -319,6 +319,7 @@ def _exit_process(code: int) -> None:
 
 def launch(program: Program, launch_type=None, local_resources: Optional[Mapping[str, Any]] = None,
            test_case=None, terminal: Optional[str] = None, *,
+           resources: Optional[Mapping[str, Any]] = None,
            serialize_py_nodes: Optional[bool] = None, notice_period: float = 10.0,
            **launcher_options) -> Controller:
     """Launches `program` and returns its controller.
@@ -327,6 +328,7 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
       program: the program to run.
       launch_type: a `lp.LaunchType` or registered name; default `--lp_launch_type` ('local_mt').
       local_resources: group label -> platform resources (`lp.PythonProcess` for local_mp, ...).
+      resources: the same as `local_resources`, the name used for remote platforms.
       test_case: for test_mt / test_mp, the unittest.TestCase whose cleanup stops the program.
       terminal: where node output goes: 'current_terminal' (default), 'output_to_files',
         'tmux_session' (process launchers).
@@ -345,7 +347,10 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
         raise ValueError(f'Unknown launch type {launch_type!r}; known launch types: '
                          f'{", ".join(registered_launch_types())}.')
     program.validate()
-    options = LaunchOptions(launch_type=launch_type, resources=dict(local_resources or {}),
+    if resources is not None and local_resources is not None:
+        raise ValueError('Pass either resources= or local_resources= (they are the same), not both.')
+    resources = resources if resources is not None else local_resources
+    options = LaunchOptions(launch_type=launch_type, resources=dict(resources or {}),
                             terminal=terminal, test_case=test_case,
                             serialize_py_nodes=serialize_py_nodes, notice_period=notice_period,
                             extra=launcher_options)
