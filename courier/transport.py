@@ -354,6 +354,7 @@ class _GrpcServerTransport(ServerTransport):
             'ListMethods': grpc.unary_unary_rpc_method_handler(self._list),
         })
         self._unix_path = None
+        self._started = False
         try:
             self.address = self._bind(address, endpoint, tls)
         except BaseException:
@@ -388,8 +389,12 @@ class _GrpcServerTransport(ServerTransport):
 
     def start(self):
         self._server.start()
+        self._started = True
 
     def stop(self, grace):
+        if not self._started:
+            # gRPC only closes the listening socket of a server that was started.
+            self._server.start()
         self._server.stop(grace).wait()
         self._executor.shutdown(wait=False, cancel_futures=True)
         if self._unix_path is not None:
