@@ -160,7 +160,7 @@ class Server:
             return wire.Response(wire.UNKNOWN_METHOD, methods=self._method_names(),
                                  message=f'no method {method!r}')
         try:
-            args, kwargs = _unpack_arguments(serialization.loads(
+            args, kwargs = _unpack_arguments(method, serialization.loads(
                 pickle, buffers, f'the arguments of {method!r}'))
         except errors.SerializationError as error:
             return wire.Response(wire.SERIALIZATION_ERROR, message=str(error))
@@ -175,11 +175,12 @@ class Server:
         return wire.Response(wire.OK, data, result_buffers)
 
 
-def _unpack_arguments(value: Any):
+def _unpack_arguments(method: str, value: Any):
     if (not isinstance(value, tuple) or len(value) != 2 or not isinstance(value[0], tuple)
             or not isinstance(value[1], dict)):
         raise errors.SerializationError(
-            'the arguments are not an (args, kwargs) pair: the caller is not a courier client')
+            f'the arguments of {method!r} are not an (args, kwargs) pair: the caller is not '
+            f'a courier client')
     return value
 
 
