@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing.resource_tracker
 import time
 
 import psutil
@@ -13,6 +14,8 @@ import courier
 @pytest.fixture(autouse=True)
 def no_leaked_processes():
     """Fails a test that leaves a child process behind."""
+    # multiprocessing's helper lives as long as this process by design: not a leak.
+    multiprocessing.resource_tracker.ensure_running()
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     yield
     leaked = [child for child in psutil.Process().children(recursive=True)
