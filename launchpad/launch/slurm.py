@@ -19,6 +19,7 @@ nodes' logs (kept), and the steps run the launcher's Python interpreter.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -29,6 +30,7 @@ import re
 import secrets
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -52,6 +54,10 @@ _ENDED_STATES = frozenset({
     'BOOT_FAIL', 'CANCELLED', 'COMPLETED', 'DEADLINE', 'FAILED', 'NODE_FAIL', 'OUT_OF_MEMORY',
     'PREEMPTED', 'REVOKED', 'TIMEOUT'})
 _JOB_POLL = 1.0  # seconds between squeue calls while the program runs
+# Pending reasons that waiting does not cure: the request does not fit the partition or account.
+_HOPELESS_REASONS = frozenset({
+    'AccountNotAllowed', 'BadConstraints', 'DependencyNeverSatisfied', 'InvalidAccount',
+    'InvalidQOS', 'PartitionConfig', 'PartitionNodeLimit', 'PartitionTimeLimit', 'QOSNotAllowed'})
 _MEM_UNITS = {'K': 1 / 1024, 'M': 1, 'G': 1024, 'T': 1024 * 1024}
 _OPTIONS = ('detach', 'job_dir', 'start_timeout', 'coordinator_host')
 
@@ -335,6 +341,10 @@ def _wait_for_start(job_id: str, timeout: Optional[float]) -> None:
             return
         if _ended(states):
             raise SlurmError(f'Slurm job {job_id} ended before it started: {_describe(states)}.')
+        if any(reason in _HOPELESS_REASONS for _, reason in states):
+            _cancel(job_id)
+            raise SlurmError(f'Slurm job {job_id} cannot start: {_describe(states)}; the request '
+                             'does not fit the partition or account. Cancelled it.')
         waited = time.monotonic() - start
         if timeout is not None and waited > timeout:
             _cancel(job_id)
@@ -348,6 +358,25 @@ def _wait_for_start(job_id: str, timeout: Optional[float]) -> None:
                   file=sys.stderr, flush=True)
         time.sleep(interval)
         interval = min(interval * 2, 1.0)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """Turns SIGTERM into KeyboardInterrupt (in the main thread), so that a launch being killed
+    still cancels the job it submitted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        del frame
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _job_environment(token: str) -> Dict[str, str]:
@@ -662,7 +691,8 @@ class SlurmLauncher(launcher.Launcher):
         print(f'Program {program.name!r} is Slurm job {job_id} ({len(names)} nodes); node logs in '
               f'{log_dir}; cancel with scancel {job_id}.', file=sys.stderr, flush=True)
         try:
-            _wait_for_start(job_id, settings.start_timeout)
+            with _sigterm_interrupts():
+                _wait_for_start(job_id, settings.start_timeout)
         except BaseException:
             _cancel(job_id)
             server.Stop()
