@@ -357,7 +357,7 @@ def _wait_for_start(job_id: str, timeout: Optional[float]) -> None:
             print(f'Waiting for Slurm job {job_id} to start: {_describe(states)}.',
                   file=sys.stderr, flush=True)
         time.sleep(interval)
-        interval = min(interval * 2, 1.0)
+        interval = min(interval * 2, 0.2 if waited < 10 else 1.0)
 
 
 @contextlib.contextmanager
