@@ -85,6 +85,7 @@ def actor_learner(actors=2, updates_to_stop=20):
 
 
 def serve_until_stopped():
+    print('serving', flush=True)
     lp.wait_for_stop()
 
 
@@ -143,6 +144,11 @@ def assert_nothing_left(controller, tmp_path):
     job_dir = os.path.dirname(controller.log_dir)
     assert sorted(os.listdir(job_dir)) == ['logs']
     assert 'job.out' in os.listdir(controller.log_dir)
+
+
+def both_serving(job_dir):
+    logs = [os.path.join(job_dir, 'logs', f'{name}_0.out') for name in ('server', 'worker')]
+    return all(os.path.exists(log) and 'serving' in open(log).read() for log in logs)
 
 
 def hosts(controller):
@@ -340,8 +346,7 @@ def test_ctrl_c_cancels_the_program(slurm_single, tmp_path):
             if line.startswith('launched job'):
                 break
         job_dir = os.path.join(tmp_path, 'jobs', os.listdir(tmp_path / 'jobs')[0])
-        assert wait_until(lambda: len([p for p in our_processes(job_dir)
-                                       if p.startswith(sys.executable)]) == 2, timeout=30)
+        assert wait_until(lambda: both_serving(job_dir), timeout=30)
         process.send_signal(signal.SIGINT)
         output = process.communicate(timeout=30)[0]
     finally:
@@ -352,6 +357,35 @@ def test_ctrl_c_cancels_the_program(slurm_single, tmp_path):
     assert queue() == ''
     assert wait_until(lambda: not our_processes(job_dir), timeout=10)
     assert os.listdir(job_dir) == ['logs']
+
+
+def test_job_cancelled_behind_our_back_fails_the_running_nodes(slurm_single, tmp_path):
+    controller = launch(two_groups(serve_until_stopped), tmp_path)
+    assert wait_until(lambda: all(s.state is lp.NodeState.RUNNING
+                                  for s in controller.status().values()), timeout=30)
+    subprocess.run(['scancel', controller.job_id], check=True)
+    with pytest.raises(lp.NodeFailedError, match='Slurm|exit code'):
+        controller.wait(timeout=30)
+    assert_nothing_left(controller, tmp_path)
+
+
+def test_nodes_end_when_the_launcher_dies(slurm_single, tmp_path):
+    script = tmp_path / 'script.py'
+    script.write_text(SCRIPT + 'controller.wait()\n')
+    process = subprocess.Popen(
+        [sys.executable, str(script), 'forever'], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env=script_env({'LAUNCHPAD_SLURM_DIR': str(tmp_path / 'jobs')}))
+    try:
+        for line in process.stdout:
+            if line.startswith('launched job'):
+                break
+        job_dir = os.path.join(tmp_path, 'jobs', os.listdir(tmp_path / 'jobs')[0])
+        assert wait_until(lambda: both_serving(job_dir), timeout=30)
+    finally:
+        process.kill()
+        process.wait()
+    assert wait_until(lambda: queue() == '', timeout=30)
+    assert wait_until(lambda: not our_processes(job_dir), timeout=10)
 
 
 # --- three-node cluster ------------------------------------------------------------------------
