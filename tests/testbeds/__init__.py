@@ -7,7 +7,8 @@ of install_packages.sh) calls `require_testbed`: the test is skipped with the re
 when the environment sets LAUNCHPAD_TESTBEDS=required (as CI does).
 
 Beds are machine-wide (fixed names and addresses), so a bed is held by one process at a time:
-another process waits for it (up to LAUNCHPAD_TESTBED_WAIT seconds, default 120). The SSH bed
+another process waits for it (up to LAUNCHPAD_TESTBED_WAIT seconds, default 60), then fails
+naming the holder. The SSH bed
 and the multi-node Slurm bed share one network and may be up together, in any order.
 """
 from __future__ import annotations
@@ -220,13 +221,22 @@ def leftovers(bed: str) -> list[str]:
 _held: set[str] = set()
 
 
+def _describe(pid: str) -> str:
+    try:
+        raw = pathlib.Path(f'/proc/{int(pid)}/cmdline').read_bytes()
+    except (OSError, ValueError):
+        return f'process {pid.strip() or "?"}'
+    cmdline = raw.replace(b'\0', b' ').decode(errors='replace').strip()
+    return f'process {int(pid)} ({cmdline})'
+
+
 @contextlib.contextmanager
 def _exclusive(bed: str) -> Iterator[None]:
     """Holds the bed for this process; other processes wait, a second holder here is a bug."""
     if bed in _held:
         raise TestbedError(f'the {bed} test bed is already up in this process; '
                            f'use the session fixture instead of bringing it up again')
-    wait = float(os.environ.get('LAUNCHPAD_TESTBED_WAIT', '120'))
+    wait = float(os.environ.get('LAUNCHPAD_TESTBED_WAIT', '60'))
     path = LOCK_DIR / f'lp-testbed-{bed}.lock'
     with open(path, 'a+') as lock:
         deadline = time.monotonic() + wait
@@ -237,8 +247,8 @@ def _exclusive(bed: str) -> Iterator[None]:
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     lock.seek(0)
-                    raise TestbedError(f'the {bed} test bed is held by process {lock.read().strip()} '
-                                       f'for more than {wait:.0f} s (LAUNCHPAD_TESTBED_WAIT)')
+                    raise TestbedError(f'the {bed} test bed is still held by {_describe(lock.read())} '
+                                       f'after {wait:.0f} s (LAUNCHPAD_TESTBED_WAIT)')
                 time.sleep(0.2)
         lock.truncate(0)
         lock.write(str(os.getpid()))

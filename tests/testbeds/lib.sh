@@ -145,12 +145,11 @@ lp_conf_restore() {  # PATH
 # Processes that share the UTS namespace of process PID (each daemon of a bed gets its own, so
 # this finds everything it started, including sessions and job steps that left its process tree).
 lp_uts_members() {
-  local target p
-  target=$(readlink "/proc/$1/ns/uts" 2>/dev/null) || return 0
-  for p in /proc/[0-9]*; do
-    [ "$(readlink "$p/ns/uts" 2>/dev/null)" = "$target" ] && echo "${p#/proc/}"
-  done
-  return 0
+  local target
+  target=$(readlink "/proc/$1/ns/uts" 2>/dev/null) || return 0   # e.g. uts:[4026532301]
+  target=${target//[/\\[}
+  target=${target//]/\\]}
+  find /proc/[0-9]*/ns/uts -maxdepth 0 -lname "$target" 2>/dev/null | cut -d/ -f3 || true
 }
 
 # True while PID runs (a zombie waiting to be reaped by init counts as gone).

@@ -47,8 +47,18 @@ client_options() {  # the options every client needs, in ssh_config syntax
 EOF
 }
 
+wait_for_login() {  # I
+  local ip _
+  ip=$(lp_host_ip "$1")
+  for _ in $(seq 1 50); do
+    ssh -F "$STATE/ssh_config" "$ip" true 2>/dev/null && return
+    sleep 0.1
+  done
+  lp_die "sshd on lp-h$1 ($ip) does not accept our key; log: $(cat "$STATE/sshd-$1.log" 2>/dev/null)"
+}
+
 up() {
-  local n=$1 i ns ip pid
+  local n=$1 i ns ip pid waiting=()
   lp_require_root
   lp_require_commands ip flock nsenter unshare ssh ssh-keygen /usr/sbin/sshd
   down
@@ -88,14 +98,9 @@ EOF
   chmod 700 "$(dirname "$SSH_CONFIG")"
   { echo "$BEGIN"; echo "Host $LP_SUBNET.* lp-h*"; client_options; echo "$END"; } >>"$SSH_CONFIG"
 
-  for i in $(seq 1 "$n"); do
-    ip=$(lp_host_ip "$i")
-    for _ in $(seq 1 50); do
-      ssh -F "$STATE/ssh_config" "$ip" true 2>/dev/null && continue 2
-      sleep 0.1
-    done
-    lp_die "sshd on lp-h$i ($ip) does not answer; log: $(cat "$STATE/sshd-$i.log" 2>/dev/null)"
-  done
+  # A real login per host, in parallel (each runs the login shell, which may be slow to start).
+  for i in $(seq 1 "$n"); do wait_for_login "$i" & waiting+=($!); done
+  for pid in "${waiting[@]}"; do wait "$pid"; done
   for i in $(seq 1 "$n"); do echo "lp-h$i $(lp_host_ip "$i")"; done
 }
 
