@@ -283,7 +283,8 @@ class _Script:
         self.down_seconds: float | None = None
 
     def run(self, *args: str, timeout: float = 300) -> str:
-        env = dict(os.environ, LP_TESTBED_TMPDIR=tempfile.gettempdir(), LP_PYTHON=sys.executable)
+        env = dict(os.environ, LP_TESTBED_TMPDIR=tempfile.gettempdir(), LP_PYTHON=sys.executable,
+                   LP_TESTBED_LOCKED=self.bed)  # the caller holds it, see _exclusive
         try:
             done = subprocess.run(['bash', str(self.path), *args], env=env, capture_output=True,
                                   text=True, timeout=timeout)

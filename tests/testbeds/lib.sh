@@ -26,7 +26,19 @@ lp_require_commands() {
   done
 }
 
-# Runs "$@" (a function of this file or the caller) while holding the test-bed lock.
+# Makes sure no other process uses bed NAME while this script changes it. The Python API holds
+# the bed for its whole life and says so with LP_TESTBED_LOCKED=NAME; a script run by hand takes
+# the lock for its own run and refuses to touch a bed that a test session holds. Daemons must
+# not inherit the lock (fd 8): start them with `8>&-`.
+lp_hold_bed() {
+  local lock=/run/lock/lp-testbed-$1.lock
+  [ "${LP_TESTBED_LOCKED:-}" = "$1" ] && return
+  exec 8<>"$lock"
+  flock -n 8 || lp_die "the $1 test bed is in use by process $(cat "$lock") ($(tr '\0' ' ' </proc/"$(cat "$lock")"/cmdline 2>/dev/null)); try again when it is done"
+  echo $$ >"$lock"
+}
+
+# Runs "$@" (a function of this file or the caller) while holding the network lock.
 lp_locked() {
   (
     flock -w 60 9 || lp_die "timed out after 60 s waiting for $LP_LOCK"

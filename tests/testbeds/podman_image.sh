@@ -27,6 +27,7 @@ SUBNET=10.201.0.0/24
 PYTHON=${LP_PYTHON:-python3}
 SETUP_PY=$HERE/../../setup.py
 CONTAINERS_CONF=/etc/containers/containers.conf
+lp_hold_bed podman
 
 configure() {
   # crun 1.8 rejects this kind of host's hybrid cgroup layout: use runc. Without

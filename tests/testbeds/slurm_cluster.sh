@@ -13,6 +13,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 STATE=$(lp_state_dir slurm)
+lp_hold_bed slurm
 CONF=/etc/slurm/slurm.conf
 CPUS=${LP_SLURM_CPUS:-4}   # advertised per node; may exceed the real cores (config_overrides)
 HOST=$(hostname -s)
@@ -43,7 +44,7 @@ start_munge() {
   [ -s /etc/munge/munge.key ] || lp_die "/etc/munge/munge.key is missing (reinstall the munge package)"
   # munged insists that its log and pid files live in a directory only it (or root) can write.
   install -d -o munge -g munge -m 0700 "$STATE/munge"
-  runuser -u munge -- /usr/sbin/munged --pid-file="$STATE/munge/munged.pid" --log-file="$STATE/munge/munged.log"
+  runuser -u munge -- /usr/sbin/munged --pid-file="$STATE/munge/munged.pid" --log-file="$STATE/munge/munged.log" 8>&-
   munge -n | unmunge >/dev/null || lp_die "munged does not answer; log: $(cat "$STATE/munge/munged.log")"
 }
 
@@ -106,9 +107,9 @@ case "${1:-}" in
     write_conf 127.0.0.1 \
       "NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=4000 State=UNKNOWN" \
       "PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP"
-    /usr/sbin/slurmctld
+    /usr/sbin/slurmctld 8>&-
     # Own UTS namespace (same hostname): marks every step it starts, for `down`.
-    unshare --uts /usr/sbin/slurmd
+    unshare --uts /usr/sbin/slurmd 8>&-
     wait_idle 1 ;;
   multi)
     N=${2:-3}
@@ -120,11 +121,11 @@ case "${1:-}" in
     done
     lines+=("PartitionName=debug Nodes=lp-h[1-$N] Default=YES MaxTime=INFINITE State=UP")
     write_conf "$LP_SUBNET.1" "${lines[@]}"
-    /usr/sbin/slurmctld
+    /usr/sbin/slurmctld 8>&-
     for i in $(seq 1 "$N"); do
       # nsenter, not `ip netns exec`: the latter remounts /sys and slurmd then fails with
       # "No filesystem mounted on /sys/fs/cgroup / Unable to initialize cgroup plugin".
-      nsenter --net="/run/netns/lp-h$i" unshare --uts sh -c "hostname lp-h$i && exec /usr/sbin/slurmd -N lp-h$i"
+      nsenter --net="/run/netns/lp-h$i" unshare --uts sh -c "hostname lp-h$i && exec /usr/sbin/slurmd -N lp-h$i" 8>&-
     done
     wait_idle "$N" ;;
   down) down ;;

@@ -14,6 +14,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 STATE=$(lp_state_dir ssh)
+lp_hold_bed ssh
 SSH_CONFIG=${LP_SSH_USER_CONFIG:-$HOME/.ssh/config}
 BEGIN="# lp-testbed ssh begin"
 END="# lp-testbed ssh end"
@@ -91,7 +92,7 @@ EOF
     # `ip netns exec` binds /etc/netns/$ns/{hosts,resolv.conf} over /etc; `unshare --uts` gives
     # the host its own hostname (and marks everything started from it, see lp_uts_members).
     ip netns exec "$ns" unshare --uts sh -c "hostname $ns && exec /usr/sbin/sshd \
-      -f '$STATE/sshd_config' -o ListenAddress=$ip -o PidFile='$STATE/sshd-$i.pid' -E '$STATE/sshd-$i.log'"
+      -f '$STATE/sshd_config' -o ListenAddress=$ip -o PidFile='$STATE/sshd-$i.pid' -E '$STATE/sshd-$i.log'" 8>&-
   done
 
   mkdir -p "$(dirname "$SSH_CONFIG")"
