@@ -347,8 +347,8 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
       **launcher_options: options of the launcher, e.g. `resources=` for ssh.
 
     Local launch types (local_mt, local_mp) and foreground launchers (slurm) also keep the launching
-    script alive until the program ends and turn Ctrl-C into a graceful stop (twice: kill). Test launch types return at once and
-    register `stop` as a cleanup of `test_case`.
+    script alive until the program ends and turn Ctrl-C into a graceful stop (twice: kill). Test
+    launch types return at once and register `stop` as a cleanup of `test_case`.
     """
     launch_type = str(launch_type if launch_type is not None else LAUNCH_TYPE.value)
     _load_builtin_launchers()
