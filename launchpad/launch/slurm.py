@@ -157,7 +157,6 @@ def _megabytes(mem: str) -> float:
 @dataclasses.dataclass
 class _Step:
     index: int
-    label: str
     executable: Executable
     resources: SlurmResources
     log: str  # the step's output file
@@ -183,7 +182,7 @@ def _plan(executables: Sequence[Tuple[str, Executable]], resources: Mapping[str,
         if log in used_logs:
             log = f'{log}-{index}'
         used_logs.add(log)
-        step = _Step(index, label, executable, group, os.path.join(log_dir, log + '.out'))
+        step = _Step(index, executable, group, os.path.join(log_dir, log + '.out'))
         components.setdefault(key, _Component(group, [])).steps.append(step)
     return list(components.values())
 
@@ -331,8 +330,9 @@ def _wait_for_end(job_id: str, timeout: float) -> bool:
         time.sleep(0.2)
 
 
-def _wait_for_start(job_id: str, timeout: Optional[float]) -> None:
-    """Blocks until the job runs; SlurmError (after cancelling it) if it ends or times out."""
+def _wait_for_start(job_id: str, timeout: Optional[float], ran: Callable[[], bool]) -> None:
+    """Blocks until the job runs (or `ran()` says its steps already ran); SlurmError (after
+    cancelling it) if it ends first or does not start within `timeout` seconds."""
     start = time.monotonic()
     interval, told = 0.05, False
     while True:
@@ -340,6 +340,8 @@ def _wait_for_start(job_id: str, timeout: Optional[float]) -> None:
         if states is not None and all(state == 'RUNNING' for state, _ in states):
             return
         if _ended(states):
+            if ran():
+                return
             raise SlurmError(f'Slurm job {job_id} ended before it started: {_describe(states)}.')
         if any(reason in _HOPELESS_REASONS for _, reason in states):
             _cancel(job_id)
@@ -502,7 +504,7 @@ class _StepRunner:
                             self._coordinator.node_failed(
                                 name, f'Slurm job {self._job_id} ended while this node ran: '
                                       f'{_describe(states)}. Its log: {log}')
-                        self._codes[name] = -9
+                        self._codes[name] = -signal.SIGKILL
         return dict(self._codes)
 
     def _read_exit_codes(self) -> None:
@@ -671,8 +673,8 @@ class SlurmLauncher(launcher.Launcher):
             with open(script, 'w') as f:
                 f.write(_batch_script(program.name, components, run_dir, spec_paths, driver))
             job_id = _slurm(
-                ['sbatch', '--parsable', f'--job-name={program.name}', f'--output={batch_log}',
-                 f'--chdir={os.getcwd()}', script],
+                ['sbatch', '--parsable', '--export=ALL', f'--job-name={program.name}',
+                 f'--output={batch_log}', f'--chdir={os.getcwd()}', script],
                 f'Slurm rejected the job of program {program.name!r}',
                 env=_job_environment(token)).strip().split(';')[0]
         except BaseException:
@@ -692,7 +694,8 @@ class SlurmLauncher(launcher.Launcher):
               f'{log_dir}; cancel with scancel {job_id}.', file=sys.stderr, flush=True)
         try:
             with _sigterm_interrupts():
-                _wait_for_start(job_id, settings.start_timeout)
+                _wait_for_start(job_id, settings.start_timeout, ran=lambda: any(
+                    name.endswith('.exit') for name in os.listdir(run_dir)))
         except BaseException:
             _cancel(job_id)
             server.Stop()

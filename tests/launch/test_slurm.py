@@ -4,12 +4,12 @@ Tests that need the cluster take the `slurm_single` / `slurm_multi` fixtures (te
 they skip when the bed is unavailable unless LAUNCHPAD_TESTBEDS=required. Single-node tests come
 first so that the session switches the cluster only once.
 """
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 
 import psutil
@@ -321,37 +321,51 @@ print('launched job', controller.job_id, flush=True)
 '''
 
 
+def write_script(tmp_path, tail=''):
+    script = tmp_path / 'script.py'
+    script.write_text(SCRIPT + tail)
+    return script
+
+
+def env_for(tmp_path):
+    """The environment of a launching script: the repository importable, job_dir in tmp_path."""
+    return script_env({'LAUNCHPAD_SLURM_DIR': str(tmp_path / 'jobs')})
+
+
 def test_cli_runs_a_script_on_slurm(slurm_single, tmp_path):
     results = tmp_path / 'results'
-    script = tmp_path / 'script.py'
-    script.write_text(SCRIPT)
     done = subprocess.run(
-        [sys.executable, '-m', 'launchpad.launch', '--type=slurm', str(script), 'cli',
-         str(results)], capture_output=True, text=True, timeout=60,
-        env=script_env({'LAUNCHPAD_SLURM_DIR': str(tmp_path / 'jobs')}))
+        [sys.executable, '-m', 'launchpad.launch', '--type=slurm', str(write_script(tmp_path)),
+         'cli', str(results)], capture_output=True, text=True, timeout=60, env=env_for(tmp_path))
     assert done.returncode == 0, done.stderr
     assert '[consumer/0] consumed [1, 4]' in done.stdout
     assert eval(results.read_text())[1][0] == 4  # pylint: disable=eval-used
     assert queue() == ''
 
 
-def test_ctrl_c_cancels_the_program(slurm_single, tmp_path):
-    script = tmp_path / 'script.py'
-    script.write_text(SCRIPT + 'controller.wait()\n')
+@contextlib.contextmanager
+def serving_script(tmp_path):
+    """A script that launches a program serving until stopped, and waits for it; yields the script
+    process (once every node serves) and the job directory. The process is killed on exit."""
     process = subprocess.Popen(
-        [sys.executable, str(script), 'forever'], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, env=script_env({'LAUNCHPAD_SLURM_DIR': str(tmp_path / 'jobs')}))
+        [sys.executable, str(write_script(tmp_path, 'controller.wait()\n')), 'forever'],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_for(tmp_path))
     try:
         for line in process.stdout:
             if line.startswith('launched job'):
                 break
         job_dir = os.path.join(tmp_path, 'jobs', os.listdir(tmp_path / 'jobs')[0])
         assert wait_until(lambda: both_serving(job_dir), timeout=30)
-        process.send_signal(signal.SIGINT)
-        output = process.communicate(timeout=30)[0]
+        yield process, job_dir
     finally:
         process.kill()
         process.wait()
+
+
+def test_ctrl_c_cancels_the_program(slurm_single, tmp_path):
+    with serving_script(tmp_path) as (process, job_dir):
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=30)[0]
     assert 'Stopping program' in output
     assert process.returncode == 0, output
     assert queue() == ''
@@ -370,20 +384,8 @@ def test_job_cancelled_behind_our_back_fails_the_running_nodes(slurm_single, tmp
 
 
 def test_nodes_end_when_the_launcher_dies(slurm_single, tmp_path):
-    script = tmp_path / 'script.py'
-    script.write_text(SCRIPT + 'controller.wait()\n')
-    process = subprocess.Popen(
-        [sys.executable, str(script), 'forever'], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, env=script_env({'LAUNCHPAD_SLURM_DIR': str(tmp_path / 'jobs')}))
-    try:
-        for line in process.stdout:
-            if line.startswith('launched job'):
-                break
-        job_dir = os.path.join(tmp_path, 'jobs', os.listdir(tmp_path / 'jobs')[0])
-        assert wait_until(lambda: both_serving(job_dir), timeout=30)
-    finally:
+    with serving_script(tmp_path) as (process, job_dir):
         process.kill()
-        process.wait()
     assert wait_until(lambda: queue() == '', timeout=30)
     assert wait_until(lambda: not our_processes(job_dir), timeout=10)
 
@@ -427,11 +429,8 @@ def test_crashing_node_on_another_host(slurm_multi, tmp_path):
 
 def test_detached_program_outlives_the_launching_process(slurm_multi, tmp_path):
     results = tmp_path / 'results'
-    script = tmp_path / 'script.py'
-    script.write_text(SCRIPT)
-    done = subprocess.run([sys.executable, str(script), 'detach', str(results)],
-                          capture_output=True, text=True, timeout=60,
-                          env=script_env({'LAUNCHPAD_SLURM_DIR': str(tmp_path / 'jobs')}))
+    done = subprocess.run([sys.executable, str(write_script(tmp_path)), 'detach', str(results)],
+                          capture_output=True, text=True, timeout=60, env=env_for(tmp_path))
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.split('launched job ')[1].split()[0]
     assert f'scancel {job_id}' in done.stdout and 'tail -f' in done.stdout
