@@ -6,6 +6,7 @@ first so that the session switches the cluster only once.
 """
 import contextlib
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -147,8 +148,8 @@ def assert_nothing_left(controller, tmp_path):
 
 
 def both_serving(job_dir):
-    logs = [os.path.join(job_dir, 'logs', f'{name}_0.out') for name in ('server', 'worker')]
-    return all(os.path.exists(log) and 'serving' in open(log).read() for log in logs)
+    logs = [pathlib.Path(job_dir, 'logs', f'{name}_0.out') for name in ('server', 'worker')]
+    return all(log.exists() and 'serving' in log.read_text() for log in logs)
 
 
 def hosts(controller):
