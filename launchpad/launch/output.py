@@ -51,31 +51,34 @@ def kill_group(pid: int) -> None:
 
 
 class TmuxPane:
-    """A node running in its own window of a tmux session (`poll` and `kill` like Popen)."""
+    """A node running in its own window of a tmux session (`poll` and `kill` like Popen).
 
-    def __init__(self, session: str, window: str):
-        self._target = f'{session}:{window}'
-        self._code: Optional[int] = None
+    The window's command writes its exit code to `code_file` when it ends.
+    """
 
-    def _pane(self) -> Optional[List[str]]:
-        listing = subprocess.run(['tmux', 'list-panes', '-t', self._target, '-F',
-                                  '#{pane_dead} #{pane_dead_status} #{pane_pid}'],
-                                 capture_output=True, text=True, check=False)
-        return listing.stdout.split() if listing.returncode == 0 else None
+    def __init__(self, target: str, code_file: str):
+        self._target = target
+        self._code_file = code_file
 
     def poll(self) -> Optional[int]:
-        if self._code is None:
-            pane = self._pane()
-            if pane is None:
-                self._code = -signal.SIGKILL
-            elif pane[0] == '1':
-                self._code = int(pane[1]) if pane[1].lstrip('-').isdigit() else 1
-        return self._code
+        try:
+            with open(self._code_file) as f:
+                return int(f.read().strip() or 1)
+        except FileNotFoundError:
+            pass
+        if self._pane_pid() is None:  # the window is gone without a word: it was killed
+            return -signal.SIGKILL
+        return None
 
     def kill(self) -> None:
-        pane = self._pane()
-        if pane is not None and pane[0] == '0':
-            kill_group(int(pane[-1]))
+        pid = self._pane_pid()
+        if pid is not None:
+            kill_group(pid)
+
+    def _pane_pid(self) -> Optional[int]:
+        listing = subprocess.run(['tmux', 'list-panes', '-t', self._target, '-F', '#{pane_pid}'],
+                                 capture_output=True, text=True, check=False)
+        return int(listing.stdout.split()[0]) if listing.returncode == 0 and listing.stdout else None
 
 
 class Output:
@@ -98,8 +101,6 @@ class Output:
             self._session = f'lp-{program_name}-{os.getpid()}'.replace('.', '-').replace(':', '-')
             subprocess.run(['tmux', 'new-session', '-d', '-s', self._session, '-n', 'launchpad'],
                            check=True)
-            subprocess.run(['tmux', 'set-option', '-t', self._session, 'remain-on-exit', 'on'],
-                           check=True, capture_output=True)
             print(f'Nodes of {program_name!r} run in tmux: tmux attach -t {self._session}',
                   flush=True)
 
@@ -128,13 +129,15 @@ class Output:
         window = name.replace('/', '_')
         # A window's command line is visible in `ps`, so the environment goes in a private file.
         env_file = os.path.join(self._workdir, f'{index}.env')
+        code_file = os.path.join(self._workdir, f'{index}.exit')
         with open(os.open(env_file, os.O_WRONLY | os.O_CREAT, 0o600), 'w') as f:
             for key, value in env.items():
                 f.write(f'export {key}={shlex.quote(value)}\n')
-        command = f'. {shlex.quote(env_file)} && cd {shlex.quote(cwd)} && exec {shlex.join(argv)}'
+        command = (f'. {shlex.quote(env_file)} && cd {shlex.quote(cwd)} && {shlex.join(argv)}; '
+                   f'echo $? > {shlex.quote(code_file)}')
         subprocess.run(['tmux', 'new-window', '-d', '-t', self._session, '-n', window,
                         'bash', '-c', command], check=True)
-        return TmuxPane(self._session, window)
+        return TmuxPane(f'{self._session}:{window}', code_file)
 
     def close(self) -> None:
         if self._session is not None:

@@ -134,7 +134,7 @@ class ProcessLauncher(launcher.Launcher):
             fork_server = ForkServer(workdir)  # starts importing while the specs are packed
         try:
             starts = self._pack(program, options, executables, groups, table, token,
-                                coordinator_address, fork_server, workdir)
+                                coordinator_address, fork_server, workdir, output.runs_commands)
         except BaseException:
             if fork_server is not None:
                 fork_server.close()
@@ -160,7 +160,7 @@ class ProcessLauncher(launcher.Launcher):
 
     @staticmethod
     def _pack(program, options, executables, groups, table, token, coordinator_address,
-              fork_server, workdir) -> List[tuple]:
+              fork_server, workdir, runs_commands) -> List[tuple]:
         """Writes every node's spec (before any process starts) and says how to start it."""
         flags = flags_snapshot()
         starts = []
@@ -171,7 +171,7 @@ class ProcessLauncher(launcher.Launcher):
                 program_name=program.name, launch_type=options.launch_type,
                 node_name=executable.name, run=executable.run, address_table=table,
                 coordinator_address=coordinator_address,
-                parent_pid=fork_server.pid if forkable else os.getpid(),
+                parent_pid=_parent_pid(fork_server if forkable else None, runs_commands),
                 notice_period=options.notice_period, flags=flags,
                 flag_overrides=resources.flag_overrides(), cleanup_dir=workdir)
             path = os.path.join(workdir, f'{i}.spec')
@@ -181,3 +181,10 @@ class ProcessLauncher(launcher.Launcher):
             argv = [resources.interpreter or sys.executable] + WORKER_ARGV + [path]
             starts.append((executable.name, argv, env, forkable))
         return starts
+
+
+def _parent_pid(fork_server: Optional[ForkServer], runs_commands: bool) -> Optional[int]:
+    """The pid a node's process should see as its parent, if it is a child of ours at all."""
+    if runs_commands:
+        return None  # tmux starts it; it notices a dead launcher through the coordinator
+    return fork_server.pid if fork_server is not None else os.getpid()
