@@ -639,7 +639,7 @@ class SlurmLauncher(launcher.Launcher):
             coordinator_address = functools.partial(
                 _read_endpoint, os.path.join(run_dir, 'coordinator'))
             driver = [sys.executable, '-c',
-                      'from launchpad.launch.slurm import serve_detached; serve_detached()', run_dir]
+                      'from launchpad.launch.slurm import _serve_detached; _serve_detached()', run_dir]
             with open(os.path.join(run_dir, 'job.json'), 'w') as f:
                 json.dump({'program': program.name, 'nodes': names,
                            'notice_period': options.notice_period, 'batch_log': batch_log,
@@ -686,8 +686,9 @@ class SlurmLauncher(launcher.Launcher):
             print(f'Program {program.name!r} runs detached as Slurm job {job_id} '
                   f'({len(names)} nodes).\n  Follow it: {follow}\n  Its state: squeue -j {job_id}\n'
                   f'  Cancel it: scancel {job_id}', flush=True)
-            runner = _StepRunner(job_id, None, [], Coordinator([]), watch_job=False)
-            return SlurmController(program.name, Coordinator([]), runner,
+            nothing = Coordinator([])  # the job's own coordinator follows its nodes
+            runner = _StepRunner(job_id, None, [], nothing, watch_job=False)
+            return SlurmController(program.name, nothing, runner,
                                    launch_type=options.launch_type, job_id=job_id, log_dir=log_dir,
                                    detached=True)
         print(f'Program {program.name!r} is Slurm job {job_id} ({len(names)} nodes); node logs in '
@@ -711,10 +712,10 @@ class SlurmLauncher(launcher.Launcher):
                                notice_period=options.notice_period, job_id=job_id, log_dir=log_dir)
 
 
-def serve_detached() -> None:
+def _serve_detached() -> None:
     """Inside a detached job: serves the program's coordinator and follows the steps to the end.
 
-    The batch script starts it as `python -c '...serve_detached()' RUN_DIR`; its output (and the
+    The batch script starts it as `python -c '..._serve_detached()' RUN_DIR`; its output (and the
     failure that ended the program, if any) goes to the job's job.out.
     """
     import courier  # pylint: disable=import-outside-toplevel
