@@ -121,11 +121,19 @@ class Session:
 
     def emit(self, metrics: Dict[str, float], details: Optional[Dict[str, Any]] = None,
              error: Optional[str] = None) -> None:
-        """Prints the one result of this run (later calls are ignored)."""
+        """Prints the one result of this run (later calls are ignored).
+
+        Call it after the system under test was stopped: any process of this run still alive
+        then was left behind by the system; it is ended and its pid reported as a leak.
+        """
         with self._emit_lock:
             if self._emitted:
                 return
             self._emitted = True
+        details = dict(details or {})
+        leaked = bench_cleanup.kill_marked_processes(self.marker)
+        if leaked:
+            details['leftover_pids'] = leaked
         unknown = set(metrics) - set(bench_catalog.METRICS)
         if unknown:
             raise ValueError(f'metrics {sorted(unknown)} are not declared in bench_catalog.METRICS')
@@ -137,7 +145,7 @@ class Session:
             'quick': self.quick,
             'params': self.params,
             'metrics': {k: float(v) for k, v in metrics.items()},
-            'details': details or {},
+            'details': details,
             'wall_s': round(time.time() - self._started, 3),
         }
         if error:
@@ -160,9 +168,7 @@ class Session:
         The watchdog stays armed: launchers run exit hooks (dm-launchpad waits for its nodes)
         after this, and those are bounded too.
         """
-        leaked = bench_cleanup.kill_marked_processes(self.marker)
-        if leaked:
-            print(f'bench: ended {len(leaked)} leftover process(es): {leaked}', file=sys.stderr)
+        bench_cleanup.kill_marked_processes(self.marker)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def _expire(self) -> None:
