@@ -60,10 +60,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              'log of every run goes to a folder beside it')
     parser.add_argument('--timeout', type=float, default=None,
                         help='seconds one run may take (default: per workload)')
+    parser.add_argument('--repeat', type=int, default=1,
+                        help='runs per workload and system, interleaved across systems; the '
+                             'table shows the median (default: 1)')
     args = parser.parse_args(argv)
     unknown = [w for w in args.workloads if w not in bench_catalog.WORKLOADS]
     if unknown:
         parser.error(f'unknown workloads {unknown}; known: {", ".join(bench_catalog.WORKLOADS)}')
+    if args.repeat < 1:
+        parser.error('--repeat must be at least 1')
     if args.systems is None:
         args.systems = ['ours'] if args.quick else list(peers.KEYS)
     unknown = [s for s in args.systems if s not in peers.KEYS]
@@ -156,27 +161,41 @@ def _format_value(value: Optional[float]) -> str:
     return f'{value:.3g}'
 
 
+def _median(values: List[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def build_table(runs: List[Dict[str, Any]], systems: List[peers.System],
                 workloads: Sequence[str]) -> List[Dict[str, Any]]:
-    """One row per (workload, metric): the value per system and the ratio ours/peer."""
-    by_key = {(r['workload'], r['key']): r for r in runs}
+    """One row per (workload, metric): the value per system (the median of its successful runs)
+    and the ratio ours/peer."""
+    grouped: Dict[tuple, List[Dict[str, Any]]] = {}
+    for run in runs:
+        grouped.setdefault((run['workload'], run['key']), []).append(run)
     rows = []
     for name in workloads:
         metric_names: List[str] = []
         for system in systems:
-            for metric in by_key.get((name, system.key), {}).get('metrics', {}):
-                if metric not in metric_names:
-                    metric_names.append(metric)
+            for run in grouped.get((name, system.key), []):
+                for metric in run.get('metrics', {}):
+                    if metric not in metric_names:
+                        metric_names.append(metric)
         if not metric_names:
             metric_names = ['(no result)']
         for metric in metric_names:
             spec = bench_catalog.METRICS.get(metric, bench_catalog.Metric('', ''))
-            values, errors = {}, {}
+            values, errors, samples = {}, {}, {}
             for system in systems:
-                run = by_key.get((name, system.key), {})
-                values[system.key] = run.get('metrics', {}).get(metric)
-                if 'error' in run:
-                    errors[system.key] = run['error']
+                measured = [r['metrics'][metric] for r in grouped.get((name, system.key), [])
+                            if 'error' not in r and metric in r.get('metrics', {})]
+                values[system.key] = _median(measured) if measured else None
+                if len(measured) > 1:
+                    samples[system.key] = measured
+                failed = [r['error'] for r in grouped.get((name, system.key), []) if 'error' in r]
+                if failed:
+                    errors[system.key] = failed[-1]
             ratios = {}
             ours = values.get('ours')
             for system in systems:
@@ -185,7 +204,7 @@ def build_table(runs: List[Dict[str, Any]], systems: List[peers.System],
                     ratios[system.key] = ours / theirs
             rows.append({'workload': name, 'metric': metric, 'unit': spec.unit,
                          'better': spec.better, 'values': values, 'ratios': ratios,
-                         'errors': errors})
+                         'errors': errors, 'samples': samples})
     return rows
 
 
@@ -220,6 +239,15 @@ def format_table(rows: List[Dict[str, Any]], systems: List[peers.System]) -> str
     return '\n'.join(out)
 
 
+def _repo_commit() -> Optional[str]:
+    try:
+        done = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=peers.REPO_ROOT,
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None
+
+
 def _default_out(quick: bool) -> str:
     stamp = datetime.datetime.now().strftime('%Y%m%d-%H%M%S')
     return os.path.join(RESULTS_DIR, f'{"quick" if quick else "run"}-{stamp}.json')
@@ -238,21 +266,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f'measuring {s.title} {s.version} ({s.python})', flush=True)
 
     runs: List[Dict[str, Any]] = []
-    total = len(args.workloads) * len(systems)
-    for name in args.workloads:
-        workload = bench_catalog.get(name)
-        for system in systems:
-            print(f'[{len(runs) + 1}/{total}] {name} on {system.title} ... ', end='', flush=True)
-            log_path = os.path.join(log_dir, f'{name}.{system.key}.log')
-            result = run_one(system, workload, args.quick, args.timeout, log_path)
-            runs.append(result)
-            if 'error' in result:
-                print(f'FAILED ({result["error"].splitlines()[-1]}); log: {log_path}', flush=True)
-            else:
-                shown = ', '.join(f'{k}={_format_value(v)}' for k, v in result['metrics'].items())
-                leaked = result.get('details', {}).get('leftover_pids')
-                note = f'; LEFT {len(leaked)} PROCESSES BEHIND' if leaked else ''
-                print(f'{shown} ({result["driver_wall_s"]:.1f} s{note})', flush=True)
+    plan = [(bench_catalog.get(name), repetition, system) for name in args.workloads
+            for repetition in range(1, args.repeat + 1) for system in systems]
+    for number, (workload, repetition, system) in enumerate(plan, 1):
+        print(f'[{number}/{len(plan)}] {workload.name} on {system.title} ... ', end='', flush=True)
+        suffix = f'.{repetition}' if args.repeat > 1 else ''
+        log_path = os.path.join(log_dir, f'{workload.name}.{system.key}{suffix}.log')
+        result = run_one(system, workload, args.quick, args.timeout, log_path)
+        result['repetition'] = repetition
+        runs.append(result)
+        if 'error' in result:
+            print(f'FAILED ({result["error"].splitlines()[-1]}); log: {log_path}', flush=True)
+        else:
+            shown = ', '.join(f'{k}={_format_value(v)}' for k, v in result['metrics'].items())
+            leaked = result.get('details', {}).get('leftover_pids')
+            note = f'; LEFT {len(leaked)} PROCESSES BEHIND' if leaked else ''
+            print(f'{shown} ({result["driver_wall_s"]:.1f} s{note})', flush=True)
 
     rows = build_table(runs, systems, args.workloads)
     print()
@@ -263,6 +292,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report = {
         'created': datetime.datetime.now().isoformat(timespec='seconds'),
         'quick': args.quick,
+        'repeat': args.repeat,
+        'repo_commit': _repo_commit(),
         'host': {'cpus': os.cpu_count(), 'platform': platform.platform(),
                  'driver_python': platform.python_version()},
         'systems': {**{s.key: {'title': s.title, 'version': s.version, 'python': s.python,

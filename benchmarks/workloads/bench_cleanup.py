@@ -38,12 +38,16 @@ def marked_processes(marker: str) -> List[psutil.Process]:
     return found
 
 
-def kill_marked_processes(marker: str, grace_s: float = 2.0) -> List[int]:
-    """Terminates every process carrying `marker`, kills those still alive after `grace_s`.
+def kill_marked_processes(marker: str, grace_s: float = 2.0,
+                          exit_wait_s: float = 0.0) -> List[int]:
+    """Ends every process carrying `marker` and returns the pids it had to end.
 
-    Returns the pids that were still running, so a caller can report leaks.
+    Processes get `exit_wait_s` to exit by themselves (a system that is shutting down), then
+    SIGTERM, then SIGKILL for those still alive after `grace_s`.
     """
     procs = marked_processes(marker)
+    if procs and exit_wait_s > 0:
+        _, procs = psutil.wait_procs(procs, timeout=exit_wait_s)
     for proc in procs:
         try:
             proc.terminate()
