@@ -124,14 +124,14 @@ class Session:
         """Prints the one result of this run (later calls are ignored).
 
         Call it after the system under test was stopped: any process of this run still alive
-        2 s later was left behind by the system; it is ended and its pid reported as a leak.
+        5 s later was left behind by the system; it is ended and its pid reported as a leak.
         """
         with self._emit_lock:
             if self._emitted:
                 return
             self._emitted = True
         details = dict(details or {})
-        leaked = bench_cleanup.kill_marked_processes(self.marker, exit_wait_s=2.0)
+        leaked = bench_cleanup.kill_marked_processes(self.marker, exit_wait_s=5.0)
         if leaked:
             details['leftover_pids'] = leaked
         unknown = set(metrics) - set(bench_catalog.METRICS)
