@@ -1,8 +1,10 @@
 """Maps an address to the transport that carries courier calls to it.
 
 This module is the single place that knows how bytes move: ``host:port``
-addresses use gRPC over TCP and ``unix:/path`` addresses use gRPC over a Unix
-domain socket. Clients talk to the small :class:`ClientTransport` interface and
+addresses use gRPC over TCP, and ``unix:/path`` addresses use courier's own
+same-host protocol (:mod:`courier.local_transport`), which also serves clients in
+the server's own process without a socket. With TLS, ``unix:`` addresses use
+gRPC over the Unix socket instead. Clients talk to the small :class:`ClientTransport` interface and
 servers hand :func:`listen` two plain callables, so a faster transport can be
 added here without touching either. It is also the only module importing grpc;
 the rest of courier imports it lazily so that ``import courier`` stays fast.
@@ -154,7 +156,12 @@ def connect(address: str, *, auth_token: Optional[str] = None,
             tls: Optional[security.TLSConfig] = None,
             wait_for_ready: bool = True) -> ClientTransport:
     """Returns a transport that calls the server at ``address``."""
-    return _GrpcClientTransport(address, parse_address(address), auth_token=auth_token,
+    endpoint = parse_address(address)
+    if endpoint.kind == 'unix' and tls is None:
+        from courier import local_transport  # pylint: disable=import-outside-toplevel
+        return local_transport.connect(address, endpoint.path, auth_token=auth_token,
+                                       wait_for_ready=wait_for_ready)
+    return _GrpcClientTransport(address, endpoint, auth_token=auth_token,
                                 tls=tls, wait_for_ready=wait_for_ready)
 
 
@@ -169,7 +176,12 @@ def listen(address: str, handle_call: HandleCall, list_methods: Callable[[], Lis
     Raises:
       OSError: the address cannot be bound (e.g. it is in use).
     """
-    return _GrpcServerTransport(address, parse_address(address), handle_call, list_methods,
+    endpoint = parse_address(address)
+    if endpoint.kind == 'unix' and tls is None:
+        from courier import local_transport  # pylint: disable=import-outside-toplevel
+        return local_transport.listen(endpoint.path, handle_call, list_methods,
+                                      thread_pool_size=thread_pool_size, auth_token=auth_token)
+    return _GrpcServerTransport(address, endpoint, handle_call, list_methods,
                                 thread_pool_size=thread_pool_size, auth_token=auth_token,
                                 tls=tls)
 

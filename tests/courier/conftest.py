@@ -1,14 +1,61 @@
-"""Fixtures for courier's tests: servers that are always stopped, leak checks."""
+"""Fixtures for courier's tests: servers that are always stopped, leak checks.
+
+Every test taking the ``server`` fixture runs once per transport: gRPC over TCP,
+the same-host protocol over a Unix socket, and the in-process path (a client in
+the server's own process). Tests that speak gRPC themselves are marked
+``grpc_only``.
+"""
 
 from __future__ import annotations
 
 import multiprocessing.resource_tracker
+import shutil
+import tempfile
 import time
 
 import psutil
 import pytest
 
 import courier
+from courier import local_transport
+
+TRANSPORTS = ('grpc', 'unix', 'in_process')
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        'markers', 'grpc_only: the test talks gRPC to the server fixture itself')
+
+
+def pytest_generate_tests(metafunc):
+    if 'server' in metafunc.fixturenames:
+        grpc_only = metafunc.definition.get_closest_marker('grpc_only') is not None
+        metafunc.parametrize('transport_kind', ('grpc',) if grpc_only else TRANSPORTS,
+                             indirect=True)
+
+
+class _NoServersHere(dict):
+    """Stands in for the in-process registry: every client then goes through the socket."""
+
+    def __setitem__(self, key, value):
+        pass
+
+
+@pytest.fixture
+def transport_kind(request, monkeypatch) -> str:
+    """Which transport the ``server`` fixture's clients use (see TRANSPORTS)."""
+    kind = getattr(request, 'param', 'grpc')
+    if kind == 'unix':
+        monkeypatch.setattr(local_transport, '_servers_here', _NoServersHere())
+    return kind
+
+
+@pytest.fixture
+def socket_dir():
+    """A private directory with a short path (Unix socket paths are limited to 107 bytes)."""
+    path = tempfile.mkdtemp(prefix='courier-')
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
@@ -42,9 +89,10 @@ def make_server():
 
 
 @pytest.fixture
-def server(make_server):
-    """A started server with a few methods bound."""
-    server = make_server()
+def server(make_server, transport_kind, socket_dir):
+    """A started server with a few methods bound, reached through ``transport_kind``."""
+    server = make_server() if transport_kind == 'grpc' else make_server(
+        address=f'unix:{socket_dir}/server.sock')
     server.Bind('add', lambda x, y: x + y)
     server.Bind('echo', lambda *args, **kwargs: (args, kwargs) if kwargs or len(args) != 1
                 else args[0])

@@ -13,6 +13,8 @@ import courier
 from courier import transport
 from courier import wire
 
+pytestmark = pytest.mark.grpc_only  # These tests speak gRPC (tests/courier/test_local.py: the rest).
+
 
 @pytest.fixture
 def raw_call(server):

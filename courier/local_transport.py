@@ -1,0 +1,1021 @@
+"""Courier's same-host transport: light frames over Unix sockets, or no socket at all.
+
+A server bound to a ``unix:/path`` address (without TLS) speaks this protocol
+(:mod:`courier.local_wire`) on its socket, and clients pick it by the address.
+It keeps courier's guarantees: calls carry the auth token (checked once per
+connection), errors, timeouts and cancellation behave as with gRPC, and a peer
+sending garbage only loses its own connection.
+
+Why it is fast: a blocking call uses a connection of its calling thread, so the
+caller sends and receives on its own thread and the server runs the call on the
+thread that read it (within ``thread_pool_size`` calls at once). Futures share
+one pipelined connection: callers send, a reader thread completes them, and the
+server runs them on its worker threads. Large buffers stream straight from the
+sender's array into memory the receiver keeps.
+
+When the server runs in the caller's own process (local_mt, colocated nodes),
+calls skip the socket: arguments and results are still pickled and buffers
+copied, so caller and server never share mutable objects, and the call runs on
+the server's worker threads as a remote one would.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import errno
+import hmac
+import heapq
+import itertools
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from courier import errors
+from courier import local_wire
+from courier import security
+from courier import transport
+from courier import wire
+
+_logger = logging.getLogger('courier')
+
+_UNIX_PREFIX = 'unix:'
+_HELLO_TIMEOUT = 10.0  # Seconds a new connection may take to introduce itself.
+_RETRY_FIRST = 0.001  # Seconds between connection attempts to a server not yet up: doubling...
+_RETRY_MAX = 0.02     # ... up to this, so that a node notices a new server within 20 ms.
+_BACKLOG = 1024
+
+_REFUSALS = {
+    local_wire.TOKEN_MISSING: (
+        'the server requires an auth token and the call carried none; pass '
+        f'auth_token= to courier.Client or set {security.AUTH_TOKEN_ENV}'),
+    local_wire.TOKEN_WRONG: (
+        'the call carried the wrong auth token; client and server must use the same '
+        f'auth_token (or {security.AUTH_TOKEN_ENV})'),
+}
+
+# Servers of this process by socket path: calls to them skip the socket.
+_servers_here: Dict[str, 'LocalServerTransport'] = {}
+
+
+def _forget_servers() -> None:
+    _servers_here.clear()  # A forked child has none of its parent's server threads.
+
+
+os.register_at_fork(after_in_child=_forget_servers)
+
+
+def connect(address: str, path: str, *, auth_token: Optional[str],
+            wait_for_ready: bool) -> 'LocalClientTransport':
+    """Returns a client transport for the server on Unix socket ``path``."""
+    return LocalClientTransport(address, os.path.abspath(path), auth_token=auth_token,
+                                wait_for_ready=wait_for_ready)
+
+
+def listen(path: str, handle_call: transport.HandleCall, list_methods: Callable[[], List[str]],
+           *, thread_pool_size: int, auth_token: Optional[str]) -> 'LocalServerTransport':
+    """Binds Unix socket ``path`` and returns the unstarted server transport."""
+    return LocalServerTransport(os.path.abspath(path), handle_call, list_methods,
+                                thread_pool_size=thread_pool_size, auth_token=auth_token)
+
+
+# ----- client ------------------------------------------------------------------------------------
+
+class _Unreachable(Exception):
+    """No connection could be made: raise ``kind`` with ``detail`` for the call at hand."""
+
+    def __init__(self, kind: type, detail: str):
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+
+    def error(self, method: str, address: str) -> errors.CourierError:
+        return self.kind(f'call to {method!r} on courier server {address} {self.detail}')
+
+
+class _Connection:
+    """One socket to the server, after a successful hello."""
+
+    __slots__ = ('sock', 'reader', '__weakref__')
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.reader = local_wire.FrameReader(sock)
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # Wakes a thread blocked reading it.
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class LocalClientTransport(transport.ClientTransport):
+    """Calls one server over its Unix socket, or directly when it runs in this process."""
+
+    def __init__(self, address: str, path: str, *, auth_token: Optional[str],
+                 wait_for_ready: bool):
+        self.address = address
+        self._path = path
+        self._token = auth_token
+        self._wait_for_ready = wait_for_ready
+        self._local = threading.local()  # .connection: this thread's blocking connection.
+        self._connections: 'weakref.WeakSet[_Connection]' = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._pipeline: Optional[_Pipeline] = None
+        self._deadlines: Optional[_Deadlines] = None
+        self._closed = False
+
+    # Blocking calls.
+
+    def call(self, method, pickle, buffers, timeout):
+        server = _servers_here.get(self._path)
+        if server is not None:
+            return server.call_here(self._token, method, pickle, buffers, timeout, self.address)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        parts = local_wire.encode(local_wire.CALL, 0, 0, method.encode(), pickle, buffers)
+        frame = self._exchange(parts, method, timeout, deadline)
+        return _response(frame, method, self.address)
+
+    def list_methods(self, timeout):
+        server = _servers_here.get(self._path)
+        if server is not None:
+            server.check_token_here(self._token, 'ListMethods', self.address)
+            return server.method_names()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        frame = self._exchange(local_wire.encode(local_wire.LIST), 'ListMethods', timeout,
+                               deadline)
+        if frame.kind != local_wire.METHODS:
+            raise _unexpected(frame, 'ListMethods', self.address)
+        try:
+            return wire.decode_method_list(frame.payload)
+        except ValueError as error:
+            raise errors.ProtocolError(
+                f'malformed method list from courier server {self.address}: {error}') from None
+
+    def _exchange(self, parts: List[Any], method: str, timeout: Optional[float],
+                  deadline: Optional[float]) -> local_wire.Frame:
+        """Sends a request on this thread's connection and reads the answer to it."""
+        connection = getattr(self._local, 'connection', None)
+        for attempt in range(2):
+            if connection is None:
+                connection = self._connect_blocking(method, timeout, deadline)
+            sock = connection.sock
+            try:
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise socket.timeout
+                    sock.settimeout(remaining)
+                elif sock.gettimeout() is not None:
+                    sock.settimeout(None)
+                try:
+                    local_wire.send(sock, parts)
+                except (BrokenPipeError, ConnectionResetError):
+                    # The server closed this connection while it sat idle (it stopped or
+                    # restarted); the request never arrived, so a new connection may carry it.
+                    self._drop(connection)
+                    connection = None
+                    if attempt:
+                        raise
+                    continue
+                return connection.reader.read_frame()
+            except socket.timeout:
+                self._drop(connection)
+                raise _call_timeout(method, self.address, timeout) from None
+            except (EOFError, OSError) as error:
+                self._drop(connection)
+                raise errors.ServerUnavailableError(
+                    f'call to {method!r} on courier server {self.address} failed: the server '
+                    f'went away during the call ({_describe(error)})') from None
+            except local_wire.ProtocolViolation as error:
+                self._drop(connection)
+                raise errors.ProtocolError(
+                    f'call to {method!r} on courier server {self.address} got a malformed '
+                    f'answer: {error}') from None
+            except BaseException:  # e.g. KeyboardInterrupt: the answer would come out of turn.
+                self._drop(connection)
+                raise
+        raise AssertionError('unreachable')
+
+    def _connect_blocking(self, method: str, timeout: Optional[float],
+                          deadline: Optional[float]) -> _Connection:
+        try:
+            connection = _open(self._path, self._token, local_wire.SYNC, self._wait_for_ready,
+                               deadline)
+        except _Unreachable as unreachable:
+            raise unreachable.error(method, self.address) from None
+        except socket.timeout:
+            raise _unreachable_timeout(method, self.address, timeout) from None
+        with self._lock:
+            if self._closed:
+                connection.close()
+                raise errors.ServerUnavailableError(
+                    f'call to {method!r} on courier server {self.address} failed: the client '
+                    f'transport is closed')
+            self._connections.add(connection)
+        self._local.connection = connection
+        return connection
+
+    def _drop(self, connection: _Connection) -> None:
+        if getattr(self._local, 'connection', None) is connection:
+            self._local.connection = None
+        connection.close()
+
+    # Futures.
+
+    def call_async(self, method, pickle, buffers, timeout, finish):
+        future = _CallFuture()
+        server = _servers_here.get(self._path)
+        pipeline = None
+        if server is not None:
+            server.call_here_async(future, self._token, method, pickle, buffers, self.address,
+                                   finish)
+        else:
+            pipeline = self._pipeline
+            if pipeline is None or pipeline.broken:
+                try:
+                    pipeline = self._new_pipeline(method)
+                except errors.CourierError as error:
+                    future.fail(error)
+                    return future
+            pipeline.start(future, method, pickle, buffers, finish)
+        if timeout is not None and not future.done():
+            address = self.address
+
+            def timed_out() -> errors.CourierError:
+                if pipeline is not None and not pipeline.connected:
+                    return _unreachable_timeout(method, address, timeout)
+                return _call_timeout(method, address, timeout)
+
+            self._deadline_watcher().add(time.monotonic() + timeout, future, timed_out)
+        return future
+
+    def _new_pipeline(self, method: str) -> '_Pipeline':
+        with self._lock:
+            if self._pipeline is None or self._pipeline.broken:
+                if self._closed:
+                    raise errors.ServerUnavailableError(
+                        f'call to {method!r} on courier server {self.address} failed: the '
+                        f'client transport is closed')
+                self._pipeline = _Pipeline(self._path, self._token, self._wait_for_ready,
+                                           self.address)
+            return self._pipeline
+
+    def _deadline_watcher(self) -> '_Deadlines':
+        with self._lock:
+            if self._deadlines is None:
+                self._deadlines = _Deadlines()
+            return self._deadlines
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+            connections = list(self._connections)
+            pipeline, self._pipeline = self._pipeline, None
+            deadlines, self._deadlines = self._deadlines, None
+        for connection in connections:
+            connection.close()
+        if pipeline is not None:
+            pipeline.close()
+        if deadlines is not None:
+            deadlines.close()
+
+
+def _open(path: str, token: Optional[str], mode: int, wait_for_ready: bool,
+          deadline: Optional[float]) -> _Connection:
+    """Connects and says hello, waiting for the server to come up if asked to.
+
+    Raises:
+      _Unreachable: no server (and no waiting), or it refused the hello.
+      socket.timeout: the deadline passed first.
+    """
+    delay = _RETRY_FIRST
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise socket.timeout
+                sock.settimeout(remaining)
+            sock.connect(path)
+            break
+        except (FileNotFoundError, ConnectionRefusedError) as error:
+            sock.close()
+            if not wait_for_ready:
+                raise _Unreachable(errors.ServerUnavailableError, (
+                    f'failed: the server is unavailable ({_describe(error)}). Is it running? '
+                    f'Pass wait_for_ready=True to wait for it to come up.')) from None
+        except socket.timeout:
+            sock.close()
+            raise
+        except OSError as error:
+            sock.close()
+            raise _Unreachable(errors.ServerUnavailableError,
+                               f'failed: cannot connect to its socket ({_describe(error)})'
+                               ) from None
+        pause = delay if deadline is None else min(delay, deadline - time.monotonic())
+        if pause <= 0:
+            raise socket.timeout
+        time.sleep(pause)
+        delay = min(2 * delay, _RETRY_MAX)
+    connection = _Connection(sock)
+    try:
+        local_wire.send(sock, local_wire.encode(
+            local_wire.HELLO, mode, local_wire.VERSION, (token or '').encode(), local_wire.MAGIC))
+        answer = connection.reader.read_frame()
+    except socket.timeout:
+        connection.close()
+        raise
+    except (EOFError, OSError, local_wire.ProtocolViolation) as error:
+        connection.close()
+        if not wait_for_ready:
+            raise _Unreachable(errors.ServerUnavailableError,
+                               f'failed: the server closed the connection ({_describe(error)})'
+                               ) from None
+        return _open(path, token, mode, wait_for_ready, deadline)
+    if answer.kind == local_wire.WELCOME:
+        return connection
+    connection.close()
+    if answer.kind == local_wire.REFUSED and answer.status in _REFUSALS:
+        raise _Unreachable(errors.PermissionDeniedError,
+                           f'was refused: {_REFUSALS[answer.status]}')
+    raise _Unreachable(errors.ProtocolError, (
+        f'failed: the socket does not serve the courier protocol '
+        f'({answer.text.decode(errors="replace")})'))
+
+
+class _CallFuture(concurrent.futures.Future):
+    """A future whose cancellation also tells the server to skip the call."""
+
+    def __init__(self):
+        super().__init__()
+        self.on_cancel: Optional[Callable[[], None]] = None
+
+    def cancel(self) -> bool:
+        if not super().cancel():
+            return False
+        on_cancel = self.on_cancel
+        if on_cancel is not None:
+            on_cancel()
+        return True
+
+    def fail(self, error: BaseException) -> None:
+        try:
+            self.set_exception(error)
+        except concurrent.futures.InvalidStateError:  # Cancelled or completed meanwhile.
+            pass
+
+    def resolve(self, finish: Callable[[wire.Response], Any], response: wire.Response) -> None:
+        try:
+            result = finish(response)
+        except BaseException as error:  # pylint: disable=broad-except
+            self.fail(error)
+            return
+        try:
+            self.set_result(result)
+        except concurrent.futures.InvalidStateError:
+            pass
+
+
+class _Pending:
+    __slots__ = ('future', 'method', 'finish')
+
+    def __init__(self, future: _CallFuture, method: str, finish):
+        self.future = future
+        self.method = method
+        self.finish = finish
+
+
+class _Pipeline:
+    """One connection carrying many calls at once; a reader thread completes them.
+
+    The reader thread also makes the connection, so starting a call never blocks
+    on a server that is not up yet. Once the connection breaks, every call on it
+    fails and the transport makes a new pipeline for later calls.
+    """
+
+    def __init__(self, path: str, token: Optional[str], wait_for_ready: bool, address: str):
+        self._path = path
+        self._token = token
+        self._wait_for_ready = wait_for_ready
+        self._address = address
+        self._ids = itertools.count(1)
+        self._pending: Dict[int, _Pending] = {}
+        self._lock = threading.Lock()
+        # (call id, frame parts) queued while connecting or while another thread sends.
+        self._outbox: List[tuple] = []
+        self._sending = False
+        self._connection: Optional[_Connection] = None
+        self.broken: Optional[_Unreachable] = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f'courier-client {address}')
+        self._thread.start()
+
+    def start(self, future: _CallFuture, method: str, pickle: bytes,
+              buffers: Sequence[memoryview], finish) -> None:
+        call_id = next(self._ids)
+        with self._lock:
+            if self.broken:
+                future.fail(self.broken.error(method, self._address))
+                return
+            self._pending[call_id] = _Pending(future, method, finish)
+        future.on_cancel = lambda: self._cancel(call_id)
+        self._send(call_id, local_wire.encode(local_wire.CALL, 0, call_id, method.encode(),
+                                              pickle, buffers))
+
+    def _cancel(self, call_id: int) -> None:
+        with self._lock:
+            if self._pending.pop(call_id, None) is None or self.broken:
+                return
+            unsent = [entry for entry in self._outbox if entry[0] != call_id]
+            if len(unsent) < len(self._outbox):  # Never sent: the server never sees it.
+                self._outbox = unsent
+                return
+        self._send(0, local_wire.encode(local_wire.CANCEL, 0, call_id))
+
+    def _send(self, call_id: int, parts: List[Any]) -> None:
+        """Sends a frame, or queues it for the thread already sending (which sends it too)."""
+        with self._lock:
+            self._outbox.append((call_id, parts))
+            if self._sending or self._connection is None:
+                return
+            self._sending = True
+        self._flush()
+
+    def _flush(self) -> None:
+        while True:
+            with self._lock:
+                connection = self._connection
+                if not self._outbox or connection is None or self.broken:
+                    self._sending = False
+                    return
+                frames, self._outbox = self._outbox, []
+            try:
+                small = [parts[0] for _, parts in frames if len(parts) == 1]
+                if len(small) == len(frames):
+                    connection.sock.sendall(b''.join(small) if len(small) > 1 else small[0])
+                else:
+                    for _, parts in frames:
+                        local_wire.send(connection.sock, parts)
+            except OSError as error:
+                with self._lock:
+                    self._sending = False
+                self._break(_Unreachable(errors.ServerUnavailableError,
+                                         f'failed: sending failed ({_describe(error)})'))
+                connection.close()
+                return
+
+    def _run(self) -> None:
+        try:
+            connection = _open(self._path, self._token, local_wire.PIPELINED,
+                               self._wait_for_ready, None)
+        except _Unreachable as unreachable:
+            self._break(unreachable)
+            return
+        except BaseException as error:  # pylint: disable=broad-except
+            self._break(_Unreachable(errors.ServerUnavailableError,
+                                     f'failed: cannot connect ({_describe(error)})'))
+            return
+        with self._lock:
+            if self._closed:
+                connection.close()
+                return
+            self._connection = connection
+            send_now = bool(self._outbox) and not self._sending
+            if send_now:
+                self._sending = True
+        if send_now:
+            self._flush()
+        reader = connection.reader
+        try:
+            while True:
+                frame = reader.read_frame()
+                with self._lock:
+                    pending = self._pending.pop(frame.call_id, None)
+                if pending is None:
+                    continue  # Cancelled or timed out: nobody waits for it.
+                if frame.kind != local_wire.RESPONSE:
+                    pending.future.fail(_unexpected(frame, pending.method, self._address))
+                    continue
+                try:
+                    response = _response(frame, pending.method, self._address)
+                except errors.CourierError as error:
+                    pending.future.fail(error)
+                    continue
+                pending.future.resolve(pending.finish, response)
+        except (EOFError, OSError, local_wire.ProtocolViolation) as error:
+            self._break(_Unreachable(errors.ServerUnavailableError, (
+                f'failed: the server went away during the call ({_describe(error)})')))
+        finally:
+            connection.close()
+
+    def _break(self, reason: _Unreachable) -> None:
+        """Fails every pending call, and the calls started later on this pipeline."""
+        with self._lock:
+            self.broken = reason
+            pending, self._pending = self._pending, {}
+            self._outbox = []
+        for call in pending.values():
+            call.future.fail(reason.error(call.method, self._address))
+
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            connection = self._connection
+        self._break(_Unreachable(errors.ServerUnavailableError,
+                                 'failed: the client transport was closed'))
+        if connection is not None:
+            connection.close()
+
+
+class _Deadlines:
+    """Fails futures whose call_timeout passes; one thread, started on first use."""
+
+    def __init__(self):
+        self._heap: List[tuple] = []
+        self._order = itertools.count()
+        self._compact_at = 1024
+        self._condition = threading.Condition()
+        self._closed = False
+        threading.Thread(target=self._run, daemon=True, name='courier-deadlines').start()
+
+    def add(self, deadline: float, future: _CallFuture,
+            timed_out: Callable[[], errors.CourierError]) -> None:
+        """At ``deadline``, fails ``future`` with ``timed_out()`` unless it is done."""
+        with self._condition:
+            heap = self._heap
+            if len(heap) >= self._compact_at:  # Drop the entries of calls that completed.
+                heap[:] = [entry for entry in heap if not entry[2].done()]
+                heapq.heapify(heap)
+                self._compact_at = 2 * len(heap) + 1024
+            heapq.heappush(heap, (deadline, next(self._order), future, timed_out))
+            if heap[0][2] is future:
+                self._condition.notify()
+
+    def _run(self) -> None:
+        with self._condition:
+            while not self._closed:
+                heap = self._heap
+                if not heap:
+                    self._condition.wait()
+                    continue
+                now = time.monotonic()
+                if heap[0][0] > now:
+                    self._condition.wait(heap[0][0] - now)
+                    continue
+                _, _, future, timed_out = heapq.heappop(heap)
+                if not future.done():
+                    future.fail(timed_out())
+                    on_cancel = future.on_cancel
+                    if on_cancel is not None:
+                        on_cancel()
+
+    def close(self) -> None:
+        with self._condition:
+            self._closed = True
+            self._heap = []
+            self._condition.notify()
+
+
+def _response(frame: local_wire.Frame, method: str, address: str) -> wire.Response:
+    if frame.kind != local_wire.RESPONSE:
+        raise _unexpected(frame, method, address)
+    if frame.status == wire.OK:
+        return wire.Response(wire.OK, frame.payload, frame.buffers)
+    try:
+        response = wire.decode_response(frame.payload)
+    except ValueError as error:
+        raise errors.ProtocolError(
+            f'malformed response from courier server {address}: {error}') from None
+    response.buffers = [bytearray(buffer) for buffer in response.buffers]
+    return response
+
+
+def _unexpected(frame: local_wire.Frame, method: str, address: str) -> errors.CourierError:
+    if frame.kind == local_wire.FAULT:
+        return errors.ProtocolError(
+            f'call to {method!r} on courier server {address} was rejected as malformed: '
+            f'{frame.text.decode(errors="replace")}')
+    return errors.ProtocolError(
+        f'call to {method!r} on courier server {address} got a frame of kind {frame.kind} '
+        f'instead of its answer')
+
+
+def _call_timeout(method: str, address: str, timeout: Optional[float]) -> errors.CourierError:
+    return errors.CallTimeoutError(
+        f'call to {method!r} on courier server {address} timed out after {timeout:g}s '
+        f'(call_timeout); pass a larger call_timeout if the method needs longer')
+
+
+def _unreachable_timeout(method: str, address: str, timeout: Optional[float]) -> errors.CourierError:
+    after = f' after {timeout:g}s' if timeout is not None else ''
+    return errors.ServerUnreachableTimeoutError(
+        f'call to {method!r} on courier server {address} timed out{after}: the server was not '
+        f'reachable (wait_for_ready=True waited for it to come up). Is it running, and is the '
+        f'address right?')
+
+
+def _describe(error: BaseException) -> str:
+    return f'{type(error).__name__}: {error}' if str(error) else type(error).__name__
+
+
+# ----- server ------------------------------------------------------------------------------------
+
+class _Workers:
+    """A pool of up to ``size`` threads running submitted functions, started as needed."""
+
+    def __init__(self, size: int):
+        self._size = size
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._stopped = False
+
+    def submit(self, fn: Callable, *args: Any) -> None:
+        self._queue.put((fn, args))
+        with self._lock:
+            if self._idle or self._threads >= self._size or self._stopped:
+                self._idle -= bool(self._idle)
+                return
+            self._threads += 1
+        threading.Thread(target=self._work, daemon=True, name='courier-server').start()
+
+    def _work(self) -> None:
+        get = self._queue.get
+        while True:
+            item = get()
+            if item is None:
+                return
+            fn, args = item
+            try:
+                fn(*args)
+            except BaseException:  # pylint: disable=broad-except
+                _logger.exception('courier server worker failed')
+            del item, fn, args
+            with self._lock:
+                self._idle += 1
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            threads = self._threads
+        for _ in range(threads):
+            self._queue.put(None)
+
+
+class _ServerConnection:
+    """A client's connection as the server sees it."""
+
+    __slots__ = ('sock', 'lock', 'outbox', 'sending', 'queued', 'active', 'drained',
+                 '__weakref__')
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.outbox: List[List[Any]] = []
+        self.sending = False
+        self.queued: Dict[int, bool] = {}  # Pipelined calls not started yet: id -> cancelled.
+        self.active = 0  # Pipelined calls not answered yet.
+        self.drained = threading.Condition(self.lock)
+
+    def send(self, parts: List[Any]) -> None:
+        """Sends a frame; several threads' frames go out together."""
+        with self.lock:
+            self.outbox.append(parts)
+            if self.sending:
+                return
+            self.sending = True
+        try:
+            while True:
+                with self.lock:
+                    frames, self.outbox = self.outbox, []
+                    if not frames:
+                        self.sending = False
+                        return
+                if all(len(parts) == 1 for parts in frames):
+                    self.sock.sendall(b''.join(parts[0] for parts in frames))
+                else:
+                    for parts in frames:
+                        local_wire.send(self.sock, parts)
+        except BaseException:
+            with self.lock:
+                self.sending = False
+                self.outbox = []
+            raise
+
+    def close(self, how: int = socket.SHUT_RDWR) -> None:
+        try:
+            self.sock.shutdown(how)
+        except OSError:
+            pass
+        if how == socket.SHUT_RDWR:
+            self.sock.close()
+
+
+class LocalServerTransport(transport.ServerTransport):
+    """Serves courier calls on a Unix socket, and to clients in this process directly."""
+
+    def __init__(self, path: str, handle_call: transport.HandleCall,
+                 list_methods: Callable[[], List[str]], *, thread_pool_size: int,
+                 auth_token: Optional[str]):
+        transport._check_unix_path_free(path)  # pylint: disable=protected-access
+        self._path = path
+        self.address = _UNIX_PREFIX + path
+        self._handle_call = handle_call
+        self._list_methods = list_methods
+        self._token = auth_token.encode() if auth_token else None
+        self._workers = _Workers(thread_pool_size)
+        self._permits: queue.SimpleQueue = queue.SimpleQueue()  # Calls that may run at once.
+        for _ in range(thread_pool_size):
+            self._permits.put(None)
+        self._lock = threading.Lock()
+        self._connections: 'weakref.WeakSet[_ServerConnection]' = weakref.WeakSet()
+        self._running = 0
+        self._idle = threading.Condition(self._lock)
+        self._stopping = False
+        self._stopped = False  # After the grace period: calls not started yet are dropped.
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            try:
+                os.unlink(path)  # A stale socket file (checked above that nobody listens).
+            except FileNotFoundError:
+                pass
+            self._listener.bind(path)
+            self._listener.listen(_BACKLOG)
+        except OSError as error:
+            self._listener.close()
+            raise OSError(error.errno or errno.EADDRINUSE,
+                          f'courier server cannot bind {self.address!r}: {error}') from None
+        self._accepter: Optional[threading.Thread] = None
+
+    def start(self):
+        self._accepter = threading.Thread(target=self._accept, daemon=True,
+                                          name=f'courier-accept {self.address}')
+        self._accepter.start()
+        _servers_here[self._path] = self
+
+    def stop(self, grace):
+        if _servers_here.get(self._path) is self:
+            del _servers_here[self._path]
+        with self._lock:
+            self._stopping = True
+            connections = list(self._connections)
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # Wakes the accepting thread.
+        except OSError:
+            pass
+        self._listener.close()
+        try:
+            os.unlink(self._path)
+        except FileNotFoundError:
+            pass
+        for connection in connections:
+            connection.close(socket.SHUT_RD)  # No new calls; answers still go out.
+        if grace:
+            end = time.monotonic() + grace
+            with self._lock:
+                while self._running and time.monotonic() < end:
+                    self._idle.wait(end - time.monotonic())
+        self._stopped = True
+        for connection in connections:
+            connection.close()
+        self._workers.stop()
+        if self._accepter is not None:
+            self._accepter.join(5)
+
+    # In-process calls.
+
+    def check_token_here(self, token: Optional[str], method: str, address: str) -> None:
+        reason = self._refusal(token.encode() if token else b'')
+        if reason:
+            raise errors.PermissionDeniedError(
+                f'call to {method!r} on courier server {address} was refused: '
+                f'{_REFUSALS[reason]}')
+
+    def method_names(self) -> List[str]:
+        return self._list_methods()
+
+    def call_here(self, token: Optional[str], method: str, pickle: bytes,
+                  buffers: Sequence[memoryview], timeout: Optional[float],
+                  address: str) -> wire.Response:
+        """Runs a call of this process's client on a worker thread and waits for it."""
+        future = _CallFuture()
+        self.call_here_async(future, token, method, pickle, buffers, address, None)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise _call_timeout(method, address, timeout) from None
+
+    def call_here_async(self, future: _CallFuture, token: Optional[str], method: str,
+                        pickle: bytes, buffers: Sequence[memoryview], address: str,
+                        finish) -> None:
+        """Starts a call of this process's client; ``future`` gets ``finish(response)``."""
+        try:
+            self.check_token_here(token, method, address)
+        except errors.PermissionDeniedError as error:
+            future.fail(error)
+            return
+        # Copies now: the caller may change its arrays as soon as the call returns.
+        owned = [bytearray(buffer) for buffer in buffers]
+        self._workers.submit(self._run_here, future, method, bytes(pickle), owned, finish)
+
+    def _run_here(self, future: _CallFuture, method: str, pickle: bytes,
+                  buffers: List[bytearray], finish) -> None:
+        if future.done():  # Cancelled or timed out before it started.
+            return
+        if self._stopped:
+            future.fail(errors.ServerUnavailableError(
+                f'call to {method!r} on courier server {self.address} failed: the server '
+                f'stopped before the call started'))
+            return
+        self._permits.get()
+        try:
+            response = self._handle_call(method, pickle, buffers)
+        finally:
+            self._permits.put(None)
+        # Copies before anything else runs here: the results may be live server state.
+        response.buffers = [bytearray(buffer) for buffer in response.buffers]
+        if finish is None:
+            try:
+                future.set_result(response)
+            except concurrent.futures.InvalidStateError:
+                pass
+        else:
+            future.resolve(finish, response)
+
+    # Calls through the socket.
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return  # The listener was closed: the server stops.
+            connection = _ServerConnection(sock)
+            with self._lock:
+                if self._stopping:
+                    sock.close()
+                    return
+                self._connections.add(connection)
+            threading.Thread(target=self._serve, args=(connection,), daemon=True,
+                             name=f'courier-connection {self.address}').start()
+
+    def _refusal(self, token: bytes) -> int:
+        if self._token is None:
+            return 0
+        if not token:
+            return local_wire.TOKEN_MISSING
+        return 0 if hmac.compare_digest(token, self._token) else local_wire.TOKEN_WRONG
+
+    def _serve(self, connection: _ServerConnection) -> None:
+        sock = connection.sock
+        reader = local_wire.FrameReader(sock)
+        try:
+            sock.settimeout(_HELLO_TIMEOUT)
+            hello = reader.read_frame(local_wire.HELLO_LIMITS)
+            if (hello.kind != local_wire.HELLO or hello.payload != local_wire.MAGIC
+                    or hello.call_id != local_wire.VERSION
+                    or hello.status not in (local_wire.SYNC, local_wire.PIPELINED)):
+                connection.send(local_wire.encode(
+                    local_wire.REFUSED, local_wire.BAD_HELLO, 0,
+                    b'expected a courier-local hello of version %d' % local_wire.VERSION))
+                return
+            reason = self._refusal(hello.text)
+            if reason:
+                connection.send(local_wire.encode(local_wire.REFUSED, reason, 0,
+                                                  _REFUSALS[reason].encode()))
+                return
+            sock.settimeout(None)
+            connection.send(local_wire.encode(local_wire.WELCOME))
+            if hello.status == local_wire.SYNC:
+                self._serve_sync(connection, reader)
+            else:
+                self._serve_pipelined(connection, reader)
+        except (EOFError, OSError):
+            pass  # The client went away, or the server is stopping.
+        except local_wire.ProtocolViolation as error:
+            self._fault(connection, str(error))
+        except Exception:  # pylint: disable=broad-except
+            _logger.exception('courier server %s: connection failed', self.address)
+        finally:
+            connection.close()
+
+    def _fault(self, connection: _ServerConnection, message: str) -> None:
+        try:
+            connection.send(local_wire.encode(local_wire.FAULT, 0, 0, message.encode()))
+        except OSError:
+            pass
+
+    def _serve_sync(self, connection: _ServerConnection, reader: local_wire.FrameReader) -> None:
+        sock = connection.sock
+        while True:
+            frame = reader.read_frame()
+            kind = frame.kind
+            if kind == local_wire.CALL:
+                method = _method_name(frame)
+                with self._lock:
+                    self._running += 1
+                try:
+                    self._permits.get()
+                    try:
+                        response = self._handle_call(method, frame.payload, frame.buffers)
+                    finally:
+                        self._permits.put(None)
+                    local_wire.send(sock, _encode_response(0, response))
+                finally:
+                    self._finished()  # After the answer went out: a graceful stop waits for it.
+            elif kind == local_wire.LIST:
+                local_wire.send(sock, self._methods_frame(0))
+            elif kind != local_wire.CANCEL:
+                raise local_wire.ProtocolViolation(f'unexpected frame of kind {kind}')
+
+    def _serve_pipelined(self, connection: _ServerConnection,
+                         reader: local_wire.FrameReader) -> None:
+        queued = connection.queued
+        try:
+            while True:
+                frame = reader.read_frame()
+                kind = frame.kind
+                if kind == local_wire.CALL:
+                    method = _method_name(frame)
+                    with connection.lock:
+                        queued[frame.call_id] = False
+                        connection.active += 1
+                    with self._lock:
+                        self._running += 1
+                    self._workers.submit(self._run_pipelined, connection, frame.call_id, method,
+                                         frame.payload, frame.buffers)
+                elif kind == local_wire.CANCEL:
+                    with connection.lock:
+                        if frame.call_id in queued:
+                            queued[frame.call_id] = True
+                elif kind == local_wire.LIST:
+                    connection.send(self._methods_frame(frame.call_id))
+                else:
+                    raise local_wire.ProtocolViolation(f'unexpected frame of kind {kind}')
+        finally:
+            with connection.lock:  # Answers of calls in flight still go out.
+                while connection.active:
+                    connection.drained.wait()
+
+    def _run_pipelined(self, connection: _ServerConnection, call_id: int, method: str,
+                       pickle: bytes, buffers: List[Any]) -> None:
+        try:
+            with connection.lock:
+                cancelled = connection.queued.pop(call_id, True)
+            if cancelled or self._stopped:
+                return
+            self._permits.get()
+            try:
+                response = self._handle_call(method, pickle, buffers)
+            finally:
+                self._permits.put(None)
+            try:
+                connection.send(_encode_response(call_id, response))
+            except OSError:
+                pass  # The client went away; its reader fails what it waited for.
+        finally:
+            with connection.lock:
+                connection.active -= 1
+                if not connection.active:
+                    connection.drained.notify_all()
+            self._finished()
+
+    def _finished(self) -> None:
+        with self._lock:
+            self._running -= 1
+            if not self._running and self._stopping:
+                self._idle.notify_all()
+
+    def _methods_frame(self, call_id: int) -> List[Any]:
+        return local_wire.encode(local_wire.METHODS, 0, call_id,
+                                 payload=wire.encode_method_list(self._list_methods()))
+
+
+def _method_name(frame: local_wire.Frame) -> str:
+    try:
+        return frame.text.decode()
+    except UnicodeDecodeError:
+        raise local_wire.ProtocolViolation('the method name is not UTF-8') from None
+
+
+def _encode_response(call_id: int, response: wire.Response) -> List[Any]:
+    if response.status == wire.OK:
+        return local_wire.encode(local_wire.RESPONSE, wire.OK, call_id, b'', response.pickle,
+                                 response.buffers)
+    return local_wire.encode(local_wire.RESPONSE, response.status, call_id, b'',
+                             wire.encode_response(response))

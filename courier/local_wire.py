@@ -1,0 +1,233 @@
+"""Frames of courier's same-host protocol, spoken over Unix domain sockets.
+
+A frame is a fixed header, a table of buffer sizes, a short text (a method name,
+an auth token or an error message), a payload (usually a pickle) and then the
+out-of-band buffers, back to back. Nothing is encoded beyond that, so a small
+call is one ``send`` and one ``recv`` on each side, and a large buffer goes from
+the sender's array to the socket and from the socket into memory the receiver
+keeps, without copies in between.
+"""
+
+from __future__ import annotations
+
+import mmap
+import socket
+import struct
+from typing import Any, List, Sequence
+
+VERSION = 1
+MAGIC = b'courier-local'
+
+# Frame kinds.
+HELLO = 1     # client -> server: status = mode, text = auth token, payload = MAGIC.
+WELCOME = 2   # server -> client: the hello was accepted.
+REFUSED = 3   # server -> client: status = reason, text = message; the server closes.
+CALL = 4      # text = method, payload = pickle, buffers = out-of-band buffers.
+RESPONSE = 5  # status = wire status; OK: payload = pickle; else payload = encoded wire.Response.
+CANCEL = 6    # client -> server: the caller gave up on call_id.
+LIST = 7      # client -> server: list the methods.
+METHODS = 8   # server -> client: payload = encoded method list.
+FAULT = 9     # either way: text = why the peer broke the protocol; the sender then closes.
+
+# HELLO modes.
+SYNC = 0       # one call at a time, answered in order: the server may run it inline.
+PIPELINED = 1  # many calls in flight, answered in any order, matched by call_id.
+
+# REFUSED reasons.
+TOKEN_MISSING = 1
+TOKEN_WRONG = 2
+BAD_HELLO = 3
+
+# kind, status, text length, buffer count, call id, payload length.
+HEADER = struct.Struct('<BBxxIIQQ')
+
+_MAX_IOVECS = 512  # Well below IOV_MAX (1024 on Linux).
+_JOIN_LIMIT = 64 << 10  # Frames up to this size go out as one joined bytes object.
+_READ_BUFFER = 64 << 10
+# Received buffers from this size on live in memory advised to use huge pages: the
+# kernel then faults in 2 MiB at a time, several times faster for large arrays.
+_HUGE_PAGE_THRESHOLD = 1 << 20
+_TABLE_STRUCTS = [struct.Struct(f'<{n}Q') for n in range(9)]
+
+
+class ProtocolViolation(Exception):
+    """The peer sent something that is not a well-formed frame."""
+
+
+class Limits:
+    """The largest frame a reader accepts: an unauthenticated peer gets tiny limits."""
+
+    __slots__ = ('text', 'payload', 'buffers')
+
+    def __init__(self, text: int, payload: int, buffers: int):
+        self.text = text
+        self.payload = payload
+        self.buffers = buffers
+
+
+HELLO_LIMITS = Limits(text=4096, payload=64, buffers=0)
+TRUSTED_LIMITS = Limits(text=1 << 20, payload=1 << 62, buffers=1 << 20)
+
+
+class Frame:
+    """One decoded frame; ``buffers`` are writable objects the receiver owns."""
+
+    __slots__ = ('kind', 'status', 'call_id', 'text', 'payload', 'buffers')
+
+    def __init__(self, kind: int, status: int, call_id: int, text: bytes, payload: Any,
+                 buffers: List[Any]):
+        self.kind = kind
+        self.status = status
+        self.call_id = call_id
+        self.text = text
+        self.payload = payload
+        self.buffers = buffers
+
+
+def encode(kind: int, status: int = 0, call_id: int = 0, text: bytes = b'', payload: Any = b'',
+           buffers: Sequence[Any] = ()) -> List[Any]:
+    """Returns the parts of a frame, to be sent back to back (see :func:`send`)."""
+    payload_size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+    if not buffers:
+        header = HEADER.pack(kind, status, len(text), 0, call_id, payload_size)
+        if payload_size < _JOIN_LIMIT:
+            return [header + text + payload]
+        return [header + text, payload]
+    sizes = [buffer.nbytes if isinstance(buffer, memoryview) else len(buffer)
+             for buffer in buffers]
+    count = len(sizes)
+    table = (_TABLE_STRUCTS[count] if count < len(_TABLE_STRUCTS)
+             else struct.Struct(f'<{count}Q')).pack(*sizes)
+    head = HEADER.pack(kind, status, len(text), count, call_id, payload_size) + table + text
+    if payload_size + sum(sizes) < _JOIN_LIMIT:
+        return [b''.join((head, payload, *buffers))]
+    return [head, payload, *buffers]
+
+
+def send(sock: socket.socket, parts: Sequence[Any]) -> None:
+    """Sends every byte of ``parts``, in order."""
+    if len(parts) == 1:
+        sock.sendall(parts[0])
+        return
+    views = [view for view in (memoryview(part).cast('B') for part in parts) if view.nbytes]
+    while views:
+        sent = sock.sendmsg(views[:_MAX_IOVECS])
+        while sent:
+            if sent >= views[0].nbytes:
+                sent -= views.pop(0).nbytes
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
+
+
+def allocate(size: int) -> Any:
+    """Returns ``size`` writable zero bytes: a bytearray, or huge-page memory when large."""
+    if size < _HUGE_PAGE_THRESHOLD:
+        return bytearray(size)
+    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+    madvise = getattr(memory, 'madvise', None)
+    huge_pages = getattr(mmap, 'MADV_HUGEPAGE', None)
+    if madvise is not None and huge_pages is not None:
+        try:
+            madvise(huge_pages)
+        except OSError:  # The kernel has no transparent huge pages: plain pages then.
+            pass
+    return memory
+
+
+class FrameReader:
+    """Reads frames from a stream socket through a reusable buffer."""
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+        self._buffer = bytearray(_READ_BUFFER)
+        self._view = memoryview(self._buffer)
+        self._start = 0
+        self._end = 0
+
+    def read_frame(self, limits: Limits = TRUSTED_LIMITS) -> Frame:
+        """Returns the next frame.
+
+        Raises:
+          EOFError: the peer closed the connection (possibly mid-frame).
+          ProtocolViolation: the frame breaks ``limits``.
+          OSError: the socket failed or timed out.
+        """
+        start = self._start
+        if self._end - start >= HEADER.size:
+            kind, status, text_size, count, call_id, payload_size = HEADER.unpack_from(
+                self._buffer, start)
+            end = start + HEADER.size + text_size + payload_size
+            if not count and end <= self._end:  # The whole frame is here: the common case.
+                if text_size > limits.text or payload_size > limits.payload:
+                    raise ProtocolViolation(f'frame of kind {kind} is too large (text '
+                                            f'{text_size} bytes, payload {payload_size} bytes)')
+                self._start = end
+                start += HEADER.size
+                return Frame(kind, status, call_id, bytes(self._view[start:start + text_size]),
+                             bytes(self._view[start + text_size:end]), [])
+        self._fill(HEADER.size)
+        kind, status, text_size, count, call_id, payload_size = HEADER.unpack_from(
+            self._buffer, self._start)
+        if text_size > limits.text or payload_size > limits.payload or count > limits.buffers:
+            raise ProtocolViolation(
+                f'frame of kind {kind} is too large (text {text_size} bytes, payload '
+                f'{payload_size} bytes, {count} buffers)')
+        self._start += HEADER.size
+        sizes = ()
+        if count:
+            self._fill(8 * count)
+            sizes = (_TABLE_STRUCTS[count] if count < len(_TABLE_STRUCTS)
+                     else struct.Struct(f'<{count}Q')).unpack_from(self._buffer, self._start)
+            self._start += 8 * count
+        text = self._read_bytes(text_size)
+        payload = self._read_bytes(payload_size)
+        buffers = [self._read_buffer(size) for size in sizes]
+        return Frame(kind, status, call_id, text, payload, buffers)
+
+    def _receive(self, view: memoryview) -> int:
+        count = self._sock.recv_into(view)
+        if not count:
+            raise EOFError('the peer closed the connection')
+        return count
+
+    def _fill(self, size: int) -> None:
+        """Makes ``size`` bytes available at ``self._start``."""
+        available = self._end - self._start
+        if available >= size:
+            return
+        if self._start + size > len(self._buffer):
+            if size > len(self._buffer):
+                buffer = bytearray(size)
+                buffer[:available] = self._view[self._start:self._end]
+                self._buffer = buffer
+                self._view = memoryview(buffer)
+            else:
+                self._view[:available] = self._view[self._start:self._end]
+            self._start, self._end = 0, available
+        while self._end - self._start < size:
+            self._end += self._receive(self._view[self._end:])
+
+    def _read_bytes(self, size: int) -> Any:
+        if size <= _READ_BUFFER:
+            self._fill(size)
+            data = bytes(self._view[self._start:self._start + size])
+            self._start += size
+            return data
+        return self._read_buffer(size)
+
+    def _read_buffer(self, size: int) -> Any:
+        if size <= _READ_BUFFER:
+            self._fill(size)
+            data = self._buffer[self._start:self._start + size]  # A copy: writable and ours.
+            self._start += size
+            return data
+        buffer = allocate(size)
+        destination = memoryview(buffer)
+        taken = min(size, self._end - self._start)
+        if taken:
+            destination[:taken] = self._view[self._start:self._start + taken]
+            self._start += taken
+        while taken < size:
+            taken += self._receive(destination[taken:])
+        return buffer
