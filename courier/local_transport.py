@@ -747,6 +747,7 @@ class LocalServerTransport(transport.ServerTransport):
         self._idle = threading.Condition(self._lock)
         self._stopping = False
         self._stopped = False  # After the grace period: calls not started yet are dropped.
+        self._calls_here: Dict[_CallFuture, str] = {}  # In-process calls: future -> method.
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             try:
@@ -789,7 +790,13 @@ class LocalServerTransport(transport.ServerTransport):
             with self._lock:
                 while self._running and time.monotonic() < end:
                     self._idle.wait(end - time.monotonic())
-        self._stopped = True
+        with self._lock:
+            self._stopped = True
+            calls_here, self._calls_here = self._calls_here, {}
+        for future, method in calls_here.items():  # As if their connection closed.
+            future.fail(errors.ServerUnavailableError(
+                f'call to {method!r} on courier server {self.address} failed: the server '
+                f'stopped during the call'))
         for connection in connections:
             connection.close()
         self._workers.stop()
@@ -831,31 +838,39 @@ class LocalServerTransport(transport.ServerTransport):
             return
         # Copies now: the caller may change its arrays as soon as the call returns.
         owned = [bytearray(buffer) for buffer in buffers]
+        with self._lock:
+            if self._stopped:
+                future.fail(errors.ServerUnavailableError(
+                    f'call to {method!r} on courier server {address} failed: the server '
+                    f'stopped'))
+                return
+            self._calls_here[future] = method
+            self._running += 1
         self._workers.submit(self._run_here, future, method, bytes(pickle), owned, finish)
 
     def _run_here(self, future: _CallFuture, method: str, pickle: bytes,
                   buffers: List[bytearray], finish) -> None:
-        if future.done():  # Cancelled or timed out before it started.
-            return
-        if self._stopped:
-            future.fail(errors.ServerUnavailableError(
-                f'call to {method!r} on courier server {self.address} failed: the server '
-                f'stopped before the call started'))
-            return
-        self._permits.get()
         try:
-            response = self._handle_call(method, pickle, buffers)
-        finally:
-            self._permits.put(None)
-        # Copies before anything else runs here: the results may be live server state.
-        response.buffers = [bytearray(buffer) for buffer in response.buffers]
-        if finish is None:
+            if future.done() or self._stopped:  # Cancelled, timed out or cut off by Stop.
+                return
+            self._permits.get()
             try:
-                future.set_result(response)
-            except concurrent.futures.InvalidStateError:
-                pass
-        else:
-            future.resolve(finish, response)
+                response = self._handle_call(method, pickle, buffers)
+            finally:
+                self._permits.put(None)
+            # Copies before anything else runs here: the results may be live server state.
+            response.buffers = [bytearray(buffer) for buffer in response.buffers]
+            if finish is None:
+                try:
+                    future.set_result(response)
+                except concurrent.futures.InvalidStateError:
+                    pass
+            else:
+                future.resolve(finish, response)
+        finally:
+            with self._lock:
+                self._calls_here.pop(future, None)
+            self._finished()
 
     # Calls through the socket.
 

@@ -1,0 +1,408 @@
+"""The same-host transport (unix: addresses): what differs from gRPC, and what must not.
+
+Tests taking the ``server`` fixture elsewhere already run on this transport; these
+cover its own ground: waiting for and losing servers, raw bytes on its socket,
+thread_pool_size, the in-process path's copies, large buffers and fork.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import pickle
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import courier
+from courier import local_transport
+from courier import local_wire
+from courier import wire
+
+
+@pytest.fixture(params=['unix', 'in_process'])
+def kind(request, monkeypatch):
+    """Runs a test through the socket and through the in-process path."""
+    if request.param == 'unix':
+        monkeypatch.setattr(local_transport, '_servers_here', _NoServersHere())
+    return request.param
+
+
+class _NoServersHere(dict):
+    def __setitem__(self, key, value):
+        pass
+
+
+@pytest.fixture
+def address(socket_dir):
+    return f'unix:{socket_dir}/s.sock'
+
+
+def _serve(make_server, address, **kwargs) -> courier.Server:
+    server = make_server(address=address, **kwargs)
+    server.Bind('add', lambda x, y: x + y)
+    server.Bind('sleep', lambda seconds: time.sleep(seconds) or 'slept')
+    server.Start()
+    return server
+
+
+# ----- servers that are not there, or go away ---------------------------------------------------
+
+def test_no_server_without_wait_for_ready_fails_at_once(address):
+    client = courier.Client(address, call_timeout=30, wait_for_ready=False)
+    start = time.monotonic()
+    with pytest.raises(courier.ServerUnavailableError, match='wait_for_ready=True') as info:
+        client.anything()
+    assert time.monotonic() - start < 5
+    assert "'anything'" in str(info.value) and address in str(info.value)
+    with pytest.raises(courier.ServerUnavailableError, match="'later'"):
+        client.futures.later().result(timeout=10)
+
+
+def test_no_server_with_wait_for_ready_waits_for_the_deadline(address):
+    client = courier.Client(address, call_timeout=0.3)
+    for call in (lambda: client.anything(), lambda: client.futures.anything().result(10)):
+        start = time.monotonic()
+        with pytest.raises(courier.ServerUnreachableTimeoutError, match='not reachable'):
+            call()
+        assert time.monotonic() - start >= 0.25
+
+
+def test_calls_wait_for_a_server_that_comes_up_later(make_server, address, kind):
+    client = courier.Client(address, call_timeout=20)
+    future = client.futures.add(1, 2)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        blocking = pool.submit(client.add, 3, 4)
+        time.sleep(0.2)
+        assert not future.done() and not blocking.done()
+        _serve(make_server, address)
+        assert future.result(timeout=20) == 3
+        assert blocking.result(timeout=20) == 7
+
+
+def test_cancelled_call_waiting_for_its_server_never_runs(make_server, address):
+    client = courier.Client(address)
+    future = client.futures.record('cancelled')
+    time.sleep(0.1)
+    assert future.cancel()
+    recorded = []
+    server = make_server(address=address)
+    server.Bind('record', recorded.append)
+    server.Start()
+    assert client.record('after') is None
+    assert client.futures.record('future').result(timeout=10) is None
+    time.sleep(0.1)
+    assert recorded == ['after', 'future']
+
+
+def test_server_stopping_during_calls(make_server, address, kind):
+    server = _serve(make_server, address)
+    client = courier.Client(address, wait_for_ready=False)
+    future = client.futures.sleep(2)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        blocking = pool.submit(client.sleep, 2)
+        time.sleep(0.3)
+        server.Stop()
+        with pytest.raises(courier.ServerUnavailableError, match="'sleep'"):
+            future.result(timeout=10)
+        with pytest.raises(courier.ServerUnavailableError, match="'sleep'"):
+            blocking.result(timeout=10)
+    assert not os.path.exists(address[len('unix:'):])
+
+
+def test_graceful_stop_lets_calls_in_flight_answer(make_server, address, kind):
+    server = _serve(make_server, address)
+    client = courier.Client(address, call_timeout=20)
+    future = client.futures.sleep(0.3)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        blocking = pool.submit(client.sleep, 0.3)
+        time.sleep(0.1)
+        server.Stop(grace=5)
+        assert future.result() == 'slept' and blocking.result() == 'slept'
+
+
+def test_a_restarted_server_is_found_again(make_server, address, kind):
+    client = courier.Client(address, call_timeout=20)
+    first = _serve(make_server, address)
+    assert client.add(1, 1) == 2 and client.futures.add(2, 2).result() == 4
+    first.Stop()
+    second = _serve(make_server, address)
+    second.Bind('add', lambda x, y: x * y)
+    assert client.add(3, 3) == 9
+    assert client.futures.add(4, 4).result() == 16
+
+
+def test_socket_that_is_not_a_courier_server(socket_dir):
+    path = f'{socket_dir}/other.sock'
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen()
+
+    def answer_nonsense():
+        connection, _ = listener.accept()
+        connection.recv(1000)
+        connection.sendall(local_wire.HEADER.pack(42, 0, 0, 0, 0, 0))
+        connection.close()
+
+    thread = threading.Thread(target=answer_nonsense)
+    thread.start()
+    try:
+        with pytest.raises(courier.ProtocolError, match='courier protocol'):
+            courier.Client(f'unix:{path}', call_timeout=10).anything()
+    finally:
+        thread.join()
+        listener.close()
+
+
+# ----- auth -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('token, message', [(None, 'carried none'), ('guess', 'wrong auth token')])
+def test_calls_without_the_token_are_refused(make_server, address, kind, token, message,
+                                             monkeypatch):
+    monkeypatch.delenv(courier.AUTH_TOKEN_ENV, raising=False)
+    _serve(make_server, address, auth_token='s3cret')
+    client = courier.Client(address, call_timeout=10, auth_token=token)
+    with pytest.raises(courier.PermissionDeniedError, match=message) as info:
+        client.add(1, 2)
+    assert "'add'" in str(info.value) and address in str(info.value)
+    with pytest.raises(courier.PermissionDeniedError, match=message):
+        client.futures.add(1, 2).result(timeout=10)
+    with pytest.raises(courier.PermissionDeniedError):
+        courier.list_methods(client)
+    good = courier.Client(address, auth_token='s3cret')
+    assert good.add(1, 2) == 3 and courier.list_methods(good) == ['add', 'sleep']
+
+
+# ----- raw bytes on the socket ------------------------------------------------------------------
+
+def _raw(path: str, data: bytes) -> bytes:
+    """Sends ``data`` on a fresh connection and returns what comes back before it closes."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(20)
+        sock.connect(path)
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        received = b''
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return received
+            received += chunk
+
+
+def _hello(token: bytes = b'', mode: int = local_wire.SYNC) -> bytes:
+    return b''.join(local_wire.encode(local_wire.HELLO, mode, local_wire.VERSION, token,
+                                      local_wire.MAGIC))
+
+
+def _frames(data: bytes):
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(data)
+        left.shutdown(socket.SHUT_WR)
+        reader = local_wire.FrameReader(right)
+        frames = []
+        while True:
+            try:
+                frames.append(reader.read_frame())
+            except EOFError:
+                return frames
+
+
+def test_garbage_never_hurts_the_server(make_server, address):
+    server = _serve(make_server, address)
+    path = address[len('unix:'):]
+    import random  # pylint: disable=import-outside-toplevel
+    rng = random.Random(3)
+    for size in (0, 1, 27, 28, 100, 5000):
+        _raw(path, rng.randbytes(size))
+    # Well-framed, but claiming far more than an unauthenticated peer may send.
+    _raw(path, local_wire.HEADER.pack(local_wire.HELLO, 0, 1 << 30, 0, 1, 1 << 40))
+    # A good hello, then garbage, a huge claim, an unknown kind, a truncated frame.
+    for tail in (rng.randbytes(200),
+                 local_wire.HEADER.pack(local_wire.CALL, 0, 3, 0, 0, 1 << 61) + b'add',
+                 local_wire.HEADER.pack(77, 0, 0, 0, 0, 0),
+                 b''.join(local_wire.encode(local_wire.CALL, 0, 0, b'add', b'x' * 100))[:60],
+                 local_wire.HEADER.pack(local_wire.CALL, 0, 2, 0, 0, 0) + b'\xff\xfe'):
+        for mode in (local_wire.SYNC, local_wire.PIPELINED):
+            _raw(path, _hello(mode=mode) + tail)
+    assert courier.Client(address, call_timeout=10).add(20, 22) == 42
+    assert courier.Client(address, call_timeout=10).futures.add(1, 1).result() == 2
+
+
+def test_bad_hello_is_refused_with_a_reason(make_server, address):
+    _serve(make_server, address)
+    path = address[len('unix:'):]
+    wrong_version = b''.join(local_wire.encode(local_wire.HELLO, 0, 99, b'', local_wire.MAGIC))
+    frames = _frames(_raw(path, wrong_version))
+    assert [frame.kind for frame in frames] == [local_wire.REFUSED]
+    assert b'version' in frames[0].text
+
+
+def test_protocol_fault_is_explained_to_the_peer(make_server, address):
+    _serve(make_server, address)
+    path = address[len('unix:'):]
+    frames = _frames(_raw(path, _hello() + local_wire.HEADER.pack(77, 0, 0, 0, 0, 0)))
+    assert [frame.kind for frame in frames] == [local_wire.WELCOME, local_wire.FAULT]
+    assert b'kind 77' in frames[1].text
+
+
+@pytest.mark.parametrize('payload', [
+    b'not a pickle', pickle.dumps('not (args, kwargs)'), b'\x80\x05\x95',
+    pickle.dumps(((pickle.PickleBuffer(b'x' * 100),), {}), protocol=5,
+                 buffer_callback=lambda _: False),  # Claims a buffer that is not sent.
+])
+def test_well_framed_bad_pickles_get_a_serialization_error(make_server, address, payload):
+    _serve(make_server, address)
+    call = b''.join(local_wire.encode(local_wire.CALL, 0, 0, b'add', payload))
+    frames = _frames(_raw(address[len('unix:'):], _hello() + call))
+    assert [frame.kind for frame in frames] == [local_wire.WELCOME, local_wire.RESPONSE]
+    assert frames[1].status == wire.SERIALIZATION_ERROR
+    assert "arguments of 'add'" in wire.decode_response(frames[1].payload).message
+
+
+# ----- concurrency ------------------------------------------------------------------------------
+
+def test_thread_pool_size_bounds_calls_running_at_once(make_server, address, kind):
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def work():
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return True
+
+    server = make_server(address=address, thread_pool_size=3)
+    server.Bind('work', work)
+    server.Start()
+    client = courier.Client(address, call_timeout=30)
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        blocking = [pool.submit(client.work) for _ in range(12)]
+        futures = [client.futures.work() for _ in range(12)]
+        assert all(f.result() for f in blocking) and all(f.result() for f in futures)
+    assert peak[0] == 3
+
+
+def test_batched_handler_gathers_calls_from_threads_and_futures(make_server, address, kind):
+    batches = []
+
+    @courier.batched_handler(batch_size=4, timeout=10)
+    def double(x):
+        batches.append(len(x))
+        return np.asarray(x) * 2
+
+    server = make_server(address=address, thread_pool_size=8)
+    server.Bind('double', double)
+    server.Start()
+    client = courier.Client(address, call_timeout=20)
+    futures = [client.futures.double(i) for i in range(4)]
+    assert [f.result() for f in futures] == [0, 2, 4, 6]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(client.double, range(4))) == [0, 2, 4, 6]
+    assert batches == [4, 4]
+
+
+def test_futures_complete_in_any_order(make_server, address, kind):
+    _serve(make_server, address)
+    client = courier.Client(address, call_timeout=20)
+    slow = client.futures.sleep(1)
+    fast = client.futures.add(1, 2)
+    assert fast.result(timeout=0.9) == 3
+    assert not slow.done()
+    assert slow.result() == 'slept'
+
+
+def test_a_timed_out_blocking_call_does_not_confuse_the_next_one(make_server, address, kind):
+    _serve(make_server, address)
+    client = courier.Client(address, call_timeout=0.2)
+    with pytest.raises(courier.CallTimeoutError):
+        client.sleep(0.5)
+    assert client.add(1, 2) == 3  # Not the late answer of sleep.
+    time.sleep(0.5)
+    assert client.add(2, 2) == 4
+
+
+# ----- values -----------------------------------------------------------------------------------
+
+class _Store:
+    def __init__(self):
+        self.kept = None
+        self.array = np.zeros(10_000)
+
+    def keep(self, value):
+        self.kept = value
+
+    def get_array(self):
+        return self.array
+
+
+def test_in_process_calls_never_share_mutable_objects(make_server, address):
+    store = _Store()
+    server = make_server(address=address)
+    server.bind_object(store)
+    server.Start()
+    client = courier.Client(address)
+    value = {'list': [1, 2], 'array': np.arange(10_000.0)}
+    client.keep(value)
+    value['list'].append(3)
+    value['array'][:] = -1
+    assert store.kept['list'] == [1, 2] and store.kept['array'][5] == 5.0
+    result = client.get_array()
+    result[:] = 7
+    assert not store.array.any()
+    assert client.futures.get_array().result() is not store.array
+
+
+def test_large_arrays_both_ways(make_server, address, kind):
+    server = make_server(address=address)
+    server.Bind('echo', lambda x: x)
+    server.Bind('total', lambda x: int(x.sum()))
+    server.Start()
+    client = courier.Client(address, call_timeout=120)
+    array = np.random.default_rng(0).integers(0, 255, 48 << 20, dtype=np.uint8)
+    echoed = client.echo(array)
+    assert echoed.flags.writeable and np.array_equal(echoed, array)
+    echoed[0] = 1  # Writable, like a local array.
+    many = [array[i::7].copy() for i in range(3)]
+    assert client.futures.echo(many).result()[2].tobytes() == many[2].tobytes()
+    assert client.total(array) == int(array.sum())
+
+
+def test_one_gib_round_trip(make_server, address, monkeypatch):
+    monkeypatch.setattr(local_transport, '_servers_here', _NoServersHere())
+    server = make_server(address=address)
+    server.Bind('echo', lambda x: x)
+    server.Start()
+    array = np.ones(1 << 30, dtype=np.uint8)
+    array[-1] = 2
+    echoed = courier.Client(address, call_timeout=300).echo(array)
+    assert echoed.nbytes == 1 << 30 and echoed[-1] == 2 and echoed[0] == 1
+    del echoed
+
+
+# ----- fork -------------------------------------------------------------------------------------
+
+def test_a_client_used_before_fork_works_in_the_child(make_server, address):
+    server = _serve(make_server, address)
+    server.Bind('pid', os.getpid)
+    client = courier.Client(address, call_timeout=20)
+    assert client.pid() == os.getpid() and client.futures.add(1, 1).result() == 2
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # The child has no server threads: it must go through the socket.
+        try:
+            answer = (client.pid(), client.futures.add(2, 3).result(timeout=20))
+            os.write(write, pickle.dumps(answer))
+        finally:
+            os._exit(0)  # pylint: disable=protected-access
+    os.close(write)
+    with os.fdopen(read, 'rb') as pipe:
+        answer = pickle.loads(pipe.read())
+    os.waitpid(child, 0)
+    assert answer == (os.getpid(), 5)
