@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import errno
+import functools
 import hmac
 import heapq
 import itertools
@@ -384,13 +385,59 @@ class _CallFuture(concurrent.futures.Future):
             pass
 
 
-class _Pending:
-    __slots__ = ('future', 'method', 'finish')
+class _Outbox:
+    """Frames that several threads send on one socket.
 
-    def __init__(self, future: _CallFuture, method: str, finish):
-        self.future = future
-        self.method = method
-        self.finish = finish
+    A thread that finds the socket busy leaves its frame here; the thread sending
+    sends it too, so frames from many threads go out in few system calls and no
+    thread ever waits for another's send.
+    """
+
+    def __init__(self, sock: Optional[socket.socket] = None):
+        self.sock = sock  # None while connecting: frames wait here.
+        self.skip: set = set()  # Call ids whose CALL frames must not go out (cancelled).
+        self._frames: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+
+    def put(self, call_id: int, parts: List[Any]) -> None:
+        """Sends a frame, now or with the frames of the thread sending.
+
+        Raises:
+          OSError: sending failed; this frame and others queued are lost.
+        """
+        self._frames.append((call_id, parts))
+        self.flush()
+
+    def flush(self) -> None:
+        frames = self._frames
+        while frames and self.sock is not None:
+            if not self._lock.acquire(False):
+                return  # The sending thread re-checks after it is done.
+            try:
+                batch = [frames.popleft() for _ in range(len(frames))]
+                self._write(self.sock, batch)
+            finally:
+                self._lock.release()
+
+    def clear(self) -> None:
+        self._frames.clear()
+
+    def _write(self, sock: socket.socket, batch: List[tuple]) -> None:
+        joined: List[Any] = []
+        skip = self.skip
+        for call_id, parts in batch:
+            if skip and call_id in skip:
+                skip.discard(call_id)
+                continue
+            if len(parts) == 1:
+                joined.append(parts[0])
+                continue
+            if joined:
+                sock.sendall(b''.join(joined))
+                joined = []
+            local_wire.send(sock, parts)
+        if joined:
+            sock.sendall(joined[0] if len(joined) == 1 else b''.join(joined))
 
 
 class _Pipeline:
@@ -407,71 +454,44 @@ class _Pipeline:
         self._wait_for_ready = wait_for_ready
         self._address = address
         self._ids = itertools.count(1)
-        self._pending: Dict[int, _Pending] = {}
+        self._pending: Dict[int, tuple] = {}  # call id -> (future, method, finish)
+        self._outbox = _Outbox()
         self._lock = threading.Lock()
-        # (call id, frame parts) queued while connecting or while another thread sends.
-        self._outbox: List[tuple] = []
-        self._sending = False
         self._connection: Optional[_Connection] = None
+        # Set before the pending calls are failed, so a call started meanwhile sees it.
         self.broken: Optional[_Unreachable] = None
         self._closed = False
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f'courier-client {address}')
-        self._thread.start()
+        threading.Thread(target=self._run, daemon=True, name=f'courier-client {address}').start()
+
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None
 
     def start(self, future: _CallFuture, method: str, pickle: bytes,
               buffers: Sequence[memoryview], finish) -> None:
         call_id = next(self._ids)
-        with self._lock:
-            if self.broken:
-                future.fail(self.broken.error(method, self._address))
-                return
-            self._pending[call_id] = _Pending(future, method, finish)
-        future.on_cancel = lambda: self._cancel(call_id)
-        self._send(call_id, local_wire.encode(local_wire.CALL, 0, call_id, method.encode(),
-                                              pickle, buffers))
+        self._pending[call_id] = (future, method, finish)
+        if self.broken:  # Checked after registering: see _break.
+            self._pending.pop(call_id, None)
+            future.fail(self.broken.error(method, self._address))
+            return
+        future.on_cancel = functools.partial(self._cancel, call_id)
+        self._put(call_id, local_wire.encode(local_wire.CALL, 0, call_id, method.encode(),
+                                             pickle, buffers))
 
     def _cancel(self, call_id: int) -> None:
-        with self._lock:
-            if self._pending.pop(call_id, None) is None or self.broken:
-                return
-            unsent = [entry for entry in self._outbox if entry[0] != call_id]
-            if len(unsent) < len(self._outbox):  # Never sent: the server never sees it.
-                self._outbox = unsent
-                return
-        self._send(0, local_wire.encode(local_wire.CANCEL, 0, call_id))
+        if self._pending.pop(call_id, None) is None or self.broken:
+            return
+        if self._connection is None:
+            self._outbox.skip.add(call_id)  # Not sent yet: the server never sees it.
+        self._put(0, local_wire.encode(local_wire.CANCEL, 0, call_id))
 
-    def _send(self, call_id: int, parts: List[Any]) -> None:
-        """Sends a frame, or queues it for the thread already sending (which sends it too)."""
-        with self._lock:
-            self._outbox.append((call_id, parts))
-            if self._sending or self._connection is None:
-                return
-            self._sending = True
-        self._flush()
-
-    def _flush(self) -> None:
-        while True:
-            with self._lock:
-                connection = self._connection
-                if not self._outbox or connection is None or self.broken:
-                    self._sending = False
-                    return
-                frames, self._outbox = self._outbox, []
-            try:
-                small = [parts[0] for _, parts in frames if len(parts) == 1]
-                if len(small) == len(frames):
-                    connection.sock.sendall(b''.join(small) if len(small) > 1 else small[0])
-                else:
-                    for _, parts in frames:
-                        local_wire.send(connection.sock, parts)
-            except OSError as error:
-                with self._lock:
-                    self._sending = False
-                self._break(_Unreachable(errors.ServerUnavailableError,
-                                         f'failed: sending failed ({_describe(error)})'))
-                connection.close()
-                return
+    def _put(self, call_id: int, parts: List[Any]) -> None:
+        try:
+            self._outbox.put(call_id, parts)
+        except OSError as error:
+            self._break(_Unreachable(errors.ServerUnavailableError,
+                                     f'failed: sending failed ({_describe(error)})'))
 
     def _run(self) -> None:
         try:
@@ -489,28 +509,24 @@ class _Pipeline:
                 connection.close()
                 return
             self._connection = connection
-            send_now = bool(self._outbox) and not self._sending
-            if send_now:
-                self._sending = True
-        if send_now:
-            self._flush()
-        reader = connection.reader
         try:
+            self._outbox.sock = connection.sock
+            self._outbox.flush()  # What was started while connecting.
+            self._outbox.skip.clear()
+            pending = self._pending
+            read_frame = connection.reader.read_frame
             while True:
-                frame = reader.read_frame()
-                with self._lock:
-                    pending = self._pending.pop(frame.call_id, None)
-                if pending is None:
+                frame = read_frame()
+                entry = pending.pop(frame.call_id, None)
+                if entry is None:
                     continue  # Cancelled or timed out: nobody waits for it.
-                if frame.kind != local_wire.RESPONSE:
-                    pending.future.fail(_unexpected(frame, pending.method, self._address))
-                    continue
+                future, method, finish = entry
                 try:
-                    response = _response(frame, pending.method, self._address)
+                    response = _response(frame, method, self._address)
                 except errors.CourierError as error:
-                    pending.future.fail(error)
+                    future.fail(error)
                     continue
-                pending.future.resolve(pending.finish, response)
+                future.resolve(finish, response)
         except (EOFError, OSError, local_wire.ProtocolViolation) as error:
             self._break(_Unreachable(errors.ServerUnavailableError, (
                 f'failed: the server went away during the call ({_describe(error)})')))
@@ -519,16 +535,11 @@ class _Pipeline:
 
     def _break(self, reason: _Unreachable) -> None:
         """Fails every pending call, and the calls started later on this pipeline."""
-        with self._lock:
-            self.broken = reason
-            pending, self._pending = self._pending, {}
-            self._outbox = []
-        for call in pending.values():
-            call.future.fail(reason.error(call.method, self._address))
-
-    @property
-    def connected(self) -> bool:
-        return self._connection is not None
+        self.broken = reason
+        pending, self._pending = self._pending, {}
+        self._outbox.clear()
+        for future, method, _ in list(pending.values()):
+            future.fail(reason.error(method, self._address))
 
     def close(self) -> None:
         with self._lock:
@@ -638,23 +649,30 @@ class _Workers:
 
     def __init__(self, size: int):
         self._size = size
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()  # A token per idle thread.
         self._lock = threading.Lock()
         self._threads = 0
-        self._idle = 0
-        self._stopped = False
 
     def submit(self, fn: Callable, *args: Any) -> None:
-        self._queue.put((fn, args))
+        self._jobs.put((fn, args))
+        if not self._idle.empty():
+            try:
+                self._idle.get_nowait()
+                return
+            except queue.Empty:
+                pass
+        if self._threads >= self._size:
+            return
         with self._lock:
-            if self._idle or self._threads >= self._size or self._stopped:
-                self._idle -= bool(self._idle)
+            if self._threads >= self._size:
                 return
             self._threads += 1
         threading.Thread(target=self._work, daemon=True, name='courier-server').start()
 
     def _work(self) -> None:
-        get = self._queue.get
+        get = self._jobs.get
+        idle = self._idle.put
         while True:
             item = get()
             if item is None:
@@ -665,56 +683,29 @@ class _Workers:
             except BaseException:  # pylint: disable=broad-except
                 _logger.exception('courier server worker failed')
             del item, fn, args
-            with self._lock:
-                self._idle += 1
+            idle(None)
 
     def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-            threads = self._threads
-        for _ in range(threads):
-            self._queue.put(None)
+        """Ends the threads once they are done with the functions submitted so far."""
+        for _ in range(self._threads):
+            self._jobs.put(None)
 
 
 class _ServerConnection:
     """A client's connection as the server sees it."""
 
-    __slots__ = ('sock', 'lock', 'outbox', 'sending', 'queued', 'active', 'drained',
-                 '__weakref__')
+    __slots__ = ('sock', 'outbox', 'busy', 'calls', 'lock', '__weakref__')
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
-        self.lock = threading.Lock()
-        self.outbox: List[List[Any]] = []
-        self.sending = False
-        self.queued: Dict[int, bool] = {}  # Pipelined calls not started yet: id -> cancelled.
-        self.active = 0  # Pipelined calls not answered yet.
-        self.drained = threading.Condition(self.lock)
+        self.outbox = _Outbox(sock)
+        self.busy = False  # A blocking call is running or answering.
+        self.calls: Dict[int, bool] = {}  # Pipelined calls not answered: id -> cancelled.
+        self.lock = threading.Lock()  # Orders a cancellation against the call's end.
 
-    def send(self, parts: List[Any]) -> None:
-        """Sends a frame; several threads' frames go out together."""
-        with self.lock:
-            self.outbox.append(parts)
-            if self.sending:
-                return
-            self.sending = True
-        try:
-            while True:
-                with self.lock:
-                    frames, self.outbox = self.outbox, []
-                    if not frames:
-                        self.sending = False
-                        return
-                if all(len(parts) == 1 for parts in frames):
-                    self.sock.sendall(b''.join(parts[0] for parts in frames))
-                else:
-                    for parts in frames:
-                        local_wire.send(self.sock, parts)
-        except BaseException:
-            with self.lock:
-                self.sending = False
-                self.outbox = []
-            raise
+    @property
+    def idle(self) -> bool:
+        return not self.busy and not self.calls
 
     def close(self, how: int = socket.SHUT_RDWR) -> None:
         try:
@@ -743,11 +734,9 @@ class LocalServerTransport(transport.ServerTransport):
             self._permits.put(None)
         self._lock = threading.Lock()
         self._connections: 'weakref.WeakSet[_ServerConnection]' = weakref.WeakSet()
-        self._running = 0
-        self._idle = threading.Condition(self._lock)
+        self._calls_here: Dict[_CallFuture, str] = {}  # In-process calls: future -> method.
         self._stopping = False
         self._stopped = False  # After the grace period: calls not started yet are dropped.
-        self._calls_here: Dict[_CallFuture, str] = {}  # In-process calls: future -> method.
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             try:
@@ -787,16 +776,12 @@ class LocalServerTransport(transport.ServerTransport):
             connection.close(socket.SHUT_RD)  # No new calls; answers still go out.
         if grace:
             end = time.monotonic() + grace
-            with self._lock:
-                while self._running and time.monotonic() < end:
-                    self._idle.wait(end - time.monotonic())
-        with self._lock:
-            self._stopped = True
-            calls_here, self._calls_here = self._calls_here, {}
-        for future, method in calls_here.items():  # As if their connection closed.
-            future.fail(errors.ServerUnavailableError(
-                f'call to {method!r} on courier server {self.address} failed: the server '
-                f'stopped during the call'))
+            while time.monotonic() < end and (
+                    self._calls_here or not all(c.idle for c in connections)):
+                time.sleep(0.005)
+        self._stopped = True
+        for future, method in list(self._calls_here.items()):  # As if their connection closed.
+            future.fail(_stopped_during(method, self.address))
         for connection in connections:
             connection.close()
         self._workers.stop()
@@ -838,20 +823,15 @@ class LocalServerTransport(transport.ServerTransport):
             return
         # Copies now: the caller may change its arrays as soon as the call returns.
         owned = [bytearray(buffer) for buffer in buffers]
-        with self._lock:
-            if self._stopped:
-                future.fail(errors.ServerUnavailableError(
-                    f'call to {method!r} on courier server {address} failed: the server '
-                    f'stopped'))
-                return
-            self._calls_here[future] = method
-            self._running += 1
+        self._calls_here[future] = method
         self._workers.submit(self._run_here, future, method, bytes(pickle), owned, finish)
+        if self._stopped:  # Stop may have missed it; failing twice is harmless.
+            future.fail(_stopped_during(method, self.address))
 
     def _run_here(self, future: _CallFuture, method: str, pickle: bytes,
                   buffers: List[bytearray], finish) -> None:
         try:
-            if future.done() or self._stopped:  # Cancelled, timed out or cut off by Stop.
+            if future.done():  # Cancelled, timed out or cut off by Stop.
                 return
             self._permits.get()
             try:
@@ -868,9 +848,7 @@ class LocalServerTransport(transport.ServerTransport):
             else:
                 future.resolve(finish, response)
         finally:
-            with self._lock:
-                self._calls_here.pop(future, None)
-            self._finished()
+            self._calls_here.pop(future, None)
 
     # Calls through the socket.
 
@@ -905,17 +883,17 @@ class LocalServerTransport(transport.ServerTransport):
             if (hello.kind != local_wire.HELLO or hello.payload != local_wire.MAGIC
                     or hello.call_id != local_wire.VERSION
                     or hello.status not in (local_wire.SYNC, local_wire.PIPELINED)):
-                connection.send(local_wire.encode(
+                local_wire.send(sock, local_wire.encode(
                     local_wire.REFUSED, local_wire.BAD_HELLO, 0,
                     b'expected a courier-local hello of version %d' % local_wire.VERSION))
                 return
             reason = self._refusal(hello.text)
             if reason:
-                connection.send(local_wire.encode(local_wire.REFUSED, reason, 0,
-                                                  _REFUSALS[reason].encode()))
+                local_wire.send(sock, local_wire.encode(local_wire.REFUSED, reason, 0,
+                                                        _REFUSALS[reason].encode()))
                 return
             sock.settimeout(None)
-            connection.send(local_wire.encode(local_wire.WELCOME))
+            local_wire.send(sock, local_wire.encode(local_wire.WELCOME))
             if hello.status == local_wire.SYNC:
                 self._serve_sync(connection, reader)
             else:
@@ -923,36 +901,36 @@ class LocalServerTransport(transport.ServerTransport):
         except (EOFError, OSError):
             pass  # The client went away, or the server is stopping.
         except local_wire.ProtocolViolation as error:
-            self._fault(connection, str(error))
+            try:
+                connection.outbox.put(0, local_wire.encode(local_wire.FAULT, 0, 0,
+                                                           str(error).encode()))
+            except OSError:
+                pass
         except Exception:  # pylint: disable=broad-except
             _logger.exception('courier server %s: connection failed', self.address)
         finally:
             connection.close()
 
-    def _fault(self, connection: _ServerConnection, message: str) -> None:
-        try:
-            connection.send(local_wire.encode(local_wire.FAULT, 0, 0, message.encode()))
-        except OSError:
-            pass
-
     def _serve_sync(self, connection: _ServerConnection, reader: local_wire.FrameReader) -> None:
         sock = connection.sock
+        read_frame = reader.read_frame
+        handle_call = self._handle_call
+        permits = self._permits
         while True:
-            frame = reader.read_frame()
+            frame = read_frame()
             kind = frame.kind
             if kind == local_wire.CALL:
                 method = _method_name(frame)
-                with self._lock:
-                    self._running += 1
+                connection.busy = True
                 try:
-                    self._permits.get()
+                    permits.get()
                     try:
-                        response = self._handle_call(method, frame.payload, frame.buffers)
+                        response = handle_call(method, frame.payload, frame.buffers)
                     finally:
-                        self._permits.put(None)
+                        permits.put(None)
                     local_wire.send(sock, _encode_response(0, response))
                 finally:
-                    self._finished()  # After the answer went out: a graceful stop waits for it.
+                    connection.busy = False  # After the answer went out: Stop waits for it.
             elif kind == local_wire.LIST:
                 local_wire.send(sock, self._methods_frame(0))
             elif kind != local_wire.CANCEL:
@@ -960,65 +938,57 @@ class LocalServerTransport(transport.ServerTransport):
 
     def _serve_pipelined(self, connection: _ServerConnection,
                          reader: local_wire.FrameReader) -> None:
-        queued = connection.queued
+        calls = connection.calls
+        read_frame = reader.read_frame
+        submit = self._workers.submit
         try:
             while True:
-                frame = reader.read_frame()
+                frame = read_frame()
                 kind = frame.kind
                 if kind == local_wire.CALL:
                     method = _method_name(frame)
-                    with connection.lock:
-                        queued[frame.call_id] = False
-                        connection.active += 1
-                    with self._lock:
-                        self._running += 1
-                    self._workers.submit(self._run_pipelined, connection, frame.call_id, method,
-                                         frame.payload, frame.buffers)
+                    calls[frame.call_id] = False
+                    submit(self._run_pipelined, connection, frame.call_id, method,
+                           frame.payload, frame.buffers)
                 elif kind == local_wire.CANCEL:
                     with connection.lock:
-                        if frame.call_id in queued:
-                            queued[frame.call_id] = True
+                        if frame.call_id in calls:
+                            calls[frame.call_id] = True
                 elif kind == local_wire.LIST:
-                    connection.send(self._methods_frame(frame.call_id))
+                    connection.outbox.put(0, self._methods_frame(frame.call_id))
                 else:
                     raise local_wire.ProtocolViolation(f'unexpected frame of kind {kind}')
         finally:
-            with connection.lock:  # Answers of calls in flight still go out.
-                while connection.active:
-                    connection.drained.wait()
+            while calls and not self._stopped:  # Answers of calls in flight still go out.
+                time.sleep(0.005)
 
     def _run_pipelined(self, connection: _ServerConnection, call_id: int, method: str,
                        pickle: bytes, buffers: List[Any]) -> None:
         try:
-            with connection.lock:
-                cancelled = connection.queued.pop(call_id, True)
-            if cancelled or self._stopped:
-                return
+            if connection.calls.get(call_id, True) or self._stopped:
+                return  # Cancelled, or the server stopped before the call started.
             self._permits.get()
             try:
                 response = self._handle_call(method, pickle, buffers)
             finally:
                 self._permits.put(None)
             try:
-                connection.send(_encode_response(call_id, response))
+                connection.outbox.put(call_id, _encode_response(call_id, response))
             except OSError:
                 pass  # The client went away; its reader fails what it waited for.
         finally:
             with connection.lock:
-                connection.active -= 1
-                if not connection.active:
-                    connection.drained.notify_all()
-            self._finished()
-
-    def _finished(self) -> None:
-        with self._lock:
-            self._running -= 1
-            if not self._running and self._stopping:
-                self._idle.notify_all()
+                connection.calls.pop(call_id, None)
 
     def _methods_frame(self, call_id: int) -> List[Any]:
         return local_wire.encode(local_wire.METHODS, 0, call_id,
                                  payload=wire.encode_method_list(self._list_methods()))
+
+
+def _stopped_during(method: str, address: str) -> errors.CourierError:
+    return errors.ServerUnavailableError(
+        f'call to {method!r} on courier server {address} failed: the server stopped during '
+        f'the call')
 
 
 def _method_name(frame: local_wire.Frame) -> str:

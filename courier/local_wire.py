@@ -70,7 +70,7 @@ TRUSTED_LIMITS = Limits(text=1 << 20, payload=1 << 62, buffers=1 << 20)
 
 
 class Frame:
-    """One decoded frame; ``buffers`` are writable objects the receiver owns."""
+    """One decoded frame; ``payload`` and ``buffers`` are writable objects the receiver owns."""
 
     __slots__ = ('kind', 'status', 'call_id', 'text', 'payload', 'buffers')
 
@@ -153,35 +153,31 @@ class FrameReader:
           ProtocolViolation: the frame breaks ``limits``.
           OSError: the socket failed or timed out.
         """
+        if self._end - self._start < HEADER.size:
+            self._fill(HEADER.size)
         start = self._start
-        if self._end - start >= HEADER.size:
-            kind, status, text_size, count, call_id, payload_size = HEADER.unpack_from(
-                self._buffer, start)
-            end = start + HEADER.size + text_size + payload_size
-            if not count and end <= self._end:  # The whole frame is here: the common case.
-                if text_size > limits.text or payload_size > limits.payload:
-                    raise ProtocolViolation(f'frame of kind {kind} is too large (text '
-                                            f'{text_size} bytes, payload {payload_size} bytes)')
-                self._start = end
-                start += HEADER.size
-                return Frame(kind, status, call_id, bytes(self._view[start:start + text_size]),
-                             bytes(self._view[start + text_size:end]), [])
-        self._fill(HEADER.size)
         kind, status, text_size, count, call_id, payload_size = HEADER.unpack_from(
-            self._buffer, self._start)
+            self._buffer, start)
         if text_size > limits.text or payload_size > limits.payload or count > limits.buffers:
             raise ProtocolViolation(
                 f'frame of kind {kind} is too large (text {text_size} bytes, payload '
                 f'{payload_size} bytes, {count} buffers)')
-        self._start += HEADER.size
+        body = start + HEADER.size
+        end = body + text_size + payload_size
+        if not count and end <= self._end:  # The whole frame is here: the common case.
+            self._start = end
+            buffer = self._buffer
+            return Frame(kind, status, call_id, bytes(buffer[body:body + text_size]),
+                         buffer[body + text_size:end], [])
+        self._start = body
         sizes = ()
         if count:
             self._fill(8 * count)
             sizes = (_TABLE_STRUCTS[count] if count < len(_TABLE_STRUCTS)
                      else struct.Struct(f'<{count}Q')).unpack_from(self._buffer, self._start)
             self._start += 8 * count
-        text = self._read_bytes(text_size)
-        payload = self._read_bytes(payload_size)
+        text = bytes(self._read_buffer(text_size))
+        payload = self._read_buffer(payload_size)
         buffers = [self._read_buffer(size) for size in sizes]
         return Frame(kind, status, call_id, text, payload, buffers)
 
@@ -207,14 +203,6 @@ class FrameReader:
             self._start, self._end = 0, available
         while self._end - self._start < size:
             self._end += self._receive(self._view[self._end:])
-
-    def _read_bytes(self, size: int) -> Any:
-        if size <= _READ_BUFFER:
-            self._fill(size)
-            data = bytes(self._view[self._start:self._start + size])
-            self._start += size
-            return data
-        return self._read_buffer(size)
 
     def _read_buffer(self, size: int) -> Any:
         if size <= _READ_BUFFER:
