@@ -11,8 +11,11 @@ keeps, without copies in between.
 from __future__ import annotations
 
 import mmap
+import os
 import socket
 import struct
+import sys
+import threading
 from typing import Any, List, Sequence
 
 VERSION = 1
@@ -47,6 +50,7 @@ _READ_BUFFER = 64 << 10
 # Received buffers from this size on live in memory advised to use huge pages: the
 # kernel then faults in 2 MiB at a time, several times faster for large arrays.
 _HUGE_PAGE_THRESHOLD = 1 << 20
+_RECYCLE_BYTES = 256 << 20
 _TABLE_STRUCTS = [struct.Struct(f'<{n}Q') for n in range(9)]
 
 
@@ -121,9 +125,43 @@ def send(sock: socket.socket, parts: Sequence[Any]) -> None:
 
 
 def allocate(size: int) -> Any:
-    """Returns ``size`` writable zero bytes: a bytearray, or huge-page memory when large."""
+    """Returns ``size`` writable bytes the caller owns (not necessarily zeroed)."""
     if size < _HUGE_PAGE_THRESHOLD:
         return bytearray(size)
+    return _recycler.take(size)
+
+
+class _Recycler:
+    """Hands out large receive buffers, reusing one when nothing else references it anymore.
+
+    A process that receives arrays of one size again and again (parameters, batches)
+    then writes into memory that is already mapped, instead of faulting in and
+    zeroing fresh pages for every message. At most ``_RECYCLE_BYTES`` stay cached.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._buffers: List[mmap.mmap] = []
+
+    def take(self, size: int) -> mmap.mmap:
+        with self._lock:
+            for buffer in self._buffers:
+                # References: the list, the loop variable and getrefcount's argument.
+                if len(buffer) == size and sys.getrefcount(buffer) == 3:
+                    return buffer
+        buffer = _fresh_memory(size)
+        if size <= _RECYCLE_BYTES // 2:
+            with self._lock:
+                self._buffers.append(buffer)
+                while sum(len(cached) for cached in self._buffers) > _RECYCLE_BYTES:
+                    del self._buffers[0]
+        return buffer
+
+    def reset(self) -> None:
+        self._lock = threading.Lock()
+
+
+def _fresh_memory(size: int) -> mmap.mmap:
     memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
     madvise = getattr(memory, 'madvise', None)
     huge_pages = getattr(mmap, 'MADV_HUGEPAGE', None)
@@ -133,6 +171,10 @@ def allocate(size: int) -> Any:
         except OSError:  # The kernel has no transparent huge pages: plain pages then.
             pass
     return memory
+
+
+_recycler = _Recycler()
+os.register_at_fork(after_in_child=_recycler.reset)
 
 
 class FrameReader:

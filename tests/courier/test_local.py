@@ -406,3 +406,16 @@ def test_a_client_used_before_fork_works_in_the_child(make_server, address):
         answer = pickle.loads(pipe.read())
     os.waitpid(child, 0)
     assert answer == (os.getpid(), 5)
+
+
+def test_large_receive_buffers_are_reused_only_once_released():
+    first = local_wire.allocate(4 << 20)
+    first_id = id(first)
+    array = np.frombuffer(first, dtype=np.uint8)  # As an unpickled array holds it.
+    array[:3] = (1, 2, 3)
+    del first
+    others = [local_wire.allocate(4 << 20) for _ in range(3)]
+    assert first_id not in {id(other) for other in others}  # In use: never handed out.
+    assert list(array[:3]) == [1, 2, 3]
+    del array
+    assert id(local_wire.allocate(4 << 20)) == first_id  # Released: reused.
