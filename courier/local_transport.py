@@ -414,15 +414,22 @@ class _Outbox:
             if not self._lock.acquire(False):
                 return  # The sending thread re-checks after it is done.
             try:
-                batch = [frames.popleft() for _ in range(len(frames))]
-                self._write(self.sock, batch)
+                if len(frames) == 1 and not self.skip:
+                    parts = frames.popleft()[1]
+                    if len(parts) == 1:
+                        self.sock.sendall(parts[0])
+                    else:
+                        local_wire.send(self.sock, parts)
+                else:
+                    self._write([frames.popleft() for _ in range(len(frames))])
             finally:
                 self._lock.release()
 
     def clear(self) -> None:
         self._frames.clear()
 
-    def _write(self, sock: socket.socket, batch: List[tuple]) -> None:
+    def _write(self, batch: List[tuple]) -> None:
+        sock = self.sock
         joined: List[Any] = []
         skip = self.skip
         for call_id, parts in batch:
