@@ -89,8 +89,26 @@ def write_spec(spec: WorkerSpec, path: str) -> None:
         f.write(data)
 
 
+class _ShippedFlag:
+    """An absl Flag on its way to a worker: absl refuses to pickle flags, so this carries the flag's
+    class and attributes and unpickles as a copy of the flag."""
+
+    def __init__(self, flag):
+        self._flag = flag
+
+    def __reduce__(self):
+        return _rebuild_flag, (type(self._flag), dict(self._flag.__dict__))
+
+
+def _rebuild_flag(cls, state):
+    flag = object.__new__(cls)
+    flag.__dict__.update(state)
+    return flag
+
+
 def flags_snapshot() -> Dict[str, Any]:
-    """The launching process's parsed absl flags, to recreate them in a worker."""
+    """The launching process's parsed absl flags, to recreate them in a worker (where they unpickle
+    as Flag objects)."""
     from absl import flags  # pylint: disable=import-outside-toplevel
     if not flags.FLAGS.is_parsed():
         return {}
@@ -98,12 +116,16 @@ def flags_snapshot() -> Dict[str, Any]:
     shipped = {}
     for name in flags.FLAGS:
         flag = flags.FLAGS[name]
-        try:
-            cloudpickle.dumps(flag)
-        except Exception:  # pylint: disable=broad-except
-            logging.warning('Flag --%s cannot be sent to node processes; they see its default.', name)
+        if name != flag.name:  # a short name: the flag is shipped under its long name
             continue
-        shipped[name] = flag
+        try:
+            cloudpickle.dumps(_ShippedFlag(flag))
+        except Exception:  # pylint: disable=broad-except
+            # Only a value given on the command line is lost; unset ones (e.g. aliases) do not matter.
+            log = logging.warning if flag.present else logging.debug
+            log('Flag --%s cannot be sent to node processes; they see its default.', name)
+            continue
+        shipped[name] = _ShippedFlag(flag)
     return shipped
 
 
