@@ -1,16 +1,18 @@
 """Runs example programs through the launchpad CLI, bounded in time, and checks they leave nothing.
 
-Every run gets a private TMPDIR and a marker in its environment, which every node process inherits;
-after the run no process may carry the marker and no launch directory may be left in the TMPDIR.
+Every run gets a private, empty TMPDIR and a marker in its environment, which every node process
+inherits; after the run no process may carry the marker and the TMPDIR must be empty again.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from typing import List
@@ -63,14 +65,19 @@ def _kill(processes: List[psutil.Process]) -> None:
 @pytest.fixture
 def run_example(tmp_path):
     """run_example(name, launch_type, *args, timeout=60) -> Run, with the program checked to have
-    ended completely (no process, no launch directory left)."""
+    ended completely (no process and no temporary file left)."""
 
     def run(name: str, launch_type: str, *args: str, timeout: float = 60.0) -> Run:
         marker = uuid.uuid4().hex
-        tmpdir = tmp_path / f'tmp-{marker[:8]}'
-        tmpdir.mkdir()
+        tmpdir = tempfile.mkdtemp(prefix='lp-example-')  # short: Unix socket paths live here
+        try:
+            return _run(name, launch_type, args, timeout, marker, tmpdir)
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+    def _run(name, launch_type, args, timeout, marker, tmpdir) -> Run:
         python_path = [p for p in (os.environ.get('PYTHONPATH'), REPO) if p]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(python_path), TMPDIR=str(tmpdir),
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(python_path), TMPDIR=tmpdir,
                    **{_MARKER: marker})
         argv = [sys.executable, '-m', 'launchpad.launch', f'--type={launch_type}',
                 os.path.join(EXAMPLES, f'{name}.py'), *args]
@@ -91,7 +98,7 @@ def run_example(tmp_path):
             left = _marked_processes(marker)
         _kill(left)
         assert not left, f'{name} left processes behind: {[p.pid for p in left]}\n{stderr}'
-        assert not list(tmpdir.glob('lp-*')), f'{name} left launch directories in its TMPDIR'
+        assert not os.listdir(tmpdir), f'{name} left {os.listdir(tmpdir)} in its TMPDIR'
         return Run(process.returncode, stdout, stderr)
 
     return run
