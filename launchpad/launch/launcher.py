@@ -261,14 +261,16 @@ class Controller:
     # Local launches run to the end when the script ends, and handle Ctrl-C / SIGTERM.
 
     def _run_until_done_at_exit(self) -> None:
-        """Keeps the interpreter alive until the program ends, like a foreground program."""
+        """Keeps the interpreter alive until the program ends, like a foreground program.
+
+        The wait is a `threading` exit hook: those run when the main thread has ended, newest
+        first, so it runs before concurrent.futures stops accepting work in thread pools, which
+        the courier servers of local_mt nodes and of the local_mp coordinator still need.
+        """
+        import concurrent.futures.thread  # pylint: disable=import-outside-toplevel,unused-import
+
         def hold():
             self._done.wait()
-            main = threading.main_thread()
-            while main.is_alive():
-                main.join(0.2)
-                if self._failure_reported:
-                    return
             failure = self._coordinator.failure
             if failure is not None and not self._failure_reported:
                 self._failure_reported = True
@@ -276,7 +278,7 @@ class Controller:
                 sys.stdout.flush()
                 _exit_process(1)
 
-        threading.Thread(target=hold, name=f'lp-{self.program_name}-exit-wait', daemon=False).start()
+        threading._register_atexit(hold)  # pylint: disable=protected-access
 
     def _handle_signals(self) -> None:
         """First Ctrl-C or SIGTERM stops gracefully, the second kills; only from the main thread."""
