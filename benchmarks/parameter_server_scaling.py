@@ -1,9 +1,10 @@
 """The Launchpad paper's Figure 2: parameter-server queries per second against the number of
 requesters, for one partition, P partitions, and one partition behind a cacher.
 
-Each point is one run of examples/parameter_server.py under local_mp (every node a process), the
-servers sleeping --sleep_ms per request as in the paper. Writes parameter_server_scaling.csv and a
-log-log parameter_server_scaling.png (needs matplotlib: pip install -e '.[benchmarks]').
+Each point is the median of --repeats runs of examples/parameter_server.py under local_mp (every
+node a process), the servers sleeping --sleep_ms per request as in the paper. Writes
+parameter_server_scaling.csv and a log-log parameter_server_scaling.png (needs matplotlib:
+pip install -e '.[benchmarks]').
 
     python benchmarks/parameter_server_scaling.py --partitions=4 --seconds=2
     python benchmarks/parameter_server_scaling.py --plot_only   # redraw from the CSV
@@ -24,7 +25,7 @@ import psutil
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _EXAMPLE = os.path.join(_REPO, 'examples', 'parameter_server.py')
-_FIELDS = ['topology', 'requesters', 'partitions', 'cacher', 'qps', 'queries', 'served',
+_FIELDS = ['topology', 'requesters', 'partitions', 'cacher', 'qps', 'qps_runs', 'served',
            'seconds', 'sleep_ms', 'load_average']
 
 # dm-launchpad 0.5.2 on this machine (issue 5): (topology, requesters) -> queries per second.
@@ -72,12 +73,14 @@ def measure(args: argparse.Namespace) -> List[dict]:
     rows = []
     for topology, flags in _topologies(args.partitions, args.cacher).items():
         for requesters in args.requesters:
-            result = _run_point(args, flags, requesters)
+            results = [_run_point(args, flags, requesters) for _ in range(args.repeats)]
+            median = sorted(results, key=lambda r: r['qps'])[len(results) // 2]
             partitions = args.partitions if '--partitions=1' not in flags else 1
             row = {'topology': topology, 'requesters': requesters, 'partitions': partitions,
                    'cacher': args.cacher if 'cacher' in topology else '',
-                   'qps': round(result['qps']), 'queries': result['queries'],
-                   'served': sum(result['served']), 'seconds': args.seconds,
+                   'qps': round(median['qps']),
+                   'qps_runs': ' '.join(str(round(r['qps'])) for r in results),
+                   'served': sum(median['served']), 'seconds': args.seconds,
                    'sleep_ms': args.sleep_ms, 'load_average': round(os.getloadavg()[0], 1)}
             rows.append(row)
             print(f'{topology:>22}  {requesters:3d} requesters  {row["qps"]:8,d} queries/s  '
@@ -101,6 +104,8 @@ def plot(rows: List[dict], path: str) -> None:
     sleep_ms = float(rows[0]['sleep_ms'])
     axes.set_xscale('log', base=2)
     axes.set_yscale('log')
+    ticks = sorted({int(r['requesters']) for r in rows})
+    axes.set_xticks(ticks, [str(t) for t in ticks])
     axes.set_xlabel('requesters')
     axes.set_ylabel('queries per second')
     axes.set_title(f'Parameter server, {sleep_ms:g} ms per request, 2 cores (local_mp)')
@@ -116,9 +121,10 @@ def main() -> None:
     parser.add_argument('--partitions', type=int, default=4, help='P of the P-partition topology')
     parser.add_argument('--cacher', choices=['class', 'node'], default='class',
                         help="the paper's Cacher class in a CourierNode, or lp.CacherNode")
-    parser.add_argument('--seconds', type=float, default=2.0, help='measuring time per point')
+    parser.add_argument('--seconds', type=float, default=2.0, help='measuring time per run')
+    parser.add_argument('--repeats', type=int, default=3, help='runs per point; the median counts')
     parser.add_argument('--sleep_ms', type=float, default=1.0, help='server work per request')
-    parser.add_argument('--timeout', type=float, default=180.0, help='limit per point, seconds')
+    parser.add_argument('--timeout', type=float, default=180.0, help='limit per run, seconds')
     parser.add_argument('--output_dir', default=os.path.join(_REPO, 'benchmarks', 'results'))
     parser.add_argument('--plot_only', action='store_true', help='redraw the plot from the CSV')
     args = parser.parse_args()
