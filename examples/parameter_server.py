@@ -130,8 +130,8 @@ def drive(requesters: Sequence, servers: Sequence, seconds: float, results_path:
             json.dump({'qps': qps, 'queries': queries, 'wrong': wrong, 'warmups': warmups,
                        'seconds': seconds, 'per_requester': per_requester, 'served': served}, f)
     correct = 'every answer correct' if wrong == 0 else f'{wrong} WRONG answers'
-    print(f'{description}: {queries} queries in {seconds:g} s = {qps:,.0f} queries/s; '
-          f'{sum(served)} reached the servers; {correct}.', flush=True)
+    print(f'{description}: {queries:,} queries in {seconds:g} s = {qps:,.0f} queries/s; '
+          f'{sum(served):,} reached the servers; {correct}.', flush=True)
     lp.stop()
 
 

@@ -136,7 +136,7 @@ def _parameter_server(run_example, tmp_path, launch_type, *args):
     results = json.loads(results_path.read_text())
     assert results['wrong'] == 0
     assert results['queries'] == sum(r['queries'] for r in results['per_requester']) > 0
-    assert run.final_line.endswith(f'{sum(results["served"])} reached the servers; every answer '
+    assert run.final_line.endswith(f'{sum(results["served"]):,} reached the servers; every answer '
                                    'correct.')
     return results
 
