@@ -218,7 +218,49 @@ def leftovers(bed: str) -> list[str]:
 
 # --- running the scripts ---------------------------------------------------------------------
 
-_held: set[str] = set()
+_lock_files: dict[str, tuple[object, int]] = {}  # bed -> (open lock file, holders in this process)
+_up: set[str] = set()
+
+
+@contextlib.contextmanager
+def holding(bed: str) -> Iterator[None]:
+    """Keeps other processes away from `bed` ('ssh', 'slurm' or 'podman') while inside, so that
+    a test can check the machine after a bed went down before anyone else brings it up again."""
+    if bed in _lock_files:
+        lock, holders = _lock_files[bed]
+        _lock_files[bed] = (lock, holders + 1)
+    else:
+        _lock_files[bed] = (_acquire(bed), 1)
+    try:
+        yield
+    finally:
+        lock, holders = _lock_files.pop(bed)
+        if holders > 1:
+            _lock_files[bed] = (lock, holders - 1)
+        else:
+            lock.close()  # releases the flock
+
+
+def _acquire(bed: str):
+    wait = float(os.environ.get('LAUNCHPAD_TESTBED_WAIT', '60'))
+    lock = open(LOCK_DIR / f'lp-testbed-{bed}.lock', 'a+')
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                lock.seek(0)
+                holder = _describe(lock.read())
+                lock.close()
+                raise TestbedError(f'the {bed} test bed is still held by {holder} '
+                                   f'after {wait:.0f} s (LAUNCHPAD_TESTBED_WAIT)') from None
+            time.sleep(0.2)
+    lock.truncate(0)
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock
 
 
 def _describe(pid: str) -> str:
@@ -232,32 +274,16 @@ def _describe(pid: str) -> str:
 
 @contextlib.contextmanager
 def _exclusive(bed: str) -> Iterator[None]:
-    """Holds the bed for this process; other processes wait, a second holder here is a bug."""
-    if bed in _held:
+    """Holds the bed for this process; other processes wait, a second bed here is a bug."""
+    if bed in _up:
         raise TestbedError(f'the {bed} test bed is already up in this process; '
                            f'use the session fixture instead of bringing it up again')
-    wait = float(os.environ.get('LAUNCHPAD_TESTBED_WAIT', '60'))
-    path = LOCK_DIR / f'lp-testbed-{bed}.lock'
-    with open(path, 'a+') as lock:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    lock.seek(0)
-                    raise TestbedError(f'the {bed} test bed is still held by {_describe(lock.read())} '
-                                       f'after {wait:.0f} s (LAUNCHPAD_TESTBED_WAIT)')
-                time.sleep(0.2)
-        lock.truncate(0)
-        lock.write(str(os.getpid()))
-        lock.flush()
-        _held.add(bed)
+    with holding(bed):
+        _up.add(bed)
         try:
             yield
         finally:
-            _held.discard(bed)
+            _up.discard(bed)
 
 
 def _uts_namespace(pid: int) -> str | None:

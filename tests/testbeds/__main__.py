@@ -34,7 +34,7 @@ def main() -> None:
                         help='remove the podman image first to time a full build')
     args = parser.parse_args()
     if args.cold_image:
-        with testbeds._exclusive('podman'):
+        with testbeds.holding('podman'):
             testbeds._Script('podman', 'podman_image.sh').run('purge')
     measure('ssh (3 hosts)', lambda: testbeds.ssh_hosts(3), args.repeat)
     measure('slurm single', lambda: testbeds.slurm_cluster('single'), args.repeat)

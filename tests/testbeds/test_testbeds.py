@@ -23,6 +23,17 @@ REPORT_ADDRESS = textwrap.dedent('''
 ''')
 
 
+@pytest.fixture(autouse=True)
+def hold_beds(request):
+    """Keeps other processes (other test sessions on this machine) away from the beds a test
+    names with @pytest.mark.holds, so that what it checks after a bed went down is its own."""
+    marker = request.node.get_closest_marker('holds')
+    with contextlib.ExitStack() as stack:
+        for bed in marker.args if marker else ():
+            stack.enter_context(testbeds.holding(bed))
+        yield
+
+
 def run(argv: list[str], timeout: float = 30) -> str:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f'{shlex.join(argv)} failed: {done.stderr}'
@@ -36,11 +47,15 @@ def alive(pid: int) -> bool:
         return False
 
 
-def assert_network_gone() -> None:
-    names = run(['ip', 'netns', 'list'])
-    assert 'lp-h' not in names
-    assert not pathlib.Path('/sys/class/net/lpbr0').exists()
-    assert '# lp-testbed' not in pathlib.Path('/etc/hosts').read_text()
+def assert_network_released(bed: str) -> None:
+    """The bed no longer uses the shared network, which is gone unless another bed (maybe of
+    another test session on this machine) still uses it."""
+    users = sorted(p.name for p in testbeds.NET_REGISTRY.glob('*'))
+    assert bed not in users
+    if not users:
+        assert 'lp-h' not in run(['ip', 'netns', 'list'])
+        assert not pathlib.Path('/sys/class/net/lpbr0').exists()
+        assert '# lp-testbed' not in pathlib.Path('/etc/hosts').read_text()
 
 
 def ssh_report(host: testbeds.SshHost) -> list[str]:
@@ -64,6 +79,7 @@ def start_sleeping_job(*sbatch_args: str) -> str:
 
 # --- SSH -----------------------------------------------------------------------------------
 
+@pytest.mark.holds('ssh')
 def test_ssh_hosts_have_own_hostname_and_address_and_leave_nothing():
     with testbeds.ssh_hosts(3) as hosts:
         reports = [ssh_report(host) for host in hosts]
@@ -76,7 +92,7 @@ def test_ssh_hosts_have_own_hostname_and_address_and_leave_nothing():
         assert alive(orphan)
     assert not alive(orphan)
     assert testbeds.leftovers('ssh') == []
-    assert_network_gone()
+    assert_network_released('ssh')
 
 
 def test_ssh_host_server_is_reachable_from_other_hosts():
@@ -96,6 +112,7 @@ def test_ssh_host_server_is_reachable_from_other_hosts():
 
 # --- Slurm ---------------------------------------------------------------------------------
 
+@pytest.mark.holds('slurm')
 def test_slurm_single_runs_a_step_and_leaves_nothing():
     with testbeds.slurm_cluster('single') as cluster:
         assert srun_hostnames('-N1', 'hostname') == list(cluster.nodes)
@@ -106,6 +123,7 @@ def test_slurm_single_runs_a_step_and_leaves_nothing():
     assert testbeds.leftovers('slurm') == []
 
 
+@pytest.mark.holds('slurm')
 def test_slurm_multi_spreads_steps_and_heterogeneous_components_over_nodes():
     with testbeds.slurm_cluster('multi', 3) as cluster:
         assert sorted(srun_hostnames('-N3', 'hostname')) == list(cluster.nodes)
@@ -118,11 +136,12 @@ def test_slurm_multi_spreads_steps_and_heterogeneous_components_over_nodes():
         assert host == 'lp-h2' and alive(int(sleeper))
     assert not alive(int(sleeper))
     assert testbeds.leftovers('slurm') == []
-    assert_network_gone()
+    assert_network_released('slurm')
 
 
 # --- SSH and multi-node Slurm share the network ----------------------------------------------
 
+@pytest.mark.holds('ssh', 'slurm')
 def test_ssh_bed_can_go_down_before_slurm_multi():
     with contextlib.ExitStack() as outer:
         ssh = testbeds.ssh_hosts(3)
@@ -134,9 +153,10 @@ def test_ssh_bed_can_go_down_before_slurm_multi():
             assert testbeds.leftovers('ssh') == []
             assert sorted(srun_hostnames('-N3', 'hostname')) == list(cluster.nodes)
     assert testbeds.leftovers('slurm') == []
-    assert_network_gone()
+    assert_network_released('slurm')
 
 
+@pytest.mark.holds('ssh', 'slurm')
 def test_slurm_multi_can_go_down_before_ssh_bed():
     with testbeds.slurm_cluster('multi', 3) as cluster:
         assert srun_hostnames('-N1', '-w', 'lp-h3', 'hostname') == ['lp-h3']
@@ -148,7 +168,7 @@ def test_slurm_multi_can_go_down_before_ssh_bed():
     finally:
         ssh.__exit__(None, None, None)
     assert testbeds.leftovers('ssh') == []
-    assert_network_gone()
+    assert_network_released('ssh')
 
 
 # --- podman --------------------------------------------------------------------------------
@@ -201,6 +221,7 @@ spec:
 '''
 
 
+@pytest.mark.holds('podman')
 def test_podman_pods_talk_over_lpnet_and_leave_nothing(tmp_path):
     forwarding = pathlib.Path('/proc/sys/net/ipv4/ip_forward').read_text()
     with testbeds.podman_network() as net:
@@ -211,13 +232,15 @@ def test_podman_pods_talk_over_lpnet_and_leave_nothing(tmp_path):
         assert run(['podman', 'wait', 'lp-echo-client-client']).strip() == '0'
         log = run(['podman', 'logs', 'lp-echo-client-client'])
         assert log.strip() == 'reply HELLO OVER LPNET from 10.201.0.10', log
+        assert '10.201.0.' not in run(['iptables-save'])  # no NAT, no firewall rules for lpnet
         run(['podman', 'kube', 'play', '--down', str(pods)])
         assert run(['podman', 'pod', 'ps', '-q']).strip() == ''
     assert testbeds.leftovers('podman') == []
     assert pathlib.Path('/proc/sys/net/ipv4/ip_forward').read_text() == forwarding
-    assert '-A' not in run(['iptables', '-t', 'nat', '-S'])
+    assert '10.201.0.' not in run(['iptables-save'])
 
 
+@pytest.mark.holds('podman')
 def test_podman_bed_removes_pods_a_test_left_running(tmp_path):
     with testbeds.podman_network() as net:
         run(['podman', 'run', '-d', '--name', 'lp-left-running', '--network', net.network,
