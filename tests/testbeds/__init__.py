@@ -294,7 +294,7 @@ def _uts_namespace(pid: int) -> str | None:
 
 
 class _Script:
-    """Runs one bed's shell script and remembers how long its last up and down took.
+    """Runs one bed's shell script and checks that its `down` leaves nothing behind.
 
     The bed's daemons each run in a UTS namespace of their own, which everything they start
     inherits (ssh sessions, job steps, daemonised or not): `down` checks that none is left.
@@ -305,8 +305,6 @@ class _Script:
         self.path = HERE / script
         self.daemon_pidfiles = daemon_pidfiles
         self.uts_namespaces: set[str] = set()
-        self.up_seconds: float | None = None
-        self.down_seconds: float | None = None
 
     def run(self, *args: str, timeout: float = 300) -> str:
         env = dict(os.environ, LP_TESTBED_TMPDIR=tempfile.gettempdir(), LP_PYTHON=sys.executable,
@@ -322,19 +320,16 @@ class _Script:
         return done.stdout
 
     def up(self, *args: str) -> str:
-        start = time.monotonic()
         out = self.run(*args)
-        self.up_seconds = time.monotonic() - start
         if self.daemon_pidfiles:
             for pidfile in _state_dir(self.bed).glob(self.daemon_pidfiles):
-                self.uts_namespaces.add(_uts_namespace(int(pidfile.read_text())))
-            self.uts_namespaces.discard(None)
+                namespace = _uts_namespace(int(pidfile.read_text()))
+                if namespace:
+                    self.uts_namespaces.add(namespace)
         return out
 
     def down(self) -> None:
-        start = time.monotonic()
         self.run('down', timeout=120)
-        self.down_seconds = time.monotonic() - start
         left = leftovers(self.bed) + [
             f'process {pid}: {cmd}' for pid, cmd in _processes()
             if _uts_namespace(pid) in self.uts_namespaces]
@@ -399,14 +394,6 @@ class SlurmTestbed:
                     'multi', tuple(f'lp-h{i}' for i in range(1, n + 1)),
                     tuple(f'{SUBNET}.{i + 1}' for i in range(1, n + 1)), f'{SUBNET}.1')
         return self.cluster
-
-    @property
-    def up_seconds(self) -> float | None:
-        return self._script.up_seconds
-
-    @property
-    def down_seconds(self) -> float | None:
-        return self._script.down_seconds
 
 
 @contextlib.contextmanager
