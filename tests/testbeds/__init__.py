@@ -122,17 +122,35 @@ def _check_prerequisites(bed: str, commands: Sequence[str], namespaces: bool) ->
 
 # --- machine state, for the leftover checks -------------------------------------------------
 
+def _stat(pid: int) -> list[str]:
+    """Fields of /proc/PID/stat after the command name ([0] state, [19] start time); [] if gone."""
+    try:
+        return pathlib.Path(f'/proc/{pid}/stat').read_text().rpartition(')')[2].split()
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie awaiting its reaper has ended."""
+    return _stat(pid)[:1] not in ([], ['Z'])
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks: with the pid, it names one process for good."""
+    fields = _stat(pid)
+    return fields[19] if len(fields) > 19 else None
+
+
 def _processes() -> Iterator[tuple[int, str]]:
-    """(pid, command line) of every live process; zombies awaiting their reaper are not live."""
+    """(pid, command line) of every live process."""
     for entry in pathlib.Path('/proc').iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or not _alive(int(entry.name)):
             continue
         try:
-            state = (entry / 'stat').read_text().rpartition(')')[2].split()[0]
             cmdline = (entry / 'cmdline').read_bytes().replace(b'\0', b' ').decode(errors='replace')
         except OSError:
             continue
-        if state != 'Z' and cmdline:
+        if cmdline.strip():
             yield int(entry.name), cmdline.strip()
 
 
@@ -297,7 +315,9 @@ class _Script:
     """Runs one bed's shell script and checks that its `down` leaves nothing behind.
 
     The bed's daemons each run in a UTS namespace of their own, which everything they start
-    inherits (ssh sessions, job steps, daemonised or not): `down` checks that none is left.
+    inherits (ssh sessions, job steps, daemonised or not): `down` checks that none of the
+    processes in them survives. (It cannot just look for the namespaces afterwards: the kernel
+    reuses a freed namespace's number at once, e.g. for a container another process starts.)
     """
 
     def __init__(self, bed: str, script: str, daemon_pidfiles: str = ''):
@@ -329,10 +349,12 @@ class _Script:
         return out
 
     def down(self) -> None:
+        started = {pid: (_start_time(pid), cmd) for pid, cmd in _processes()
+                   if _uts_namespace(pid) in self.uts_namespaces}
         self.run('down', timeout=120)
         left = leftovers(self.bed) + [
-            f'process {pid}: {cmd}' for pid, cmd in _processes()
-            if _uts_namespace(pid) in self.uts_namespaces]
+            f'process {pid}: {cmd}' for pid, (start, cmd) in started.items()
+            if start is not None and _start_time(pid) == start and _alive(pid)]
         self.uts_namespaces.clear()
         if left:
             raise TestbedError(f'{self.path.name} down left behind: ' + '; '.join(left))

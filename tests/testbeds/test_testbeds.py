@@ -66,15 +66,16 @@ def srun_hostnames(*args: str) -> list[str]:
     return run(['srun', *args], timeout=60).split()
 
 
-def start_sleeping_job(*sbatch_args: str) -> str:
-    """Submits a job that sleeps and returns its id once it runs."""
-    job = run(['sbatch', '--parsable', '--output=/dev/null', *sbatch_args, '--wrap', 'sleep 300'])
-    job = job.strip()
+def start_sleeping_job(directory: pathlib.Path, *sbatch_args: str) -> tuple[str, int]:
+    """Submits a job that sleeps; returns its id and the pid of its script once that runs."""
+    pidfile = directory / 'job.pid'
+    job = run(['sbatch', '--parsable', '--output=/dev/null', *sbatch_args,
+               '--wrap', f'echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile} && exec sleep 300'])
     for _ in range(200):
-        if run(['squeue', '-h', '-j', job, '-o', '%T']).strip() == 'RUNNING':
-            return job
+        if pidfile.exists():
+            return job.strip(), int(pidfile.read_text())
         time.sleep(0.05)
-    raise AssertionError(f'job {job} did not start within 10 s')
+    raise AssertionError(f'job {job.strip()} did not start within 10 s')
 
 
 # --- SSH -----------------------------------------------------------------------------------
@@ -100,41 +101,44 @@ def test_ssh_host_server_is_reachable_from_other_hosts():
     client = ('import socket; c = socket.create_connection(("lp-h1", 7000), timeout=5); '
               'print(c.recv(10).decode())')
     with testbeds.ssh_hosts(2) as (h1, h2):
-        with subprocess.Popen(h1.ssh_command(shlex.join([h1.python, '-c', server]))) as serving:
+        serving = subprocess.Popen(h1.ssh_command(shlex.join([h1.python, '-c', server])))
+        try:
             for _ in range(50):
                 done = subprocess.run(h2.ssh_command(shlex.join([h2.python, '-c', client])),
                                       capture_output=True, text=True, timeout=10)
                 if done.returncode == 0:
                     break
             assert done.stdout.strip() == 'pong'
-            serving.wait(timeout=10)
+            assert serving.wait(timeout=10) == 0
+        finally:
+            serving.kill()  # the ssh client only; the bed's down ends the remote side
+            serving.wait()
 
 
 # --- Slurm ---------------------------------------------------------------------------------
 
 @pytest.mark.holds('slurm')
-def test_slurm_single_runs_a_step_and_leaves_nothing():
+def test_slurm_single_runs_a_step_and_leaves_nothing(tmp_path):
     with testbeds.slurm_cluster('single') as cluster:
         assert srun_hostnames('-N1', 'hostname') == list(cluster.nodes)
-        job = start_sleeping_job()
-        sleeper = run(['srun', '--jobid', job, '--overlap', 'pgrep', '-x', '-n', 'sleep'])
-        assert alive(int(sleeper))
-    assert not alive(int(sleeper))
+        job, sleeper = start_sleeping_job(tmp_path)
+        assert alive(sleeper)
+        assert run(['squeue', '-h', '-j', job, '-o', '%T']).strip() == 'RUNNING'
+    assert not alive(sleeper)
     assert testbeds.leftovers('slurm') == []
 
 
 @pytest.mark.holds('slurm')
-def test_slurm_multi_spreads_steps_and_heterogeneous_components_over_nodes():
+def test_slurm_multi_spreads_steps_and_heterogeneous_components_over_nodes(tmp_path):
     with testbeds.slurm_cluster('multi', 3) as cluster:
         assert sorted(srun_hostnames('-N3', 'hostname')) == list(cluster.nodes)
         components = srun_hostnames('-N1', 'hostname', ':', '-N1', 'hostname')
         assert len(components) == 2 and len(set(components)) == 2
         assert set(components) <= set(cluster.nodes)
-        job = start_sleeping_job('-w', 'lp-h2')
-        step = run(['srun', '--jobid', job, '--overlap', 'sh', '-c', 'hostname; pgrep -x -n sleep'])
-        host, sleeper = step.split()[:2]
-        assert host == 'lp-h2' and alive(int(sleeper))
-    assert not alive(int(sleeper))
+        job, sleeper = start_sleeping_job(tmp_path, '-w', 'lp-h2')
+        assert alive(sleeper)
+        assert srun_hostnames('--jobid', job, '--overlap', 'hostname') == ['lp-h2']
+    assert not alive(sleeper)
     assert testbeds.leftovers('slurm') == []
     assert_network_released('slurm')
 
