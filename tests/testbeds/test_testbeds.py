@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import pathlib
 import shlex
+import shutil
 import subprocess
 import textwrap
 import time
@@ -262,6 +263,15 @@ def test_require_testbed_skips_or_fails_by_environment(monkeypatch):
     monkeypatch.setenv('LAUNCHPAD_TESTBEDS', 'required')
     with pytest.raises(pytest.fail.Exception, match='no sshd'):
         testbeds.require_testbed('no sshd')
+
+
+def test_a_missing_package_skips_with_the_fix(monkeypatch):
+    monkeypatch.delenv('LAUNCHPAD_TESTBEDS', raising=False)
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, 'which', lambda cmd: None if cmd == 'runc' else real_which(cmd))
+    with pytest.raises(pytest.skip.Exception, match=r'needs runc; install .*install_packages\.sh'):
+        with testbeds.podman_network():
+            pass
 
 
 def test_a_bed_cannot_be_brought_up_twice_in_one_process():
