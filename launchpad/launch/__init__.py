@@ -1,0 +1,1 @@
+"""Launchers: the interface, the registry and the built-in platforms."""

@@ -1,0 +1,60 @@
+"""Runs a script that builds and launches a program, with the launch type chosen here.
+
+    python -m launchpad.launch --type=local_mp script.py [script args]
+
+The script runs as `__main__` with `sys.argv = [script.py, script args...]`; every `lp.launch` in it
+without an explicit launch type uses `--type`. The command waits for the launched programs to end
+and exits non-zero, after printing the error, if a node failed.
+"""
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+from typing import List, Optional
+
+from launchpad.launch import launcher
+
+
+def _parser() -> argparse.ArgumentParser:
+    launcher._load_builtin_launchers()  # pylint: disable=protected-access
+    parser = argparse.ArgumentParser(
+        prog='python -m launchpad.launch',
+        description='Run a launchpad program script with the given launch type.')
+    parser.add_argument('--type', default='local_mp',
+                        help='launch type: ' + ', '.join(launcher.registered_launch_types())
+                             + ' (default: local_mp)')
+    parser.add_argument('script', help='the Python script that builds and launches the program')
+    parser.add_argument('script_args', nargs=argparse.REMAINDER,
+                        help='arguments passed to the script')
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    known = launcher.registered_launch_types()
+    if args.type not in known:
+        parser.error(f'unknown launch type {args.type!r}; known launch types: {", ".join(known)}')
+    launcher._override_launch_type = args.type  # pylint: disable=protected-access
+    launcher._cli_waits = True  # pylint: disable=protected-access
+    sys.argv = [args.script] + args.script_args
+    try:
+        runpy.run_path(args.script, run_name='__main__')
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            for controller in launcher._launched:  # pylint: disable=protected-access
+                controller.stop()
+            raise
+    status = 0
+    for controller in launcher._launched:  # pylint: disable=protected-access
+        try:
+            controller.wait()
+        except launcher.NodeFailedError as e:
+            print(f'\n{e}', file=sys.stderr, flush=True)
+            status = 1
+    return status
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Where node processes' output goes: the current terminal, per-node files, or a tmux session."""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+TERMINALS = ('current_terminal', 'output_to_files', 'tmux_session')
+_COLORS = [31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96]
+_write_lock = threading.Lock()
+
+
+def check_terminal(terminal: Optional[str]) -> str:
+    terminal = terminal or 'current_terminal'
+    if terminal not in TERMINALS:
+        raise ValueError(f'Unknown terminal {terminal!r}; choose one of {", ".join(TERMINALS)}.')
+    return terminal
+
+
+def prefix_for(name: str, index: int, *, color: bool) -> str:
+    if not color:
+        return f'[{name}] '
+    return f'\x1b[{_COLORS[index % len(_COLORS)]}m[{name}]\x1b[0m '
+
+
+def copy_lines(source, prefix: bytes) -> None:
+    """Copies lines from the binary stream `source` to our stdout, each behind `prefix`."""
+    out = getattr(sys.stdout, 'buffer', None)
+    for line in iter(source.readline, b''):
+        if not line.endswith(b'\n'):
+            line += b'\n'
+        with _write_lock:
+            if out is not None:
+                out.write(prefix + line)
+                out.flush()
+            else:
+                sys.stdout.write((prefix + line).decode(errors='replace'))
+    source.close()
+
+
+def kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class TmuxPane:
+    """A node running in its own window of a tmux session (`poll` and `kill` like Popen).
+
+    The window's command writes its exit code to `code_file` when it ends.
+    """
+
+    def __init__(self, target: str, code_file: str):
+        self._target = target
+        self._code_file = code_file
+
+    def poll(self) -> Optional[int]:
+        try:
+            with open(self._code_file) as f:
+                return int(f.read().strip() or 1)
+        except FileNotFoundError:
+            pass
+        if self._pane_pid() is None:  # the window is gone without a word: it was killed
+            return -signal.SIGKILL
+        return None
+
+    def kill(self) -> None:
+        pid = self._pane_pid()
+        if pid is not None:
+            kill_group(pid)
+
+    def _pane_pid(self) -> Optional[int]:
+        listing = subprocess.run(['tmux', 'list-panes', '-t', self._target, '-F', '#{pane_pid}'],
+                                 capture_output=True, text=True, check=False)
+        return int(listing.stdout.split()[0]) if listing.returncode == 0 and listing.stdout else None
+
+
+class Output:
+    """Gives each node process somewhere to write, as the chosen terminal says."""
+
+    def __init__(self, terminal: Optional[str], program_name: str, workdir: str):
+        self.terminal = check_terminal(terminal)
+        self._workdir = workdir
+        self._count = 0
+        self._session: Optional[str] = None
+        self.log_dir: Optional[str] = None
+        if self.terminal == 'output_to_files':
+            base = os.environ.get('LAUNCHPAD_LOGGING_DIR') or os.path.join(
+                os.path.expanduser('~'), 'launchpad_logs')
+            self.log_dir = os.path.join(base, f'{program_name}-{time.strftime("%Y%m%d-%H%M%S")}-'
+                                              f'{os.getpid()}')
+            os.makedirs(self.log_dir, exist_ok=True)
+            print(f'Node logs of {program_name!r} are in {self.log_dir}', flush=True)
+        elif self.terminal == 'tmux_session':
+            self._session = f'lp-{program_name}-{os.getpid()}'.replace('.', '-').replace(':', '-')
+            subprocess.run(['tmux', 'new-session', '-d', '-s', self._session, '-n', 'launchpad'],
+                           check=True)
+            print(f'Nodes of {program_name!r} run in tmux: tmux attach -t {self._session}',
+                  flush=True)
+
+    @property
+    def runs_commands(self) -> bool:
+        """True if nodes must be started through `start_command` (tmux) rather than given a fd."""
+        return self._session is not None
+
+    def open_for(self, name: str) -> Tuple[int, Optional[threading.Thread]]:
+        """A file descriptor for the node's stdout and stderr (the caller closes it once the
+        process has it), and the thread copying its output, if any."""
+        index, self._count = self._count, self._count + 1
+        if self.terminal == 'output_to_files':
+            path = os.path.join(self.log_dir, name.replace('/', '_') + '.log')
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), None
+        read_fd, write_fd = os.pipe()
+        prefix = prefix_for(name, index, color=sys.stdout.isatty()).encode()
+        reader = threading.Thread(target=copy_lines, args=(os.fdopen(read_fd, 'rb'), prefix),
+                                  daemon=True, name=f'lp-out-{name}')
+        reader.start()
+        return write_fd, reader
+
+    def start_command(self, name: str, argv: List[str], env: Dict[str, str], cwd: str) -> TmuxPane:
+        """Runs `argv` in a new tmux window named after the node."""
+        index, self._count = self._count, self._count + 1
+        window = name.replace('/', '_')
+        # A window's command line is visible in `ps`, so the environment goes in a private file.
+        env_file = os.path.join(self._workdir, f'{index}.env')
+        code_file = os.path.join(self._workdir, f'{index}.exit')
+        with open(os.open(env_file, os.O_WRONLY | os.O_CREAT, 0o600), 'w') as f:
+            for key, value in env.items():
+                f.write(f'export {key}={shlex.quote(value)}\n')
+        command = (f'. {shlex.quote(env_file)} && cd {shlex.quote(cwd)} && {shlex.join(argv)}; '
+                   f'echo $? > {shlex.quote(code_file)}')
+        subprocess.run(['tmux', 'new-window', '-d', '-t', self._session, '-n', window,
+                        'bash', '-c', command], check=True)
+        return TmuxPane(f'{self._session}:{window}', code_file)
+
+    def close(self) -> None:
+        if self._session is not None:
+            subprocess.run(['tmux', 'kill-session', '-t', self._session], capture_output=True,
+                           check=False)

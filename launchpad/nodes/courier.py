@@ -1,0 +1,85 @@
+"""`CourierNode`: serves a Python object's public methods over courier RPC."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+import courier
+
+from launchpad import runtime
+from launchpad.address import Address
+from launchpad.nodes.base import Handle
+from launchpad.nodes.python import PyClassNode
+
+CourierClient = courier.Client
+
+# Seconds a stopping node lets calls in flight finish (one of them may be the call that stopped it).
+_STOP_GRACE = 2.0
+
+
+def _resolve_endpoint(address: Address) -> str:
+    return address.resolve()
+
+
+class CourierHandle(Handle):
+    """A handle that dereferences into a `courier.Client` of its node."""
+
+    def __init__(self, node, address: Address, client_kwargs: Optional[dict] = None):
+        super().__init__(node)
+        self._address = address
+        self._client_kwargs = dict(client_kwargs or {})
+
+    @property
+    def address(self) -> Address:
+        return self._address
+
+    def dereference(self) -> courier.Client:
+        table = runtime.get_context().address_table
+        if table.is_published(self._address):  # known once its server is up: resolve at first call
+            endpoint = functools.partial(_resolve_endpoint, self._address)
+        else:
+            endpoint = table.resolve(self._address)
+        return courier.Client(endpoint, **self._client_kwargs)
+
+
+class CourierNode(PyClassNode):
+    """Builds `cls(*args, **kwargs)` where it runs and serves its public methods.
+
+    If the object has a `run()` method it is called once the server is up, and the server stops when
+    it returns; otherwise (or after `disable_run()`) the node serves until the program stops.
+
+    Args:
+      cls: the class (or any callable) that builds the served object.
+      courier_kwargs: keyword arguments for `courier.Server`, e.g. `thread_pool_size`.
+      courier_client_kwargs: keyword arguments for the clients handles dereference into.
+    """
+
+    def __init__(self, cls: Callable[..., Any], *args, courier_kwargs: Optional[dict] = None,
+                 courier_client_kwargs: Optional[dict] = None, **kwargs):
+        super().__init__(cls, *args, **kwargs)
+        self._address = Address('courier')
+        self._addresses.append(self._address)
+        self._courier_kwargs = dict(courier_kwargs or {})
+        self._client_kwargs = dict(courier_client_kwargs or {})
+
+    def create_handle(self) -> CourierHandle:
+        return CourierHandle(self, self._address, self._client_kwargs)
+
+    def run_in_context(self) -> None:
+        context = runtime.get_context()
+        instance = self._call()
+        table = context.address_table
+        server = courier.Server(address=table.bind_target(self._address), **self._courier_kwargs)
+        owns_server = callable(getattr(instance, 'set_courier_server', None))
+        server.bind_object(instance)
+        if not owns_server:
+            server.Start()
+        try:
+            table.publish(self._address, server.address)
+            if self._run_enabled and callable(getattr(instance, 'run', None)):
+                instance.run()
+            else:
+                context.stop.event.wait()
+        finally:
+            if not owns_server:
+                server.Stop(grace=_STOP_GRACE)

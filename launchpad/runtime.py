@@ -1,0 +1,140 @@
+"""What a running node sees: its context, the program's stop signal, and handle dereferencing.
+
+Launchers install a `NodeContext` for every executable before it runs (per thread for threads,
+per process for processes). The module-level functions here are re-exported as `lp.stop`,
+`lp.wait_for_stop`, `lp.stop_event`, `lp.register_stop_handler`, `lp.unregister_stop_handler` and
+`lp.get_context`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any, Callable, Optional
+
+from launchpad.address import AddressTable
+
+
+class StopSignal:
+    """The program's stop event and stop handlers, as seen by one process."""
+
+    def __init__(self, request_stop: Callable[[str], None]):
+        self._request_stop = request_stop
+        self.event = threading.Event()
+        self._lock = threading.Lock()
+        self._handlers: list = []
+
+    def request(self, reason: str) -> None:
+        """Asks the program to stop (it reaches every node, this one included)."""
+        self._request_stop(reason)
+
+    def trigger(self) -> None:
+        """Marks the program as stopping here and runs the stop handlers once."""
+        with self._lock:
+            if self.event.is_set():
+                return
+            self.event.set()
+            handlers, self._handlers = self._handlers, []
+        for handler in handlers:
+            try:
+                handler()
+            except Exception:  # pylint: disable=broad-except
+                logging.exception('Stop handler %r failed', handler)
+
+    def add_handler(self, handler: Callable[[], None]) -> None:
+        with self._lock:
+            if not self.event.is_set():
+                self._handlers.append(handler)
+                return
+        handler()
+
+    def remove_handler(self, handler: Callable[[], None]) -> None:
+        with self._lock:
+            if handler in self._handlers:
+                self._handlers.remove(handler)
+
+
+@dataclasses.dataclass
+class NodeContext:
+    """Everything an executable knows about where it runs.
+
+    Attributes:
+      launch_type: the launch type name, e.g. 'local_mp'.
+      program_name: the program's name.
+      label: the node's group label.
+      index: the node's index within its group.
+      address_table: endpoints of every address in the program.
+      stop: the program's stop signal in this process.
+      coordinator: the program's coordinator (or a client of it).
+    """
+    launch_type: str
+    program_name: str
+    label: str
+    index: int
+    address_table: AddressTable
+    stop: StopSignal
+    coordinator: Any = None
+
+    @property
+    def node_name(self) -> str:
+        return f'{self.label}/{self.index}'
+
+
+_thread_context = threading.local()
+_process_context: Optional[NodeContext] = None
+
+
+def set_thread_context(context: NodeContext) -> None:
+    """Installs `context` for the calling thread."""
+    _thread_context.value = context
+
+
+def set_process_context(context: Optional[NodeContext]) -> None:
+    """Installs `context` for every thread of the process that has none of its own."""
+    global _process_context
+    _process_context = context
+
+
+def clear_process_context(context: NodeContext) -> None:
+    """Removes `context` as the process default if it still is (its program ended)."""
+    global _process_context
+    if _process_context is context:
+        _process_context = None
+
+
+def get_context() -> NodeContext:
+    """The context of the node running this code.
+
+    Threads a node starts itself see the process's default context.
+    """
+    context = getattr(_thread_context, 'value', None) or _process_context
+    if context is None:
+        raise RuntimeError('No launchpad program is running here: this function is only available '
+                           'inside a node of a launched program.')
+    return context
+
+
+def stop() -> None:
+    """Stops the whole program. Safe to call from any node, on any platform."""
+    context = get_context()
+    context.stop.request(f'lp.stop() called in {context.node_name}')
+
+
+def stop_event() -> threading.Event:
+    """An event that is set when the program is stopping."""
+    return get_context().stop.event
+
+
+def wait_for_stop(timeout: Optional[float] = None) -> bool:
+    """Blocks until the program is stopping or `timeout` seconds pass; True if stopping."""
+    return get_context().stop.event.wait(timeout)
+
+
+def register_stop_handler(handler: Callable[[], None]) -> None:
+    """Calls `handler()` once when the program starts stopping (at once if it already is)."""
+    get_context().stop.add_handler(handler)
+
+
+def unregister_stop_handler(handler: Callable[[], None]) -> None:
+    """Removes a handler added with `register_stop_handler`."""
+    get_context().stop.remove_handler(handler)
