@@ -74,7 +74,7 @@ class ProcessLauncher(launcher.Launcher):
             if not isinstance(resources, PythonProcess):
                 raise TypeError(f'{options.launch_type} takes lp.PythonProcess resources; group '
                                 f'{label!r} got {resources!r}.')
-        workdir = tempfile.mkdtemp(prefix='lp-')
+        workdir = tempfile.mkdtemp(prefix='launchpad-')
         try:
             return self._launch(program, options, executables, workdir)
         except BaseException:
@@ -95,7 +95,7 @@ class ProcessLauncher(launcher.Launcher):
                 node_name=executable.name, run=executable.run, address_table=table,
                 coordinator_address=coordinator_address, parent_pid=os.getpid(),
                 notice_period=options.notice_period, flags=flags,
-                flag_overrides=resources.flag_overrides())
+                flag_overrides=resources.flag_overrides(), cleanup_dir=workdir)
             path = os.path.join(workdir, f'{i}.spec')
             write_spec(spec, path)  # every node is packed before any process starts
             env = {'GRPC_VERBOSITY': 'ERROR', **os.environ, **resources.env,

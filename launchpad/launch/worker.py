@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import shutil
 import socket
 import sys
 import threading
@@ -31,7 +32,7 @@ _POLL = 1.0
 WORKER_ARGV = ['-c', 'from launchpad.launch.worker import main; main()']
 
 
-class SpecError(RuntimeError):
+class NodePicklingError(pickle.PicklingError):
     """An executable could not be packed for another process."""
 
 
@@ -50,6 +51,8 @@ class WorkerSpec:
       flags: absl flags of the launching process (name -> Flag), so node code can read them.
       flag_overrides: flag values for this process ('--name=value' strings).
       env: environment variables to set before anything is unpickled.
+      cleanup_dir: a directory of the launch that the worker removes if the launcher dies, since
+        the launcher cannot.
     """
     program_name: str
     launch_type: str
@@ -62,22 +65,23 @@ class WorkerSpec:
     flags: Dict[str, Any] = dataclasses.field(default_factory=dict)
     flag_overrides: List[str] = dataclasses.field(default_factory=list)
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
+    cleanup_dir: Optional[str] = None
 
 
 def pickle_node(node_name: str, value: Any) -> bytes:
-    """cloudpickle of `value`, or a SpecError naming the node and what cannot be pickled."""
+    """cloudpickle of `value`, or a NodePicklingError naming the node and what cannot be pickled."""
     import cloudpickle  # pylint: disable=import-outside-toplevel
     try:
         return cloudpickle.dumps(value)
     except Exception as e:  # pylint: disable=broad-except
-        raise SpecError(
+        raise NodePicklingError(
             f'Cannot send node {node_name} to where it runs: its arguments cannot be pickled '
             f'({type(e).__name__}: {e}). Pass picklable arguments (build objects such as locks, '
             f'sockets or open files inside the node instead).') from e
 
 
 def pack_spec(spec: WorkerSpec) -> bytes:
-    """The bytes of a spec file, or a SpecError naming the node and what cannot be pickled."""
+    """The bytes of a spec file, or a NodePicklingError naming the node and what cannot be pickled."""
     payload = pickle_node(spec.node_name, spec)
     header = {'sys_path': [p for p in sys.path if p], 'env': spec.env}
     return pickle.dumps((header, payload), protocol=pickle.HIGHEST_PROTOCOL)
@@ -149,13 +153,15 @@ def _install_flags(spec: WorkerSpec) -> None:
     flags.FLAGS.mark_as_parsed()
 
 
-def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec) -> None:
+def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
+           launcher_lost: threading.Event) -> None:
     """Triggers the stop signal when the program stops or the launcher is gone."""
     unreachable_since = None
     while True:
         if spec.parent_pid is not None and os.getppid() != spec.parent_pid:
             logging.error('%s: the launcher (pid %d) is gone; stopping.', spec.node_name,
                           spec.parent_pid)
+            launcher_lost.set()
             break
         try:
             if coordinator.wait_for_stop(_POLL):
@@ -167,15 +173,22 @@ def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec) -> None:
             if now - unreachable_since > COORDINATOR_LOSS_TIMEOUT:
                 logging.error('%s: the program\'s coordinator has been unreachable for %.0f s (%s); '
                               'stopping.', spec.node_name, COORDINATOR_LOSS_TIMEOUT, e)
+                launcher_lost.set()
                 break
             time.sleep(0.2)
     stop.trigger()
     time.sleep(spec.notice_period + 1.0)
     logging.error('%s did not end within the %g s notice period; exiting.', spec.node_name,
                   spec.notice_period)
+    _exit_now(3, spec, launcher_lost)
+
+
+def _exit_now(code: int, spec: WorkerSpec, launcher_lost: threading.Event) -> None:
+    if launcher_lost.is_set() and spec.cleanup_dir:
+        shutil.rmtree(spec.cleanup_dir, ignore_errors=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(3)  # pylint: disable=protected-access
+    os._exit(code)  # pylint: disable=protected-access
 
 
 def main() -> None:
@@ -199,6 +212,15 @@ def _run(spec_path: str) -> int:
         launch_type=spec.launch_type, program_name=spec.program_name, label=label,
         index=int(index) if index.isdigit() else 0, address_table=table, stop=stop,
         coordinator=coordinator, notice_period=spec.notice_period))
-    threading.Thread(target=_watch, args=(coordinator, stop, spec), daemon=True,
+    launcher_lost = threading.Event()
+    threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost), daemon=True,
                      name='lp-stop-watcher').start()
-    return run_reporting(spec.run, spec.node_name, coordinator)
+    try:
+        code = run_reporting(spec.run, spec.node_name, coordinator)
+    except Exception:  # pylint: disable=broad-except
+        # Reporting failed: the coordinator is gone.
+        logging.exception('%s could not report to the coordinator.', spec.node_name)
+        code = 1
+    if launcher_lost.is_set():
+        _exit_now(code, spec, launcher_lost)
+    return code
