@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -226,10 +225,11 @@ class _Supervisor:
 
     def run(self) -> None:
         import courier  # pylint: disable=import-outside-toplevel
-        workdir = tempfile.mkdtemp(prefix='lp-colocation-')
-        token = os.environ.get('COURIER_AUTH_TOKEN') or secrets.token_hex(16)
+        workdir = tempfile.mkdtemp(prefix='launchpad-colocation-')
         nodes = self._colocation.inner_nodes
-        server = courier.Server(address=f'unix:{workdir}/coordinator.sock', auth_token=token,
+        # The sub-processes inherit this process's environment, and with it the program's courier
+        # auth token (if it has one), which this server also reads.
+        server = courier.Server(address=f'unix:{workdir}/coordinator.sock',
                                 thread_pool_size=4 * len(nodes) + 8)
         for method in _CoordinatorRelay.SERVED:
             server.Bind(method, getattr(self._relay, method))
@@ -237,10 +237,9 @@ class _Supervisor:
         self._context.stop.add_handler(self._relay.end)
         try:
             argvs = self._write_specs(nodes, f'unix:{workdir}/coordinator.sock', workdir)
-            env = {**os.environ, 'COURIER_AUTH_TOKEN': token}
             for index, argv in enumerate(argvs):
-                self._processes[index] = self._start(argv, env)
-            self._watch(nodes, argvs, env)
+                self._processes[index] = self._start(argv)
+            self._watch(nodes, argvs)
         finally:
             self._relay.end()
             self._context.stop.remove_handler(self._relay.end)
@@ -265,11 +264,11 @@ class _Supervisor:
         return argvs
 
     @staticmethod
-    def _start(argv: List[str], env: Dict[str, str]) -> subprocess.Popen:
+    def _start(argv: List[str]) -> subprocess.Popen:
         # Same process group as this executable, so that a launcher killing it kills them too.
-        return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL)
 
-    def _watch(self, nodes: List[Node], argvs: List[List[str]], env: Dict[str, str]) -> None:
+    def _watch(self, nodes: List[Node], argvs: List[List[str]]) -> None:
         retries_left = {index: self._colocation.num_retries_on_failure for index in self._processes}
         stop = self._context.stop.event
         while self._processes and not stop.is_set():
@@ -288,7 +287,7 @@ class _Supervisor:
                     retries_left[index] -= 1
                     logging.warning('%s failed (%s); restarting it (%d retries left).',
                                     nodes[index].name, message, retries_left[index])
-                    self._processes[index] = self._start(argvs[index], env)
+                    self._processes[index] = self._start(argvs[index])
                     continue
                 retried = self._colocation.num_retries_on_failure
                 raise InnerNodeFailedError(

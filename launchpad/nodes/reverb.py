@@ -116,7 +116,7 @@ class ReverbNode(Node):
         if self._checkpoint_ctor is not None:
             checkpointer = self._checkpoint_ctor()
         else:
-            scratch = tempfile.mkdtemp(prefix='lp-reverb-')
+            scratch = tempfile.mkdtemp(prefix='launchpad-reverb-')
             checkpointer = reverb.checkpointers.DefaultCheckpointer(path=scratch)
         try:
             # Port 0 asks Reverb to choose one (it picks an unused port and reports it).
