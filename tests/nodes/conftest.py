@@ -11,13 +11,14 @@ LAUNCH_TYPES = ['test_mt', 'test_mp']
 
 
 @pytest.fixture(autouse=True)
-def no_leftovers(monkeypatch):
+def no_leftovers(monkeypatch, tmp_path_factory):
     """Fails a test that leaves child processes or launchpad directories behind.
 
     The test's temporary directories (and its nodes', which inherit TMPDIR) go to a private
     directory, so other programs on the machine cannot confuse the check. Its path is short:
     Unix socket paths are limited to about 100 bytes.
     """
+    tmp_path_factory.getbasetemp()  # pytest's own temporary directories stay where they are
     private = tempfile.mkdtemp(prefix='lpt-', dir='/tmp')
     monkeypatch.setenv('TMPDIR', private)
     monkeypatch.setattr(tempfile, 'tempdir', private)
