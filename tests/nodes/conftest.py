@@ -2,6 +2,7 @@
 import os
 import shutil
 import tempfile
+import threading
 import time
 
 import psutil
@@ -39,3 +40,21 @@ def no_leftovers(monkeypatch, tmp_path_factory):
         assert not left, f'directories left behind: {left}'
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+def in_threads(count, function):
+    """Runs `function(index)` for index in range(count), in threads started together; returns
+    the results in order."""
+    barrier = threading.Barrier(count)
+    results = [None] * count
+
+    def run(index):
+        barrier.wait()
+        results[index] = function(index)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results

@@ -10,7 +10,7 @@ import launchpad as lp
 from launchpad.nodes.cacher import Cache
 
 from tests.core.conftest import wait_until
-from tests.nodes.conftest import LAUNCH_TYPES
+from tests.nodes.conftest import LAUNCH_TYPES, in_threads
 
 
 class FakeClock:
@@ -181,29 +181,12 @@ class Source:
             return dict(self._calls)
 
 
-def in_threads(count, function):
-    """Runs `function()` in `count` threads started together; returns their results."""
-    barrier = threading.Barrier(count)
-    results = [None] * count
-
-    def run(index):
-        barrier.wait()
-        results[index] = function()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    return results
-
-
 def check_cacher(cacher, source):
     """Runs in a node: requesters call the cacher; the source counts what reaches it."""
     assert courier.list_methods(cacher) == courier.list_methods(source)
 
     requesters, calls_each = 8, 50
-    results = in_threads(requesters, lambda: [cacher.square(3) for _ in range(calls_each)])
+    results = in_threads(requesters, lambda _: [cacher.square(3) for _ in range(calls_each)])
     assert results == [[9] * calls_each] * requesters
     source_calls = source.calls()['square']
     assert source_calls * 20 <= requesters * calls_each, source_calls
@@ -211,7 +194,7 @@ def check_cacher(cacher, source):
     assert (cacher.square(4), cacher.square(x=5), cacher.square(4)) == (16, 25, 16)
     assert source.calls()['square'] == source_calls + 2
 
-    assert in_threads(8, cacher.slow) == ['slow'] * 8
+    assert in_threads(8, lambda _: cacher.slow()) == ['slow'] * 8
     assert source.calls()['slow'] == 1
 
     with pytest.raises(ValueError, match='first call fails'):
