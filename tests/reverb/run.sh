@@ -17,8 +17,12 @@ if ! "$venv/bin/pip" show dm-reverb >/dev/null 2>&1; then
   echo "Building the Reverb environment in $venv"
   "$python" -m venv --clear "$venv"
   "$venv/bin/pip" install --quiet --upgrade pip
-  # The project's own requirements with its reverb extra, so that the extra is tested too.
-  "$venv/bin/pip" install --quiet "$repo[reverb]" pytest pytest-timeout
+  # The project with its reverb extra, so that the extra is tested too; built from a copy, since
+  # pip builds in the source tree. Tests import launchpad from this checkout.
+  source_copy="$(mktemp -d)"
+  trap 'rm -rf "$source_copy"' EXIT
+  cp -r "$repo/setup.py" "$repo/README.md" "$repo/launchpad" "$repo/courier" "$source_copy"
+  "$venv/bin/pip" install --quiet "$source_copy[reverb]" pytest pytest-timeout
 fi
 echo "Reverb environment ready after $((SECONDS - start)) s"
 
