@@ -16,9 +16,12 @@ A launcher knows its platform and nothing about node internals. To add a platfor
 from __future__ import annotations
 
 import abc
+import atexit
+import concurrent.futures.thread  # pylint: disable=unused-import (see _run_until_done_at_exit)
 import dataclasses
 import enum
 import logging
+import os
 import signal
 import sys
 import threading
@@ -243,7 +246,7 @@ class Controller:
                         stop_time is not None
                         and time.monotonic() - stop_time > self._notice_period):
                     if stop_time is not None and not self._kill_now.is_set():
-                        logging.warning('Killing %s: still running %.0f s after the stop.',
+                        logging.warning('Killing %s: still running %g s after the stop.',
                                         ', '.join(running), self._notice_period)
                     self._runner.kill(running)
                     self._coordinator.mark_killed(running)
@@ -261,22 +264,24 @@ class Controller:
     # Local launches run to the end when the script ends, and handle Ctrl-C / SIGTERM.
 
     def _run_until_done_at_exit(self) -> None:
-        """Keeps the interpreter alive until the program ends, like a foreground program."""
-        def hold():
-            self._done.wait()
-            main = threading.main_thread()
-            while main.is_alive():
-                main.join(0.2)
-                if self._failure_reported:
-                    return
+        """Makes the interpreter wait at exit until the program ends, like a foreground program.
+
+        The wait runs in the main thread at the start of interpreter shutdown, before
+        concurrent.futures stops its executors (which servers in this process still need): hooks
+        registered with threading's exit hook run newest first, and ours is newer.
+        """
+        def wait_at_exit():
+            while not self._done.wait(0.1):  # short waits let signal handlers run
+                pass
             failure = self._coordinator.failure
             if failure is not None and not self._failure_reported:
                 self._failure_reported = True
                 print(f'\n{failure}', file=sys.stderr, flush=True)
                 sys.stdout.flush()
-                _exit_process(1)
+                os._exit(1)  # pylint: disable=protected-access
 
-        threading.Thread(target=hold, name=f'lp-{self.program_name}-exit-wait', daemon=False).start()
+        register = getattr(threading, '_register_atexit', None) or atexit.register
+        register(wait_at_exit)
 
     def _handle_signals(self) -> None:
         """First Ctrl-C or SIGTERM stops gracefully, the second kills; only from the main thread."""
@@ -310,11 +315,6 @@ class Controller:
                 pass
 
         threading.Thread(target=restore, daemon=True).start()
-
-
-def _exit_process(code: int) -> None:
-    import os  # pylint: disable=import-outside-toplevel
-    os._exit(code)  # pylint: disable=protected-access
 
 
 def launch(program: Program, launch_type=None, local_resources: Optional[Mapping[str, Any]] = None,

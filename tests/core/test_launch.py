@@ -130,7 +130,9 @@ def test_stop_kills_nodes_that_ignore_it_after_the_notice_period(launch_type):
     program.add_node(lp.PyNode(ignore_stop), label='stubborn')
     program.add_node(lp.CourierNode(Adder), label='server')
     controller = lp.launch(program, launch_type=launch_type, notice_period=0.5)
-    assert not controller.wait(timeout=0.3)
+    assert wait_until(lambda: all(s.state is lp.NodeState.RUNNING
+                                  for s in controller.status().values()), timeout=30)
+    time.sleep(0.2)  # the server is serving once its node runs its object
     started = time.monotonic()
     controller.stop()
     assert controller.done
