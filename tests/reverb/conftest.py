@@ -1,2 +1,2 @@
-"""Fixtures for the Reverb tests: the node tests' leak check."""
-from tests.nodes.conftest import no_leftovers  # pylint: disable=unused-import
+"""Fixtures for the Reverb tests: the core's leak checks."""
+from tests.core.conftest import no_leftovers, private_tmpdir  # pylint: disable=unused-import
