@@ -14,7 +14,7 @@ DOC = os.path.join(REPO, 'docs', 'nodes.md')
 EXPECTED = {  # program name -> text its output must contain
     'adder': '2 + 3 = 5',
     'cacher': 'source calls for 4 x 200 requests: ',
-    'colocation': 'evaluator sees 2',
+    'colocation': 'sees 2',
     'replay': 'sampled [',
     'batching': '[14 14 14]',
 }
