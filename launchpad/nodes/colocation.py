@@ -75,9 +75,10 @@ class ColocationNode(Node):
             if node.name is not None:
                 raise ValueError(f'{node!r} was already added to a program; colocate nodes instead '
                                  'of adding them, and add only the colocation node.')
-            if node._colocated_in is not None:  # pylint: disable=protected-access
-                raise ValueError(f'{node!r} is already part of '
-                                 f'{node._colocated_in!r}; a node can be in one colocation only.')  # pylint: disable=protected-access
+            owner = node._colocated_in  # pylint: disable=protected-access
+            if owner is not None:
+                raise ValueError(f'{node!r} is already part of {owner!r}; a node can be in one '
+                                 'colocation only.')
         if len({id(node) for node in nodes}) != len(nodes):
             raise ValueError('The same node appears twice in a colocation.')
         self._nodes = nodes
@@ -169,9 +170,9 @@ class MultiProcessingColocation(ColocationNode):
 class _CoordinatorRelay:
     """What the sub-processes of a colocation see as the program's coordinator.
 
-    Stop requests and addresses go to the real coordinator. The sub-processes stop when the program
-    stops or when the colocation ends (`end()`). Node reports stay here, since the colocation decides
-    whether a failed inner node is restarted or fails the program.
+    Stop requests and addresses go to the real coordinator. The sub-processes stop when the
+    program stops or when the colocation ends (`end()`). Node reports stay here, since the
+    colocation decides whether a failed inner node is restarted or fails the program.
     """
 
     SERVED = ('node_started', 'node_finished', 'node_failed', 'request_stop', 'wait_for_stop',

@@ -4,7 +4,7 @@ import pytest
 
 import launchpad as lp
 
-from tests.nodes.conftest import LAUNCH_TYPES, in_threads
+from tests.nodes.conftest import LAUNCH_TYPES, in_threads, launch_and_wait
 
 BATCH_SIZE = 4
 
@@ -43,8 +43,4 @@ def test_concurrent_callers_get_batched_results(launch_type):
         lp.CourierNode(BatchedPolicy, courier_kwargs={'thread_pool_size': 4 * BATCH_SIZE}),
         label='policy')
     program.add_node(lp.PyNode(call_concurrently, policy), label='actors')
-    controller = lp.launch(program, launch_type=launch_type, notice_period=5)
-    try:
-        assert controller.wait(timeout=60)
-    finally:
-        controller.stop()
+    launch_and_wait(program, launch_type)

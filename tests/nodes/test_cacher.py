@@ -10,7 +10,7 @@ import launchpad as lp
 from launchpad.nodes.cacher import Cache
 
 from tests.core.conftest import wait_until
-from tests.nodes.conftest import LAUNCH_TYPES, in_threads
+from tests.nodes.conftest import LAUNCH_TYPES, in_threads, launch_and_wait
 
 
 class FakeClock:
@@ -211,8 +211,4 @@ def test_requesters_behind_a_cacher_spare_the_source(launch_type):
     cacher = program.add_node(
         lp.CacherNode(source, refresh_interval_ms=1000, stale_after_ms=10000), label='cacher')
     program.add_node(lp.PyNode(check_cacher, cacher, source), label='check')
-    controller = lp.launch(program, launch_type=launch_type, notice_period=5)
-    try:
-        assert controller.wait(timeout=60)
-    finally:
-        controller.stop()
+    launch_and_wait(program, launch_type)

@@ -7,7 +7,7 @@ import pytest
 import launchpad as lp
 
 from tests.core.conftest import wait_until
-from tests.nodes.conftest import LAUNCH_TYPES
+from tests.nodes.conftest import LAUNCH_TYPES, launch_and_wait
 
 MODES = ['threads', 'processes']
 
@@ -66,15 +66,6 @@ def colocated_program(mode, inner_function, outer_function=None, **colocation_kw
     return program
 
 
-def launch_and_wait(program, launch_type):
-    controller = lp.launch(program, launch_type=launch_type, notice_period=5)
-    try:
-        assert controller.wait(timeout=60)
-    finally:
-        controller.stop()
-    return controller
-
-
 @pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
 @pytest.mark.parametrize('mode', MODES)
 def test_handles_of_colocated_nodes_work_inside_and_outside(mode, launch_type):
@@ -109,26 +100,26 @@ def fail_twice(counter, attempts_file):
         raise RuntimeError(f'attempt {attempts} failed')
 
 
+def retrying_program(attempts_file, retries):
+    program = lp.Program('retries')
+    program.add_node(lp.MultiProcessingColocation(
+        [lp.PyNode(fail_twice, None, attempts_file)], num_retries_on_failure=retries), label='colo')
+    return program
+
+
 @pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
 def test_failed_sub_processes_are_restarted(launch_type, tmp_path):
     attempts = str(tmp_path / 'attempts')
-    program = lp.Program('retries')
-    program.add_node(lp.MultiProcessingColocation(
-        [lp.PyNode(fail_twice, None, attempts)], num_retries_on_failure=2), label='colo')
-    launch_and_wait(program, launch_type)
+    launch_and_wait(retrying_program(attempts, retries=2), launch_type)
     with open(attempts) as f:
         assert len(f.readlines()) == 3
 
 
 @pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
 def test_a_node_that_keeps_failing_fails_after_its_retries(launch_type, tmp_path):
-    attempts = str(tmp_path / 'attempts')
-    program = lp.Program('retries')
-    program.add_node(lp.MultiProcessingColocation(
-        [lp.PyNode(fail_twice, None, attempts)], num_retries_on_failure=1), label='colo')
     with pytest.raises(lp.NodeFailedError, match=r'colo/0/0 .* failed after 1 restarts: '
                                                  r'RuntimeError: attempt 2 failed'):
-        launch_and_wait(program, launch_type)
+        launch_and_wait(retrying_program(str(tmp_path / 'attempts'), retries=1), launch_type)
 
 
 def test_inner_nodes_are_named_after_the_colocation():

@@ -12,7 +12,7 @@ from launchpad import runtime
 from launchpad.address import local_address_table
 from launchpad.nodes.base import Handle, Node
 
-from tests.nodes.conftest import LAUNCH_TYPES
+from tests.nodes.conftest import LAUNCH_TYPES, launch_and_wait
 
 
 def tables():
@@ -78,11 +78,7 @@ def test_tcp_only_addresses_get_a_published_loopback_port(launch_type):
     program = lp.Program('tcp')
     echo = program.add_node(TcpEchoNode(), label='echo')
     program.add_node(lp.PyNode(call_echo, echo), label='caller')
-    controller = lp.launch(program, launch_type=launch_type, notice_period=5)
-    try:
-        assert controller.wait(timeout=60)
-    finally:
-        controller.stop()
+    launch_and_wait(program, launch_type)
 
 
 def test_local_tables_give_unix_sockets_to_other_addresses():

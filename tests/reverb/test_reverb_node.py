@@ -13,6 +13,7 @@ import launchpad as lp
 from launchpad.nodes.reverb import missing_reverb_message
 
 from tests.core.conftest import wait_until
+from tests.nodes.conftest import launch_and_wait
 
 if missing_reverb_message() and os.environ.get('LAUNCHPAD_REVERB') != 'required':
     pytest.skip(f'{missing_reverb_message()} tests/reverb/run.sh builds such an environment.',
@@ -78,22 +79,14 @@ def actor_learner_program(colocate, checkpoint_dir=None):
     return program
 
 
-def run(program, launch_type):
-    controller = lp.launch(program, launch_type=launch_type, notice_period=10)
-    try:
-        assert controller.wait(timeout=120)
-    finally:
-        controller.stop()
-    return controller
-
-
 @pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
 def test_actors_insert_and_the_learner_samples(launch_type):
-    controller = run(actor_learner_program(colocate=False), launch_type)
+    controller = launch_and_wait(actor_learner_program(colocate=False), launch_type,
+                                 timeout=120, notice_period=10)
     assert all(status.state is lp.NodeState.FINISHED for status in controller.status().values())
 
 
 @pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
 def test_learner_colocated_with_replay_and_checkpoints(launch_type, tmp_path):
-    run(actor_learner_program(colocate=True, checkpoint_dir=str(tmp_path / 'checkpoints')),
-        launch_type)
+    program = actor_learner_program(colocate=True, checkpoint_dir=str(tmp_path / 'checkpoints'))
+    launch_and_wait(program, launch_type, timeout=120, notice_period=10)
