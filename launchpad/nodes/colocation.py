@@ -54,10 +54,12 @@ class ColocationNode(Node):
       mode: 'threads' or 'processes'.
       num_retries_on_failure: with mode='processes', how many times each inner node is restarted
         after it fails before the colocation (and so the program) fails.
+      return_on_first_completed: end the colocation when its first inner node ends (the others
+        are then ended as the executable exits) instead of when all of them have.
     """
 
     def __init__(self, nodes: Sequence[Node], mode: str = 'threads',
-                 num_retries_on_failure: int = 0):
+                 num_retries_on_failure: int = 0, return_on_first_completed: bool = False):
         nodes = list(nodes) if isinstance(nodes, (list, tuple)) else nodes
         if not isinstance(nodes, list) or not nodes:
             raise ValueError(f'A colocation needs a non-empty list of nodes, got {nodes!r}.')
@@ -85,6 +87,7 @@ class ColocationNode(Node):
         super().__init__()
         self.mode = mode
         self.num_retries_on_failure = num_retries_on_failure
+        self.return_on_first_completed = return_on_first_completed
         for node in nodes:
             node._colocated_in = self  # pylint: disable=protected-access
 
@@ -140,8 +143,9 @@ class ColocationNode(Node):
         for index, node in enumerate(self._nodes):
             threading.Thread(target=run, args=(index, node, self._inner_context(index)),
                              name=f'lp-{node.name}', daemon=True).start()
+        enough = 1 if self.return_on_first_completed else len(self._nodes)
         with done:
-            done.wait_for(lambda: failures or len(finished) == len(self._nodes))
+            done.wait_for(lambda: failures or len(finished) >= enough)
             if failures:
                 index, error = failures[0]
                 raise InnerNodeFailedError(
@@ -155,8 +159,9 @@ class ColocationNode(Node):
 class MultiThreadingColocation(ColocationNode):
     """Runs `nodes` as threads of one executable (`lp.ColocationNode(nodes, mode='threads')`)."""
 
-    def __init__(self, nodes: Sequence[Node]):
-        super().__init__(nodes, mode='threads')
+    def __init__(self, nodes: Sequence[Node], return_on_first_completed: bool = False):
+        super().__init__(nodes, mode='threads',
+                         return_on_first_completed=return_on_first_completed)
 
 
 class MultiProcessingColocation(ColocationNode):
@@ -280,6 +285,8 @@ class _Supervisor:
                 del self._processes[index]
                 failure = self._relay.take_failure(nodes[index].name)
                 if code == 0 and failure is None:
+                    if self._colocation.return_on_first_completed:
+                        return
                     continue
                 if stop.is_set():
                     return

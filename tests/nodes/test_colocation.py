@@ -203,3 +203,18 @@ def test_stopping_the_program_ends_the_sub_processes(launch_type):
         controller.stop()
     assert time.monotonic() - started < 5  # they ended on the stop signal, not by the kill
     assert controller.status()['colo/0'].state is lp.NodeState.FINISHED
+
+
+def return_at_once(counter):
+    del counter
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+@pytest.mark.parametrize('mode', MODES)
+def test_return_on_first_completed(mode, launch_type):
+    program = lp.Program('first')
+    program.add_node(lp.ColocationNode(
+        [lp.PyNode(serve_forever, None), lp.PyNode(return_at_once, None)], mode=mode,
+        return_on_first_completed=True), label='colo')
+    controller = launch_and_wait(program, launch_type)
+    assert controller.status()['colo/0'].state is lp.NodeState.FINISHED
