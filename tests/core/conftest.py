@@ -12,7 +12,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope='session', autouse=True)
+@pytest.fixture(scope='package', autouse=True)
 def private_tmpdir(tmp_path_factory):
     """Launches in these tests (and the scripts they run) make their directories in here."""
     path = str(tmp_path_factory.mktemp('launches'))

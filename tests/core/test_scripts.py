@@ -1,5 +1,6 @@
 """Launches from scripts, as researchers run them: exit codes, Ctrl-C, SIGTERM, SIGKILL, the CLI."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import textwrap
 import psutil
 import pytest
 
+from tests import testbeds
 from tests.core.conftest import REPO, run_script, script_env, wait_until
 
 PROGRAM = textwrap.dedent('''
@@ -209,3 +211,34 @@ def test_output_to_files_writes_one_log_per_node(tmp_path):
     assert sorted(p.name for p in log_dir.iterdir()) == ['greeter_0.log', 'greeter_1.log']
     assert 'hello from second' in (log_dir / 'greeter_1.log').read_text()
     assert 'hello from' not in result.stdout
+
+
+TMUX_PROGRAM = textwrap.dedent('''
+    import os, sys
+    import launchpad as lp
+
+    def hello(report_dir):
+        with open(os.path.join(report_dir, lp.get_context().node_name.replace('/', '_')), 'w') as f:
+            f.write(os.environ.get('TMUX', ''))
+
+    program = lp.Program('tmuxed')
+    with program.group('greeter'):
+        program.add_node(lp.PyNode(hello, sys.argv[1]))
+        program.add_node(lp.PyNode(hello, sys.argv[1]))
+    lp.launch(program, launch_type='local_mp', terminal='tmux_session')
+''')
+
+
+def test_tmux_session_runs_each_node_in_a_window(tmp_path):
+    if shutil.which('tmux') is None:
+        testbeds.require_testbed('tmux is not installed (apt-get install tmux)')
+    socket_dir = tmp_path / 'tmux'
+    socket_dir.mkdir()
+    result = run_script(TMUX_PROGRAM, str(tmp_path), env={'TMUX_TMPDIR': str(socket_dir)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert 'tmux attach -t lp-tmuxed-' in result.stdout
+    assert sorted(p.name for p in tmp_path.glob('greeter_*')) == ['greeter_0', 'greeter_1']
+    assert all(p.read_text() for p in tmp_path.glob('greeter_*'))  # they ran inside tmux
+    sessions = subprocess.run(['tmux', 'list-sessions'], capture_output=True, text=True,
+                              env={**os.environ, 'TMUX_TMPDIR': str(socket_dir)})
+    assert 'lp-tmuxed' not in sessions.stdout  # the session ends with the program
