@@ -242,7 +242,10 @@ def _run(spec_path: str) -> int:
     spec = _load(spec_path)
     coordinator = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=False)
     table = spec.address_table
-    table.registry = coordinator
+    # Address lookups wait for servers to come up, longer than other calls may take.
+    lookup_deadline = None if table.lookup_timeout is None else table.lookup_timeout + 30.0
+    table.registry = courier.Client(spec.coordinator_address, call_timeout=lookup_deadline,
+                                    wait_for_ready=False)
     stop = runtime.StopSignal(coordinator.request_stop)
     label, index = spec.node_name.rsplit('/', 1)
     runtime.set_process_context(runtime.NodeContext(
