@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
+import importlib
 import logging
 import signal
 import sys
@@ -112,7 +113,15 @@ class LaunchOptions:
 
 
 class Launcher(abc.ABC):
-    """A platform that can run programs."""
+    """A platform that can run programs.
+
+    Attributes:
+      foreground: True when the program lives only as long as the launching process (its nodes
+        are children of it, or it serves their coordinator). `lp.launch` then keeps the launching
+        script alive until the program ends and turns Ctrl-C into a stop, as for local launches.
+    """
+
+    foreground = False
 
     @abc.abstractmethod
     def launch(self, program: Program, options: LaunchOptions) -> 'Controller':
@@ -335,11 +344,11 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
       serialize_py_nodes: pickle and unpickle node arguments even for threads, so that nodes cannot
         share mutable objects and unpicklable arguments fail at launch.
       notice_period: seconds nodes get to end after a stop before they are killed.
-      **launcher_options: options of the launcher, e.g. `resources=` for ssh.
+      **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh.
 
-    Local launch types (local_mt, local_mp) also keep the launching script alive until the program
-    ends and turn Ctrl-C into a graceful stop (twice: kill). Test launch types return at once and
-    register `stop` as a cleanup of `test_case`.
+    Local launch types (local_mt, local_mp) and foreground launchers (ssh) also keep the launching
+    script alive until the program ends and turn Ctrl-C into a graceful stop (twice: kill). Test
+    launch types return at once and register `stop` as a cleanup of `test_case`.
     """
     launch_type = str(launch_type if launch_type is not None else LAUNCH_TYPE.value)
     _load_builtin_launchers()
@@ -358,11 +367,12 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
     if unknown_groups:
         raise ValueError(f'Resources given for groups {sorted(unknown_groups)} that the program does '
                          f'not have; its groups are {sorted(program.groups)}.')
-    controller = _registry[launch_type]().launch(program, options)
+    platform = _registry[launch_type]()
+    controller = platform.launch(program, options)
     _launched.append(controller)
     if launch_type in _TEST_TYPES and test_case is not None:
         test_case.addCleanup(controller.stop)
-    if launch_type in _LOCAL_TYPES:
+    if launch_type in _LOCAL_TYPES or getattr(platform, 'foreground', False):
         controller._handle_signals()  # pylint: disable=protected-access
         if not _cli_waits:
             controller._run_until_done_at_exit()  # pylint: disable=protected-access
@@ -383,3 +393,4 @@ def _load_builtin_launchers() -> None:
     register_launcher('test_mt', threads.ThreadLauncher)
     register_launcher('local_mp', processes.ProcessLauncher)
     register_launcher('test_mp', processes.ProcessLauncher)
+    register_launcher('ssh', lambda: importlib.import_module('launchpad.launch.ssh').SshLauncher())

@@ -137,10 +137,12 @@ class Output:
             print(f'Nodes of {program_name!r} run in tmux: tmux attach -t {self._session}',
                   flush=True)
 
-    def start(self, name: str, argv: List[str], env: Dict[str, str], cwd: str):
+    def start(self, name: str, argv: List[str], env: Dict[str, str], cwd: str, *,
+              title: Optional[str] = None):
+        """Starts `argv` for node `name`; `title` (default `name`) prefixes its terminal lines."""
         index, self._count = self._count, self._count + 1
         if self.terminal == 'current_terminal':
-            return _PrefixedProcess(name, index, argv, env, cwd)
+            return _PrefixedProcess(title or name, index, argv, env, cwd)
         if self.terminal == 'output_to_files':
             return _FileProcess(argv, env, cwd, os.path.join(self.log_dir,
                                                              name.replace('/', '_') + '.log'))
