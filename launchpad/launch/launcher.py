@@ -270,14 +270,15 @@ class Controller:
     # Local launches run to the end when the script ends, and handle Ctrl-C / SIGTERM.
 
     def _run_until_done_at_exit(self) -> None:
-        """Keeps the interpreter alive until the program ends, like a foreground program."""
+        """Keeps the interpreter alive until the program ends, like a foreground program.
+
+        The wait runs once the main thread has finished, as an exit hook of `threading`: those run
+        in reverse order of registration, so before `concurrent.futures` stops taking work at
+        exit (the coordinator's server needs its thread pool until the program ends).
+        """
         def hold():
-            self._done.wait()
-            main = threading.main_thread()
-            while main.is_alive():
-                main.join(0.2)
-                if self._failure_reported:
-                    return
+            while not self._done.wait(0.2):  # a timeout keeps Ctrl-C handled while waiting
+                pass
             failure = self._coordinator.failure
             if failure is not None and not self._failure_reported:
                 self._failure_reported = True
@@ -285,7 +286,7 @@ class Controller:
                 sys.stdout.flush()
                 _exit_process(1)
 
-        threading.Thread(target=hold, name=f'lp-{self.program_name}-exit-wait', daemon=False).start()
+        threading._register_atexit(hold)  # pylint: disable=protected-access
 
     def _handle_signals(self) -> None:
         """First Ctrl-C or SIGTERM stops gracefully, the second kills; only from the main thread."""
