@@ -191,8 +191,13 @@ class _Connection:
         argv = host.ssh_argv() + [
             '-M', '-S', control_path, '-o', 'ControlPersist=no',
             '-o', 'ServerAliveInterval=5', '-o', 'ServerAliveCountMax=3', host.host, command]
-        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, start_new_session=True)
+        # The master ends when the agent does, also after the launcher died; the last one to end
+        # removes the launch's local directory, which holds nothing but the control sockets.
+        self.process = subprocess.Popen(
+            ['sh', '-c', 'ssh "$@"; code=$?; rm -f "$0"; rmdir "${0%/*}" 2>/dev/null; exit $code',
+             control_path] + argv[1:],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True)
         self._readers = [
             threading.Thread(target=self._read_events, daemon=True, name=f'lp-ssh-{host}'),
             threading.Thread(target=self._read_errors, daemon=True, name=f'lp-ssh-{host}-err')]
@@ -269,7 +274,10 @@ class _Connection:
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self.process.wait()
         for reader in self._readers:
             reader.join(2.0)
@@ -408,6 +416,9 @@ class SshLauncher(launcher.Launcher):
         if unknown:
             raise TypeError(f'Unknown option(s) {sorted(unknown)} for launch type ssh; it takes '
                             'coordinator_host=.')
+        if shutil.which('ssh') is None:
+            raise FileNotFoundError('The ssh launcher runs the OpenSSH client, and `ssh` is not on '
+                                    'PATH; install it (e.g. apt-get install openssh-client).')
         missing = sorted(set(program.groups) - set(options.resources))
         if missing:
             raise ValueError(
