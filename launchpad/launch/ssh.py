@@ -482,7 +482,7 @@ class SshLauncher(launcher.Launcher):
                 node_name=executable.name, run=executable.run, address_table=table,
                 coordinator_address=_endpoint(coordinator_host, port), parent_pid=None,
                 notice_period=options.notice_period, flags=flags,
-                env={'COURIER_AUTH_TOKEN': token}, cleanup_dir=connection.directory)
+                env={courier.AUTH_TOKEN_ENV: token}, cleanup_dir=connection.directory)
             files[id(connection)][f'{i}.spec'] = pack_spec(spec)
         for connection in runner.connections:
             connection.send('files', {'files': files[id(connection)],
