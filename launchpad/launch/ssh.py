@@ -26,6 +26,7 @@ import os
 import pickle
 import queue
 import secrets
+import select
 import shlex
 import shutil
 import signal
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import courier
 
@@ -54,6 +55,12 @@ NODES_PER_CONNECTION = 8
 
 # Seconds a host gets, after ssh connected, to start the agent and answer the preflight.
 AGENT_START_TIMEOUT = 30.0
+
+# The launcher writes to every agent at least this often; an agent that hears nothing for
+# LAUNCHER_SILENCE_TIMEOUT seconds takes the launcher for gone (as when its input ends), which
+# also covers a network that went away without closing the connection.
+HEARTBEAT_INTERVAL = 2.0
+LAUNCHER_SILENCE_TIMEOUT = 15.0
 
 _AGENT_ARGV = ['-c', 'from launchpad.launch.ssh import _serve_host; _serve_host()']
 _AGENT_LINE = b'LPAGENT '
@@ -358,6 +365,13 @@ class _SshRunner:
         self.output: Optional[Output] = None
         self.processes: Dict[str, Any] = {}
         self.placement: Dict[str, Tuple[_Connection, int]] = {}
+        self._released = threading.Event()
+        threading.Thread(target=self._heartbeat, daemon=True, name='lp-ssh-heartbeat').start()
+
+    def _heartbeat(self) -> None:
+        while not self._released.wait(HEARTBEAT_INTERVAL):
+            for connection in list(self.connections):
+                connection.send('ping', None)
 
     def poll(self) -> Dict[str, Optional[int]]:
         return {name: process.poll() for name, process in self.processes.items()}
@@ -383,6 +397,7 @@ class _SshRunner:
                     popen.wait()
 
     def release(self) -> None:
+        self._released.set()
         try:
             if self.server is not None:
                 self.server.Stop()
@@ -544,9 +559,9 @@ def _serve_host() -> None:
     """The host agent: the primary session of a launch's ssh connection to this host.
 
     Says hello (the preflight facts), creates the private directory, writes the node specs it is
-    sent and kills nodes on request. When its input ends (the launcher is done or dead, or the
-    connection broke) it gives the nodes still running a grace period to notice and stop, kills
-    the rest and removes the directory.
+    sent and kills nodes on request. When its input ends or falls silent (the launcher is done
+    or dead, or the network is gone) it gives the nodes still running a grace period to notice
+    and stop, kills the rest and removes the directory.
     """
     import cloudpickle  # pylint: disable=import-outside-toplevel,unused-import
     import psutil  # pylint: disable=import-outside-toplevel,unused-import
@@ -567,11 +582,7 @@ def _serve_host() -> None:
                   spec_fields=_spec_fields(), launchpad=os.path.dirname(launchpad.__file__),
                   directory=directory, workdir_ok=not workdir or os.path.isdir(workdir),
                   ssh_connection=os.environ.get('SSH_CONNECTION', ''))
-        while True:
-            message = _read_message(sys.stdin.buffer)
-            if message is None:
-                break
-            kind, body = message
+        for kind, body in _messages(sys.stdin.fileno(), LAUNCHER_SILENCE_TIMEOUT):
             if kind == 'files':
                 for name, data in body['files'].items():
                     path = os.path.join(directory, name)
@@ -593,19 +604,30 @@ def _serve_host() -> None:
 
 
 def _announce(**message: Any) -> None:
-    sys.stdout.buffer.write(_AGENT_LINE + json.dumps(message).encode() + b'\n')
-    sys.stdout.buffer.flush()
+    try:
+        sys.stdout.buffer.write(_AGENT_LINE + json.dumps(message).encode() + b'\n')
+        sys.stdout.buffer.flush()
+    except OSError:  # the launcher is gone; nobody is listening
+        pass
 
 
-def _read_message(stream) -> Optional[Tuple[str, Any]]:
-    header = stream.read(8)
-    if len(header) < 8:
-        return None
-    (size,) = struct.unpack('>Q', header)
-    data = stream.read(size)
-    if len(data) < size:
-        return None
-    return pickle.loads(data)
+def _messages(fd: int, silence_timeout: float) -> Iterator[Tuple[str, Any]]:
+    """The launcher's messages, until its input ends or stays silent for `silence_timeout` s."""
+    buffer = bytearray()
+    while True:
+        if not select.select([fd], [], [], silence_timeout)[0]:
+            return
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return
+        buffer += chunk
+        while len(buffer) >= 8:
+            (size,) = struct.unpack('>Q', buffer[:8])
+            if len(buffer) < 8 + size:
+                break
+            message = pickle.loads(buffer[8:8 + size])
+            del buffer[:8 + size]
+            yield message
 
 
 def _node_processes(directory: str, markers: Optional[set] = None) -> list:

@@ -1,7 +1,9 @@
 """The ssh launcher against real sshd servers: hosts lp-h1..3 of the SSH test bed.
 
-Every test checks afterwards that no process of the program is left on any host (the bed's
-network namespaces) or here, and that no private directory of the launch remains.
+Every test checks afterwards that no process of the program is left on any host or here, and
+that no private directory of the launch remains. Everything started through a host's sshd
+shares that sshd's UTS namespace (the host's own hostname), which is how a host's processes are
+told apart from those of other beds sharing its network namespace.
 """
 from __future__ import annotations
 
@@ -24,7 +26,6 @@ import launchpad as lp
 from launchpad.launch.ssh import SshPreflightError
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-NAMESPACES = ('lp-h1', 'lp-h2', 'lp-h3')
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -43,36 +44,39 @@ def hosts(ssh_testbed):
     dirs_before = set(glob.glob(os.path.join(tempfile.gettempdir(), 'launchpad-ssh-*')))
     yield {h.name: lp.SshHost(h.name, **host_options(h)) for h in ssh_testbed}
     deadline = time.monotonic() + 15
-    while program_processes(started) and time.monotonic() < deadline:
+    while program_processes(ssh_testbed, started) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert program_processes(started) == []
+    assert program_processes(ssh_testbed, started) == []
     left = set(glob.glob(os.path.join(tempfile.gettempdir(), 'launchpad-ssh-*'))) - dirs_before
     assert not left, f'launch directories left behind: {left}'
 
 
-def program_processes(since: float) -> list:
+def program_processes(ssh_testbed, since: float = 0.0) -> list:
     """Live processes started since `since` on the bed's hosts, or here by the launcher."""
+    state = os.path.dirname(ssh_testbed[0].ssh_config)
+    processes = list(psutil.process_iter(['cmdline', 'create_time', 'status']))
+    listeners = {p.pid: _uts(p.pid) for p in processes
+                 if any(state in arg for arg in p.info['cmdline'] or [])
+                 and 'sshd' in (p.info['cmdline'] or [''])[0]}
     found = []
-    for ns in NAMESPACES:
-        pids = subprocess.run(['ip', 'netns', 'pids', ns], capture_output=True,
-                              text=True).stdout.split()
-        found += [f'{ns}: {line}' for line in _describe(map(int, pids), since)]
-    local = [p.pid for p in psutil.process_iter(['cmdline'])
-             if any('launchpad-ssh-' in arg or '_serve_host' in arg
-                    for arg in p.info['cmdline'] or [])]
-    return found + [f'local: {line}' for line in _describe(local, since)]
+    for process in processes:
+        if (process.pid in listeners or process.info['status'] == psutil.STATUS_ZOMBIE
+                or process.info['create_time'] < since):
+            continue
+        command = ' '.join(process.info['cmdline'] or [])
+        uts = _uts(process.pid)
+        if uts is not None and uts in listeners.values():
+            found.append(f'{process.pid} on the bed: {command}')
+        elif 'launchpad-ssh-' in command or '_serve_host' in command:
+            found.append(f'{process.pid} here: {command}')
+    return found
 
 
-def _describe(pids, since: float) -> list:
-    lines = []
-    for pid in pids:
-        try:
-            process = psutil.Process(pid)
-            if process.create_time() >= since and process.status() != psutil.STATUS_ZOMBIE:
-                lines.append(f'{pid} {" ".join(process.cmdline())}')
-        except psutil.NoSuchProcess:
-            pass
-    return lines
+def _uts(pid: int):
+    try:
+        return os.readlink(f'/proc/{pid}/ns/uts')
+    except OSError:
+        return None
 
 
 # --- The actor/learner program across three hosts --------------------------------------------
@@ -241,10 +245,10 @@ def start_launcher(ssh_testbed, tmp_path) -> subprocess.Popen:
 
 def test_ctrl_c_on_the_launcher_stops_every_host(ssh_testbed, hosts, tmp_path):
     process = start_launcher(ssh_testbed, tmp_path)
-    commands = [line for ns in NAMESPACES for line in _describe(
-        map(int, subprocess.run(['ip', 'netns', 'pids', ns], capture_output=True,
-                                text=True).stdout.split()), 0)]
-    assert commands and not any('COURIER_AUTH_TOKEN' in command for command in commands)
+    commands = program_processes(ssh_testbed)
+    remote = [command for command in commands if ' on the bed: ' in command]
+    assert sum('launchpad.launch.worker' in command for command in remote) == 3, commands
+    assert not any('COURIER_AUTH_TOKEN' in command for command in commands)
     process.send_signal(signal.SIGINT)
     rest, _ = process.communicate(timeout=30)
     assert process.returncode == 0, rest
@@ -257,10 +261,10 @@ def test_sigkill_of_the_launcher_ends_the_nodes_on_every_host(ssh_testbed, hosts
     process.kill()
     process.communicate()
     killed = time.monotonic()
-    while program_processes(since) and time.monotonic() - killed < 20:
+    while program_processes(ssh_testbed, since) and time.monotonic() - killed < 20:
         time.sleep(0.1)
     # Remote nodes notice that the coordinator is gone (5 s) and stop; nothing waits for more.
-    assert program_processes(since) == []
+    assert program_processes(ssh_testbed, since) == []
     assert time.monotonic() - killed < 12
 
 
@@ -293,3 +297,21 @@ def test_groups_without_hosts_are_named():
         lp.launch(program, launch_type='ssh', resources={'learner': 'lp-h1', 'actor': 42})
     with pytest.raises(ValueError, match='at least one host'):
         lp.SshHosts([])
+
+
+def say_where(i: int) -> None:
+    print('node', i, 'on', socket.gethostname())
+
+
+def test_many_nodes_on_one_host_stay_within_sshd_session_limit(hosts, capfd):
+    program = lp.Program('crowded')
+    with program.group('node'):
+        for i in range(10):  # sshd's default MaxSessions is 10, the agent's session included
+            program.add_node(lp.PyNode(say_where, i))
+    controller = lp.launch(program, launch_type='ssh', resources={'node': hosts['lp-h1']})
+    assert controller.wait(timeout=60)
+    assert {s.state for s in controller.status().values()} == {lp.NodeState.FINISHED}
+    out, err = capfd.readouterr()
+    assert 'refused' not in out + err
+    for i in range(10):
+        assert f'[lp-h1 node/{i}] node {i} on lp-h1' in out
