@@ -16,10 +16,13 @@ A launcher knows its platform and nothing about node internals. To add a platfor
 from __future__ import annotations
 
 import abc
+import atexit
+import concurrent.futures.thread  # pylint: disable=unused-import (see _run_until_done_at_exit)
 import dataclasses
 import enum
 import importlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -252,7 +255,7 @@ class Controller:
                         stop_time is not None
                         and time.monotonic() - stop_time > self._notice_period):
                     if stop_time is not None and not self._kill_now.is_set():
-                        logging.warning('Killing %s: still running %.0f s after the stop.',
+                        logging.warning('Killing %s: still running %g s after the stop.',
                                         ', '.join(running), self._notice_period)
                     self._runner.kill(running)
                     self._coordinator.mark_killed(running)
@@ -270,23 +273,24 @@ class Controller:
     # Local launches run to the end when the script ends, and handle Ctrl-C / SIGTERM.
 
     def _run_until_done_at_exit(self) -> None:
-        """Keeps the interpreter alive until the program ends, like a foreground program.
+        """Makes the interpreter wait at exit until the program ends, like a foreground program.
 
-        The wait runs once the main thread has finished, as an exit hook of `threading`: those run
-        in reverse order of registration, so before `concurrent.futures` stops taking work at
-        exit (the coordinator's server needs its thread pool until the program ends).
+        The wait runs in the main thread at the start of interpreter shutdown, before
+        concurrent.futures stops its executors (which servers in this process still need): hooks
+        registered with threading's exit hook run newest first, and ours is newer.
         """
-        def hold():
-            while not self._done.wait(0.2):  # a timeout keeps Ctrl-C handled while waiting
+        def wait_at_exit():
+            while not self._done.wait(0.1):  # short waits let signal handlers run
                 pass
             failure = self._coordinator.failure
             if failure is not None and not self._failure_reported:
                 self._failure_reported = True
                 print(f'\n{failure}', file=sys.stderr, flush=True)
                 sys.stdout.flush()
-                _exit_process(1)
+                os._exit(1)  # pylint: disable=protected-access
 
-        threading._register_atexit(hold)  # pylint: disable=protected-access
+        register = getattr(threading, '_register_atexit', None) or atexit.register
+        register(wait_at_exit)
 
     def _handle_signals(self) -> None:
         """First Ctrl-C or SIGTERM stops gracefully, the second kills; only from the main thread."""
@@ -320,11 +324,6 @@ class Controller:
                 pass
 
         threading.Thread(target=restore, daemon=True).start()
-
-
-def _exit_process(code: int) -> None:
-    import os  # pylint: disable=import-outside-toplevel
-    os._exit(code)  # pylint: disable=protected-access
 
 
 def launch(program: Program, launch_type=None, local_resources: Optional[Mapping[str, Any]] = None,

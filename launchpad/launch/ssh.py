@@ -45,6 +45,7 @@ from launchpad.address import AddressTable
 from launchpad.launch import launcher
 from launchpad.launch.coordinator import Coordinator
 from launchpad.launch.output import Output
+from launchpad.launch.processes import _NodeProcess  # pylint: disable=protected-access
 from launchpad.launch.worker import (COORDINATOR_LOSS_TIMEOUT, WORKER_ARGV, WorkerSpec,
                                      flags_snapshot, pack_spec)
 from launchpad.program import Program
@@ -373,6 +374,20 @@ class _SshRunner:
             for connection in list(self.connections):
                 connection.send('ping', None)
 
+    def start(self, name: str, argv: List[str], title: str) -> None:
+        """Starts a node's ssh client, its output going where the terminal option says."""
+        if self.output.runs_commands:
+            self.processes[name] = self.output.start_command(name, argv, dict(os.environ),
+                                                             os.getcwd())
+            return
+        stdout_fd, reader = self.output.open_for(name, title=title)
+        try:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout_fd,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            os.close(stdout_fd)
+        self.processes[name] = _NodeProcess(process, reader)
+
     def poll(self) -> Dict[str, Optional[int]]:
         return {name: process.poll() for name, process in self.processes.items()}
 
@@ -392,9 +407,6 @@ class _SshRunner:
                 time.sleep(0.02)
             if process.poll() is None:
                 process.kill()
-                popen = getattr(process, 'process', None)
-                if popen is not None:
-                    popen.wait()
 
     def release(self) -> None:
         self._released.set()
@@ -510,9 +522,8 @@ class SshLauncher(launcher.Launcher):
         runner.output = Output(options.terminal, program.name, runner.local_dir)
         for (connection, i), (_, executable) in zip(placed, executables):
             runner.placement[executable.name] = (connection, i)
-            runner.processes[executable.name] = runner.output.start(
-                executable.name, connection.node_argv(i), dict(os.environ), os.getcwd(),
-                title=f'{connection.host.host} {executable.name}')
+            runner.start(executable.name, connection.node_argv(i),
+                         title=f'{connection.host.host} {executable.name}')
         return launcher.Controller(program.name, coordinator, runner,
                                    launch_type=options.launch_type,
                                    notice_period=options.notice_period)

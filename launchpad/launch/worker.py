@@ -7,7 +7,9 @@ away), runs the executable and reports how it ended.
 """
 from __future__ import annotations
 
+import copyreg
 import dataclasses
+import functools
 import logging
 import os
 import pickle
@@ -48,7 +50,7 @@ class WorkerSpec:
       parent_pid: the launcher's pid when the worker is its direct child; the worker stops if its
         parent changes (the launcher died).
       notice_period: seconds to end after a stop before the worker exits by itself.
-      flags: absl flags of the launching process (name -> Flag), so node code can read them.
+      flags: absl flags of the launching process (see `flags_snapshot`), so node code reads them.
       flag_overrides: flag values for this process ('--name=value' strings).
       env: environment variables to set before anything is unpickled.
       cleanup_dir: a directory of the launch that the worker removes if the launcher dies, since
@@ -71,6 +73,7 @@ class WorkerSpec:
 def pickle_node(node_name: str, value: Any) -> bytes:
     """cloudpickle of `value`, or a NodePicklingError naming the node and what cannot be pickled."""
     import cloudpickle  # pylint: disable=import-outside-toplevel
+    _pickle_flags_by_reference()
     try:
         return cloudpickle.dumps(value)
     except Exception as e:  # pylint: disable=broad-except
@@ -93,21 +96,49 @@ def write_spec(spec: WorkerSpec, path: str) -> None:
         f.write(data)
 
 
+def _global_flags():
+    from absl import flags  # pylint: disable=import-outside-toplevel
+    return flags.FLAGS
+
+
+def _reduce_flag_values(flag_values):
+    from absl import flags  # pylint: disable=import-outside-toplevel
+    if flag_values is not flags.FLAGS:
+        raise pickle.PicklingError('Only absl.flags.FLAGS can be sent to a node process.')
+    return _global_flags, ()
+
+
+def _pickle_flags_by_reference() -> None:
+    """Node code that reads `FLAGS` gets the FLAGS of its own process, which the worker fills in."""
+    from absl import flags  # pylint: disable=import-outside-toplevel
+    copyreg.pickle(flags.FlagValues, _reduce_flag_values)
+
+
 def flags_snapshot() -> Dict[str, Any]:
-    """The launching process's parsed absl flags, to recreate them in a worker."""
+    """The launching process's parsed absl flags (name -> (class, state)), to rebuild in a worker.
+
+    absl refuses to pickle Flag objects, so their state travels instead (validators stay behind:
+    values were validated here).
+    """
     from absl import flags  # pylint: disable=import-outside-toplevel
     if not flags.FLAGS.is_parsed():
         return {}
     import cloudpickle  # pylint: disable=import-outside-toplevel
+    _pickle_flags_by_reference()
     shipped = {}
     for name in flags.FLAGS:
         flag = flags.FLAGS[name]
-        try:
-            cloudpickle.dumps(flag)
-        except Exception:  # pylint: disable=broad-except
-            logging.warning('Flag --%s cannot be sent to node processes; they see its default.', name)
+        if flag.name != name:  # a short name
             continue
-        shipped[name] = flag
+        state = (type(flag), {k: v for k, v in vars(flag).items() if k != 'validators'})
+        try:
+            cloudpickle.dumps(state)
+        except Exception:  # pylint: disable=broad-except
+            if flag.present:
+                logging.warning('Flag --%s cannot be sent to node processes; they see its default.',
+                                name)
+            continue
+        shipped[name] = state
     return shipped
 
 
@@ -141,16 +172,23 @@ def _load(path: str) -> WorkerSpec:
 
 def _install_flags(spec: WorkerSpec) -> None:
     from absl import flags  # pylint: disable=import-outside-toplevel
-    for name, flag in spec.flags.items():
+    for name, (flag_class, state) in spec.flags.items():
         if name in flags.FLAGS:
-            if flag.present:
-                flags.FLAGS[name].value = flag.value
-                flags.FLAGS[name].present = flag.present
+            if state['present']:
+                flags.FLAGS[name].value = state['_value']
+                flags.FLAGS[name].present = state['present']
         else:
+            flag = flag_class.__new__(flag_class)
+            flag.__dict__.update(state, validators=[])
             flags.FLAGS[name] = flag
     if spec.flag_overrides:
         flags.FLAGS(['worker'] + list(spec.flag_overrides), known_only=True)
     flags.FLAGS.mark_as_parsed()
+
+
+def _run_with_flags(spec: WorkerSpec) -> None:
+    _install_flags(spec)
+    spec.run()
 
 
 def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
@@ -203,7 +241,6 @@ def _run(spec_path: str) -> int:
     import courier  # pylint: disable=import-outside-toplevel
     spec = _load(spec_path)
     coordinator = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=False)
-    _install_flags(spec)
     table = spec.address_table
     table.registry = coordinator
     stop = runtime.StopSignal(coordinator.request_stop)
@@ -216,7 +253,7 @@ def _run(spec_path: str) -> int:
     threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost), daemon=True,
                      name='lp-stop-watcher').start()
     try:
-        code = run_reporting(spec.run, spec.node_name, coordinator)
+        code = run_reporting(functools.partial(_run_with_flags, spec), spec.node_name, coordinator)
     except Exception:  # pylint: disable=broad-except
         # Reporting failed: the coordinator is gone.
         logging.exception('%s could not report to the coordinator.', spec.node_name)

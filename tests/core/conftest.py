@@ -12,13 +12,28 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.fixture(scope='session', autouse=True)
+def private_tmpdir(tmp_path_factory):
+    """Launches in these tests (and the scripts they run) make their directories in here."""
+    path = str(tmp_path_factory.mktemp('launches'))
+    old_env, old_tempdir = os.environ.get('TMPDIR'), tempfile.tempdir
+    os.environ['TMPDIR'] = tempfile.tempdir = path
+    yield path
+    tempfile.tempdir = old_tempdir
+    if old_env is None:
+        del os.environ['TMPDIR']
+    else:
+        os.environ['TMPDIR'] = old_env
+
+
 def _program_dirs():
     return set(glob.glob(os.path.join(tempfile.gettempdir(), 'launchpad-*')))
 
 
 @pytest.fixture(autouse=True)
-def no_leftovers():
+def no_leftovers(private_tmpdir):
     """Fails a test that leaves child processes or program directories behind."""
+    del private_tmpdir
     dirs_before = _program_dirs()
     yield
     deadline = time.monotonic() + 5

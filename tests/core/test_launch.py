@@ -130,7 +130,9 @@ def test_stop_kills_nodes_that_ignore_it_after_the_notice_period(launch_type):
     program.add_node(lp.PyNode(ignore_stop), label='stubborn')
     program.add_node(lp.CourierNode(Adder), label='server')
     controller = lp.launch(program, launch_type=launch_type, notice_period=0.5)
-    assert not controller.wait(timeout=0.3)
+    assert wait_until(lambda: all(s.state is lp.NodeState.RUNNING
+                                  for s in controller.status().values()), timeout=30)
+    time.sleep(0.2)  # the server is serving once its node runs its object
     started = time.monotonic()
     controller.stop()
     assert controller.done
@@ -246,3 +248,34 @@ def check_env():
 def test_get_context_outside_a_program_explains_itself():
     with pytest.raises(RuntimeError, match='only available inside a node'):
         lp.get_context()
+
+
+def draw_random(report_dir):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    report(report_dir, f'draw_{lp.get_context().index}', repr(np.random.random_sample(4).tolist()))
+
+
+def test_node_processes_do_not_share_random_state(tmp_path):
+    program = lp.Program('random')
+    with program.group('drawer'):
+        for _ in range(3):
+            program.add_node(lp.PyNode(draw_random, str(tmp_path)))
+    assert lp.launch(program, launch_type='test_mp').wait(timeout=60)
+    draws = {path.read_text() for path in tmp_path.iterdir()}
+    assert len(draws) == 3
+
+
+def warn_once():
+    import warnings  # pylint: disable=import-outside-toplevel
+    warnings.warn('this is an error under PYTHONWARNINGS=error')
+
+
+def test_interpreter_environment_takes_effect():
+    program = lp.Program('interpreter_env')
+    program.add_node(lp.PyNode(warn_once), label='strict')
+    program.add_node(lp.PyNode(warn_once), label='lenient')
+    controller = lp.launch(program, launch_type='test_mp', local_resources={
+        'strict': lp.PythonProcess(env={'PYTHONWARNINGS': 'error'})})
+    with pytest.raises(lp.NodeFailedError, match='strict/0.*UserWarning'):
+        controller.wait(timeout=60)
+    assert controller.status()['lenient/0'].state is not lp.NodeState.FAILED
