@@ -194,6 +194,29 @@ def test_remote_crash_fails_the_program_with_its_traceback(hosts):
     assert status['server/0'].state is lp.NodeState.FINISHED
 
 
+def ignore_stop() -> None:
+    lp.register_stop_handler(lambda: None)
+    while True:  # never looks at the stop signal
+        time.sleep(0.1)
+
+
+def test_nodes_that_ignore_stop_are_killed_on_their_host_after_the_notice(hosts):
+    program = lp.Program('stubborn')
+    program.add_node(lp.PyNode(ignore_stop), label='stubborn')
+    program.add_node(lp.CourierNode(Echo), label='server')
+    controller = lp.launch(program, launch_type='ssh', notice_period=1, resources={
+        'stubborn': hosts['lp-h2'], 'server': hosts['lp-h3']})
+    deadline = time.monotonic() + 30
+    while controller.status()['stubborn/0'].state is not lp.NodeState.RUNNING:
+        assert time.monotonic() < deadline and not controller.done
+        time.sleep(0.05)
+    controller.stop(timeout=30)
+    assert controller.done
+    status = controller.status()
+    assert status['stubborn/0'].state is lp.NodeState.KILLED
+    assert status['server/0'].state is lp.NodeState.FINISHED
+
+
 # --- The launching process is interrupted or dies ---------------------------------------------
 
 LAUNCHER_SCRIPT = '''
