@@ -101,6 +101,12 @@ class SshHost:
     def __post_init__(self):
         if not isinstance(self.host, str) or not self.host or self.host.startswith('-'):
             raise ValueError(f'SshHost needs a host name or address, got {self.host!r}.')
+        if not isinstance(self.python, str) or not self.python:
+            raise ValueError(f'SshHost({self.host!r}): python must name an interpreter on the '
+                             f'host, got {self.python!r}.')
+        if not self.connect_timeout > 0:
+            raise ValueError(f'SshHost({self.host!r}): connect_timeout must be positive, got '
+                             f'{self.connect_timeout!r}.')
         if self.port is not None and not (isinstance(self.port, int) and 0 < self.port < 65536):
             raise ValueError(f'SshHost({self.host!r}): port must be an int in 1..65535, '
                              f'got {self.port!r}.')
@@ -132,6 +138,9 @@ class SshHost:
     def _connection_key(self) -> tuple:
         return (self.host, self.user, self.port, self.identity_file, self.python, self.workdir,
                 tuple(sorted(self.env.items())), self.address, self.ssh_options)
+
+    def __hash__(self) -> int:
+        return hash(self._connection_key())
 
 
 class SshHosts:
@@ -169,7 +178,9 @@ def _hosts_of(label: str, resources: Any) -> List[SshHost]:
         return resources.hosts
     if isinstance(resources, (SshHost, str)):
         return SshHosts([resources]).hosts
-    if isinstance(resources, (list, tuple)) and resources:
+    if isinstance(resources, (list, tuple)):
+        if not resources:
+            raise ValueError(f'Group {label!r} has an empty list of hosts; give it at least one.')
         return SshHosts(resources).hosts
     raise TypeError(f'ssh takes lp.SshHost or lp.SshHosts resources; group {label!r} got '
                     f'{resources!r}.')
@@ -192,7 +203,6 @@ class _Connection:
         self._events: 'queue.Queue[Optional[dict]]' = queue.Queue()
         self._stderr: List[str] = []
         self._send_lock = threading.Lock()
-        self._closed_cleanly = False
         env = ' '.join(shlex.quote(f'{k}={v}') for k, v in host.env.items())
         command = (f'exec env {env} {shlex.join([host.python] + _AGENT_ARGV)} '
                    f'{shlex.quote(host.workdir or "")}')

@@ -310,7 +310,7 @@ def test_hosts_that_cannot_run_nodes_are_reported_together(ssh_testbed, hosts):
     assert 'lp-h3' not in str(error.value)
 
 
-def test_groups_without_hosts_are_named():
+def test_bad_resources_are_named():
     program = lp.Program('unplaced')
     program.add_node(lp.PyNode(print), label='learner')
     program.add_node(lp.PyNode(print), label='actor')
@@ -318,8 +318,16 @@ def test_groups_without_hosts_are_named():
         lp.launch(program, launch_type='ssh', resources={'learner': lp.SshHost('lp-h1')})
     with pytest.raises(TypeError, match="group 'actor' got 42"):
         lp.launch(program, launch_type='ssh', resources={'learner': 'lp-h1', 'actor': 42})
+    with pytest.raises(ValueError, match="Group 'actor' has an empty list of hosts"):
+        lp.launch(program, launch_type='ssh', resources={'learner': 'lp-h1', 'actor': []})
     with pytest.raises(ValueError, match='at least one host'):
         lp.SshHosts([])
+    with pytest.raises(ValueError, match='port must be an int'):
+        lp.SshHost('lp-h1', port=0)
+    with pytest.raises(ValueError, match='env must map variable names'):
+        lp.SshHost('lp-h1', env={'NOT A NAME': 'x'})
+    with pytest.raises(TypeError, match=r"\['-o', 'ProxyJump=gw'\]"):
+        lp.SshHost('lp-h1', ssh_options='-o ProxyJump=gw')
 
 
 def say_where(i: int) -> None:
