@@ -66,6 +66,7 @@ class NodeContext:
       address_table: endpoints of every address in the program.
       stop: the program's stop signal in this process.
       coordinator: the program's coordinator (or a client of it).
+      notice_period: seconds the node has to end after the program starts stopping.
     """
     launch_type: str
     program_name: str
@@ -74,6 +75,7 @@ class NodeContext:
     address_table: AddressTable
     stop: StopSignal
     coordinator: Any = None
+    notice_period: float = 10.0
 
     @property
     def node_name(self) -> str:

@@ -119,12 +119,12 @@ class Launcher(abc.ABC):
     """A platform that can run programs.
 
     Attributes:
-      foreground: True when the program lives only as long as the launching process (its nodes
-        are children of it, or it serves their coordinator). `lp.launch` then keeps the launching
-        script alive until the program ends and turns Ctrl-C into a stop, as for local launches.
+      foreground: True if launched programs need this process (their coordinator runs here):
+        `lp.launch` then keeps the script alive until the program ends and turns Ctrl-C into a
+        stop, as for the local launch types.
     """
 
-    foreground = False
+    foreground: bool = False
 
     @abc.abstractmethod
     def launch(self, program: Program, options: LaunchOptions) -> 'Controller':
@@ -346,7 +346,7 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
       notice_period: seconds nodes get to end after a stop before they are killed.
       **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh.
 
-    Local launch types (local_mt, local_mp) and foreground launchers (ssh) also keep the launching
+    Local launch types (local_mt, local_mp) and foreground launchers (ssh, slurm) also keep the
     script alive until the program ends and turn Ctrl-C into a graceful stop (twice: kill). Test
     launch types return at once and register `stop` as a cleanup of `test_case`.
     """
@@ -389,6 +389,7 @@ def _load_builtin_launchers() -> None:
         return
     # pylint: disable=import-outside-toplevel
     from launchpad.launch import processes, threads
+    register_launcher('slurm', lambda: importlib.import_module('launchpad.launch.slurm').SlurmLauncher())
     register_launcher('local_mt', threads.ThreadLauncher)
     register_launcher('test_mt', threads.ThreadLauncher)
     register_launcher('local_mp', processes.ProcessLauncher)

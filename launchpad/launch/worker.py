@@ -248,7 +248,7 @@ def _run(spec_path: str) -> int:
     runtime.set_process_context(runtime.NodeContext(
         launch_type=spec.launch_type, program_name=spec.program_name, label=label,
         index=int(index) if index.isdigit() else 0, address_table=table, stop=stop,
-        coordinator=coordinator))
+        coordinator=coordinator, notice_period=spec.notice_period))
     launcher_lost = threading.Event()
     threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost), daemon=True,
                      name='lp-stop-watcher').start()
