@@ -68,6 +68,7 @@ class NodeContext:
       stop: the program's stop signal in this process.
       coordinator: the program's coordinator (or a client of it).
       notice_period: seconds the node has to end after the program starts stopping.
+      tls: TLS credentials (a courier.TLSConfig) for the program's TCP traffic, or None.
     """
     launch_type: str
     program_name: str
@@ -77,10 +78,20 @@ class NodeContext:
     stop: StopSignal
     coordinator: Any = None
     notice_period: float = 10.0
+    tls: Any = None
 
     @property
     def node_name(self) -> str:
         return f'{self.label}/{self.index}'
+
+    def tls_for(self, endpoint) -> Any:
+        """The TLS credentials for serving or calling `endpoint` (None on Unix sockets).
+
+        An endpoint not known yet (a callable resolving a published address) is a TCP one.
+        """
+        if isinstance(endpoint, str) and endpoint.startswith('unix:'):
+            return None
+        return self.tls
 
 
 _thread_context = threading.local()

@@ -31,6 +31,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Seque
 
 from absl import flags
 
+import courier
+
 from launchpad.launch.coordinator import Coordinator, NodeFailedError, NodeStatus
 from launchpad.nodes.base import Executable, LaunchInfo
 from launchpad.program import Program
@@ -104,6 +106,7 @@ class LaunchOptions:
       test_case: a unittest.TestCase for test launch types, or None.
       serialize_py_nodes: round-trip executables through pickling even where not needed.
       notice_period: seconds nodes get to end after a stop before they are killed.
+      tls: TLS credentials for the program's traffic between hosts (TCP), or None.
       extra: launcher-specific keyword arguments given to `lp.launch`.
     """
     launch_type: str
@@ -112,6 +115,7 @@ class LaunchOptions:
     test_case: Any = None
     serialize_py_nodes: Optional[bool] = None
     notice_period: float = 10.0
+    tls: Optional[courier.TLSConfig] = None
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -330,7 +334,7 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
            test_case=None, terminal: Optional[str] = None, *,
            resources: Optional[Mapping[str, Any]] = None,
            serialize_py_nodes: Optional[bool] = None, notice_period: float = 10.0,
-           **launcher_options) -> Controller:
+           tls: Optional[courier.TLSConfig] = None, **launcher_options) -> Controller:
     """Launches `program` and returns its controller.
 
     Args:
@@ -344,6 +348,10 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
       serialize_py_nodes: pickle and unpickle node arguments even for threads, so that nodes cannot
         share mutable objects and unpicklable arguments fail at launch.
       notice_period: seconds nodes get to end after a stop before they are killed.
+      tls: a `courier.TLSConfig` for traffic between hosts: node servers and the coordinator
+        present its certificate, clients verify peers with its root certificates (and present its
+        certificate too when it has one, which makes TLS mutual). Same-host Unix sockets, which
+        only this user can open, need none.
       **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh.
 
     Local launch types (local_mt, local_mp) and foreground launchers (ssh, slurm) also keep the
@@ -362,7 +370,7 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
     options = LaunchOptions(launch_type=launch_type, resources=dict(resources or {}),
                             terminal=terminal, test_case=test_case,
                             serialize_py_nodes=serialize_py_nodes, notice_period=notice_period,
-                            extra=launcher_options)
+                            tls=tls, extra=launcher_options)
     unknown_groups = set(options.resources) - set(program.groups)
     if unknown_groups:
         raise ValueError(f'Resources given for groups {sorted(unknown_groups)} that the program does '

@@ -172,7 +172,7 @@ class ProcessLauncher(launcher.Launcher):
                 coordinator_address=coordinator_address,
                 parent_pid=_parent_pid(fork_server if forkable else None, runs_commands),
                 notice_period=options.notice_period, flags=flags,
-                flag_overrides=resources.flag_overrides(), cleanup_dir=workdir)
+                flag_overrides=resources.flag_overrides(), cleanup_dir=workdir, tls=options.tls)
             path = os.path.join(workdir, f'{i}.spec')
             write_spec(spec, path)  # every node is packed before any process starts
             env = {'GRPC_VERBOSITY': 'ERROR', **os.environ, **resources.env,

@@ -497,7 +497,8 @@ class SshLauncher(launcher.Launcher):
         bind_host = options.extra.get('coordinator_host') or _coordinator_host(runner.connections)
         try:
             runner.server = courier.Server(address=_endpoint(bind_host, 0), auth_token=token,
-                                           thread_pool_size=2 * len(executables) + 8)
+                                           thread_pool_size=2 * len(executables) + 8,
+                                           tls=options.tls)
         except OSError as e:
             raise OSError(f'Cannot serve the program\'s coordinator on {bind_host}: {e}. Pass '
                           "lp.launch(..., coordinator_host='<an address of this machine that "
@@ -519,7 +520,8 @@ class SshLauncher(launcher.Launcher):
                 node_name=executable.name, run=executable.run, address_table=table,
                 coordinator_address=_endpoint(coordinator_host, port), parent_pid=None,
                 notice_period=options.notice_period, flags=flags,
-                env={courier.AUTH_TOKEN_ENV: token}, cleanup_dir=connection.directory)
+                env={courier.AUTH_TOKEN_ENV: token}, cleanup_dir=connection.directory,
+                tls=options.tls)
             files[id(connection)][f'{i}.spec'] = pack_spec(spec)
         for connection in runner.connections:
             connection.send('files', {'files': files[id(connection)],

@@ -61,7 +61,7 @@ class ThreadLauncher(launcher.Launcher):
             context = runtime.NodeContext(
                 launch_type=options.launch_type, program_name=program.name, label=label,
                 index=int(index), address_table=table, stop=stop, coordinator=coordinator,
-                notice_period=options.notice_period)
+                notice_period=options.notice_period, tls=options.tls)
             # Threads that node code starts itself see the first node's context.
             runner.context = runner.context or context
 

@@ -265,7 +265,7 @@ class _Supervisor:
                 program_name=context.program_name, launch_type=context.launch_type,
                 node_name=node.name, run=node.run_in_context, address_table=table,
                 coordinator_address=coordinator_address, parent_pid=os.getpid(),
-                notice_period=context.notice_period, flags=flags), path)
+                notice_period=context.notice_period, flags=flags, tls=context.tls), path)
             argvs.append([sys.executable] + WORKER_ARGV + [path])
         return argvs
 

@@ -57,7 +57,8 @@ class CourierHandle(Handle):
             endpoint = functools.partial(_resolve_endpoint, self._address)
         else:
             endpoint = table.resolve(self._address)
-        return courier.Client(endpoint, **self._client_kwargs)
+        context = runtime.get_context()
+        return courier.Client(endpoint, **{'tls': context.tls_for(endpoint), **self._client_kwargs})
 
 
 class CourierNode(PyClassNode):
@@ -87,7 +88,9 @@ class CourierNode(PyClassNode):
         context = runtime.get_context()
         instance = self._call()
         table = context.address_table
-        server = courier.Server(address=table.bind_target(self._address), **self._courier_kwargs)
+        bind_target = table.bind_target(self._address)
+        server = courier.Server(address=bind_target,
+                                **{'tls': context.tls_for(bind_target), **self._courier_kwargs})
         owns_server = callable(getattr(instance, 'set_courier_server', None))
         server.bind_object(_MethodsInContext(instance, context))
         if not owns_server:

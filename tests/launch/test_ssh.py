@@ -22,8 +22,10 @@ import time
 import psutil
 import pytest
 
+import courier
 import launchpad as lp
 from launchpad.launch.ssh import SshPreflightError
+from tests.pki import Pki
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -346,3 +348,35 @@ def test_many_nodes_on_one_host_stay_within_sshd_session_limit(hosts, capfd):
     assert 'refused' not in out + err
     for i in range(10):
         assert f'[lp-h1 node/{i}] node {i} on lp-h1' in out
+
+
+# --- TLS between hosts ------------------------------------------------------------------------
+
+class Vault:
+    def reveal(self) -> str:
+        return 'treasure'
+
+
+def check_tls(vault, address) -> None:
+    assert vault.reveal() == 'treasure'
+    plaintext = courier.Client(address.resolve(), call_timeout=5, wait_for_ready=False)
+    try:
+        plaintext.reveal()
+    except courier.CourierError:
+        return
+    raise AssertionError('a plaintext client was served by a TLS server')
+
+
+def test_tls_between_hosts(ssh_testbed, hosts):
+    pki = Pki(ips=['10.200.0.1'] + [h.ip for h in ssh_testbed])
+    tls = courier.TLSConfig(certificate_chain=pki.server_pem, private_key=pki.server_key,
+                            root_certificates=pki.ca_pem)  # mutual: nodes present it too
+    program = lp.Program('tls')
+    vault_node = lp.CourierNode(Vault)
+    vault = program.add_node(vault_node, label='vault')
+    program.add_node(lp.PyNode(check_tls, vault, vault.address), label='visitor')
+    controller = lp.launch(program, launch_type='ssh', tls=tls,
+                           resources={'vault': hosts['lp-h1'], 'visitor': hosts['lp-h2']})
+    assert controller.wait(labels=['visitor'], timeout=60)
+    controller.stop()
+    assert controller.status()['visitor/0'].state is lp.NodeState.FINISHED
