@@ -15,6 +15,7 @@ from launchpad.launch.launcher import (LAUNCH_TYPE, Controller, LaunchOptions, L
                                        Launcher, executables_of, is_local_launch,
                                        is_local_launch_or_test, launch, make_program_stopper,
                                        register_launcher)
+from launchpad.launch.kubernetes import KubernetesResources
 from launchpad.launch.processes import PythonProcess
 from launchpad.nodes.base import Executable, Handle, LaunchInfo, Node
 from launchpad.nodes.courier import CourierClient, CourierHandle, CourierNode
@@ -25,7 +26,7 @@ from launchpad.runtime import (get_context, register_stop_handler, stop, stop_ev
 
 __all__ = [
     'Address', 'Controller', 'CourierClient', 'CourierHandle', 'CourierNode', 'Executable',
-    'Handle', 'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType', 'Launcher', 'Node',
+    'Handle', 'KubernetesResources', 'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType', 'Launcher', 'Node',
     'NodeFailedError', 'NodeState', 'NodeStatus', 'Program', 'ProgramError', 'PyClassNode',
     'PyNode', 'PythonProcess', 'batched_handler', 'executables_of', 'get_context',
     'is_local_launch', 'is_local_launch_or_test', 'launch', 'make_program',

@@ -378,8 +378,9 @@ def _load_builtin_launchers() -> None:
     if 'local_mt' in _registry:
         return
     # pylint: disable=import-outside-toplevel
-    from launchpad.launch import processes, threads
+    from launchpad.launch import kubernetes, processes, threads
     register_launcher('local_mt', threads.ThreadLauncher)
     register_launcher('test_mt', threads.ThreadLauncher)
     register_launcher('local_mp', processes.ProcessLauncher)
     register_launcher('test_mp', processes.ProcessLauncher)
+    register_launcher('kubernetes', kubernetes.KubernetesLauncher)  # its client loads when used
