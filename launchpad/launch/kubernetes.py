@@ -408,7 +408,7 @@ class _ManifestBuilder:
         python = self._config.python
         domain = f'{self._run}.{self._config.namespace}.svc.{self._config.cluster_domain}'
         wait = self._container('wait-for-coordinator', [
-            python, '-c', 'from launchpad.launch.kubernetes import wait_for_port; wait_for_port()',
+            python, '-c', WAIT_FOR_PORT_SCRIPT,
             f'{coordinator_pod}.{domain}', str(self._config.port),
             str(self._config.coordinator_wait)], [])
         init = [wait]
@@ -416,16 +416,16 @@ class _ManifestBuilder:
             volumes = [{'name': 'spec', 'configMap': {'name': configmaps[0]}}]
             mounts = [{'name': 'spec', 'mountPath': SPEC_DIR, 'readOnly': True}]
         else:
-            volumes = [{'name': 'parts', 'projected': {'sources': [
-                           {'configMap': {'name': cm, 'items': [{'key': 'spec',
-                                                                  'path': f'{k:03d}'}]}}
-                           for k, cm in enumerate(configmaps)]}},
-                       {'name': 'spec', 'emptyDir': {}}]
+            parts = [f'part-{k:03d}' for k in range(len(configmaps))]
+            volumes = [{'name': part, 'configMap': {'name': cm}}
+                       for part, cm in zip(parts, configmaps)]
+            volumes.append({'name': 'spec', 'emptyDir': {}})
             join = self._container('join-spec', [
                 python, '-c', 'from launchpad.launch.kubernetes import join_parts; join_parts()',
                 PARTS_DIR, f'{SPEC_DIR}/spec'], [])
-            join['volumeMounts'] = [{'name': 'parts', 'mountPath': PARTS_DIR, 'readOnly': True},
-                                    {'name': 'spec', 'mountPath': SPEC_DIR}]
+            join['volumeMounts'] = [{'name': part, 'mountPath': f'{PARTS_DIR}/{part}',
+                                     'readOnly': True} for part in parts]
+            join['volumeMounts'].append({'name': 'spec', 'mountPath': SPEC_DIR})
             init.append(join)
             mounts = [{'name': 'spec', 'mountPath': SPEC_DIR, 'readOnly': True}]
         container = self._container(NODE_CONTAINER,
@@ -458,7 +458,6 @@ def program_to_manifests(program: Program, *, image: str, path: Optional[str] = 
     Takes the keyword arguments of `lp.launch(..., launch_type='kubernetes')`. Apply the result
     with `kubectl apply -f FILE`; delete it with the command in its first comment.
     """
-    yaml = _import_yaml()
     config = KubernetesConfig.from_options({'image': image, **options})
     plan = plan_launch(program, config, resources, notice_period)
     header = (f'# launchpad program {program.name!r}, launch {plan.run}.\n'
@@ -467,19 +466,29 @@ def program_to_manifests(program: Program, *, image: str, path: Optional[str] = 
               f'# Delete: kubectl -n {plan.namespace} delete pods,services,configmaps,secrets'
               f'{",serviceaccounts,roles,rolebindings" if config.create_rbac else ""} '
               f'-l {plan.selector()}\n')
-    text = header + yaml.safe_dump_all(plan.documents, sort_keys=False)
+    text = header + to_yaml(plan.documents)
     if path is not None:
         with open(path, 'w') as f:
             f.write(text)
     return text
 
 
-def _import_yaml():
+def to_yaml(documents: Sequence[Mapping[str, Any]]) -> str:
+    """`documents` as multi-document YAML, multi-line strings (scripts) as literal blocks."""
     try:
         import yaml  # pylint: disable=import-outside-toplevel
     except ImportError as e:
         raise ImportError(f'Kubernetes manifests need PyYAML: {INSTALL_HINT}') from e
-    return yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def represent_str(dumper, text):
+        style = '|' if '\n' in text else None
+        return dumper.represent_scalar('tag:yaml.org,2002:str', text, style=style)
+
+    Dumper.add_representer(str, represent_str)
+    return yaml.dump_all(documents, Dumper=Dumper, sort_keys=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -898,30 +907,32 @@ def _create(api, plan: LaunchPlan) -> None:
 # ---------------------------------------------------------------------------------------------
 # What runs inside the pods.
 
+# Init container: waits until HOST:PORT (argv) accepts connections. Plain Python without imports
+# of launchpad, so that it starts at once.
+WAIT_FOR_PORT_SCRIPT = """\
+import socket, sys, time
+host, port, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+deadline = time.monotonic() + limit
+while True:
+    try:
+        socket.create_connection((host, port), timeout=2.0).close()
+        break
+    except OSError as e:
+        if time.monotonic() > deadline:
+            sys.exit(f'launchpad: the coordinator {host}:{port} was not reachable within '
+                     f'{limit:g} s ({e}); is its pod running?')
+        time.sleep(0.2)
+"""
 
-def wait_for_port() -> None:
-    """Init container: waits until HOST:PORT accepts connections (argv: host port timeout)."""
-    import socket  # pylint: disable=import-outside-toplevel
-    host, port, limit = sys.argv[-3], int(sys.argv[-2]), float(sys.argv[-1])
-    deadline = time.monotonic() + limit
-    while True:
-        try:
-            socket.create_connection((host, port), timeout=2.0).close()
-            return
-        except OSError as e:
-            if time.monotonic() > deadline:
-                sys.exit(f'launchpad: the program\'s coordinator {host}:{port} was not reachable '
-                         f'within {limit:g} s ({e}); is its pod running?')
-            time.sleep(0.5)
 
 
 def join_parts() -> None:
-    """Init container: joins the spec parts of directory argv[-2] into file argv[-1]."""
+    """Init container: joins DIR/part-*/spec (argv[-2] is DIR) into file argv[-1]."""
     import os  # pylint: disable=import-outside-toplevel
     source, target = sys.argv[-2], sys.argv[-1]
     with open(target, 'wb') as out:
-        for part in sorted(p for p in os.listdir(source) if not p.startswith('.')):
-            with open(os.path.join(source, part), 'rb') as f:
+        for part in sorted(p for p in os.listdir(source) if p.startswith('part-')):
+            with open(os.path.join(source, part, 'spec'), 'rb') as f:
                 out.write(f.read())
 
 
