@@ -480,7 +480,7 @@ def to_yaml(documents: Sequence[Mapping[str, Any]]) -> str:
     except ImportError as e:
         raise ImportError(f'Kubernetes manifests need PyYAML: {INSTALL_HINT}') from e
 
-    class Dumper(yaml.SafeDumper):
+    class Dumper(getattr(yaml, 'CSafeDumper', yaml.SafeDumper)):  # libyaml's is 50x faster
         pass
 
     def represent_str(dumper, text):

@@ -25,6 +25,7 @@ import yaml
 from launchpad.launch import kubernetes
 from tests.launch import kubernetes_programs
 
+_LOADER = getattr(yaml, 'CSafeLoader', yaml.SafeLoader)
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -35,7 +36,7 @@ class _Played:
         self.run = f'lp{os.getpid() % 10000}-{time.monotonic_ns() % 100000}'
         text = kubernetes.program_to_manifests(program, image=bed.image, python=bed.python,
                                                name=self.run, notice_period=2, **options)
-        documents = list(yaml.safe_load_all(text))
+        documents = list(yaml.load_all(text, Loader=_LOADER))
         self.pods = [d for d in documents if d['kind'] == 'Pod']
         self.secret = next(d for d in documents if d['kind'] == 'Secret')
         base = bed.subnet.rsplit('.', 1)[0]
