@@ -7,6 +7,7 @@ TEST_REQUIRES = [
     'grpcio-tools==1.76.0',  # pinned: the staleness test regenerates courier's protos with it
     'cryptography>=41',      # TLS certificates made at test time
     'kubernetes-validate>=1.28',
+    'kubernetes>=28',        # the kubernetes launcher's API layer, against a canned server
     'pyyaml>=6',
 ]
 

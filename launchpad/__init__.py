@@ -26,7 +26,8 @@ from launchpad.runtime import (get_context, register_stop_handler, stop, stop_ev
 
 __all__ = [
     'Address', 'Controller', 'CourierClient', 'CourierHandle', 'CourierNode', 'Executable',
-    'Handle', 'KubernetesResources', 'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType', 'Launcher', 'Node',
+    'Handle', 'KubernetesResources', 'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType',
+    'Launcher', 'Node',
     'NodeFailedError', 'NodeState', 'NodeStatus', 'Program', 'ProgramError', 'PyClassNode',
     'PyNode', 'PythonProcess', 'batched_handler', 'executables_of', 'get_context',
     'is_local_launch', 'is_local_launch_or_test', 'launch', 'make_program',

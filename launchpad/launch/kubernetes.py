@@ -50,6 +50,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import re
 import secrets
 import signal
@@ -141,6 +142,7 @@ class KubernetesConfig:
       name: the launch name (default: the program name and six random hex digits).
       detach: create the objects, print how to follow and delete them, and do not delete them when
         the launcher ends.
+      kubeconfig: the kubeconfig file (default: KUBECONFIG, then ~/.kube/config).
       context: the kubeconfig context (default: the current one).
       pending_timeout: seconds a pod may stay unschedulable before the program fails.
       coordinator_wait: seconds a node pod waits for the coordinator before failing.
@@ -155,6 +157,7 @@ class KubernetesConfig:
     cluster_domain: str = 'cluster.local'
     name: Optional[str] = None
     detach: bool = False
+    kubeconfig: Optional[str] = None
     context: Optional[str] = None
     pending_timeout: float = 600.0
     coordinator_wait: float = 600.0
@@ -521,19 +524,22 @@ class KubernetesApi:
                'Role': 'create_namespaced_role', 'RoleBinding': 'create_namespaced_role_binding'}
     _TIMEOUT = 30.0
 
-    def __init__(self, namespace: str, *, context: Optional[str] = None, in_cluster: bool = False):
+    def __init__(self, namespace: str, *, kubeconfig: Optional[str] = None,
+                 context: Optional[str] = None, in_cluster: bool = False):
         k8s = _import_kubernetes()
+        # KUBECONFIG is read here, not when the client was imported (it may list several files).
+        kubeconfig = kubeconfig or os.environ.get('KUBECONFIG') or '~/.kube/config'
         try:
             if in_cluster:
                 k8s.config.load_incluster_config()
             else:
-                k8s.config.load_kube_config(context=context)
+                k8s.config.load_kube_config(config_file=kubeconfig, context=context)
         except (k8s.config.ConfigException, OSError) as e:
-            where = 'in this pod' if in_cluster else 'in the kubeconfig (KUBECONFIG or ~/.kube/config)'
+            where = 'in this pod' if in_cluster else f'in kubeconfig {kubeconfig}'
             raise KubernetesError(
-                f'No usable Kubernetes configuration {where}: {e}. Set KUBECONFIG to your '
-                'cluster\'s kubeconfig file (or run `kubectl config use-context NAME`, or pass '
-                'context=).') from e
+                f'No usable Kubernetes configuration {where}: {str(e).rstrip(".")}. Set '
+                'KUBECONFIG or kubeconfig= to your cluster\'s kubeconfig file (and choose its '
+                'context with `kubectl config use-context NAME` or context=).') from e
         self.namespace = namespace
         self._exception = k8s.client.exceptions.ApiException
         self._client = k8s.client.ApiClient()
@@ -858,7 +864,8 @@ class KubernetesLauncher(launcher.Launcher):
 
     def __init__(self, api_factory: Optional[Callable[[KubernetesConfig], Any]] = None):
         self._api_factory = api_factory or (
-            lambda config: KubernetesApi(config.namespace, context=config.context))
+            lambda config: KubernetesApi(config.namespace, kubeconfig=config.kubeconfig,
+                                         context=config.context))
 
     def launch(self, program: Program, options: launcher.LaunchOptions) -> launcher.Controller:
         config = KubernetesConfig.from_options(options.extra)
