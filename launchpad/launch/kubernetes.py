@@ -281,7 +281,8 @@ def plan_launch(program: Program, config: KubernetesConfig,
                 f'load it inside the node from a volume or a store.')
 
     builder = _ManifestBuilder(program, config, run, notice_period)
-    documents = [builder.root(), builder.secret(), builder.service()]
+    pod_of = {'coordinator': coordinator_pod, **{p.node_name: p.name for p in pods}}
+    documents = [builder.root(pod_of), builder.secret(), builder.service()]
     if config.create_rbac:
         documents += coordinator_rbac_manifests(run, config.namespace)
     documents.append(builder.coordinator_pod(coordinator_pod, [p.node_name for p in pods]))
@@ -332,12 +333,12 @@ class _ManifestBuilder:
             meta['annotations'] = {NODE_NAME_ANNOTATION: node}
         return meta
 
-    def root(self) -> Dict[str, Any]:
+    def root(self, pods: Mapping[str, str]) -> Dict[str, Any]:
+        """The program's root object: what it is and which pod runs each node."""
         meta = self._meta(self._run, 'program')
-        meta['annotations'] = {'launchpad.dev/program-name': self._program.name}
         return {'apiVersion': 'v1', 'kind': 'ConfigMap', 'metadata': meta, 'immutable': True,
-                'data': {'program': self._program.name,
-                         'image': self._config.image}}
+                'data': {'program': self._program.name, 'image': self._config.image,
+                         'pods': json.dumps(dict(pods), indent=1)}}
 
     def secret(self) -> Dict[str, Any]:
         token = secrets.token_hex(16)
@@ -743,6 +744,8 @@ class _PodRunner:
             return code
         if status.get('phase') in ('Failed', 'Succeeded'):
             return self._failed_before_start(name, pod_name, pod)
+        if status.get('phase') == 'Running':
+            self._mirror.node_started(name, None, pod_name)
         problem = self._waiting_problem(pod_name, pod)
         if problem is None:
             problem = self._unschedulable(name, pod_name, status, now)

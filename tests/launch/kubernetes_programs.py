@@ -1,9 +1,14 @@
 """Programs the Kubernetes tests run in pods (no pytest here: pods import this module)."""
 from __future__ import annotations
 
+import hashlib
 import time
 
 import launchpad as lp
+
+
+def digest(blob: bytes) -> str:
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 class Queue:
@@ -19,10 +24,10 @@ class Queue:
         return list(self._items)
 
 
-def produce(queue, count: int) -> None:
+def produce(queue, count: int, payload: bytes = b'') -> None:
     for i in range(count):
         queue.put(i)
-    print(f'produced {count}', flush=True)
+    print(f'produced {count}, payload {digest(payload)}', flush=True)
 
 
 def consume(queue, total: int) -> None:
@@ -32,18 +37,21 @@ def consume(queue, total: int) -> None:
     lp.stop()
 
 
-def producer_consumer(producers: int = 2, count: int = 5) -> lp.Program:
+def producer_consumer(producers: int = 2, count: int = 5, payload: bytes = b'') -> lp.Program:
+    """Producers fill a queue, the consumer stops the program; the first producer carries
+    `payload` (to test large executables)."""
     program = lp.Program('producer-consumer')
     queue = program.add_node(lp.CourierNode(Queue), label='queue')
     with program.group('producer'):
-        for _ in range(producers):
-            program.add_node(lp.PyNode(produce, queue, count))
+        for i in range(producers):
+            program.add_node(lp.PyNode(produce, queue, count, payload if i == 0 else b''))
     program.add_node(lp.PyNode(consume, queue, producers * count), label='consumer')
     return program
 
 
 class Learner:
-    """Learns from actors' trajectories; stops the program after `steps` updates."""
+    """Learns from actors' trajectories; stops the program after `steps` updates (or ends when
+    the program is stopped)."""
 
     def __init__(self, steps: int):
         self._steps = steps
@@ -58,7 +66,7 @@ class Learner:
         self._updates += 1
 
     def run(self) -> None:
-        while self._updates < self._steps:
+        while self._updates < self._steps and not lp.stop_event().is_set():
             time.sleep(0.05)
         print(f'learner: {self._updates} updates, weights {self._weights:g}', flush=True)
         lp.stop()
@@ -87,7 +95,7 @@ class Actor:
 def actor_learner(actors: int = 2, steps: int = 20) -> lp.Program:
     program = lp.Program('actor-learner')
     learner = program.add_node(
-        lp.CourierNode(Learner, steps, courier_client_kwargs={'call_timeout': 2.0}),
+        lp.CourierNode(Learner, steps, courier_client_kwargs={'call_timeout': 1.0}),
         label='learner')
     with program.group('actor'):
         for i in range(actors):
@@ -100,16 +108,11 @@ def fail(message: str) -> None:
 
 
 def failing() -> lp.Program:
+    """A queue serving until the program stops, and a node that fails."""
     program = lp.Program('failing')
-    queue = program.add_node(lp.CourierNode(Queue), label='queue')
-    program.add_node(lp.PyNode(produce, queue, 3), label='producer')
+    program.add_node(lp.CourierNode(Queue), label='queue')
     program.add_node(lp.PyNode(fail, 'the reward went negative'), label='broken')
     return program
-
-
-def digest(blob: bytes) -> str:
-    import hashlib  # pylint: disable=import-outside-toplevel
-    return hashlib.sha256(blob).hexdigest()
 
 
 def print_digest(blob: bytes) -> None:
