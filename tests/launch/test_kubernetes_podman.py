@@ -186,7 +186,7 @@ def podman_launch(podman_testbed, tmp_path, monkeypatch):
         apis.append(PodmanApi(podman_testbed, tmp_path))
         lp.register_launcher('kubernetes_podman',
                              lambda: kubernetes.KubernetesLauncher(lambda _: apis[-1]))
-        options.setdefault('notice_period', 2)
+        options.setdefault('notice_period', 5)
         return lp.launch(program, launch_type='kubernetes_podman', image=podman_testbed.image,
                          python=podman_testbed.python, **options), apis[-1]
 
