@@ -1,0 +1,40 @@
+"""courier: call Python functions in other processes and on other machines.
+
+    server = courier.Server()                 # binds a free local port
+    server.Bind('add', lambda x, y: x + y)
+    server.Start()
+    client = courier.Client(server.address)
+    client.add(2, 3)                          # 5, computed in the server
+    client.futures.add(4, 5).result()         # a concurrent.futures.Future
+    server.Stop()
+
+Calls travel over gRPC (TCP ``host:port`` or Unix socket ``unix:/path``) with
+arguments and results pickled (protocol 5, large buffers out-of-band).
+"""
+
+from courier.batching import batched_handler
+from courier.client import Client, list_methods
+from courier.errors import (CallTimeoutError, CourierError, PermissionDeniedError,
+                            ProtocolError, RemoteError, SerializationError,
+                            ServerUnavailableError, ServerUnreachableTimeoutError,
+                            UnknownMethodError)
+from courier.security import AUTH_TOKEN_ENV, TLSConfig
+from courier.server import Server
+
+__all__ = [
+    'AUTH_TOKEN_ENV',
+    'CallTimeoutError',
+    'Client',
+    'CourierError',
+    'PermissionDeniedError',
+    'ProtocolError',
+    'RemoteError',
+    'SerializationError',
+    'Server',
+    'ServerUnavailableError',
+    'ServerUnreachableTimeoutError',
+    'TLSConfig',
+    'UnknownMethodError',
+    'batched_handler',
+    'list_methods',
+]

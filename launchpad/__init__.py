@@ -17,6 +17,8 @@ from launchpad.launch.launcher import (LAUNCH_TYPE, Controller, LaunchOptions, L
                                        register_launcher)
 from launchpad.launch.kubernetes import KubernetesResources
 from launchpad.launch.processes import PythonProcess
+from launchpad.launch.slurm import SlurmController, SlurmError, SlurmResources
+from launchpad.launch.worker import NodePicklingError
 from launchpad.nodes.base import Executable, Handle, LaunchInfo, Node
 from launchpad.nodes.courier import CourierClient, CourierHandle, CourierNode
 from launchpad.nodes.python import PyClassNode, PyNode
@@ -27,9 +29,9 @@ from launchpad.runtime import (get_context, register_stop_handler, stop, stop_ev
 __all__ = [
     'Address', 'Controller', 'CourierClient', 'CourierHandle', 'CourierNode', 'Executable',
     'Handle', 'KubernetesResources', 'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType',
-    'Launcher', 'Node',
-    'NodeFailedError', 'NodeState', 'NodeStatus', 'Program', 'ProgramError', 'PyClassNode',
-    'PyNode', 'PythonProcess', 'batched_handler', 'executables_of', 'get_context',
+    'Launcher', 'Node', 'NodeFailedError', 'NodePicklingError', 'NodeState', 'NodeStatus',
+    'Program', 'ProgramError', 'PyClassNode', 'PyNode', 'PythonProcess', 'SlurmController',
+    'SlurmError', 'SlurmResources', 'batched_handler', 'executables_of', 'get_context',
     'is_local_launch', 'is_local_launch_or_test', 'launch', 'make_program',
     'make_program_stopper', 'register_launcher', 'register_stop_handler', 'stop', 'stop_event',
     'unregister_stop_handler', 'wait_for_stop',

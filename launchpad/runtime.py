@@ -95,6 +95,13 @@ def set_process_context(context: Optional[NodeContext]) -> None:
     _process_context = context
 
 
+def clear_process_context(context: NodeContext) -> None:
+    """Removes `context` as the process default if it still is (its program ended)."""
+    global _process_context
+    if _process_context is context:
+        _process_context = None
+
+
 def get_context() -> NodeContext:
     """The context of the node running this code.
 

@@ -16,9 +16,13 @@ A launcher knows its platform and nothing about node internals. To add a platfor
 from __future__ import annotations
 
 import abc
+import atexit
+import concurrent.futures.thread  # pylint: disable=unused-import (see _run_until_done_at_exit)
 import dataclasses
 import enum
+import importlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -112,7 +116,15 @@ class LaunchOptions:
 
 
 class Launcher(abc.ABC):
-    """A platform that can run programs."""
+    """A platform that can run programs.
+
+    Attributes:
+      foreground: True if launched programs need this process (their coordinator runs here):
+        `lp.launch` then keeps the script alive until the program ends and turns Ctrl-C into a
+        stop, as for the local launch types.
+    """
+
+    foreground: bool = False
 
     @abc.abstractmethod
     def launch(self, program: Program, options: LaunchOptions) -> 'Controller':
@@ -243,7 +255,7 @@ class Controller:
                         stop_time is not None
                         and time.monotonic() - stop_time > self._notice_period):
                     if stop_time is not None and not self._kill_now.is_set():
-                        logging.warning('Killing %s: still running %.0f s after the stop.',
+                        logging.warning('Killing %s: still running %g s after the stop.',
                                         ', '.join(running), self._notice_period)
                     self._runner.kill(running)
                     self._coordinator.mark_killed(running)
@@ -261,22 +273,24 @@ class Controller:
     # Local launches run to the end when the script ends, and handle Ctrl-C / SIGTERM.
 
     def _run_until_done_at_exit(self) -> None:
-        """Keeps the interpreter alive until the program ends, like a foreground program."""
-        def hold():
-            self._done.wait()
-            main = threading.main_thread()
-            while main.is_alive():
-                main.join(0.2)
-                if self._failure_reported:
-                    return
+        """Makes the interpreter wait at exit until the program ends, like a foreground program.
+
+        The wait runs in the main thread at the start of interpreter shutdown, before
+        concurrent.futures stops its executors (which servers in this process still need): hooks
+        registered with threading's exit hook run newest first, and ours is newer.
+        """
+        def wait_at_exit():
+            while not self._done.wait(0.1):  # short waits let signal handlers run
+                pass
             failure = self._coordinator.failure
             if failure is not None and not self._failure_reported:
                 self._failure_reported = True
                 print(f'\n{failure}', file=sys.stderr, flush=True)
                 sys.stdout.flush()
-                _exit_process(1)
+                os._exit(1)  # pylint: disable=protected-access
 
-        threading.Thread(target=hold, name=f'lp-{self.program_name}-exit-wait', daemon=False).start()
+        register = getattr(threading, '_register_atexit', None) or atexit.register
+        register(wait_at_exit)
 
     def _handle_signals(self) -> None:
         """First Ctrl-C or SIGTERM stops gracefully, the second kills; only from the main thread."""
@@ -312,11 +326,6 @@ class Controller:
         threading.Thread(target=restore, daemon=True).start()
 
 
-def _exit_process(code: int) -> None:
-    import os  # pylint: disable=import-outside-toplevel
-    os._exit(code)  # pylint: disable=protected-access
-
-
 def launch(program: Program, launch_type=None, local_resources: Optional[Mapping[str, Any]] = None,
            test_case=None, terminal: Optional[str] = None, *,
            resources: Optional[Mapping[str, Any]] = None,
@@ -337,9 +346,9 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
       notice_period: seconds nodes get to end after a stop before they are killed.
       **launcher_options: options of the launcher, e.g. `resources=` for ssh.
 
-    Local launch types (local_mt, local_mp) also keep the launching script alive until the program
-    ends and turn Ctrl-C into a graceful stop (twice: kill). Test launch types return at once and
-    register `stop` as a cleanup of `test_case`.
+    Local launch types (local_mt, local_mp) and foreground launchers (slurm) also keep the launching
+    script alive until the program ends and turn Ctrl-C into a graceful stop (twice: kill). Test
+    launch types return at once and register `stop` as a cleanup of `test_case`.
     """
     launch_type = str(launch_type if launch_type is not None else LAUNCH_TYPE.value)
     _load_builtin_launchers()
@@ -358,11 +367,12 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
     if unknown_groups:
         raise ValueError(f'Resources given for groups {sorted(unknown_groups)} that the program does '
                          f'not have; its groups are {sorted(program.groups)}.')
-    controller = _registry[launch_type]().launch(program, options)
+    platform = _registry[launch_type]()
+    controller = platform.launch(program, options)
     _launched.append(controller)
     if launch_type in _TEST_TYPES and test_case is not None:
         test_case.addCleanup(controller.stop)
-    if launch_type in _LOCAL_TYPES:
+    if launch_type in _LOCAL_TYPES or getattr(platform, 'foreground', False):
         controller._handle_signals()  # pylint: disable=protected-access
         if not _cli_waits:
             controller._run_until_done_at_exit()  # pylint: disable=protected-access
@@ -378,9 +388,11 @@ def _load_builtin_launchers() -> None:
     if 'local_mt' in _registry:
         return
     # pylint: disable=import-outside-toplevel
-    from launchpad.launch import kubernetes, processes, threads
+    from launchpad.launch import processes, threads
+    register_launcher('slurm', lambda: importlib.import_module('launchpad.launch.slurm').SlurmLauncher())
+    register_launcher('kubernetes', lambda: importlib.import_module(
+        'launchpad.launch.kubernetes').KubernetesLauncher())  # its API client loads when used
     register_launcher('local_mt', threads.ThreadLauncher)
     register_launcher('test_mt', threads.ThreadLauncher)
     register_launcher('local_mp', processes.ProcessLauncher)
     register_launcher('test_mp', processes.ProcessLauncher)
-    register_launcher('kubernetes', kubernetes.KubernetesLauncher)  # its client loads when used

@@ -8,10 +8,11 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 TERMINALS = ('current_terminal', 'output_to_files', 'tmux_session')
 _COLORS = [31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96]
+_write_lock = threading.Lock()
 
 
 def check_terminal(terminal: Optional[str]) -> str:
@@ -27,100 +28,68 @@ def prefix_for(name: str, index: int, *, color: bool) -> str:
     return f'\x1b[{_COLORS[index % len(_COLORS)]}m[{name}]\x1b[0m '
 
 
-class _PrefixedProcess:
-    """A child whose output lines are copied to our stdout behind its colored name."""
-
-    _write_lock = threading.Lock()
-
-    def __init__(self, name: str, index: int, argv: List[str], env: Dict[str, str], cwd: str):
-        self.process = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        self._prefix = prefix_for(name, index, color=sys.stdout.isatty()).encode()
-        self._reader = threading.Thread(target=self._copy, daemon=True, name=f'lp-out-{name}')
-        self._reader.start()
-
-    def _copy(self) -> None:
-        out = getattr(sys.stdout, 'buffer', None)
-        for line in iter(self.process.stdout.readline, b''):
-            with self._write_lock:
-                if out is not None:
-                    out.write(self._prefix + line)
-                    out.flush()
-                else:
-                    sys.stdout.write((self._prefix + line).decode(errors='replace'))
-        self.process.stdout.close()
-
-    def poll(self) -> Optional[int]:
-        code = self.process.poll()
-        if code is not None:
-            self._reader.join(1.0)  # all of its output is printed before it counts as ended
-        return code
-
-    def kill(self) -> None:
-        _kill_group(self.process.pid)
+def copy_lines(source, prefix: bytes) -> None:
+    """Copies lines from the binary stream `source` to our stdout, each behind `prefix`."""
+    out = getattr(sys.stdout, 'buffer', None)
+    for line in iter(source.readline, b''):
+        if not line.endswith(b'\n'):
+            line += b'\n'
+        with _write_lock:
+            if out is not None:
+                out.write(prefix + line)
+                out.flush()
+            else:
+                sys.stdout.write((prefix + line).decode(errors='replace'))
+    source.close()
 
 
-class _FileProcess:
-    def __init__(self, argv: List[str], env: Dict[str, str], cwd: str, log_path: str):
-        with open(log_path, 'ab') as log:
-            self.process = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-
-    def poll(self) -> Optional[int]:
-        return self.process.poll()
-
-    def kill(self) -> None:
-        _kill_group(self.process.pid)
-
-
-class _TmuxPane:
-    """A node running in its own window of a tmux session."""
-
-    def __init__(self, session: str, name: str):
-        self._session = session
-        self._window = name
-        self._code: Optional[int] = None
-
-    def _pane(self) -> Optional[List[str]]:
-        listing = subprocess.run(
-            ['tmux', 'list-panes', '-t', f'{self._session}:{self._window}', '-F',
-             '#{pane_dead} #{pane_dead_status} #{pane_pid}'],
-            capture_output=True, text=True, check=False)
-        return listing.stdout.split() if listing.returncode == 0 else None
-
-    def poll(self) -> Optional[int]:
-        if self._code is None:
-            pane = self._pane()
-            if pane is None:
-                self._code = -signal.SIGKILL
-            elif pane[0] == '1':
-                self._code = int(pane[1]) if pane[1].lstrip('-').isdigit() else 1
-        return self._code
-
-    def kill(self) -> None:
-        pane = self._pane()
-        if pane is not None and pane[0] == '0':
-            _kill_group(int(pane[-1]))
-
-
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
 
+class TmuxPane:
+    """A node running in its own window of a tmux session (`poll` and `kill` like Popen).
+
+    The window's command writes its exit code to `code_file` when it ends.
+    """
+
+    def __init__(self, target: str, code_file: str):
+        self._target = target
+        self._code_file = code_file
+
+    def poll(self) -> Optional[int]:
+        try:
+            with open(self._code_file) as f:
+                return int(f.read().strip() or 1)
+        except FileNotFoundError:
+            pass
+        if self._pane_pid() is None:  # the window is gone without a word: it was killed
+            return -signal.SIGKILL
+        return None
+
+    def kill(self) -> None:
+        pid = self._pane_pid()
+        if pid is not None:
+            kill_group(pid)
+
+    def _pane_pid(self) -> Optional[int]:
+        listing = subprocess.run(['tmux', 'list-panes', '-t', self._target, '-F', '#{pane_pid}'],
+                                 capture_output=True, text=True, check=False)
+        return int(listing.stdout.split()[0]) if listing.returncode == 0 and listing.stdout else None
+
+
 class Output:
-    """Starts node processes with their output sent to the chosen terminal."""
+    """Gives each node process somewhere to write, as the chosen terminal says."""
 
     def __init__(self, terminal: Optional[str], program_name: str, workdir: str):
         self.terminal = check_terminal(terminal)
         self._workdir = workdir
         self._count = 0
-        self._session = None
-        self.log_dir = None
+        self._session: Optional[str] = None
+        self.log_dir: Optional[str] = None
         if self.terminal == 'output_to_files':
             base = os.environ.get('LAUNCHPAD_LOGGING_DIR') or os.path.join(
                 os.path.expanduser('~'), 'launchpad_logs')
@@ -132,28 +101,43 @@ class Output:
             self._session = f'lp-{program_name}-{os.getpid()}'.replace('.', '-').replace(':', '-')
             subprocess.run(['tmux', 'new-session', '-d', '-s', self._session, '-n', 'launchpad'],
                            check=True)
-            subprocess.run(['tmux', 'set-option', '-t', self._session, 'remain-on-exit', 'on'],
-                           check=True, capture_output=True)
             print(f'Nodes of {program_name!r} run in tmux: tmux attach -t {self._session}',
                   flush=True)
 
-    def start(self, name: str, argv: List[str], env: Dict[str, str], cwd: str):
+    @property
+    def runs_commands(self) -> bool:
+        """True if nodes must be started through `start_command` (tmux) rather than given a fd."""
+        return self._session is not None
+
+    def open_for(self, name: str) -> Tuple[int, Optional[threading.Thread]]:
+        """A file descriptor for the node's stdout and stderr (the caller closes it once the
+        process has it), and the thread copying its output, if any."""
         index, self._count = self._count, self._count + 1
-        if self.terminal == 'current_terminal':
-            return _PrefixedProcess(name, index, argv, env, cwd)
         if self.terminal == 'output_to_files':
-            return _FileProcess(argv, env, cwd, os.path.join(self.log_dir,
-                                                             name.replace('/', '_') + '.log'))
+            path = os.path.join(self.log_dir, name.replace('/', '_') + '.log')
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), None
+        read_fd, write_fd = os.pipe()
+        prefix = prefix_for(name, index, color=sys.stdout.isatty()).encode()
+        reader = threading.Thread(target=copy_lines, args=(os.fdopen(read_fd, 'rb'), prefix),
+                                  daemon=True, name=f'lp-out-{name}')
+        reader.start()
+        return write_fd, reader
+
+    def start_command(self, name: str, argv: List[str], env: Dict[str, str], cwd: str) -> TmuxPane:
+        """Runs `argv` in a new tmux window named after the node."""
+        index, self._count = self._count, self._count + 1
         window = name.replace('/', '_')
-        # The window's command line is visible in `ps`, so secrets travel in a private file.
+        # A window's command line is visible in `ps`, so the environment goes in a private file.
         env_file = os.path.join(self._workdir, f'{index}.env')
+        code_file = os.path.join(self._workdir, f'{index}.exit')
         with open(os.open(env_file, os.O_WRONLY | os.O_CREAT, 0o600), 'w') as f:
             for key, value in env.items():
                 f.write(f'export {key}={shlex.quote(value)}\n')
-        command = f'. {shlex.quote(env_file)} && cd {shlex.quote(cwd)} && exec {shlex.join(argv)}'
+        command = (f'. {shlex.quote(env_file)} && cd {shlex.quote(cwd)} && {shlex.join(argv)}; '
+                   f'echo $? > {shlex.quote(code_file)}')
         subprocess.run(['tmux', 'new-window', '-d', '-t', self._session, '-n', window,
                         'bash', '-c', command], check=True)
-        return _TmuxPane(self._session, window)
+        return TmuxPane(f'{self._session}:{window}', code_file)
 
     def close(self) -> None:
         if self._session is not None:

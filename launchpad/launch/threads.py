@@ -22,6 +22,7 @@ class _ThreadRunner:
         self._workdir = workdir
         self.threads: Dict[str, threading.Thread] = {}
         self.exit_codes: Dict[str, int] = {}
+        self.context: Optional[runtime.NodeContext] = None
 
     def poll(self) -> Dict[str, Optional[int]]:
         return {name: self.exit_codes.get(name) if not thread.is_alive() else None
@@ -31,6 +32,7 @@ class _ThreadRunner:
         del names
 
     def release(self) -> None:
+        runtime.clear_process_context(self.context)
         shutil.rmtree(self._workdir, ignore_errors=True)
 
 
@@ -42,7 +44,7 @@ class ThreadLauncher(launcher.Launcher):
         if options.serialize_py_nodes:  # nodes get copies, as they would in processes
             for _, executable in executables:
                 executable.run = pickle.loads(pickle_node(executable.name, executable.run))
-        workdir = tempfile.mkdtemp(prefix='lp-')
+        workdir = tempfile.mkdtemp(prefix='launchpad-')
         addresses = [address for _, executable in executables for address in executable.addresses]
         coordinator = Coordinator([executable.name for _, executable in executables])
         table = AddressTable(
@@ -56,13 +58,13 @@ class ThreadLauncher(launcher.Launcher):
             stop.trigger()
 
         threading.Thread(target=watch_stop, daemon=True, name=f'lp-{program.name}-stop').start()
-        first_context = None
-        for label, executable in executables:
-            node_label, index = executable.node_names[0].rsplit('/', 1)
+        for _, executable in executables:
+            label, index = executable.node_names[0].rsplit('/', 1)
             context = runtime.NodeContext(
-                launch_type=options.launch_type, program_name=program.name, label=node_label,
+                launch_type=options.launch_type, program_name=program.name, label=label,
                 index=int(index), address_table=table, stop=stop, coordinator=coordinator)
-            first_context = first_context or context
+            # Threads that node code starts itself see the first node's context.
+            runner.context = runner.context or context
 
             def run_thread(context=context, executable=executable):
                 runtime.set_thread_context(context)
@@ -71,8 +73,7 @@ class ThreadLauncher(launcher.Launcher):
 
             runner.threads[executable.name] = threading.Thread(
                 target=run_thread, name=f'lp-{executable.name}', daemon=True)
-        # Threads that node code starts itself see a context of this program.
-        runtime.set_process_context(first_context)
+        runtime.set_process_context(runner.context)
         for thread in runner.threads.values():
             thread.start()
         return launcher.Controller(program.name, coordinator, runner,

@@ -7,10 +7,13 @@ away), runs the executable and reports how it ended.
 """
 from __future__ import annotations
 
+import copyreg
 import dataclasses
+import functools
 import logging
 import os
 import pickle
+import shutil
 import socket
 import sys
 import threading
@@ -31,7 +34,7 @@ _POLL = 1.0
 WORKER_ARGV = ['-c', 'from launchpad.launch.worker import main; main()']
 
 
-class SpecError(RuntimeError):
+class NodePicklingError(pickle.PicklingError):
     """An executable could not be packed for another process."""
 
 
@@ -47,9 +50,11 @@ class WorkerSpec:
       parent_pid: the launcher's pid when the worker is its direct child; the worker stops if its
         parent changes (the launcher died).
       notice_period: seconds to end after a stop before the worker exits by itself.
-      flags: absl flags of the launching process (name -> Flag), so node code can read them.
+      flags: absl flags of the launching process (see `flags_snapshot`), so node code reads them.
       flag_overrides: flag values for this process ('--name=value' strings).
       env: environment variables to set before anything is unpickled.
+      cleanup_dir: a directory of the launch that the worker removes if the launcher dies, since
+        the launcher cannot.
     """
     program_name: str
     launch_type: str
@@ -62,22 +67,24 @@ class WorkerSpec:
     flags: Dict[str, Any] = dataclasses.field(default_factory=dict)
     flag_overrides: List[str] = dataclasses.field(default_factory=list)
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
+    cleanup_dir: Optional[str] = None
 
 
 def pickle_node(node_name: str, value: Any) -> bytes:
-    """cloudpickle of `value`, or a SpecError naming the node and what cannot be pickled."""
+    """cloudpickle of `value`, or a NodePicklingError naming the node and what cannot be pickled."""
     import cloudpickle  # pylint: disable=import-outside-toplevel
+    _pickle_flags_by_reference()
     try:
         return cloudpickle.dumps(value)
     except Exception as e:  # pylint: disable=broad-except
-        raise SpecError(
+        raise NodePicklingError(
             f'Cannot send node {node_name} to where it runs: its arguments cannot be pickled '
             f'({type(e).__name__}: {e}). Pass picklable arguments (build objects such as locks, '
             f'sockets or open files inside the node instead).') from e
 
 
 def pack_spec(spec: WorkerSpec) -> bytes:
-    """The bytes of a spec file, or a SpecError naming the node and what cannot be pickled."""
+    """The bytes of a spec file, or a NodePicklingError naming the node and what cannot be pickled."""
     payload = pickle_node(spec.node_name, spec)
     header = {'sys_path': [p for p in sys.path if p], 'env': spec.env}
     return pickle.dumps((header, payload), protocol=pickle.HIGHEST_PROTOCOL)
@@ -89,21 +96,49 @@ def write_spec(spec: WorkerSpec, path: str) -> None:
         f.write(data)
 
 
+def _global_flags():
+    from absl import flags  # pylint: disable=import-outside-toplevel
+    return flags.FLAGS
+
+
+def _reduce_flag_values(flag_values):
+    from absl import flags  # pylint: disable=import-outside-toplevel
+    if flag_values is not flags.FLAGS:
+        raise pickle.PicklingError('Only absl.flags.FLAGS can be sent to a node process.')
+    return _global_flags, ()
+
+
+def _pickle_flags_by_reference() -> None:
+    """Node code that reads `FLAGS` gets the FLAGS of its own process, which the worker fills in."""
+    from absl import flags  # pylint: disable=import-outside-toplevel
+    copyreg.pickle(flags.FlagValues, _reduce_flag_values)
+
+
 def flags_snapshot() -> Dict[str, Any]:
-    """The launching process's parsed absl flags, to recreate them in a worker."""
+    """The launching process's parsed absl flags (name -> (class, state)), to rebuild in a worker.
+
+    absl refuses to pickle Flag objects, so their state travels instead (validators stay behind:
+    values were validated here).
+    """
     from absl import flags  # pylint: disable=import-outside-toplevel
     if not flags.FLAGS.is_parsed():
         return {}
     import cloudpickle  # pylint: disable=import-outside-toplevel
+    _pickle_flags_by_reference()
     shipped = {}
     for name in flags.FLAGS:
         flag = flags.FLAGS[name]
-        try:
-            cloudpickle.dumps(flag)
-        except Exception:  # pylint: disable=broad-except
-            logging.warning('Flag --%s cannot be sent to node processes; they see its default.', name)
+        if flag.name != name:  # a short name
             continue
-        shipped[name] = flag
+        state = (type(flag), {k: v for k, v in vars(flag).items() if k != 'validators'})
+        try:
+            cloudpickle.dumps(state)
+        except Exception:  # pylint: disable=broad-except
+            if flag.present:
+                logging.warning('Flag --%s cannot be sent to node processes; they see its default.',
+                                name)
+            continue
+        shipped[name] = state
     return shipped
 
 
@@ -137,25 +172,34 @@ def _load(path: str) -> WorkerSpec:
 
 def _install_flags(spec: WorkerSpec) -> None:
     from absl import flags  # pylint: disable=import-outside-toplevel
-    for name, flag in spec.flags.items():
+    for name, (flag_class, state) in spec.flags.items():
         if name in flags.FLAGS:
-            if flag.present:
-                flags.FLAGS[name].value = flag.value
-                flags.FLAGS[name].present = flag.present
+            if state['present']:
+                flags.FLAGS[name].value = state['_value']
+                flags.FLAGS[name].present = state['present']
         else:
+            flag = flag_class.__new__(flag_class)
+            flag.__dict__.update(state, validators=[])
             flags.FLAGS[name] = flag
     if spec.flag_overrides:
         flags.FLAGS(['worker'] + list(spec.flag_overrides), known_only=True)
     flags.FLAGS.mark_as_parsed()
 
 
-def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec) -> None:
+def _run_with_flags(spec: WorkerSpec) -> None:
+    _install_flags(spec)
+    spec.run()
+
+
+def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
+           launcher_lost: threading.Event) -> None:
     """Triggers the stop signal when the program stops or the launcher is gone."""
     unreachable_since = None
     while True:
         if spec.parent_pid is not None and os.getppid() != spec.parent_pid:
             logging.error('%s: the launcher (pid %d) is gone; stopping.', spec.node_name,
                           spec.parent_pid)
+            launcher_lost.set()
             break
         try:
             if coordinator.wait_for_stop(_POLL):
@@ -167,15 +211,22 @@ def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec) -> None:
             if now - unreachable_since > COORDINATOR_LOSS_TIMEOUT:
                 logging.error('%s: the program\'s coordinator has been unreachable for %.0f s (%s); '
                               'stopping.', spec.node_name, COORDINATOR_LOSS_TIMEOUT, e)
+                launcher_lost.set()
                 break
             time.sleep(0.2)
     stop.trigger()
     time.sleep(spec.notice_period + 1.0)
     logging.error('%s did not end within the %g s notice period; exiting.', spec.node_name,
                   spec.notice_period)
+    _exit_now(3, spec, launcher_lost)
+
+
+def _exit_now(code: int, spec: WorkerSpec, launcher_lost: threading.Event) -> None:
+    if launcher_lost.is_set() and spec.cleanup_dir:
+        shutil.rmtree(spec.cleanup_dir, ignore_errors=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(3)  # pylint: disable=protected-access
+    os._exit(code)  # pylint: disable=protected-access
 
 
 def main() -> None:
@@ -190,7 +241,6 @@ def _run(spec_path: str) -> int:
     import courier  # pylint: disable=import-outside-toplevel
     spec = _load(spec_path)
     coordinator = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=False)
-    _install_flags(spec)
     table = spec.address_table
     table.registry = coordinator
     stop = runtime.StopSignal(coordinator.request_stop)
@@ -199,6 +249,15 @@ def _run(spec_path: str) -> int:
         launch_type=spec.launch_type, program_name=spec.program_name, label=label,
         index=int(index) if index.isdigit() else 0, address_table=table, stop=stop,
         coordinator=coordinator))
-    threading.Thread(target=_watch, args=(coordinator, stop, spec), daemon=True,
+    launcher_lost = threading.Event()
+    threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost), daemon=True,
                      name='lp-stop-watcher').start()
-    return run_reporting(spec.run, spec.node_name, coordinator)
+    try:
+        code = run_reporting(functools.partial(_run_with_flags, spec), spec.node_name, coordinator)
+    except Exception:  # pylint: disable=broad-except
+        # Reporting failed: the coordinator is gone.
+        logging.exception('%s could not report to the coordinator.', spec.node_name)
+        code = 1
+    if launcher_lost.is_set():
+        _exit_now(code, spec, launcher_lost)
+    return code

@@ -108,19 +108,29 @@ class Node(abc.ABC):
 
 
 def map_structure(fn: Callable[[Any], Any], value: Any) -> Any:
-    """Applies `fn` to every handle inside lists, tuples, dicts, sets and dataclasses of `value`."""
+    """Applies `fn` to every handle inside lists, tuples, dicts, sets and dataclasses of `value`.
+
+    Containers without handles are returned as they are (not copied).
+    """
     if isinstance(value, Handle):
         return fn(value)
     if isinstance(value, (list, tuple, set, frozenset)):
         mapped = [map_structure(fn, item) for item in value]
+        if all(new is old for new, old in zip(mapped, value)):
+            return value
         if isinstance(value, tuple) and hasattr(value, '_fields'):  # namedtuple
             return type(value)(*mapped)
         return type(value)(mapped)
     if isinstance(value, dict):
-        return type(value)((key, map_structure(fn, item)) for key, item in value.items())
+        mapped = {key: map_structure(fn, item) for key, item in value.items()}
+        if all(mapped[key] is item for key, item in value.items()):
+            return value
+        return type(value)(mapped)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changes = {field.name: map_structure(fn, getattr(value, field.name))
                    for field in dataclasses.fields(value) if field.init}
+        if all(new is getattr(value, name) for name, new in changes.items()):
+            return value
         return dataclasses.replace(value, **changes)
     return value
 

@@ -13,6 +13,9 @@ from launchpad.nodes.python import PyClassNode
 
 CourierClient = courier.Client
 
+# Seconds a stopping node lets calls in flight finish (one of them may be the call that stopped it).
+_STOP_GRACE = 2.0
+
 
 def _resolve_endpoint(address: Address) -> str:
     return address.resolve()
@@ -79,4 +82,4 @@ class CourierNode(PyClassNode):
                 context.stop.event.wait()
         finally:
             if not owns_server:
-                server.Stop()
+                server.Stop(grace=_STOP_GRACE)

@@ -1,0 +1,129 @@
+"""Turns Python values into pickle bytes plus out-of-band buffers, and back.
+
+Values travel as pickle protocol 5: large binary data (numpy arrays, bytearrays,
+``pickle.PickleBuffer``) is handed over as separate out-of-band buffers instead of
+being copied into the pickle stream. Plain ``pickle`` is tried first; cloudpickle
+is the fallback for what plain pickle cannot handle (lambdas, local classes).
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, List, Optional, Sequence, Tuple
+
+from courier import errors
+
+PROTOCOL = 5
+
+# Buffers smaller than this go in-band: a separate buffer costs more than copying it.
+INBAND_LIMIT = 16 * 1024
+
+# How deep _find_culprit looks into containers and object attributes.
+_MAX_CULPRIT_DEPTH = 8
+
+
+def dumps(value: Any, what: str,
+          top_names: Optional[Sequence[str]] = None) -> Tuple[bytes, List[memoryview]]:
+    """Pickles ``value``; returns the pickle stream and its out-of-band buffers.
+
+    Args:
+      value: What to pickle.
+      what: Describes ``value`` in error messages, e.g. "the result of 'add'".
+      top_names: Names of the elements of a tuple ``value``, used to point at the
+        offending part in error messages (e.g. ``('args', 'kwargs')``).
+
+    Raises:
+      errors.SerializationError: neither pickle nor cloudpickle can pickle it.
+    """
+    buffers: List[memoryview] = []
+    try:
+        data = pickle.dumps(value, protocol=PROTOCOL,
+                            buffer_callback=_buffer_collector(buffers))
+    except Exception:  # pylint: disable=broad-except
+        buffers.clear()
+        try:
+            import cloudpickle  # pylint: disable=import-outside-toplevel
+            data = cloudpickle.dumps(value, protocol=PROTOCOL,
+                                     buffer_callback=_buffer_collector(buffers))
+        except Exception as error:  # pylint: disable=broad-except
+            raise errors.SerializationError(
+                _describe_failure(value, what, top_names, error)) from error
+    return data, buffers
+
+
+def loads(data: Any, buffers: Sequence[Any], what: str) -> Any:
+    """Unpickles what :func:`dumps` produced.
+
+    Raises:
+      errors.SerializationError: the data cannot be unpickled here, e.g. it names
+        a class or module this process cannot import.
+    """
+    try:
+        return pickle.loads(data, buffers=buffers)
+    except Exception as error:  # pylint: disable=broad-except
+        raise errors.SerializationError(
+            f'cannot unpickle {what}: {type(error).__name__}: {error}. Every class '
+            f'sent over courier must be importable on the receiving side.') from error
+
+
+def type_name(value: Any) -> str:
+    """Returns the qualified name of ``value``'s type, as error messages show it."""
+    cls = type(value)
+    if cls.__module__ == 'builtins':
+        return cls.__qualname__
+    return f'{cls.__module__}.{cls.__qualname__}'
+
+
+def _buffer_collector(buffers: List[memoryview]):
+    """Returns a pickle ``buffer_callback`` that keeps large contiguous buffers out-of-band."""
+
+    def collect(buffer: pickle.PickleBuffer) -> bool:
+        try:
+            raw = buffer.raw()
+        except (BufferError, ValueError):  # Not contiguous: pickle it in-band.
+            return True
+        if raw.nbytes < INBAND_LIMIT:
+            return True
+        buffers.append(raw)
+        return False
+
+    return collect
+
+
+def _describe_failure(value: Any, what: str, top_names: Optional[Sequence[str]],
+                      error: Exception) -> str:
+    path, culprit = _find_culprit(value, '', 0)
+    if top_names and isinstance(value, tuple) and path.startswith('['):
+        index, _, rest = path[1:].partition(']')
+        if index.isdigit() and int(index) < len(top_names):
+            path = top_names[int(index)] + rest
+    where = f' at {path}' if path else ''
+    return (f'cannot pickle {what}: the object of type {type_name(culprit)}{where} '
+            f'cannot be pickled ({type(error).__name__}: {error})')
+
+
+def _find_culprit(value: Any, path: str, depth: int) -> Tuple[str, Any]:
+    """Returns the path to and the innermost part of ``value`` that fails to pickle."""
+    if depth >= _MAX_CULPRIT_DEPTH:
+        return path, value
+    if isinstance(value, dict):
+        children = ((f'{path}[{key!r}]', child) for key, child in value.items())
+    elif isinstance(value, (list, tuple)):
+        children = ((f'{path}[{index}]', child) for index, child in enumerate(value))
+    elif isinstance(getattr(value, '__dict__', None), dict) and not isinstance(value, type):
+        children = ((f'{path}.{name}', child) for name, child in vars(value).items())
+    else:
+        return path, value
+    for child_path, child in children:
+        if not _picklable(child):
+            return _find_culprit(child, child_path, depth + 1)
+    return path, value
+
+
+def _picklable(value: Any) -> bool:
+    import cloudpickle  # pylint: disable=import-outside-toplevel
+    try:
+        cloudpickle.dumps(value, protocol=PROTOCOL, buffer_callback=lambda _: False)
+    except Exception:  # pylint: disable=broad-except
+        return False
+    return True

@@ -1,0 +1,204 @@
+"""courier.Server: serves Python callables to courier clients."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from typing import Any, Callable, Dict, List, Optional
+
+from courier import errors
+from courier import security
+from courier import serialization
+from courier import wire
+
+_logger = logging.getLogger('courier')
+
+# Attributes bind_object never exposes: the node's main loop and the hook below.
+_NEVER_BOUND = frozenset({'run', 'set_courier_server'})
+
+_CREATED, _STARTED, _STOPPED = 'created', 'started', 'stopped'
+
+
+class Server:
+    """Serves bound callables to :class:`courier.Client` objects.
+
+    The server binds its address when constructed, so :attr:`address` is final
+    (including the port picked for ``port=None`` or ``0``) before :meth:`Start`.
+    Calls run in a pool of ``thread_pool_size`` threads; a call that blocks
+    (e.g. a :func:`courier.batched_handler` collecting a batch) holds a thread.
+
+    Args:
+      port: TCP port to listen on; None or 0 picks a free port.
+      thread_pool_size: How many calls may run at once.
+      host: Interface to listen on. The default accepts local clients only.
+      address: ``'host:port'`` or ``'unix:/path'``; overrides ``host`` and ``port``.
+      auth_token: Shared secret every call must carry; defaults to the
+        ``COURIER_AUTH_TOKEN`` environment variable. None there too: no check.
+      tls: ``courier.TLSConfig`` with the server's certificate and key (and a
+        client CA to require client certificates).
+
+    Raises:
+      OSError: the address cannot be bound.
+    """
+
+    def __init__(self, port: Optional[int] = None, thread_pool_size: int = 16, *,
+                 host: str = '127.0.0.1', address: Optional[str] = None,
+                 auth_token: Optional[str] = None,
+                 tls: Optional[security.TLSConfig] = None):
+        from courier import transport  # pylint: disable=import-outside-toplevel
+        if not isinstance(thread_pool_size, int) or thread_pool_size < 1:
+            raise ValueError(f'thread_pool_size must be a positive int, got {thread_pool_size!r}')
+        if address is None:
+            if port is not None and (not isinstance(port, int) or not 0 <= port <= 65535):
+                raise ValueError(f'port must be an int in [0, 65535] or None, got {port!r}')
+            address = transport.tcp_address(host, port or 0)
+        endpoint = transport.parse_address(address)
+        auth_token = security.resolve_auth_token(auth_token)
+        self._methods: Dict[str, Callable[..., Any]] = {}
+        self._lock = threading.Lock()
+        self._state = _CREATED
+        self._stopped = threading.Event()
+        self._transport = transport.listen(
+            address, self._handle_call, self._method_names, thread_pool_size=thread_pool_size,
+            auth_token=auth_token, tls=tls)
+        if not endpoint.is_local and auth_token is None:
+            _logger.warning(
+                'courier server %s accepts calls from other machines without an auth token: '
+                'anyone who can reach it can run code in this process. Pass auth_token= or '
+                'set %s.', self.address, security.AUTH_TOKEN_ENV)
+
+    @classmethod
+    def from_object(cls, obj: Any, **server_kwargs: Any) -> 'Server':
+        """Returns a new server with ``obj`` bound as by :meth:`bind_object`."""
+        server = cls(**server_kwargs)
+        try:
+            server.bind_object(obj)
+        except BaseException:
+            server.Stop()
+            raise
+        return server
+
+    @property
+    def address(self) -> str:
+        """The address clients connect to, e.g. ``'127.0.0.1:43121'`` or ``'unix:/tmp/s'``."""
+        return self._transport.address
+
+    def Bind(self, name: str, fn: Callable[..., Any]) -> None:  # pylint: disable=invalid-name
+        """Serves ``fn`` as method ``name``, replacing any method bound under that name."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f'method name must be a non-empty str, got {name!r}')
+        if not callable(fn):
+            raise TypeError(f'cannot bind {name!r}: {type(fn).__name__} object is not callable')
+        with self._lock:
+            methods = dict(self._methods)
+            methods[name] = fn
+            self._methods = methods  # Copy-on-write: calls read without locking.
+
+    def bind_object(self, obj: Any) -> None:
+        """Binds every public callable attribute of ``obj``.
+
+        Public means not starting with ``_``; ``__call__`` is bound too when
+        ``obj`` is callable. Properties are read once, now, and bound when their
+        value is callable. ``run`` and ``set_courier_server`` are never bound.
+        Finally, if ``obj`` has ``set_courier_server``, it is called with this
+        server, and ``obj`` then owns starting and stopping the server.
+        """
+        for name in dir(obj):
+            if name in _NEVER_BOUND or (name.startswith('_') and name != '__call__'):
+                continue
+            try:
+                value = getattr(obj, name)
+            except Exception as error:  # pylint: disable=broad-except
+                raise RuntimeError(f'cannot bind {type(obj).__name__}: reading attribute '
+                                   f'{name!r} raised {error!r}') from error
+            if callable(value):
+                self.Bind(name, value)
+        set_server = getattr(obj, 'set_courier_server', None)
+        if callable(set_server):
+            set_server(self)
+
+    def Start(self) -> None:  # pylint: disable=invalid-name
+        """Starts serving and returns at once; does nothing if already started."""
+        with self._lock:
+            if self._state == _STOPPED:
+                raise RuntimeError(f'courier server {self.address} was stopped; a stopped '
+                                   f'server cannot be restarted, create a new one')
+            if self._state == _STARTED:
+                return
+            self._transport.start()
+            self._state = _STARTED
+
+    def Stop(self, grace: Optional[float] = None) -> None:  # pylint: disable=invalid-name
+        """Stops serving and releases the address; calls in flight are cancelled.
+
+        Args:
+          grace: Seconds to let calls in flight finish first (default: none).
+        """
+        with self._lock:
+            if self._state == _STOPPED:
+                return
+            self._state = _STOPPED
+        self._transport.stop(grace)
+        self._stopped.set()
+
+    def Join(self) -> None:  # pylint: disable=invalid-name
+        """Blocks until the server is stopped."""
+        self._stopped.wait()
+
+    def __repr__(self) -> str:
+        return f'courier.Server({self.address!r}, {self._state}, {len(self._methods)} methods)'
+
+    def _method_names(self) -> List[str]:
+        return sorted(self._methods)
+
+    def _handle_call(self, method: str, pickle: memoryview, buffers: List[bytearray]
+                     ) -> wire.Response:
+        """Runs one call; every failure becomes an error response, never an exception."""
+        fn = self._methods.get(method)
+        if fn is None:
+            return wire.Response(wire.UNKNOWN_METHOD, methods=self._method_names(),
+                                 message=f'no method {method!r}')
+        try:
+            args, kwargs = _unpack_arguments(method, serialization.loads(
+                pickle, buffers, f'the arguments of {method!r}'))
+        except errors.SerializationError as error:
+            return wire.Response(wire.SERIALIZATION_ERROR, message=str(error))
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as error:  # pylint: disable=broad-except
+            return _exception_response(method, error)
+        try:
+            data, result_buffers = serialization.dumps(result, f'the result of {method!r}')
+        except errors.SerializationError as error:
+            return wire.Response(wire.SERIALIZATION_ERROR, message=str(error))
+        return wire.Response(wire.OK, data, result_buffers)
+
+
+def _unpack_arguments(method: str, value: Any):
+    if (not isinstance(value, tuple) or len(value) != 2 or not isinstance(value[0], tuple)
+            or not isinstance(value[1], dict)):
+        raise errors.SerializationError(
+            f'the arguments of {method!r} are not an (args, kwargs) pair: the caller is not '
+            f'a courier client')
+    return value
+
+
+def _exception_response(method: str, error: BaseException) -> wire.Response:
+    exception_type = serialization.type_name(error)
+    try:
+        message = f'{exception_type}: {error}'
+    except Exception:  # pylint: disable=broad-except  (a broken __str__)
+        message = exception_type
+    # Start at the bound method: the frame calling it is courier's, not the user's.
+    frames = error.__traceback__.tb_next if error.__traceback__ is not None else None
+    remote_traceback = ''.join(traceback.format_exception(type(error), error, frames))
+    _logger.debug('courier method %r raised %s', method, message)
+    data, buffers = b'', []
+    if isinstance(error, Exception):  # Never re-raise SystemExit & co. in the caller.
+        try:
+            data, buffers = serialization.dumps(error, f'the exception raised by {method!r}')
+        except errors.SerializationError:
+            pass  # The client raises courier.RemoteError from the text fields.
+    return wire.Response(wire.EXCEPTION, data, buffers, message=message,
+                         exception_type=exception_type, traceback=remote_traceback)

@@ -1,0 +1,206 @@
+"""Encodes and decodes courier's messages (protos/courier.proto) by hand.
+
+The bytes are exactly protobuf's wire format for the messages in
+``protos/courier.proto``, so any gRPC client generated from that file can talk
+to a courier server. Encoding by hand lets large out-of-band buffers be joined
+into the message with a single copy and decoded as zero-copy ``memoryview``
+slices, which the protobuf runtime cannot do for ``bytes`` fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, List, Sequence, Tuple
+
+# CallResponse.Status values.
+OK = 0
+EXCEPTION = 1
+UNKNOWN_METHOD = 2
+SERIALIZATION_ERROR = 3
+
+_VARINT = 0
+_LENGTH_DELIMITED = 2
+_FIXED64 = 1
+_FIXED32 = 5
+
+_SMALL_VARINTS = [bytes([n]) for n in range(128)]
+
+
+class Response:
+    """A decoded ``CallResponse``; see protos/courier.proto for the fields."""
+
+    __slots__ = ('status', 'pickle', 'buffers', 'message', 'exception_type',
+                 'traceback', 'methods')
+
+    def __init__(self, status: int = OK, pickle: Any = b'', buffers: Sequence[Any] = (),
+                 message: str = '', exception_type: str = '', traceback: str = '',
+                 methods: Sequence[str] = ()):
+        self.status = status
+        self.pickle = pickle
+        self.buffers = buffers
+        self.message = message
+        self.exception_type = exception_type
+        self.traceback = traceback
+        self.methods = methods
+
+
+def encode_request(method: str, pickle: Any, buffers: Sequence[memoryview]) -> bytes:
+    """Returns the ``CallRequest`` bytes; ``buffers`` are copied once, into the result."""
+    parts: List[Any] = []
+    _append_bytes(parts, 1, method.encode())
+    _append_bytes(parts, 2, pickle)
+    for buffer in buffers:
+        _append_bytes(parts, 3, buffer, keep_empty=True)
+    return b''.join(parts)
+
+
+def decode_request(data: Any) -> Tuple[str, memoryview, List[memoryview]]:
+    """Returns ``(method, pickle, buffers)``, slices of ``data`` without copying.
+
+    Raises:
+      ValueError: ``data`` is not a well-formed ``CallRequest``.
+    """
+    method = ''
+    pickle = memoryview(b'')
+    buffers = []
+    for number, wire_type, value in _fields(data):
+        if number == 1:
+            method = _text(value, wire_type)
+        elif number == 2:
+            pickle = _bytes(value, wire_type)
+        elif number == 3:
+            buffers.append(_bytes(value, wire_type))
+    return method, pickle, buffers
+
+
+def encode_response(response: Response) -> bytes:
+    """Returns the ``CallResponse`` bytes; buffers are copied once, into the result."""
+    parts: List[Any] = []
+    if response.status:
+        parts += (b'\x08', _varint(response.status))
+    _append_bytes(parts, 2, response.pickle)
+    for buffer in response.buffers:
+        _append_bytes(parts, 3, buffer, keep_empty=True)
+    _append_bytes(parts, 4, response.message.encode())
+    _append_bytes(parts, 5, response.exception_type.encode())
+    _append_bytes(parts, 6, response.traceback.encode())
+    for method in response.methods:
+        _append_bytes(parts, 7, method.encode(), keep_empty=True)
+    return b''.join(parts)
+
+
+def decode_response(data: Any) -> Response:
+    """Decodes ``CallResponse`` bytes; ``pickle`` and ``buffers`` are slices of ``data``.
+
+    Raises:
+      ValueError: ``data`` is not a well-formed ``CallResponse``.
+    """
+    response = Response(pickle=memoryview(b''), buffers=[], methods=[])
+    for number, wire_type, value in _fields(data):
+        if number == 1:
+            if wire_type != _VARINT:
+                raise ValueError(f'field 1 has wire type {wire_type}, expected a varint')
+            response.status = value
+        elif number == 2:
+            response.pickle = _bytes(value, wire_type)
+        elif number == 3:
+            response.buffers.append(_bytes(value, wire_type))
+        elif number == 4:
+            response.message = _text(value, wire_type)
+        elif number == 5:
+            response.exception_type = _text(value, wire_type)
+        elif number == 6:
+            response.traceback = _text(value, wire_type)
+        elif number == 7:
+            response.methods.append(_text(value, wire_type))
+    return response
+
+
+def encode_method_list(methods: Sequence[str]) -> bytes:
+    """Returns the ``ListMethodsResponse`` bytes."""
+    parts: List[Any] = []
+    for method in methods:
+        _append_bytes(parts, 1, method.encode(), keep_empty=True)
+    return b''.join(parts)
+
+
+def decode_method_list(data: Any) -> List[str]:
+    """Decodes ``ListMethodsResponse`` bytes.
+
+    Raises:
+      ValueError: ``data`` is not a well-formed ``ListMethodsResponse``.
+    """
+    return [_text(value, wire_type) for number, wire_type, value in _fields(data)
+            if number == 1]
+
+
+def _varint(value: int) -> bytes:
+    if value < 128:
+        return _SMALL_VARINTS[value]
+    out = bytearray()
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _append_bytes(parts: List[Any], number: int, value: Any, keep_empty: bool = False) -> None:
+    size = value.nbytes if isinstance(value, memoryview) else len(value)
+    if size or keep_empty:
+        parts += (_SMALL_VARINTS[number << 3 | _LENGTH_DELIMITED], _varint(size), value)
+
+
+def _read_varint(data: memoryview, pos: int) -> Tuple[int, int]:
+    result = 0
+    shift = 0
+    end = len(data)
+    while True:
+        if pos >= end:
+            raise ValueError('message ends inside a varint')
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 128:
+            return result, pos
+        shift += 7
+        if shift >= 64:
+            raise ValueError('varint longer than 10 bytes')
+
+
+def _fields(data: Any) -> Iterator[Tuple[int, int, Any]]:
+    """Yields ``(field number, wire type, value)``; values are ints or memoryviews."""
+    view = memoryview(data).cast('B')
+    pos = 0
+    end = len(view)
+    while pos < end:
+        key, pos = _read_varint(view, pos)
+        number, wire_type = key >> 3, key & 7
+        if number == 0:
+            raise ValueError('field number 0 is invalid')
+        if wire_type == _VARINT:
+            value, pos = _read_varint(view, pos)
+        elif wire_type == _LENGTH_DELIMITED:
+            size, pos = _read_varint(view, pos)
+            if pos + size > end:
+                raise ValueError(f'field {number} claims {size} bytes but only '
+                                 f'{end - pos} remain')
+            value = view[pos:pos + size]
+            pos += size
+        elif wire_type in (_FIXED64, _FIXED32):
+            pos += 8 if wire_type == _FIXED64 else 4
+            if pos > end:
+                raise ValueError(f'message ends inside fixed-width field {number}')
+            continue  # No courier field has a fixed-width type; skip unknown ones.
+        else:
+            raise ValueError(f'unsupported wire type {wire_type} for field {number}')
+        yield number, wire_type, value
+
+
+def _bytes(value: Any, wire_type: int) -> memoryview:
+    if wire_type != _LENGTH_DELIMITED:
+        raise ValueError(f'expected a length-delimited field, got wire type {wire_type}')
+    return value
+
+
+def _text(value: Any, wire_type: int) -> str:
+    return str(_bytes(value, wire_type), 'utf-8')

@@ -1,0 +1,242 @@
+"""A pre-started interpreter that forks node processes in milliseconds.
+
+Starting a Python process and importing launchpad, courier, grpc and numpy costs most of a second
+per node, which dominates the launch of a program with many nodes. The fork server pays it once: it
+imports those modules and then forks one child per node on request. Each child starts a new session,
+takes its standard output from a file descriptor sent by the launcher, sets its environment and
+working directory, and runs the worker entry point exactly as a fresh process would. The user's own
+modules are imported only in the children, when the node's spec is unpickled.
+
+The fork server serves one launch: it reports each child's exit code to the launcher and exits when
+the launcher closes the connection (its children then notice that their parent is gone).
+"""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Mapping, Optional
+
+_PRELOAD = ('launchpad', 'courier', 'courier.client', 'courier.server', 'courier.transport',
+            'grpc', 'cloudpickle', 'numpy', 'absl.flags', 'absl.logging')
+_MAX_MESSAGE = 1 << 20
+
+
+def usable_for(env_overrides: Mapping[str, str], interpreter: Optional[str]) -> bool:
+    """Whether a node with these resources can be forked rather than started fresh.
+
+    A different interpreter, or variables read when an interpreter starts, need a fresh process.
+    """
+    if interpreter not in (None, sys.executable):
+        return False
+    return not any(key.startswith(('PYTHON', 'LD_')) for key in env_overrides)
+
+
+class ForkServer:
+    """The launcher's side: starts the fork server and asks it for processes."""
+
+    def __init__(self, workdir: str):
+        path = os.path.join(workdir, 'forkserver.sock')
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(1)
+        self.process = subprocess.Popen(
+            [sys.executable, '-c', 'from launchpad.launch.forkserver import main; main()', path],
+            stdin=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+        listener.settimeout(0.1)
+        try:
+            self._conn = self._accept(listener)
+        finally:
+            listener.close()
+            os.unlink(path)
+        self._conn.settimeout(None)
+        self._lock = threading.Lock()
+        self._replies: Dict[str, int] = {}
+        self._reply_ready = threading.Condition(self._lock)
+        self._exit_codes: Dict[int, int] = {}
+        self._reader = threading.Thread(target=self._read_replies, daemon=True,
+                                        name='lp-forkserver')
+        self._reader.start()
+
+    def _accept(self, listener: socket.socket) -> socket.socket:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                return listener.accept()[0]
+            except socket.timeout:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f'The fork server exited with code {self.process.returncode} '
+                                       'before it was ready; see its output above.') from None
+        self.process.kill()
+        self.process.wait()
+        raise RuntimeError('The fork server was not ready within 60 s.')
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def spawn(self, name: str, argv: List[str], env: Mapping[str, str], cwd: str,
+              stdout_fd: int) -> 'ForkedProcess':
+        """Forks a process that runs `argv` (Python arguments after the interpreter)."""
+        request = json.dumps({'name': name, 'argv': argv, 'env': dict(env), 'cwd': cwd}).encode()
+        with self._lock:
+            socket.send_fds(self._conn, [len(request).to_bytes(4, 'big') + request], [stdout_fd])
+            if not self._reply_ready.wait_for(lambda: name in self._replies or self._closed(), 60):
+                raise RuntimeError(f'The fork server did not start {name} within 60 s.')
+            if name not in self._replies:
+                raise RuntimeError(f'The fork server died while starting {name}; see its output.')
+            return ForkedProcess(self, self._replies.pop(name))
+
+    def exit_code(self, pid: int) -> Optional[int]:
+        with self._lock:
+            return self._exit_codes.get(pid)
+
+    def close(self) -> None:
+        """Ends the fork server (after its children have ended)."""
+        try:
+            self._conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._conn.close()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def _closed(self) -> bool:
+        return not self._reader.is_alive()
+
+    def _read_replies(self) -> None:
+        stream = self._conn.makefile('rb')
+        for line in stream:
+            kind, key, value = line.decode().split()
+            with self._lock:
+                if kind == 'started':
+                    self._replies[key] = int(value)
+                else:
+                    self._exit_codes[int(key)] = int(value)
+                self._reply_ready.notify_all()
+        with self._lock:
+            self._reply_ready.notify_all()
+
+
+class ForkedProcess:
+    """A node process started by the fork server (`poll` and `kill` like subprocess.Popen)."""
+
+    def __init__(self, server: ForkServer, pid: int):
+        self._server = server
+        self.pid = pid
+
+    def poll(self) -> Optional[int]:
+        code = self._server.exit_code(self.pid)
+        if code is None and self._server.process.poll() is not None:
+            return -signal.SIGKILL  # the fork server is gone, and with it the report
+        return code
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def main() -> None:
+    """The fork server's own process."""
+    for module in _PRELOAD:
+        try:
+            __import__(module)
+        except ImportError:
+            pass
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(sys.argv[1])
+    children_ended, wakeup = socket.socketpair()
+    wakeup.setblocking(False)
+    signal.set_wakeup_fd(wakeup.fileno())
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    launcher_pid = os.getppid()
+    selector = selectors.DefaultSelector()
+    selector.register(conn, selectors.EVENT_READ)
+    selector.register(children_ended, selectors.EVENT_READ)
+    while True:
+        for key, _ in selector.select(timeout=1.0):
+            if key.fileobj is children_ended:
+                children_ended.recv(4096)
+            elif not _serve_request(conn):
+                return
+        _report_exits(conn)
+        if os.getppid() != launcher_pid:
+            return
+
+
+def _serve_request(conn: socket.socket) -> bool:
+    header, fds, _, _ = socket.recv_fds(conn, 4, 1)
+    if not header:
+        return False
+    size = int.from_bytes(header, 'big')
+    data = b''
+    while len(data) < size:
+        chunk = conn.recv(min(size - len(data), _MAX_MESSAGE))
+        if not chunk:
+            return False
+        data += chunk
+    request = json.loads(data)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _become_worker(conn, request, fds[0])
+    os.close(fds[0])
+    conn.sendall(f'started {request["name"]} {pid}\n'.encode())
+    return True
+
+
+def _report_exits(conn: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn.sendall(f'exited {pid} {os.waitstatus_to_exitcode(status)}\n'.encode())
+
+
+def _become_worker(conn: socket.socket, request: dict, stdout_fd: int) -> None:
+    code = 1
+    try:
+        conn.close()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()
+        os.dup2(stdout_fd, 1)
+        os.dup2(stdout_fd, 2)
+        os.close(stdout_fd)
+        os.environ.clear()
+        os.environ.update(request['env'])
+        os.chdir(request['cwd'])
+        numpy = sys.modules.get('numpy')
+        if numpy is not None:
+            numpy.random.seed()  # forked children must not share the fork server's random state
+        argv = request['argv']
+        if argv[:1] != ['-c']:
+            raise ValueError(f'The fork server runs `-c CODE ARGS` commands, got {argv!r}.')
+        sys.argv = ['-c'] + argv[2:]
+        exec(compile(argv[1], '<launchpad worker>', 'exec'), {'__name__': '__main__'})  # pylint: disable=exec-used
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # pylint: disable=broad-except
+        import traceback  # pylint: disable=import-outside-toplevel
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # pylint: disable=protected-access

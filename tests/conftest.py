@@ -1,0 +1,50 @@
+"""Fixtures shared by the whole test suite: the multi-host test beds (see tests/testbeds)."""
+from __future__ import annotations
+
+import pathlib
+from typing import Iterator
+
+import pytest
+
+from tests import testbeds
+
+TESTBEDS_DIR = pathlib.Path(testbeds.__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Runs the test beds' own tests first: they bring each bed up and down themselves, which
+    they cannot do while a session fixture below holds that bed."""
+    items.sort(key=lambda item: TESTBEDS_DIR not in pathlib.Path(str(item.path)).parents)
+
+
+@pytest.fixture(scope='session')
+def ssh_testbed() -> Iterator[list[testbeds.SshHost]]:
+    """Three SSH hosts lp-h1..3 (see testbeds.ssh_hosts), up for the whole session."""
+    with testbeds.ssh_hosts(3) as hosts:
+        yield hosts
+
+
+@pytest.fixture(scope='session')
+def _slurm_testbed() -> Iterator[testbeds.SlurmTestbed]:
+    with testbeds.slurm_testbed() as bed:
+        yield bed
+
+
+@pytest.fixture
+def slurm_single(_slurm_testbed: testbeds.SlurmTestbed) -> testbeds.SlurmCluster:
+    """A one-node Slurm cluster on 127.0.0.1. It stays up for the session; a test that wants
+    the other mode switches the cluster (a few seconds), so group tests by mode."""
+    return _slurm_testbed.cluster_for('single')
+
+
+@pytest.fixture
+def slurm_multi(_slurm_testbed: testbeds.SlurmTestbed) -> testbeds.SlurmCluster:
+    """A three-node Slurm cluster lp-h1..3, one slurmd per network namespace."""
+    return _slurm_testbed.cluster_for('multi', 3)
+
+
+@pytest.fixture(scope='session')
+def podman_testbed() -> Iterator[testbeds.PodmanNetwork]:
+    """Podman with the offline image localhost/lp-python and the internal network lpnet."""
+    with testbeds.podman_network() as network:
+        yield network

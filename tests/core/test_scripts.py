@@ -1,0 +1,244 @@
+"""Launches from scripts, as researchers run them: exit codes, Ctrl-C, SIGTERM, SIGKILL, the CLI."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from tests import testbeds
+from tests.core.conftest import REPO, run_script, script_env, wait_until
+
+PROGRAM = textwrap.dedent('''
+    import os, sys, time
+    import launchpad as lp
+
+    REPORT_DIR = sys.argv[1]
+    MODE = sys.argv[2]
+
+    def report(name, text=''):
+        with open(os.path.join(REPORT_DIR, name), 'w') as f:
+            f.write(text)
+
+    class Server:
+        def __init__(self):
+            lp.register_stop_handler(lambda: report('stop_handler_ran'))
+            report(f'pid_server_{os.getpid()}')
+
+        def double(self, x):
+            return 2 * x
+
+    def client(server):
+        report(f'pid_client_{os.getpid()}')
+        print('double of 21 is', server.double(21), flush=True)
+        if MODE == 'fail':
+            raise ValueError('client gave up')
+        if MODE == 'finish':
+            lp.stop()
+            return
+        report('ready')
+        while True:  # runs until stopped (or ignores the stop, for MODE == 'stubborn')
+            if MODE != 'stubborn' and lp.wait_for_stop(0.1):
+                return
+            time.sleep(0.1)
+
+    program = lp.Program('script')
+    server = program.add_node(lp.CourierNode(Server), label='server')
+    program.add_node(lp.PyNode(client, server), label='client')
+    lp.launch(program, launch_type=os.environ.get('LAUNCH_TYPE'),
+              notice_period=float(os.environ.get('NOTICE', '10')))
+''')
+
+
+def node_pids(report_dir):
+    return [int(name.rsplit('_', 1)[1]) for name in os.listdir(report_dir)
+            if name.startswith('pid_')]
+
+
+def assert_gone(pids):
+    assert wait_until(lambda: not any(psutil.pid_exists(p) and
+                                      psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                      for p in pids), timeout=10), f'still alive: {pids}'
+
+
+@pytest.mark.parametrize('launch_type', ['local_mt', 'local_mp'])
+def test_launch_as_the_last_line_runs_the_program_to_the_end(launch_type, tmp_path):
+    result = run_script(PROGRAM, str(tmp_path), 'finish', env={'LAUNCH_TYPE': launch_type})
+    assert result.returncode == 0, result.stderr
+    assert 'double of 21 is 42' in result.stdout
+    if launch_type == 'local_mp':
+        assert '[client/0] double of 21 is 42' in result.stdout
+    assert (tmp_path / 'stop_handler_ran').exists()
+
+
+@pytest.mark.parametrize('launch_type', ['local_mt', 'local_mp'])
+def test_a_failing_node_makes_the_script_exit_non_zero(launch_type, tmp_path):
+    result = run_script(PROGRAM, str(tmp_path), 'fail', env={'LAUNCH_TYPE': launch_type})
+    assert result.returncode == 1
+    assert 'Node client/0 failed: ValueError: client gave up' in result.stderr
+    assert 'raise ValueError' in result.stderr  # the node's traceback
+    assert_gone(node_pids(tmp_path))
+
+
+def start_script(tmp_path, mode, launch_type='local_mp', notice='10'):
+    path = tmp_path / 'program.py'
+    path.write_text(PROGRAM)
+    reports = tmp_path / 'reports'
+    reports.mkdir()
+    process = subprocess.Popen([sys.executable, str(path), str(reports), mode],
+                               env=script_env({'LAUNCH_TYPE': launch_type, 'NOTICE': notice}),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if not wait_until(lambda: (reports / 'ready').exists(), timeout=30):
+        process.kill()
+        raise AssertionError(process.communicate())
+    return process, reports
+
+
+@pytest.mark.parametrize('launch_type', ['local_mt', 'local_mp'])
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_gracefully(tmp_path, launch_type, signum):
+    process, reports = start_script(tmp_path, 'run', launch_type)
+    pids = node_pids(reports)
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    assert 'Stopping program' in err
+    assert (reports / 'stop_handler_ran').exists()
+    assert_gone(pids)
+
+
+def test_second_ctrl_c_kills_at_once(tmp_path):
+    process, reports = start_script(tmp_path, 'stubborn', notice='60')
+    pids = node_pids(reports)
+    process.send_signal(signal.SIGINT)
+    assert wait_until(lambda: (reports / 'stop_handler_ran').exists(), timeout=10)
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=15)  # far less than the 60 s notice period
+    assert_gone(pids)
+
+
+def test_nodes_exit_when_the_launcher_is_sigkilled(tmp_path):
+    process, reports = start_script(tmp_path, 'run', notice='2')
+    pids = node_pids(reports)
+    assert len(pids) == 2
+    program_dirs = [child for child in psutil.Process(process.pid).children()]
+    assert program_dirs
+    process.kill()
+    process.communicate()
+    assert_gone(pids)
+
+
+def test_cli_runs_a_script_with_the_chosen_launch_type(tmp_path):
+    script = tmp_path / 'program.py'
+    script.write_text(PROGRAM)
+    result = subprocess.run(
+        [sys.executable, '-m', 'launchpad.launch', '--type=local_mt', str(script), str(tmp_path),
+         'finish'], capture_output=True, text=True, timeout=60, env=script_env(), cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert 'double of 21 is 42' in result.stdout
+    assert '[client/0]' not in result.stdout  # threads: no process prefixes
+
+    failing = subprocess.run(
+        [sys.executable, '-m', 'launchpad.launch', '--type=local_mp', str(script), str(tmp_path),
+         'fail'], capture_output=True, text=True, timeout=60, env=script_env(), cwd=REPO)
+    assert failing.returncode == 1
+    assert 'Node client/0 failed' in failing.stderr
+
+
+def test_cli_explains_itself_and_rejects_unknown_types():
+    help_text = subprocess.run([sys.executable, '-m', 'launchpad.launch', '--help'],
+                               capture_output=True, text=True, env=script_env(), timeout=30)
+    assert help_text.returncode == 0
+    assert 'launch type' in help_text.stdout and 'local_mp' in help_text.stdout
+    unknown = subprocess.run([sys.executable, '-m', 'launchpad.launch', '--type=mars', 'x.py'],
+                             capture_output=True, text=True, env=script_env(), timeout=30)
+    assert unknown.returncode == 2
+    assert "unknown launch type 'mars'" in unknown.stderr and 'local_mt' in unknown.stderr
+
+
+FLAGS_PROGRAM = textwrap.dedent('''
+    from absl import app, flags
+    import launchpad as lp
+
+    flags.DEFINE_integer('answer', 0, 'a number the nodes read')
+    FLAGS = flags.FLAGS
+
+    def check(expected):
+        assert FLAGS.answer == expected, (FLAGS.answer, expected)
+        print('node sees answer', FLAGS.answer, flush=True)
+
+    def main(argv):
+        program = lp.Program('flags')
+        program.add_node(lp.PyNode(check, 42), label='plain')
+        program.add_node(lp.PyNode(check, 7), label='overridden')
+        lp.launch(program, launch_type='local_mp',
+                  local_resources={'overridden': lp.PythonProcess(args={'answer': 7})})
+
+    if __name__ == '__main__':
+        app.run(main)
+''')
+
+
+def test_absl_flags_of_the_script_reach_node_processes():
+    result = run_script(FLAGS_PROGRAM, '--answer=42')
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert '[plain/0] node sees answer 42' in result.stdout
+    assert '[overridden/0] node sees answer 7' in result.stdout
+
+
+FILES_PROGRAM = textwrap.dedent('''
+    import launchpad as lp
+
+    def hello(name):
+        print('hello from', name, flush=True)
+
+    program = lp.Program('files')
+    with program.group('greeter'):
+        program.add_node(lp.PyNode(hello, 'first'))
+        program.add_node(lp.PyNode(hello, 'second'))
+    lp.launch(program, launch_type='local_mp', terminal='output_to_files')
+''')
+
+
+def test_output_to_files_writes_one_log_per_node(tmp_path):
+    result = run_script(FILES_PROGRAM, env={'LAUNCHPAD_LOGGING_DIR': str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    (log_dir,) = list(tmp_path.iterdir())
+    assert str(log_dir) in result.stdout
+    assert sorted(p.name for p in log_dir.iterdir()) == ['greeter_0.log', 'greeter_1.log']
+    assert 'hello from second' in (log_dir / 'greeter_1.log').read_text()
+    assert 'hello from' not in result.stdout
+
+
+TMUX_PROGRAM = textwrap.dedent('''
+    import os, sys
+    import launchpad as lp
+
+    def hello(report_dir):
+        with open(os.path.join(report_dir, lp.get_context().node_name.replace('/', '_')), 'w') as f:
+            f.write(os.environ.get('TMUX', ''))
+
+    program = lp.Program('tmuxed')
+    with program.group('greeter'):
+        program.add_node(lp.PyNode(hello, sys.argv[1]))
+        program.add_node(lp.PyNode(hello, sys.argv[1]))
+    lp.launch(program, launch_type='local_mp', terminal='tmux_session')
+''')
+
+
+def test_tmux_session_runs_each_node_in_a_window(tmp_path):
+    if shutil.which('tmux') is None:
+        testbeds.require_testbed('tmux is not installed (apt-get install tmux)')
+    socket_dir = tmp_path / 'tmux'
+    socket_dir.mkdir()
+    result = run_script(TMUX_PROGRAM, str(tmp_path), env={'TMUX_TMPDIR': str(socket_dir)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert 'tmux attach -t lp-tmuxed-' in result.stdout
+    assert sorted(p.name for p in tmp_path.glob('greeter_*')) == ['greeter_0', 'greeter_1']
+    assert all(p.read_text() for p in tmp_path.glob('greeter_*'))  # they ran inside tmux
+    sessions = subprocess.run(['tmux', 'list-sessions'], capture_output=True, text=True,
+                              env={**os.environ, 'TMUX_TMPDIR': str(socket_dir)})
+    assert 'lp-tmuxed' not in sessions.stdout  # the session ends with the program

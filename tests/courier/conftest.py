@@ -1,0 +1,58 @@
+"""Fixtures for courier's tests: servers that are always stopped, leak checks."""
+
+from __future__ import annotations
+
+import multiprocessing.resource_tracker
+import time
+
+import psutil
+import pytest
+
+import courier
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes():
+    """Fails a test that leaves a child process behind."""
+    # multiprocessing's helper lives as long as this process by design: not a leak.
+    multiprocessing.resource_tracker.ensure_running()
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    yield
+    leaked = [child for child in psutil.Process().children(recursive=True)
+              if child.pid not in before and child.is_running()
+              and child.status() != psutil.STATUS_ZOMBIE]
+    for child in leaked:
+        child.kill()
+    assert not leaked, f'test leaked child processes: {leaked}'
+
+
+@pytest.fixture
+def make_server():
+    """Returns a factory of courier servers that are stopped after the test."""
+    servers = []
+
+    def make(*args, **kwargs) -> courier.Server:
+        server = courier.Server(*args, **kwargs)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.Stop()
+
+
+@pytest.fixture
+def server(make_server):
+    """A started server with a few methods bound."""
+    server = make_server()
+    server.Bind('add', lambda x, y: x + y)
+    server.Bind('echo', lambda *args, **kwargs: (args, kwargs) if kwargs or len(args) != 1
+                else args[0])
+    server.Bind('sleep', _sleep)
+    server.Start()
+    return server
+
+
+def _sleep(seconds: float) -> str:
+    time.sleep(seconds)
+    return 'slept'

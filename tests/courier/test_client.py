@@ -1,0 +1,145 @@
+"""courier.Client: pickling, threads, lazy connection, values on the wire."""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import pickle
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import courier
+from courier import transport
+
+
+def _call_in_child(client, queue):
+    queue.put(client.add(20, 22))
+
+
+def test_client_pickled_into_another_process_works(server):
+    context = multiprocessing.get_context('spawn')
+    queue = context.Queue()
+    client = courier.Client(server.address, call_timeout=30)
+    client.add(0, 0)  # Connected in this process first: the pickle must not carry that.
+    child = context.Process(target=_call_in_child, args=(client, queue))
+    child.start()
+    try:
+        assert queue.get(timeout=60) == 42
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert child.exitcode == 0
+
+
+def test_pickling_is_cheap_and_connects_lazily(server):
+    client = courier.Client(server.address)
+    assert client._transport is None  # pylint: disable=protected-access
+    clone = pickle.loads(pickle.dumps(client))
+    assert clone._transport is None  # pylint: disable=protected-access
+    assert len(pickle.dumps(client)) < 500
+    assert clone.add(1, 2) == 3
+    assert clone._transport is not None  # pylint: disable=protected-access
+
+
+def test_address_callable_is_resolved_once_at_the_first_call(server, monkeypatch):
+    calls = []
+
+    def address():
+        calls.append(1)
+        return server.address
+
+    client = courier.Client(address)
+    assert calls == []
+    assert client.add(1, 1) == 2 and client.add(2, 2) == 4
+    assert calls == [1]
+    assert repr(client) == f'courier.Client({server.address!r})'
+    # Once resolved, a pickle carries the string.
+    assert pickle.loads(pickle.dumps(client))._address == server.address  # pylint: disable=protected-access
+
+
+def test_picklable_address_callable_travels_unresolved(server):
+    client = courier.Client(functools.partial(str, server.address))
+    clone = pickle.loads(pickle.dumps(client))
+    assert isinstance(clone._address, functools.partial)  # pylint: disable=protected-access
+    assert clone.add(5, 5) == 10
+
+
+def test_many_threads_share_one_client(server, monkeypatch):
+    connects = []
+    real_connect = transport.connect
+    monkeypatch.setattr(transport, 'connect',
+                        lambda *a, **k: connects.append(1) or real_connect(*a, **k))
+    client = courier.Client(server.address, call_timeout=30)
+    threads_count, calls_each = 16, 40
+    barrier = threading.Barrier(threads_count)
+    failures = []
+
+    def work(worker):
+        barrier.wait()  # All threads race for the first (lazy) connection.
+        for i in range(calls_each):
+            if i % 2:
+                result = client.futures.add(worker, i).result()
+            else:
+                result = client.add(worker, i)
+            if result != worker + i:
+                failures.append((worker, i, result))
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(threads_count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not failures
+    assert len(connects) == 1
+
+
+def test_keyword_arguments_and_none(server):
+    client = courier.Client(server.address)
+    assert client.echo(1, 2, key='value') == ((1, 2), {'key': 'value'})
+    assert client.echo(None) is None
+
+
+def test_lambdas_and_local_classes_travel_via_cloudpickle(server):
+    class Local:
+        def __init__(self, value):
+            self.value = value
+
+    server.Bind('apply', lambda fn, x: fn(x))
+    client = courier.Client(server.address)
+    assert client.apply(lambda x: x * 3, 5) == 15
+    assert client.echo(Local(7)).value == 7
+
+
+def test_arrays_round_trip_writable_and_exact(server):
+    client = courier.Client(server.address)
+    values = {
+        'big': np.random.default_rng(0).random((300, 200)),
+        'fortran': np.asfortranarray(np.arange(30000.0).reshape(100, 300)),
+        'strided': np.arange(100000)[::3],
+        'small': np.arange(5, dtype=np.int8),
+        'bytes': b'\x00' * 100000,
+        'bytearray': bytearray(b'\x01' * 100000),
+    }
+    echoed = client.echo(values)
+    for name in ('big', 'fortran', 'strided', 'small'):
+        np.testing.assert_array_equal(echoed[name], values[name])
+        assert echoed[name].dtype == values[name].dtype
+        assert echoed[name].flags.writeable, name
+        echoed[name][0] = 1  # Writable like a local array.
+    assert echoed['fortran'].flags.f_contiguous
+    assert echoed['bytes'] == values['bytes'] and echoed['bytearray'] == values['bytearray']
+
+
+def test_import_courier_is_light():
+    code = ('import sys, courier; '
+            'print(sorted(m for m in ("launchpad", "grpc", "numpy", "cloudpickle") '
+            'if m in sys.modules))')
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert result.stdout.strip() == '[]'

@@ -1,0 +1,270 @@
+"""Every way a courier call can fail, and what the caller sees."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import threading
+import time
+
+import portpicker
+import pytest
+
+import courier
+
+
+class _Unpicklable(Exception):
+    """An exception whose instances refuse to be pickled."""
+
+    def __reduce__(self):
+        raise TypeError('no pickling for you')
+
+
+class _UnloadableOnClient(Exception):
+    """Pickles fine, but fails to unpickle (as if the class did not exist there)."""
+
+    def __reduce__(self):
+        return _fail_to_load, ()
+
+
+def _fail_to_load():
+    raise ImportError('class only exists on the server')
+
+
+def _raise(exception):
+    raise exception
+
+
+def test_remote_exception_keeps_its_type_and_carries_the_traceback(server):
+    def faulty(x):
+        return {'a': 1}[x]
+
+    server.Bind('faulty', faulty)
+    client = courier.Client(server.address)
+    with pytest.raises(KeyError) as info:
+        client.faulty('missing')
+    assert info.value.args == ('missing',)
+    remote = info.value.__cause__
+    assert isinstance(remote, courier.errors.RemoteTraceback)
+    assert 'in faulty' in str(remote) and "return {'a': 1}[x]" in str(remote)
+    assert info.value.remote_traceback.strip() in str(remote)
+    assert server.address in str(remote)
+    assert client.add(1, 1) == 2  # The server keeps serving.
+
+
+def test_remote_exception_through_a_future(server):
+    server.Bind('fail', lambda: _raise(ValueError('async failure')))
+    future = courier.Client(server.address).futures.fail()
+    with pytest.raises(ValueError, match='async failure') as info:
+        future.result(timeout=10)
+    assert 'async failure' in str(info.value.__cause__)
+
+
+@pytest.mark.parametrize('exception', [_Unpicklable('nope'), _UnloadableOnClient('nope')])
+def test_exception_that_cannot_travel_becomes_remote_error(server, exception):
+    server.Bind('fail', lambda: _raise(exception))
+    client = courier.Client(server.address)
+    with pytest.raises(courier.RemoteError) as info:
+        client.fail()
+    error = info.value
+    assert error.remote_type.endswith(type(exception).__qualname__)
+    assert "'fail'" in str(error) and server.address in str(error) and 'nope' in str(error)
+    assert 'Remote traceback' in str(error) and '_raise' in error.remote_traceback
+    assert client.add(2, 2) == 4
+
+
+def test_system_exit_in_a_method_does_not_exit_the_caller(server):
+    server.Bind('exit', lambda: _raise(SystemExit(3)))
+    client = courier.Client(server.address)
+    with pytest.raises(courier.RemoteError, match='SystemExit'):
+        client.exit()
+    assert client.add(1, 2) == 3
+
+
+def test_unknown_method_names_method_address_and_existing_methods(server):
+    client = courier.Client(server.address)
+    with pytest.raises(courier.UnknownMethodError) as info:
+        client.sub(1, 2)
+    message = str(info.value)
+    assert "'sub'" in message and server.address in message
+    assert "'add'" in message and "'echo'" in message
+    assert isinstance(info.value, AttributeError)
+    with pytest.raises(courier.UnknownMethodError):
+        client.futures.sub(1, 2).result(timeout=10)
+
+
+def test_unpicklable_argument_names_method_and_type(server):
+    client = courier.Client(server.address)
+    with pytest.raises(courier.SerializationError) as info:
+        client.echo(1, lock=threading.Lock())
+    message = str(info.value)
+    assert "'echo'" in message and '_thread.lock' in message and "kwargs['lock']" in message
+    future = client.futures.echo(threading.Lock())
+    with pytest.raises(courier.SerializationError, match='_thread.lock'):
+        future.result(timeout=10)
+
+
+def test_unpicklable_result_names_method_and_type(server):
+    server.Bind('lock', threading.Lock)
+    client = courier.Client(server.address)
+    with pytest.raises(courier.SerializationError) as info:
+        client.lock()
+    assert "result of 'lock'" in str(info.value) and '_thread.lock' in str(info.value)
+    assert client.add(1, 2) == 3
+
+
+class _ServerCannotLoad:
+    def __reduce__(self):
+        return _fail_to_load, ()
+
+
+def test_argument_the_server_cannot_unpickle(server):
+    client = courier.Client(server.address)
+    with pytest.raises(courier.SerializationError) as info:
+        client.echo(_ServerCannotLoad())
+    assert "arguments of 'echo'" in str(info.value) and 'only exists on the server' in str(
+        info.value)
+
+
+@pytest.mark.parametrize('timeout', [0.2, datetime.timedelta(milliseconds=200)])
+def test_call_timeout_names_method_and_address(server, timeout):
+    client = courier.Client(server.address, call_timeout=timeout)
+    with pytest.raises(courier.CallTimeoutError) as info:
+        client.sleep(5)
+    assert isinstance(info.value, TimeoutError)
+    assert not isinstance(info.value, courier.ServerUnavailableError)
+    assert "'sleep'" in str(info.value) and server.address in str(info.value)
+    with pytest.raises(TimeoutError):
+        client.futures.sleep(5).result(timeout=10)
+    assert client.add(1, 1) == 2
+
+
+def test_bad_call_timeout_is_refused():
+    with pytest.raises(ValueError, match='call_timeout'):
+        courier.Client('localhost:1', call_timeout=-1)
+    with pytest.raises(TypeError, match='call_timeout'):
+        courier.Client('localhost:1', call_timeout='5s')
+
+
+def _free_address() -> str:
+    return f'127.0.0.1:{portpicker.pick_unused_port()}'
+
+
+def test_server_down_without_wait_for_ready_fails_at_once():
+    client = courier.Client(_free_address(), call_timeout=30, wait_for_ready=False)
+    start = time.monotonic()
+    with pytest.raises(courier.ServerUnavailableError) as info:
+        client.anything()
+    assert time.monotonic() - start < 10
+    assert isinstance(info.value, ConnectionError)
+    assert 'wait_for_ready=True' in str(info.value) and "'anything'" in str(info.value)
+
+
+def test_server_down_with_wait_for_ready_waits_for_the_deadline():
+    address = _free_address()
+    client = courier.Client(address, call_timeout=0.5, wait_for_ready=True)
+    start = time.monotonic()
+    with pytest.raises(courier.ServerUnreachableTimeoutError) as info:
+        client.anything()
+    assert time.monotonic() - start >= 0.45
+    assert isinstance(info.value, TimeoutError) and isinstance(info.value, ConnectionError)
+    assert 'not reachable' in str(info.value) and address in str(info.value)
+
+
+def test_wait_for_ready_call_succeeds_once_the_server_comes_up(make_server):
+    address = _free_address()
+    client = courier.Client(address, call_timeout=20)
+    future = client.futures.hello()
+    time.sleep(0.3)
+    assert not future.done()
+    server = make_server(address=address)
+    server.Bind('hello', lambda: 'hi')
+    server.Start()
+    assert future.result(timeout=20) == 'hi'
+
+
+def test_cancelled_future_cancels_the_call(make_server):
+    """A cancelled call waiting for its server never runs once the server is up."""
+    address = _free_address()
+    client = courier.Client(address)
+    future = client.futures.record('cancelled')
+    time.sleep(0.2)
+    assert future.cancel()
+    assert future.cancelled()
+    with pytest.raises(concurrent.futures.CancelledError):
+        future.result()
+    recorded = []
+    server = make_server(address=address)
+    server.Bind('record', recorded.append)
+    server.Start()
+    assert client.record('after') is None
+    time.sleep(0.2)
+    assert recorded == ['after']
+
+
+def test_cancelling_a_running_call_leaves_server_serving(server):
+    client = courier.Client(server.address)
+    future = client.futures.sleep(0.3)
+    time.sleep(0.05)
+    assert future.cancel()
+    with pytest.raises(concurrent.futures.CancelledError):
+        future.result()
+    assert not future.cancel() or future.cancelled()
+    assert client.add(3, 4) == 7
+
+
+def test_done_future_cannot_be_cancelled(server):
+    future = courier.Client(server.address).futures.add(1, 2)
+    assert future.result(timeout=10) == 3
+    assert not future.cancel()
+
+
+def test_server_stopping_during_a_call(make_server):
+    server = make_server()
+    server.Bind('sleep', time.sleep)
+    server.Start()
+    client = courier.Client(server.address)
+    future = client.futures.sleep(2)
+    time.sleep(0.2)
+    server.Stop()
+    with pytest.raises(courier.ServerUnavailableError):
+        future.result(timeout=10)
+
+
+def test_not_a_courier_server(make_server):
+    import grpc  # pylint: disable=import-outside-toplevel
+    other = grpc.server(concurrent.futures.ThreadPoolExecutor(1))
+    port = other.add_insecure_port('127.0.0.1:0')
+    other.start()
+    try:
+        client = courier.Client(f'127.0.0.1:{port}', call_timeout=10)
+        with pytest.raises(courier.ProtocolError, match='does not serve the courier protocol'):
+            client.anything()
+    finally:
+        other.stop(None).wait()
+
+
+def test_address_callable_that_fails_is_retried():
+    attempts = []
+
+    def address():
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise LookupError('not registered yet')
+        return 42
+
+    client = courier.Client(address)
+    with pytest.raises(LookupError):
+        client.f()
+    with pytest.raises(TypeError, match='returned int'):
+        client.f()
+    assert len(attempts) == 2
+
+
+def test_malformed_client_arguments():
+    with pytest.raises(ValueError, match='address'):
+        courier.Client('no-port')
+    with pytest.raises(TypeError, match='address must be'):
+        courier.Client(1234)
+    with pytest.raises(TypeError, match='needs a courier.Client'):
+        courier.list_methods('localhost:1')

@@ -1,0 +1,182 @@
+"""Auth tokens and TLS: who may call a courier server."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+import courier
+
+
+@pytest.fixture(autouse=True)
+def no_token_in_environment(monkeypatch):
+    monkeypatch.delenv(courier.AUTH_TOKEN_ENV, raising=False)
+
+
+def _served(make_server, **kwargs) -> courier.Server:
+    server = make_server(**kwargs)
+    server.Bind('add', lambda x, y: x + y)
+    server.Start()
+    return server
+
+
+def test_call_without_token_is_refused(make_server):
+    server = _served(make_server, auth_token='s3cret')
+    client = courier.Client(server.address, call_timeout=10)
+    with pytest.raises(courier.PermissionDeniedError) as info:
+        client.add(1, 2)
+    assert isinstance(info.value, PermissionError)
+    message = str(info.value)
+    assert 'carried none' in message and courier.AUTH_TOKEN_ENV in message
+    assert "'add'" in message and server.address in message
+    with pytest.raises(courier.PermissionDeniedError):
+        courier.list_methods(client)
+    with pytest.raises(courier.PermissionDeniedError):
+        client.futures.add(1, 2).result(timeout=10)
+
+
+def test_call_with_wrong_token_is_refused(make_server):
+    server = _served(make_server, auth_token='s3cret')
+    client = courier.Client(server.address, call_timeout=10, auth_token='guess')
+    with pytest.raises(courier.PermissionDeniedError, match='wrong auth token'):
+        client.add(1, 2)
+
+
+def test_call_with_the_token_succeeds(make_server):
+    server = _served(make_server, auth_token='s3cret')
+    client = courier.Client(server.address, auth_token='s3cret')
+    assert client.add(1, 2) == 3
+    assert courier.list_methods(client) == ['add']
+
+
+def test_environment_supplies_the_token_to_server_and_client(make_server, monkeypatch):
+    monkeypatch.setenv(courier.AUTH_TOKEN_ENV, 'from-env')
+    server = _served(make_server)
+    assert courier.Client(server.address).add(2, 2) == 4
+    with pytest.raises(courier.PermissionDeniedError):
+        courier.Client(server.address, auth_token='other').add(2, 2)
+
+
+def test_explicit_token_travels_with_a_pickled_client(make_server):
+    import pickle  # pylint: disable=import-outside-toplevel
+    server = _served(make_server, auth_token='s3cret')
+    client = pickle.loads(pickle.dumps(courier.Client(server.address, auth_token='s3cret')))
+    assert client.add(3, 3) == 6
+
+
+def test_server_without_token_accepts_clients_with_one(make_server):
+    server = _served(make_server)
+    assert courier.Client(server.address, auth_token='unneeded').add(1, 1) == 2
+
+
+@pytest.mark.parametrize('token', ['', 'new\nline', 'ünïcode'])
+def test_unusable_tokens_are_refused(token):
+    with pytest.raises(ValueError, match='printable ASCII'):
+        courier.Server(auth_token=token)
+    with pytest.raises(ValueError, match='printable ASCII'):
+        courier.Client('localhost:1', auth_token=token)
+
+
+class _Pki:
+    """A CA with a server and a client certificate, made at test time."""
+
+    def __init__(self):
+        now = datetime.datetime.now(datetime.timezone.utc)
+        self.ca_key, self.ca_pem = self._certificate('courier test CA', now, ca=True)
+        self.server_key, self.server_pem = self._certificate(
+            'localhost', now, sans=[x509.DNSName('localhost'),
+                                    x509.IPAddress(ipaddress.ip_address('127.0.0.1'))])
+        self.client_key, self.client_pem = self._certificate('courier client', now)
+
+    def _certificate(self, name, now, ca=False, sans=None):
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        builder = (x509.CertificateBuilder()
+                   .subject_name(subject)
+                   .issuer_name(subject if ca else self.ca_name)
+                   .public_key(key.public_key())
+                   .serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(hours=1))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        certificate = builder.sign(key if ca else self.ca_signing_key, hashes.SHA256())
+        if ca:
+            self.ca_name, self.ca_signing_key = subject, key
+        key_pem = key.private_bytes(serialization.Encoding.PEM,
+                                    serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption())
+        return key_pem, certificate.public_bytes(serialization.Encoding.PEM)
+
+
+@pytest.fixture(scope='module')
+def pki():
+    return _Pki()
+
+
+def test_tls_round_trip(make_server, pki):
+    server = _served(make_server, tls=courier.TLSConfig(
+        certificate_chain=pki.server_pem, private_key=pki.server_key))
+    client = courier.Client(server.address, call_timeout=10,
+                            tls=courier.TLSConfig(root_certificates=pki.ca_pem))
+    assert client.add(40, 2) == 42
+    # A plaintext client cannot talk to a TLS server.
+    with pytest.raises(courier.CourierError):
+        courier.Client(server.address, call_timeout=2, wait_for_ready=False).add(1, 1)
+
+
+def test_tls_client_rejects_a_server_it_does_not_trust(make_server, pki):
+    server = _served(make_server, tls=courier.TLSConfig(
+        certificate_chain=pki.server_pem, private_key=pki.server_key))
+    untrusted = _Pki()  # Another CA.
+    client = courier.Client(server.address, call_timeout=5, wait_for_ready=False,
+                            tls=courier.TLSConfig(root_certificates=untrusted.ca_pem))
+    with pytest.raises(courier.ServerUnavailableError):
+        client.add(1, 1)
+
+
+def test_mutual_tls_requires_a_client_certificate(make_server, pki, tmp_path):
+    server = _served(make_server, tls=courier.TLSConfig(
+        certificate_chain=pki.server_pem, private_key=pki.server_key,
+        root_certificates=pki.ca_pem))
+    without_certificate = courier.Client(
+        server.address, call_timeout=5, wait_for_ready=False,
+        tls=courier.TLSConfig(root_certificates=pki.ca_pem))
+    with pytest.raises(courier.ServerUnavailableError):
+        without_certificate.add(1, 1)
+    # PEM files work as well as PEM bytes.
+    for name, data in (('ca.pem', pki.ca_pem), ('client.pem', pki.client_pem),
+                       ('client.key', pki.client_key)):
+        (tmp_path / name).write_bytes(data)
+    with_certificate = courier.Client(server.address, call_timeout=10, tls=courier.TLSConfig(
+        root_certificates=str(tmp_path / 'ca.pem'),
+        certificate_chain=tmp_path / 'client.pem', private_key=str(tmp_path / 'client.key')))
+    assert with_certificate.add(1, 1) == 2
+
+
+def test_tls_with_auth_token(make_server, pki):
+    server = _served(make_server, auth_token='both', tls=courier.TLSConfig(
+        certificate_chain=pki.server_pem, private_key=pki.server_key))
+    tls = courier.TLSConfig(root_certificates=pki.ca_pem.decode(), server_name='localhost')
+    assert courier.Client(server.address, auth_token='both', tls=tls).add(2, 5) == 7
+    with pytest.raises(courier.PermissionDeniedError):
+        courier.Client(server.address, tls=tls).add(2, 5)
+
+
+def test_tls_config_validation_and_repr(pki):
+    with pytest.raises(ValueError, match='both certificate_chain and private_key'):
+        courier.TLSConfig(certificate_chain=pki.server_pem)
+    with pytest.raises(TypeError, match='PEM bytes'):
+        courier.TLSConfig(root_certificates=123)
+    with pytest.raises(ValueError, match='a TLS server needs'):
+        courier.Server(tls=courier.TLSConfig(root_certificates=pki.ca_pem))
+    config = courier.TLSConfig(certificate_chain=pki.server_pem, private_key=pki.server_key)
+    assert 'PRIVATE' not in repr(config) and 'private_key=<' in repr(config)

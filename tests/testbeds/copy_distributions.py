@@ -1,0 +1,124 @@
+"""Puts launchpad's runtime dependencies into a directory for the podman test image.
+
+podman_image.sh runs this with the interpreter the tests use:
+
+    python copy_distributions.py list SETUP_PY        # name==version lines (the image cache key)
+    python copy_distributions.py copy SETUP_PY DIR    # fill DIR (the image's dist-packages)
+
+The image's Python is Debian's python3.11. When this interpreter is also CPython 3.11 (e.g. a
+pyenv 3.11 beside Debian's), the installed distributions are copied file by file: cp311 wheels
+load in any 3.11 patch release, so no registry is needed. Any other version cannot share binary
+extensions, so pip fetches cp311 wheels of the same versions instead (this needs the package index).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.metadata
+import pathlib
+import platform
+import shutil
+import subprocess
+import sys
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+IMAGE_PYTHON = (3, 11)
+IMAGE_GLIBC_PLATFORM = 'manylinux_2_36_x86_64'  # Debian 12; pip also accepts older manylinux tags
+IMAGE_MARKER_ENV = {
+    'python_version': '3.11',
+    'python_full_version': '3.11.2',
+    'implementation_name': 'cpython',
+    'platform_python_implementation': 'CPython',
+    'sys_platform': 'linux',
+    'platform_system': 'Linux',
+    'os_name': 'posix',
+    'platform_machine': platform.machine(),
+    'extra': '',
+}
+
+
+def install_requires(setup_py: pathlib.Path) -> list[str]:
+    """Returns the literal `install_requires` list of the project's setup.py."""
+    for node in ast.walk(ast.parse(setup_py.read_text())):
+        if isinstance(node, ast.keyword) and node.arg == 'install_requires':
+            return ast.literal_eval(node.value)
+    raise SystemExit(f'{setup_py}: no literal install_requires=[...] found')
+
+
+def _installed(name: str) -> importlib.metadata.Distribution | None:
+    for candidate in (name, name.replace('-', '_'), canonicalize_name(name)):
+        try:
+            return importlib.metadata.distribution(candidate)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return None
+
+
+def closure(requirements: list[str]) -> dict[str, importlib.metadata.Distribution | None]:
+    """Maps every distribution the image needs (with dependencies) to its local install, if any."""
+    found: dict[str, importlib.metadata.Distribution | None] = {}
+    pending = [Requirement(r) for r in requirements]
+    while pending:
+        req = pending.pop()
+        if req.marker is not None and not req.marker.evaluate(IMAGE_MARKER_ENV):
+            continue
+        key = canonicalize_name(req.name)
+        if key in found:
+            continue
+        dist = found[key] = _installed(req.name)
+        if dist is not None:
+            pending.extend(Requirement(r) for r in dist.requires or [])
+    return found
+
+
+def copy_installed(dists: dict[str, importlib.metadata.Distribution | None],
+                   target: pathlib.Path) -> None:
+    for dist in dists.values():
+        for file in dist.files or []:
+            if file.parts[0] == '..':  # console scripts and data outside site-packages
+                continue
+            source = pathlib.Path(file.locate())
+            if source.is_file():
+                destination = target / file
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, destination)
+
+
+def pip_install(dists: dict[str, importlib.metadata.Distribution | None],
+                target: pathlib.Path) -> None:
+    pins = [f'{name}=={dist.version}' if dist else name for name, dist in dists.items()]
+    subprocess.run(
+        [sys.executable, '-m', 'pip', 'install', '--quiet', '--no-deps', '--target', str(target),
+         '--only-binary=:all:', '--implementation', 'cp', '--abi', 'cp311',
+         '--python-version', '.'.join(map(str, IMAGE_PYTHON)), '--platform', IMAGE_GLIBC_PLATFORM,
+         *pins],
+        check=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('command', choices=['list', 'copy'])
+    parser.add_argument('setup_py', type=pathlib.Path)
+    parser.add_argument('target', type=pathlib.Path, nargs='?')
+    args = parser.parse_args()
+    dists = closure(install_requires(args.setup_py))
+    same_python = sys.implementation.name == 'cpython' and sys.version_info[:2] == IMAGE_PYTHON
+    missing = sorted(name for name, dist in dists.items() if dist is None)
+    if same_python and missing:
+        raise SystemExit(f'not installed for {sys.executable}: {", ".join(missing)}; '
+                         "install the project first (pip install -e .)")
+    if args.command == 'list':
+        for name, dist in sorted(dists.items()):
+            print(f'{name}=={dist.version if dist else "?"}')
+    elif args.target is None:
+        parser.error('copy needs a target directory')
+    elif same_python:
+        copy_installed(dists, args.target)
+    else:
+        pip_install(dists, args.target)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Podman test bed for the Kubernetes launcher: pods run for real with `podman kube play`.
+#
+#   podman_image.sh up      configure podman, build image localhost/lp-python if missing or
+#                           stale, create the internal network lpnet (10.201.0.0/24)
+#   podman_image.sh down    remove every pod and container on lpnet or from the image, the
+#                           network and our containers.conf; the image stays as a cache
+#   podman_image.sh purge   down, then remove the image too
+#
+# The image is built without any registry: Debian's python3.11 with its standard library and
+# shared libraries, copied from this machine, plus launchpad's dependencies in
+# /usr/local/lib/python3.11/dist-packages (see copy_distributions.py: copied from the tests'
+# interpreter, $LP_PYTHON, when that is CPython 3.11; fetched as cp311 wheels otherwise).
+# launchpad itself is not in the image: mount the source tree with a hostPath volume and put it
+# on PYTHONPATH, so code changes need no rebuild. The image is rebuilt when this script,
+# copy_distributions.py or a dependency's version changes.
+#
+# Always pass `--network lpnet` (or `--network none`) to podman: its default network adds NAT
+# and turns on net.ipv4.ip_forward. Pods get no DNS names for each other: use `--ip`/hostAliases.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/lib.sh"
+
+IMAGE=localhost/lp-python:latest
+NETWORK=lpnet
+SUBNET=10.201.0.0/24
+PYTHON=${LP_PYTHON:-python3}
+SETUP_PY=$HERE/../../setup.py
+CONTAINERS_CONF=/etc/containers/containers.conf
+lp_hold_bed podman
+
+configure() {
+  # crun 1.8 rejects this kind of host's hybrid cgroup layout: use runc. Without
+  # CAP_SYS_RESOURCE podman cannot raise nofile to its default 1048576, and it lowers its own
+  # nproc limit to 32768: pin the containers' limits at or below both.
+  local nofile nproc
+  nofile=$(ulimit -Hn)
+  nproc=$(ulimit -Hu)
+  if [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; then nproc=32768; fi
+  lp_conf_install "$CONTAINERS_CONF" <<EOF
+[containers]
+default_ulimits = ["nofile=$nofile:$nofile", "nproc=$nproc:$nproc"]
+[engine]
+runtime = "runc"
+EOF
+}
+
+image_key() {
+  { cat "$HERE/podman_image.sh" "$HERE/copy_distributions.py"
+    "$PYTHON" "$HERE/copy_distributions.py" list "$SETUP_PY"
+    /usr/bin/python3.11 --version
+  } | sha256sum | cut -c1-16
+}
+
+build_image() {  # KEY
+  local root bins b lib
+  root=$(mktemp -d "${TMPDIR:-/tmp}/lp-testbed-rootfs.XXXXXX")
+  BUILD_ROOT=$root
+  trap 'rm -rf "$BUILD_ROOT"' EXIT
+  mkdir -p "$root"/{usr/bin,usr/lib64,etc,tmp,proc,sys,dev,root,run}
+  chmod 1777 "$root/tmp"
+  ln -s usr/bin "$root/bin"
+  ln -s usr/lib "$root/lib"
+  ln -s usr/lib64 "$root/lib64"
+  ln -s bin "$root/usr/sbin"
+  ln -s usr/bin "$root/sbin"
+  bins="/usr/bin/python3.11 /usr/bin/dash /usr/bin/cat /usr/bin/ls /usr/bin/sleep /usr/bin/env
+        /usr/bin/hostname /usr/bin/echo /usr/bin/true /usr/bin/kill"
+  for b in $bins; do cp -aL "$b" "$root/usr/bin/"; done
+  ln -s python3.11 "$root/usr/bin/python3"
+  ln -s python3.11 "$root/usr/bin/python"
+  ln -s dash "$root/usr/bin/sh"
+  tar -C / --exclude=__pycache__ --exclude=usr/lib/python3.11/test --exclude=usr/lib/python3.11/idlelib \
+    --exclude=usr/lib/python3.11/tkinter --exclude=usr/lib/python3.11/lib2to3 \
+    -cf - usr/lib/python3.11 | tar -C "$root" -xf -
+  "$PYTHON" "$HERE/copy_distributions.py" copy "$SETUP_PY" "$root/usr/local/lib/python3.11/dist-packages"
+  # Shared libraries of the programs and of every extension module, from this machine.
+  find "$root" -name '*.so*' -type f -print0 | xargs -0 ldd 2>/dev/null | cat - <(for b in $bins; do ldd "$b"; done) |
+    awk '$2 == "=>" && $3 ~ /^\/(usr\/)?lib/ {print $3}' | sort -u | while read -r lib; do
+      [ -e "$root$lib" ] || { mkdir -p "$root$(dirname "$lib")"; cp -L "$lib" "$root$lib"; }
+    done
+  cp -L /lib64/ld-linux-x86-64.so.2 "$root/usr/lib64/"
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$root/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
+  printf 'hosts: files dns\n' >"$root/etc/nsswitch.conf"
+  tar -C "$root" -cf - . | podman import --quiet \
+    --change 'CMD ["/usr/bin/python3"]' --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' \
+    --change "LABEL lp.testbed.key=$1" - "$IMAGE" >/dev/null
+  rm -rf "$root"
+}
+
+up() {
+  local key have
+  lp_require_root
+  lp_require_commands podman runc iptables /usr/bin/python3.11 ldd "$PYTHON"
+  configure
+  key=$(image_key)
+  have=$(podman image inspect --format '{{index .Labels "lp.testbed.key"}}' "$IMAGE" 2>/dev/null || true)
+  if [ "$have" != "$key" ]; then
+    echo "building $IMAGE (key $key)" >&2
+    build_image "$key"
+    podman image prune --force >/dev/null  # the previous build, now untagged
+  fi
+  podman network exists "$NETWORK" ||
+    podman network create --internal --subnet "$SUBNET" "$NETWORK" >/dev/null
+  echo "image $IMAGE network $NETWORK subnet $SUBNET"
+}
+
+down() {
+  local pods containers
+  if command -v podman >/dev/null; then
+    pods=$(podman pod ps -q --filter network="$NETWORK" 2>/dev/null || true)
+    [ -z "$pods" ] || podman pod rm --force --time 2 $pods >/dev/null
+    containers=$( { podman ps -aq --filter network="$NETWORK"; podman ps -aq --filter ancestor="$IMAGE"; } 2>/dev/null | sort -u)
+    [ -z "$containers" ] || podman rm --force --time 2 $containers >/dev/null
+    if podman network exists "$NETWORK" 2>/dev/null; then podman network rm --force "$NETWORK" >/dev/null; fi
+    [ -n "$(podman ps -aq 2>/dev/null)" ] || remove_cni_firewall_chains
+  fi
+  lp_conf_restore "$CONTAINERS_CONF"
+}
+
+# CNI's firewall plugin leaves two chains and a FORWARD jump behind after the last pod is gone;
+# remove them when they hold nothing else.
+remove_cni_firewall_chains() {
+  local jump=(FORWARD -m comment --comment "CNI firewall plugin rules" -j CNI-FORWARD)
+  command -v iptables >/dev/null || return 0
+  [ "$(iptables -S CNI-FORWARD 2>/dev/null | wc -l)" -le 2 ] || return 0   # -N and the admin jump
+  [ "$(iptables -S CNI-ADMIN 2>/dev/null | wc -l)" -le 1 ] || return 0     # just -N
+  while iptables -D "${jump[@]}" 2>/dev/null; do :; done
+  iptables -F CNI-FORWARD 2>/dev/null && iptables -X CNI-FORWARD 2>/dev/null || true
+  iptables -X CNI-ADMIN 2>/dev/null || true
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  purge)
+    down
+    if podman image exists "$IMAGE" 2>/dev/null; then podman rmi --force "$IMAGE" >/dev/null; fi ;;
+  *) echo "usage: $0 up | down | purge" >&2; exit 2 ;;
+esac
