@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import io
 import json
 import logging
 import math
@@ -57,12 +58,13 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, BinaryIO, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from launchpad.address import AddressTable
 from launchpad.launch import launcher
 from launchpad.launch.coordinator import Coordinator
-from launchpad.launch.output import prefix_for
+from launchpad.launch.output import copy_lines, prefix_for
+from launchpad.launch.processes import PythonProcess
 from launchpad.launch.worker import WORKER_ARGV, WorkerSpec, flags_snapshot, pack_spec
 from launchpad.program import Program
 
@@ -106,13 +108,6 @@ class KubernetesResources:
     tolerations: Sequence[Mapping[str, Any]] = ()
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     args: Union[Mapping[str, object], Sequence[str], None] = None
-
-    def flag_overrides(self) -> List[str]:
-        if not self.args:
-            return []
-        if isinstance(self.args, Mapping):
-            return [f'--{name}={value}' for name, value in self.args.items()]
-        return list(self.args)
 
     def to_container_resources(self) -> Dict[str, Dict[str, str]]:
         requests, limits = {}, {}
@@ -271,7 +266,7 @@ def plan_launch(program: Program, config: KubernetesConfig,
             program_name=program.name, launch_type='kubernetes', node_name=executable.name,
             run=executable.run, address_table=table, coordinator_address=coordinator_address,
             parent_pid=None, notice_period=notice_period, flags=flags,
-            flag_overrides=group.flag_overrides()))
+            flag_overrides=PythonProcess(args=group.args).flag_overrides()))
         chunks = math.ceil(len(plan.spec) / SPEC_CHUNK_BYTES)
         if chunks > MAX_SPEC_CHUNKS:
             raise ValueError(
@@ -550,7 +545,8 @@ class KubernetesApi:
 
     def _call(self, action: str, method: Callable, *args, **kwargs):
         try:
-            return method(*args, _request_timeout=self._TIMEOUT, **kwargs)
+            kwargs.setdefault('_request_timeout', self._TIMEOUT)
+            return method(*args, **kwargs)
         except self._exception as e:
             raise _api_error(e.status, _reason(e.body) or e.reason, action, self.namespace) from e
         except Exception as e:  # urllib3 connection errors: the server cannot be reached
@@ -607,14 +603,12 @@ class KubernetesApi:
         except KubernetesError:
             return ''  # no log (yet): the caller reports what it has
 
-    def follow_log(self, pod: str, container: str) -> Iterator[bytes]:
-        """The lines of a container's log as they come, until the container ends."""
-        response = self._core.read_namespaced_pod_log(pod, self.namespace, container=container,
-                                                      follow=True, _preload_content=False)
-        try:
-            yield from response
-        finally:
-            response.release_conn()
+    def open_log(self, pod: str, container: str) -> BinaryIO:
+        """A stream of the container's log that follows it until the container ends."""
+        response = self._call(f'follow the log of pod {pod}', self._core.read_namespaced_pod_log,
+                              pod, self.namespace, container=container, follow=True,
+                              _preload_content=False, _request_timeout=(self._TIMEOUT, None))
+        return io.BufferedReader(response)
 
     def events(self, pod: str) -> List[Dict[str, Any]]:
         result = self._call(f'list events of pod {pod}', self._core.list_namespaced_event,
@@ -820,16 +814,7 @@ class _PodRunner:
 
         def copy():
             try:
-                out = getattr(sys.stdout, 'buffer', None)
-                for line in self._api.follow_log(pod_name, container):
-                    if not line.endswith(b'\n'):
-                        line += b'\n'
-                    with _WRITE_LOCK:
-                        if out is not None:
-                            out.write(prefix + line)
-                            out.flush()
-                        else:
-                            sys.stdout.write((prefix + line).decode(errors='replace'))
+                copy_lines(self._api.open_log(pod_name, container), prefix)
             except Exception as e:  # pylint: disable=broad-except
                 logging.debug('Stopped following the log of %s: %s', pod_name, e)
 
@@ -841,9 +826,6 @@ class _PodRunner:
         thread = self._followers.get(pod_name)
         if thread is not None:
             thread.join(2.0)  # its last lines are printed before it counts as ended
-
-
-_WRITE_LOCK = threading.Lock()
 
 
 def _delete_command(plan: LaunchPlan) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import http.server
+import io
 import json
 import subprocess
 import sys
@@ -85,9 +86,9 @@ class FakeApi:
         lines = self.logs.get(pod, [])
         return b''.join(lines[-tail_lines:] if tail_lines else lines).decode()
 
-    def follow_log(self, pod, container):
-        self.calls.append(('follow_log', pod, container))
-        yield from self.logs.get(pod, [])
+    def open_log(self, pod, container):
+        self.calls.append(('open_log', pod, container))
+        return io.BytesIO(b''.join(self.logs.get(pod, [])))
 
     def events(self, pod):
         self.calls.append(('events', pod))
@@ -257,7 +258,7 @@ def test_detached_launch_prints_how_to_follow_and_delete_and_keeps_the_objects(f
     assert 'kubectl -n default delete configmap t1' in out
     assert controller.wait(timeout=20)
     assert fake.deleted() == [] and len(fake.objects) == 12
-    assert not [c for c in fake.calls if c[0] == 'follow_log']
+    assert not [c for c in fake.calls if c[0] == 'open_log']
 
 
 def test_other_terminals_are_refused(fake):

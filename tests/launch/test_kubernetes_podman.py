@@ -48,6 +48,7 @@ class PodmanApi:
         self._aliases = []
         self._secrets = []
         self._deleting = []
+        self._followers = []
         self.created = []
 
     def check_namespace(self) -> None:
@@ -120,15 +121,11 @@ class PodmanApi:
     def read_log(self, pod, container, tail_lines=None):
         return _podman('logs', '--tail', str(tail_lines or -1), f'{pod}-{container}', check=False)
 
-    def follow_log(self, pod, container):
+    def open_log(self, pod, container):
         process = subprocess.Popen(['podman', 'logs', '--follow', f'{pod}-{container}'],
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        try:
-            yield from process.stdout
-        finally:
-            process.kill()
-            process.wait()
-            process.stdout.close()
+        self._followers.append(process)
+        return process.stdout
 
     def events(self, pod):
         return []
@@ -143,6 +140,8 @@ class PodmanApi:
             thread.join(60)
         for name in list(self._secrets):
             self.delete('Secret', name)
+        for process in self._followers:  # `podman logs --follow` ends with its container
+            process.wait(30)
 
 
 def _status(container, main):
