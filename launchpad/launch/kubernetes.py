@@ -607,7 +607,8 @@ class KubernetesApi:
         """A stream of the container's log that follows it until the container ends."""
         response = self._call(f'follow the log of pod {pod}', self._core.read_namespaced_pod_log,
                               pod, self.namespace, container=container, follow=True,
-                              _preload_content=False, _request_timeout=(self._TIMEOUT, None))
+                              _preload_content=False, _request_timeout=None)  # no read timeout
+        response.auto_close = False  # EOF reads as b'' rather than a closed file
         return io.BufferedReader(response)
 
     def events(self, pod: str) -> List[Dict[str, Any]]:

@@ -286,9 +286,11 @@ class _CannedApiServer:
                 outer.queries.append(self.path.partition('?')[2])
                 status, payload = answers.get((self.command, self.path.split('?')[0]),
                                               (404, {'message': 'not found'}))
-                data = json.dumps({'kind': 'Status', 'apiVersion': 'v1', **payload}).encode()
+                data = payload if isinstance(payload, bytes) else json.dumps(
+                    {'kind': 'Status', 'apiVersion': 'v1', **payload}).encode()
                 self.send_response(status)
-                self.send_header('Content-Type', 'application/json')
+                self.send_header('Content-Type', 'text/plain' if isinstance(payload, bytes)
+                                 else 'application/json')
                 self.send_header('Content-Length', str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -387,17 +389,28 @@ def test_the_api_layer_sends_plain_dicts_and_reads_pods_back(canned):
         {'metadata': {'name': 'p', 'labels': {'a': 'b'}}, 'status': status}]}
     server = canned({('GET', '/api/v1/namespaces/default/pods'): (200, pod_list),
                      ('DELETE', '/api/v1/namespaces/default/pods/p'): (200, {}),
-                     ('DELETE', '/api/v1/namespaces/default/pods/gone'): (404, {})})
+                     ('DELETE', '/api/v1/namespaces/default/pods/gone'): (404, {}),
+                     ('GET', '/api/v1/namespaces/default/pods/p/log'): (200, b'one\ntwo\n')})
     api = kubernetes.KubernetesApi('default')
     pods = api.list_pods('launchpad.dev/program=x')
     assert pods[0]['metadata']['name'] == 'p'
     assert kubernetes._terminated(pods[0], 'node')['exitCode'] == 3  # pylint: disable=protected-access
     api.delete('Pod', 'p', grace_period_seconds=0)
     api.delete('Pod', 'gone')  # already gone: fine
+    log = api.open_log('p', 'node')
+    assert [log.readline(), log.readline(), log.readline()] == [b'one\n', b'two\n', b'']
+    log.close()
+    assert api.read_log('p', 'node', tail_lines=5) == 'one\ntwo\n'
     methods = [(method, path) for method, path, _ in server.requests]
     assert methods == [('GET', '/api/v1/namespaces/default/pods'),
                        ('DELETE', '/api/v1/namespaces/default/pods/p'),
-                       ('DELETE', '/api/v1/namespaces/default/pods/gone')]
+                       ('DELETE', '/api/v1/namespaces/default/pods/gone'),
+                       ('GET', '/api/v1/namespaces/default/pods/p/log'),
+                       ('GET', '/api/v1/namespaces/default/pods/p/log')]
+    assert urllib.parse.parse_qs(server.queries[3]) == {'container': ['node'],
+                                                        'follow': ['true']}
+    assert urllib.parse.parse_qs(server.queries[4]) == {'container': ['node'],
+                                                        'tailLines': ['5']}
     assert 'gracePeriodSeconds=0' in server.queries[1]
     assert 'propagationPolicy=Background' in server.queries[1]
     assert urllib.parse.parse_qs(server.queries[0]) == {'labelSelector': [
