@@ -366,9 +366,11 @@ class _ManifestBuilder:
 
     def _container(self, name: str, command: List[str], env: List[Dict[str, Any]]
                    ) -> Dict[str, Any]:
-        return {'name': name, 'image': self._config.image,
-                'imagePullPolicy': self._config.image_pull_policy, 'command': command,
-                'env': env}
+        container = {'name': name, 'image': self._config.image,
+                     'imagePullPolicy': self._config.image_pull_policy, 'command': command}
+        if env:
+            container['env'] = env
+        return container
 
     def _pod_spec(self, containers, init_containers=(), volumes=(), *,
                   service_account: Optional[str]) -> Dict[str, Any]:
