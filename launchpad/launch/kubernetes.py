@@ -850,6 +850,8 @@ def _detached_summary(plan: LaunchPlan) -> str:
 class KubernetesLauncher(launcher.Launcher):
     """Runs every executable in a pod of a Kubernetes cluster (see the module docstring)."""
 
+    foreground = True
+
     def __init__(self, api_factory: Optional[Callable[[KubernetesConfig], Any]] = None):
         self._api_factory = api_factory or (
             lambda config: KubernetesApi(config.namespace, kubeconfig=config.kubeconfig,
@@ -869,12 +871,11 @@ class KubernetesLauncher(launcher.Launcher):
         runner = _PodRunner(api, plan, mirror, config, options.notice_period)
         if config.detach:
             print(_detached_summary(plan), flush=True)
-        controller = launcher.Controller(program.name, mirror, runner,
-                                         launch_type=options.launch_type,
-                                         notice_period=options.notice_period, poll_interval=0.2)
-        if not config.detach:
-            controller._handle_signals()  # pylint: disable=protected-access
-        return controller
+        # Attached, the script stays alive until the program ends (streaming logs, deleting
+        # the objects at the end) and Ctrl-C stops the program; detached, it returns at once.
+        self.foreground = not config.detach
+        return launcher.Controller(program.name, mirror, runner, launch_type=options.launch_type,
+                                   notice_period=options.notice_period, poll_interval=0.2)
 
 
 def _create(api, plan: LaunchPlan) -> None:
