@@ -240,7 +240,10 @@ def plan_launch(program: Program, config: KubernetesConfig,
     options = launcher.LaunchOptions(launch_type='kubernetes', resources=resources,
                                      notice_period=notice_period)
     executables = launcher.executables_of(program, options)
-    run = config.name or f'{_slug(program.name, 40)}-{secrets.token_hex(3)}'
+    run = config.name
+    if run is None:
+        run = _slug(program.name, 40)
+        run = f'{run if run[0].isalpha() else "lp-" + run[:37]}-{secrets.token_hex(3)}'
     if not _DNS_LABEL.fullmatch(run) or not run[0].isalpha() or len(run) > 47:
         raise ValueError(f'The launch name {run!r} must be a DNS label of at most 47 characters '
                          'starting with a letter (lowercase letters, digits, dashes).')
@@ -250,11 +253,19 @@ def plan_launch(program: Program, config: KubernetesConfig,
 
     pods: List[_PodPlan] = []
     per_label: Dict[str, int] = {}
+    slugs: Dict[str, str] = {}  # group label -> its part of pod names, distinct per group
     static = {}
     for label, executable in executables:
         index = per_label.get(label, 0)
         per_label[label] = index + 1
-        pod = f'{run}-{_slug(label, 62 - len(run) - len(str(index)) - 7)}-{index}'
+        if label not in slugs:
+            base = _slug(label, 55 - len(run) - len(str(len(program.groups[label]))))
+            slug, k = base, 1
+            while slug in slugs.values():  # 'Replay_A' and 'replay-a' would give one name
+                k += 1
+                slug = f'{base[:max(1, len(base) - len(str(k)))]}{k}'
+            slugs[label] = slug
+        pod = f'{run}-{slugs[label]}-{index}'
         for j, address in enumerate(executable.addresses):
             static[address.id] = f'{pod}.{domain}:{config.port + j}'
         pods.append(_PodPlan(pod, executable.name, label, len(executable.addresses)))

@@ -177,13 +177,19 @@ def test_manifests_are_written_with_how_to_follow_and_delete(tmp_path):
     assert '--max-log-requests 5' in text
 
 
-def test_long_program_and_group_names_make_valid_names():
-    program = lp.Program('A Very Long Program Name, With Punctuation!' * 2)
-    with program.group('Replay_Buffer_With_A_Long_Name' * 3):
-        program.add_node(lp.PyNode(print))
+def test_any_program_and_group_names_make_valid_distinct_names():
+    program = lp.Program('2 Very Long Program Names, With Punctuation!' * 2)
+    for label in ('Replay_Buffer_With_A_Long_Name' * 3, 'replay-buffer-with-a-long-name' * 3,
+                  'actor', 'Actor'):
+        with program.group(label):
+            for _ in range(11):
+                program.add_node(lp.PyNode(print))
     documents = _documents(program)
     _validate(documents)
-    assert all(len(d['metadata']['name']) <= 63 for d in _by_kind(documents, 'Pod'))
+    pods = [d['metadata']['name'] for d in _by_kind(documents, 'Pod')]
+    assert len(set(pods)) == len(pods) == 4 * 11 + 1
+    assert all(len(name) <= 63 for name in pods)
+    assert pods[0].startswith('lp-2-very-long-program-names')
 
 
 def _run_wait_script(port: int, limit: float) -> subprocess.CompletedProcess:
