@@ -944,16 +944,11 @@ def join_parts() -> None:
 
 
 class _PodCoordinator(Coordinator):
-    """The coordinator of a program on Kubernetes: says in its log what happens to the program."""
+    """The coordinator of a program on Kubernetes: says in its log which node failed and why."""
 
     def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
         print(f'node {name} failed: {message}', flush=True)
         super().node_failed(name, message, traceback_text)
-
-    def request_stop(self, reason: str = 'stop requested') -> None:
-        if not self.stopping:
-            print(f'stopping the program: {reason}', flush=True)
-        super().request_stop(reason)
 
 
 def serve_coordinator() -> None:
@@ -971,7 +966,11 @@ def serve_coordinator() -> None:
     print(f'serving the coordinator of {len(settings["nodes"])} nodes on port '
           f'{settings["port"]}', flush=True)
     watcher = _PodWatcher(settings, coordinator)
+    announced = False
     while coordinator.running():
+        if coordinator.stopping and not announced:
+            announced = True
+            print(f'stopping the program: {coordinator.stop_reason}', flush=True)
         if (coordinator.stopping
                 and time.monotonic() - coordinator.stop_time > settings['notice_period'] + 2):
             break
@@ -1013,4 +1012,6 @@ class _PodWatcher:
             name = ((pod.get('metadata') or {}).get('annotations') or {}).get(NODE_NAME_ANNOTATION)
             ended = _terminated(pod, NODE_CONTAINER)
             if name in self._coordinator.running() and ended is not None:
+                print(f'node {name}: its pod ended ({ended.get("reason", "")}, exit code '
+                      f'{ended.get("exitCode")}) without reporting', flush=True)
                 self._coordinator.executable_exited(name, int(ended.get('exitCode', 1)))

@@ -429,3 +429,20 @@ def test_a_missing_client_names_the_extra_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, 'kubernetes', None)
     with pytest.raises(ImportError, match=r"pip install 'launchpad\[kubernetes\]'"):
         lp.launch(kubernetes_programs.producer_consumer(), launch_type='kubernetes', image='i')
+
+
+def test_the_coordinator_pod_notices_a_node_pod_that_died_without_reporting(fake, capsys):
+    coordinator = kubernetes._PodCoordinator(['queue/0', 'consumer/0'])  # pylint: disable=protected-access
+    watcher = kubernetes._PodWatcher(  # pylint: disable=protected-access
+        {'run': 't1', 'namespace': 'default'}, coordinator)
+    assert 'not watching the node pods' in capsys.readouterr().out  # no cluster here
+    watcher._api = fake  # pylint: disable=protected-access
+    fake.objects[('Pod', 't1-queue-0')] = {'metadata': {
+        'name': 't1-queue-0', 'annotations': {kubernetes.NODE_NAME_ANNOTATION: 'queue/0'}}}
+    fake.statuses['t1-queue-0'] = [exited(137, 'OOMKilled')]
+    watcher.check()
+    assert coordinator.failure.node_name == 'queue/0'
+    assert 'exit code 137' in coordinator.failure.message
+    assert coordinator.stop_reason == 'node queue/0 failed'
+    assert 'node queue/0: its pod ended (OOMKilled, exit code 137) without reporting' in \
+           capsys.readouterr().out

@@ -21,6 +21,7 @@ import subprocess
 import threading
 import time
 
+import psutil
 import pytest
 
 import launchpad as lp
@@ -193,6 +194,7 @@ def podman_launch(podman_testbed, tmp_path, monkeypatch):
     for api in apis:
         api.close()
     assert not _podman('ps', '-aq', '--filter', f'label={kubernetes.PROGRAM_LABEL}').strip()
+    assert not psutil.Process().children(recursive=True)
 
 
 def test_producer_consumer_runs_across_pods_and_ends_by_lp_stop_in_a_pod(podman_launch, capfd):
