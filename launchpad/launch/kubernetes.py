@@ -538,11 +538,13 @@ class KubernetesApi:
         k8s = _import_kubernetes()
         # KUBECONFIG is read here, not when the client was imported (it may list several files).
         kubeconfig = kubeconfig or os.environ.get('KUBECONFIG') or '~/.kube/config'
+        configuration = k8s.client.Configuration()  # this launch's, not the client's global one
         try:
             if in_cluster:
-                k8s.config.load_incluster_config()
+                k8s.config.load_incluster_config(client_configuration=configuration)
             else:
-                k8s.config.load_kube_config(config_file=kubeconfig, context=context)
+                k8s.config.load_kube_config(config_file=kubeconfig, context=context,
+                                            client_configuration=configuration)
         except (k8s.config.ConfigException, OSError) as e:
             where = 'in this pod' if in_cluster else f'in kubeconfig {kubeconfig}'
             raise KubernetesError(
@@ -551,7 +553,7 @@ class KubernetesApi:
                 'context with `kubectl config use-context NAME` or context=).') from e
         self.namespace = namespace
         self._exception = k8s.client.exceptions.ApiException
-        self._client = k8s.client.ApiClient()
+        self._client = k8s.client.ApiClient(configuration)
         self._core = k8s.client.CoreV1Api(self._client)
         self._rbac = k8s.client.RbacAuthorizationV1Api(self._client)
         self._host = self._client.configuration.host
