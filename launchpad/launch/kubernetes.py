@@ -98,7 +98,8 @@ class KubernetesResources:
       gpus: NVIDIA GPUs, requested as the `nvidia.com/gpu` limit.
       node_selector: node labels the pods must run on, e.g. {'cloud.google.com/gke-nodepool': 'gpu'}.
       tolerations: Kubernetes tolerations (dicts as in a pod spec).
-      env: extra environment variables.
+      env: extra environment variables: values, or sources as in a pod spec's `valueFrom`, e.g.
+        {'WANDB_API_KEY': {'secretKeyRef': {'name': 'wandb', 'key': 'api-key'}}}.
       args: absl flag values for the group's processes, as {name: value} or ['--name=value'].
     """
     cpu: Union[str, float, None] = None
@@ -106,7 +107,7 @@ class KubernetesResources:
     gpus: int = 0
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
     tolerations: Sequence[Mapping[str, Any]] = ()
-    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    env: Mapping[str, Union[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
     args: Union[Mapping[str, object], Sequence[str], None] = None
 
     def to_container_resources(self) -> Dict[str, Dict[str, str]]:
@@ -372,7 +373,8 @@ class _ManifestBuilder:
                    'name': f'{self._run}-token', 'key': 'token'}}},
                {'name': 'PYTHONUNBUFFERED', 'value': '1'},
                {'name': 'GRPC_VERBOSITY', 'value': 'ERROR'}]
-        env += [{'name': str(key), 'value': str(value)} for key, value in extra.items()]
+        env += [{'name': str(key), 'valueFrom': dict(value)} if isinstance(value, Mapping)
+                else {'name': str(key), 'value': str(value)} for key, value in extra.items()]
         return env
 
     def _container(self, name: str, command: List[str], env: List[Dict[str, Any]]

@@ -52,7 +52,9 @@ def test_every_manifest_validates_strictly_with_every_option():
                                         tolerations=[{'key': 'nvidia.com/gpu',
                                                       'operator': 'Exists',
                                                       'effect': 'NoSchedule'}],
-                                        env={'TF_CPP_MIN_LOG_LEVEL': '2'},
+                                        env={'TF_CPP_MIN_LOG_LEVEL': '2',
+                                             'WANDB_API_KEY': {'secretKeyRef': {
+                                                 'name': 'wandb', 'key': 'api-key'}}},
                                         args={'learning_rate': 0.1}),
         'producer': lp.KubernetesResources(cpu='500m'),
     }
@@ -71,6 +73,8 @@ def test_every_manifest_validates_strictly_with_every_option():
     assert queue['spec']['nodeSelector'] == {'pool': 'gpu'}
     assert queue['spec']['tolerations'][0]['key'] == 'nvidia.com/gpu'
     assert {'name': 'TF_CPP_MIN_LOG_LEVEL', 'value': '2'} in container['env']
+    assert {'name': 'WANDB_API_KEY', 'valueFrom': {'secretKeyRef': {
+        'name': 'wandb', 'key': 'api-key'}}} in container['env']
     assert container['imagePullPolicy'] == 'Always'
     assert queue['spec']['serviceAccountName'] == 'trainer'
     coordinator = next(d for d in documents if d['metadata']['name'] == 'pc-coordinator')
