@@ -8,6 +8,7 @@ per process for processes). The module-level functions here are re-exported as `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 from typing import Any, Callable, Optional
@@ -66,6 +67,7 @@ class NodeContext:
       address_table: endpoints of every address in the program.
       stop: the program's stop signal in this process.
       coordinator: the program's coordinator (or a client of it).
+      notice_period: seconds the node has to end after the program starts stopping.
     """
     launch_type: str
     program_name: str
@@ -74,6 +76,7 @@ class NodeContext:
     address_table: AddressTable
     stop: StopSignal
     coordinator: Any = None
+    notice_period: float = 10.0
 
     @property
     def node_name(self) -> str:
@@ -93,6 +96,16 @@ def set_process_context(context: Optional[NodeContext]) -> None:
     """Installs `context` for every thread of the process that has none of its own."""
     global _process_context
     _process_context = context
+
+
+def in_context(context: NodeContext, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn`, running with `context` installed on whichever thread calls it."""
+    @functools.wraps(fn)
+    def call_in_context(*args, **kwargs):
+        _thread_context.value = context
+        return fn(*args, **kwargs)
+
+    return call_in_context
 
 
 def clear_process_context(context: NodeContext) -> None:

@@ -344,9 +344,9 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
       serialize_py_nodes: pickle and unpickle node arguments even for threads, so that nodes cannot
         share mutable objects and unpicklable arguments fail at launch.
       notice_period: seconds nodes get to end after a stop before they are killed.
-      **launcher_options: options of the launcher, e.g. `resources=` for ssh.
+      **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh.
 
-    Local launch types (local_mt, local_mp) and foreground launchers (slurm) also keep the launching
+    Local launch types (local_mt, local_mp) and foreground launchers (ssh, slurm) also keep the
     script alive until the program ends and turn Ctrl-C into a graceful stop (twice: kill). Test
     launch types return at once and register `stop` as a cleanup of `test_case`.
     """
@@ -396,3 +396,4 @@ def _load_builtin_launchers() -> None:
     register_launcher('test_mt', threads.ThreadLauncher)
     register_launcher('local_mp', processes.ProcessLauncher)
     register_launcher('test_mp', processes.ProcessLauncher)
+    register_launcher('ssh', lambda: importlib.import_module('launchpad.launch.ssh').SshLauncher())

@@ -242,13 +242,16 @@ def _run(spec_path: str) -> int:
     spec = _load(spec_path)
     coordinator = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=False)
     table = spec.address_table
-    table.registry = coordinator
+    # Address lookups wait for servers to come up, longer than other calls may take.
+    lookup_deadline = None if table.lookup_timeout is None else table.lookup_timeout + 30.0
+    table.registry = courier.Client(spec.coordinator_address, call_timeout=lookup_deadline,
+                                    wait_for_ready=False)
     stop = runtime.StopSignal(coordinator.request_stop)
     label, index = spec.node_name.rsplit('/', 1)
     runtime.set_process_context(runtime.NodeContext(
         launch_type=spec.launch_type, program_name=spec.program_name, label=label,
         index=int(index) if index.isdigit() else 0, address_table=table, stop=stop,
-        coordinator=coordinator))
+        coordinator=coordinator, notice_period=spec.notice_period))
     launcher_lost = threading.Event()
     threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost), daemon=True,
                      name='lp-stop-watcher').start()

@@ -21,6 +21,24 @@ def _resolve_endpoint(address: Address) -> str:
     return address.resolve()
 
 
+class _MethodsInContext:
+    """The served object as courier binds it: its methods run in the node's context on the
+    server's threads (which matters where several nodes share a process)."""
+
+    def __init__(self, instance: Any, context: runtime.NodeContext):
+        self._instance = instance
+        self._context = context
+
+    def __dir__(self):
+        return dir(self._instance)
+
+    def __getattr__(self, name: str):
+        value = getattr(self._instance, name)
+        if callable(value) and name != 'set_courier_server':
+            return runtime.in_context(self._context, value)
+        return value
+
+
 class CourierHandle(Handle):
     """A handle that dereferences into a `courier.Client` of its node."""
 
@@ -71,7 +89,7 @@ class CourierNode(PyClassNode):
         table = context.address_table
         server = courier.Server(address=table.bind_target(self._address), **self._courier_kwargs)
         owns_server = callable(getattr(instance, 'set_courier_server', None))
-        server.bind_object(instance)
+        server.bind_object(_MethodsInContext(instance, context))
         if not owns_server:
             server.Start()
         try:
