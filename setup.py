@@ -8,6 +8,7 @@ TEST_REQUIRES = [
     'protobuf>=6.31.1',      # only the tests import courier_pb2; the runtime has its own wire code
     'cryptography>=41',      # TLS certificates made at test time
     'kubernetes-validate>=1.28',
+    'kubernetes>=28',        # the kubernetes launcher's API layer, against a canned server
     'pyyaml>=6',
 ]
 

@@ -398,6 +398,8 @@ def _load_builtin_launchers() -> None:
     # pylint: disable=import-outside-toplevel
     from launchpad.launch import processes, threads
     register_launcher('slurm', lambda: importlib.import_module('launchpad.launch.slurm').SlurmLauncher())
+    register_launcher('kubernetes', lambda: importlib.import_module(
+        'launchpad.launch.kubernetes').KubernetesLauncher())  # its API client loads when used
     register_launcher('local_mt', threads.ThreadLauncher)
     register_launcher('test_mt', threads.ThreadLauncher)
     register_launcher('local_mp', processes.ProcessLauncher)
