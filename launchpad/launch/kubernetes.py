@@ -874,6 +874,10 @@ class KubernetesLauncher(launcher.Launcher):
 
     def launch(self, program: Program, options: launcher.LaunchOptions) -> launcher.Controller:
         config = KubernetesConfig.from_options(options.extra)
+        if options.tls is not None:
+            raise ValueError('tls= is not supported by the kubernetes launcher yet: encrypt '
+                             'pod-to-pod traffic with your cluster\'s network policy or service '
+                             'mesh (calls still carry the program\'s auth token).')
         if options.terminal not in (None, 'current_terminal'):
             raise ValueError(f'The kubernetes launcher streams pod logs to the current terminal; '
                              f'terminal={options.terminal!r} is not supported (read pod logs '

@@ -17,6 +17,7 @@ import urllib.parse
 
 import pytest
 
+import courier
 import launchpad as lp
 from launchpad.launch import kubernetes
 from tests.launch import kubernetes_programs
@@ -446,3 +447,9 @@ def test_the_coordinator_pod_notices_a_node_pod_that_died_without_reporting(fake
     assert coordinator.stop_reason == 'node queue/0 failed'
     assert 'node queue/0: its pod ended (OOMKilled, exit code 137) without reporting' in \
            capsys.readouterr().out
+
+
+def test_tls_is_refused_before_anything_is_created(fake):
+    with pytest.raises(ValueError, match='tls= is not supported by the kubernetes launcher'):
+        launch(kubernetes_programs.producer_consumer(), tls=courier.TLSConfig())
+    assert fake.calls == []
