@@ -15,7 +15,7 @@ from launchpad.launch.launcher import (LAUNCH_TYPE, Controller, LaunchOptions, L
                                        Launcher, executables_of, is_local_launch,
                                        is_local_launch_or_test, launch, make_program_stopper,
                                        register_launcher)
-from launchpad.launch.kubernetes import KubernetesResources
+from launchpad.launch.kubernetes import KubernetesResources, program_to_manifests
 from launchpad.launch.processes import PythonProcess
 from launchpad.launch.slurm import SlurmController, SlurmError, SlurmResources
 from launchpad.launch.ssh import SshHost, SshHosts
@@ -39,7 +39,7 @@ __all__ = [
     'NodeStatus', 'Program', 'ProgramError', 'PyClassNode', 'PyNode', 'PythonProcess',
     'ReverbHandle', 'ReverbNode', 'SlurmController', 'SlurmError', 'SlurmResources', 'SshHost',
     'SshHosts', 'batched_handler', 'executables_of', 'get_context', 'is_local_launch',
-    'is_local_launch_or_test', 'launch', 'make_program',
-    'make_program_stopper', 'register_launcher', 'register_stop_handler', 'stop', 'stop_event',
+    'is_local_launch_or_test', 'launch', 'make_program', 'make_program_stopper',
+    'program_to_manifests', 'register_launcher', 'register_stop_handler', 'stop', 'stop_event',
     'unregister_stop_handler', 'wait_for_stop',
 ]
