@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import multiprocessing.resource_tracker
+import os
+import pathlib
 import time
 
 import psutil
 import pytest
 
 import courier
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -56,3 +60,10 @@ def server(make_server):
 def _sleep(seconds: float) -> str:
     time.sleep(seconds)
     return 'slept'
+
+
+@pytest.fixture
+def subprocess_env():
+    """Environment for a child Python process that imports this checkout's courier."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get('PYTHONPATH')]))
+    return {**os.environ, 'PYTHONPATH': path}
