@@ -37,15 +37,15 @@ _MAX_UNIX_PATH_BYTES = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux.
 _WILDCARD_HOSTS = ('', '0.0.0.0', '::', '[::]')
 
 # No gRPC message-size limit: courier carries whatever the caller passes.
-_MESSAGE_SIZE_OPTIONS = (
+MESSAGE_SIZE_OPTIONS = (
     ('grpc.max_send_message_length', -1),
     ('grpc.max_receive_message_length', -1),
 )
-_CHANNEL_OPTIONS = _MESSAGE_SIZE_OPTIONS + (
+CHANNEL_OPTIONS = MESSAGE_SIZE_OPTIONS + (
     # Calls between a program's processes must not detour through an HTTP proxy.
     ('grpc.enable_http_proxy', 0),
 )
-_SERVER_OPTIONS = _MESSAGE_SIZE_OPTIONS + (
+SERVER_OPTIONS = MESSAGE_SIZE_OPTIONS + (
     # Binding a port another server holds must fail, not silently share it.
     ('grpc.so_reuseport', 0),
 )
@@ -232,7 +232,7 @@ class _GrpcClientTransport(ClientTransport):
         self._wait_for_ready = wait_for_ready
         self._metadata = (((_AUTH_METADATA_KEY, _AUTH_SCHEME + auth_token),)
                           if auth_token else None)
-        options = list(_CHANNEL_OPTIONS)
+        options = list(CHANNEL_OPTIONS)
         if tls is None:
             self._channel = grpc.insecure_channel(endpoint.grpc_target, options=options)
         else:
@@ -348,7 +348,7 @@ class _GrpcServerTransport(ServerTransport):
             max_workers=thread_pool_size, thread_name_prefix='courier-server')
         interceptors = [_TokenCheck(auth_token)] if auth_token else None
         self._server = grpc.server(self._executor, interceptors=interceptors,
-                                   options=_SERVER_OPTIONS)
+                                   options=SERVER_OPTIONS)
         self._server.add_registered_method_handlers(SERVICE, {
             'Call': grpc.unary_unary_rpc_method_handler(self._call),
             'ListMethods': grpc.unary_unary_rpc_method_handler(self._list),
