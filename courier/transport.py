@@ -307,13 +307,14 @@ class _GrpcClientTransport(ClientTransport):
         details = error.details() or code.name
         call = f'call to {method!r} on courier server {self.address}'
         if code == codes.DEADLINE_EXCEEDED:
+            after = f' after {timeout:g}s' if timeout is not None else ''
             if self._wait_for_ready and not self._connected():
                 return errors.ServerUnreachableTimeoutError(
-                    f'{call} timed out after {timeout:g}s: the server was not reachable '
+                    f'{call} timed out{after}: the server was not reachable '
                     f'(wait_for_ready=True waited for it to come up). Is it running, and '
                     f'is the address right?')
             return errors.CallTimeoutError(
-                f'{call} timed out after {timeout:g}s (call_timeout); '
+                f'{call} timed out{after} (call_timeout); '
                 f'pass a larger call_timeout if the method needs longer')
         if code == codes.UNAVAILABLE:
             hint = ('' if self._wait_for_ready else
@@ -364,6 +365,8 @@ class _GrpcServerTransport(ServerTransport):
     def _bind(self, address: str, endpoint: Endpoint,
               tls: Optional[security.TLSConfig]) -> str:
         if endpoint.kind == 'unix':
+            # Absolute, so that the address means the same in a process with another cwd.
+            endpoint = Endpoint('unix', path=os.path.abspath(endpoint.path))
             _check_unix_path_free(endpoint.path)
         if tls is None:
             add_port = self._server.add_insecure_port
