@@ -94,22 +94,26 @@ def test_pad_batch_fills_up_with_the_first_call():
 
 
 def test_max_parallelism_limits_concurrent_batches():
-    running = []
-    peak = []
+    running = [0]
+    peak = [0]
     lock = threading.Lock()
+    two_running = threading.Event()
 
     @courier.batched_handler(batch_size=1, max_parallelism=2, timeout=10)
     def handler(x):
         with lock:
-            running.append(x)
-            peak.append(len(running))
-        time.sleep(0.05)
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            if running[0] == 2:
+                two_running.set()
+        two_running.wait(10)  # Gives a third batch every chance to start, were it allowed.
+        time.sleep(0.02)
         with lock:
-            running.remove(x)
+            running[0] -= 1
         return x
 
     assert _call_concurrently(handler, [(i,) for i in range(8)]) == list(range(8))
-    assert max(peak) == 2
+    assert peak[0] == 2
 
 
 def test_exception_reaches_every_caller_in_the_batch():
