@@ -152,7 +152,7 @@ class Server:
     def _method_names(self) -> List[str]:
         return sorted(self._methods)
 
-    def _handle_call(self, method: str, pickle: memoryview, buffers: List[bytearray]
+    def _handle_call(self, method: str, pickle: memoryview, buffers: List[Any]
                      ) -> wire.Response:
         """Runs one call; every failure becomes an error response, never an exception."""
         fn = self._methods.get(method)

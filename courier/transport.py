@@ -64,7 +64,8 @@ SERVER_OPTIONS = MESSAGE_SIZE_OPTIONS + (
     ('grpc.so_reuseport', 0),
 )
 
-HandleCall = Callable[[str, memoryview, List[bytearray]], wire.Response]
+# handle_call(method, pickle, buffers): the buffers are writable and owned by the call.
+HandleCall = Callable[[str, memoryview, List[Any]], wire.Response]
 
 
 @dataclasses.dataclass(frozen=True)
