@@ -41,8 +41,9 @@ LIST_METHODS = f'/{SERVICE}/ListMethods'
 # message: gRPC moves one huge message several times slower, and copies it whole.
 STREAM_THRESHOLD = 4 << 20
 CHUNK_SIZE = 1 << 20
-# Seconds a large result waits on the server for its client to fetch it.
-RESULT_TTL = 60.0
+# Seconds a large result waits on the server for its client to fetch it (then it is dropped,
+# so a client that died does not pin the memory). Generous: busy clients fetch late.
+RESULT_TTL = 300.0
 
 _AUTH_METADATA_KEY = 'authorization'
 _AUTH_SCHEME = 'Bearer '
@@ -400,7 +401,7 @@ class _GrpcClientTransport(ClientTransport):
         with self._fetchers_lock:
             if self._fetchers is None:
                 self._fetchers = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=4, thread_name_prefix='courier-fetch')
+                    max_workers=16, thread_name_prefix='courier-fetch')
             return self._fetchers
 
     def list_methods(self, timeout):
