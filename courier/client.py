@@ -34,7 +34,8 @@ class Client:
     """A handle on a remote server: ``client.name(...)`` calls the method ``name``.
 
     ``client.futures.name(...)`` starts the call and returns a
-    ``concurrent.futures.Future``; cancelling it cancels the call.
+    ``concurrent.futures.Future``; cancelling it cancels the call (a method the
+    server already started runs to completion, and its result is dropped).
 
     Clients are thread-safe and picklable: the connection is made at the first
     call (in the process making it), so a client pickled into another process
