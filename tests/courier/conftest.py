@@ -13,6 +13,15 @@ import pytest
 import courier
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_TIMEOUT_SECONDS = 60
+
+
+def pytest_collection_modifyitems(items):
+    """Gives every courier test without its own timeout a default one: none may hang."""
+    here = pathlib.Path(__file__).parent
+    for item in items:
+        if here in pathlib.Path(item.fspath).parents and item.get_closest_marker('timeout') is None:
+            item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT_SECONDS))
 
 
 @pytest.fixture(autouse=True)
