@@ -20,7 +20,7 @@ def pytest_collection_modifyitems(items):
     """Gives every courier test without its own timeout a default one: none may hang."""
     here = pathlib.Path(__file__).parent
     for item in items:
-        if here in pathlib.Path(item.fspath).parents and item.get_closest_marker('timeout') is None:
+        if here in item.path.parents and item.get_closest_marker('timeout') is None:
             item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT_SECONDS))
 
 
