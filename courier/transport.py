@@ -59,6 +59,11 @@ MESSAGE_SIZE_OPTIONS = (
 CHANNEL_OPTIONS = MESSAGE_SIZE_OPTIONS + (
     # Calls between a program's processes must not detour through an HTTP proxy.
     ('grpc.enable_http_proxy', 0),
+    # Retry connecting to a server that is not up yet at least every second: by default the
+    # wait grows to two minutes, so a client noticed a late server long after it started.
+    ('grpc.initial_reconnect_backoff_ms', 100),
+    ('grpc.min_reconnect_backoff_ms', 100),
+    ('grpc.max_reconnect_backoff_ms', 1000),
 )
 SERVER_OPTIONS = MESSAGE_SIZE_OPTIONS + (
     # Binding a port another server holds must fail, not silently share it.
