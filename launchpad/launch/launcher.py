@@ -20,6 +20,7 @@ import atexit
 import concurrent.futures.thread  # pylint: disable=unused-import (see _run_until_done_at_exit)
 import dataclasses
 import enum
+import importlib
 import logging
 import os
 import signal
@@ -29,6 +30,8 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from absl import flags
+
+import courier
 
 from launchpad.launch.coordinator import Coordinator, NodeFailedError, NodeStatus
 from launchpad.nodes.base import Executable, LaunchInfo
@@ -103,6 +106,7 @@ class LaunchOptions:
       test_case: a unittest.TestCase for test launch types, or None.
       serialize_py_nodes: round-trip executables through pickling even where not needed.
       notice_period: seconds nodes get to end after a stop before they are killed.
+      tls: TLS credentials for the program's traffic between hosts (TCP), or None.
       extra: launcher-specific keyword arguments given to `lp.launch`.
     """
     launch_type: str
@@ -111,11 +115,20 @@ class LaunchOptions:
     test_case: Any = None
     serialize_py_nodes: Optional[bool] = None
     notice_period: float = 10.0
+    tls: Optional[courier.TLSConfig] = None
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Launcher(abc.ABC):
-    """A platform that can run programs."""
+    """A platform that can run programs.
+
+    Attributes:
+      foreground: True if launched programs need this process (their coordinator runs here):
+        `lp.launch` then keeps the script alive until the program ends and turns Ctrl-C into a
+        stop, as for the local launch types.
+    """
+
+    foreground: bool = False
 
     @abc.abstractmethod
     def launch(self, program: Program, options: LaunchOptions) -> 'Controller':
@@ -321,7 +334,7 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
            test_case=None, terminal: Optional[str] = None, *,
            resources: Optional[Mapping[str, Any]] = None,
            serialize_py_nodes: Optional[bool] = None, notice_period: float = 10.0,
-           **launcher_options) -> Controller:
+           tls: Optional[courier.TLSConfig] = None, **launcher_options) -> Controller:
     """Launches `program` and returns its controller.
 
     Args:
@@ -335,11 +348,15 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
       serialize_py_nodes: pickle and unpickle node arguments even for threads, so that nodes cannot
         share mutable objects and unpicklable arguments fail at launch.
       notice_period: seconds nodes get to end after a stop before they are killed.
-      **launcher_options: options of the launcher, e.g. `resources=` for ssh.
+      tls: a `courier.TLSConfig` for traffic between hosts: node servers and the coordinator
+        present its certificate, clients verify peers with its root certificates (and present its
+        certificate too when it has one, which makes TLS mutual). Same-host Unix sockets, which
+        only this user can open, need none.
+      **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh.
 
-    Local launch types (local_mt, local_mp) also keep the launching script alive until the program
-    ends and turn Ctrl-C into a graceful stop (twice: kill). Test launch types return at once and
-    register `stop` as a cleanup of `test_case`.
+    Local launch types (local_mt, local_mp) and foreground launchers (ssh, slurm) also keep the
+    script alive until the program ends and turn Ctrl-C into a graceful stop (twice: kill). Test
+    launch types return at once and register `stop` as a cleanup of `test_case`.
     """
     launch_type = str(launch_type if launch_type is not None else LAUNCH_TYPE.value)
     _load_builtin_launchers()
@@ -353,16 +370,17 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
     options = LaunchOptions(launch_type=launch_type, resources=dict(resources or {}),
                             terminal=terminal, test_case=test_case,
                             serialize_py_nodes=serialize_py_nodes, notice_period=notice_period,
-                            extra=launcher_options)
+                            tls=tls, extra=launcher_options)
     unknown_groups = set(options.resources) - set(program.groups)
     if unknown_groups:
         raise ValueError(f'Resources given for groups {sorted(unknown_groups)} that the program does '
                          f'not have; its groups are {sorted(program.groups)}.')
-    controller = _registry[launch_type]().launch(program, options)
+    platform = _registry[launch_type]()
+    controller = platform.launch(program, options)
     _launched.append(controller)
     if launch_type in _TEST_TYPES and test_case is not None:
         test_case.addCleanup(controller.stop)
-    if launch_type in _LOCAL_TYPES:
+    if launch_type in _LOCAL_TYPES or getattr(platform, 'foreground', False):
         controller._handle_signals()  # pylint: disable=protected-access
         if not _cli_waits:
             controller._run_until_done_at_exit()  # pylint: disable=protected-access
@@ -379,7 +397,11 @@ def _load_builtin_launchers() -> None:
         return
     # pylint: disable=import-outside-toplevel
     from launchpad.launch import processes, threads
+    register_launcher('slurm', lambda: importlib.import_module('launchpad.launch.slurm').SlurmLauncher())
+    register_launcher('kubernetes', lambda: importlib.import_module(
+        'launchpad.launch.kubernetes').KubernetesLauncher())  # its API client loads when used
     register_launcher('local_mt', threads.ThreadLauncher)
     register_launcher('test_mt', threads.ThreadLauncher)
     register_launcher('local_mp', processes.ProcessLauncher)
     register_launcher('test_mp', processes.ProcessLauncher)
+    register_launcher('ssh', lambda: importlib.import_module('launchpad.launch.ssh').SshLauncher())

@@ -12,7 +12,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope='session', autouse=True)
+@pytest.fixture(scope='package', autouse=True)
 def private_tmpdir(tmp_path_factory):
     """Launches in these tests (and the scripts they run) make their directories in here."""
     path = str(tmp_path_factory.mktemp('launches'))
@@ -35,11 +35,14 @@ def no_leftovers(private_tmpdir):
     """Fails a test that leaves child processes or program directories behind."""
     del private_tmpdir
     dirs_before = _program_dirs()
+    me = psutil.Process()
+    # Helpers that live as long as the test run (multiprocessing's resource tracker) are no leak.
+    children_before = {child.pid for child in me.children(recursive=True)}
     yield
     deadline = time.monotonic() + 5
-    me = psutil.Process()
     while time.monotonic() < deadline:
-        children = [c for c in me.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+        children = [c for c in me.children(recursive=True)
+                    if c.pid not in children_before and c.status() != psutil.STATUS_ZOMBIE]
         if not children:
             break
         time.sleep(0.05)

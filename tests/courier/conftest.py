@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import multiprocessing.resource_tracker
+import os
+import pathlib
 import time
 
 import psutil
 import pytest
 
 import courier
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_TIMEOUT_SECONDS = 60
+
+
+def pytest_collection_modifyitems(items):
+    """Gives every courier test without its own timeout a default one: none may hang."""
+    here = pathlib.Path(__file__).parent
+    for item in items:
+        if here in item.path.parents and item.get_closest_marker('timeout') is None:
+            item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT_SECONDS))
 
 
 @pytest.fixture(autouse=True)
@@ -56,3 +69,10 @@ def server(make_server):
 def _sleep(seconds: float) -> str:
     time.sleep(seconds)
     return 'slept'
+
+
+@pytest.fixture
+def subprocess_env():
+    """Environment for a child Python process that imports this checkout's courier."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get('PYTHONPATH')]))
+    return {**os.environ, 'PYTHONPATH': path}

@@ -1,0 +1,752 @@
+"""`slurm`: runs a program as one Slurm job in which every node is a job step.
+
+    lp.launch(program, launch_type='slurm', resources={
+        'learner': lp.SlurmResources(cpus=8, mem='32G', gpus=1),
+        'actor': lp.SlurmResources(cpus=1)})
+
+Groups that ask for the same resources share one job component; groups that ask for different
+ones become the components of a heterogeneous job. Each executable runs as its own job step
+(`srun --exact`, so steps run side by side). The launcher serves the program's coordinator on the
+address this host uses to reach the Slurm controller; a node's servers bind the address its host
+uses to reach the coordinator, on a port the kernel picks, and publish the endpoint to the
+coordinator, so ports never collide. The program's auth token reaches the steps through the job's
+environment, never a command line.
+
+The launching host and the compute nodes must share a filesystem, as the home directories of most
+clusters are: the job directory (`job_dir=`, or $LAUNCHPAD_SLURM_DIR, default ~/launchpad_slurm)
+holds the batch script, the nodes' specs and exit codes (removed when the program ends) and the
+nodes' logs (kept), and the steps run the launcher's Python interpreter.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+import math
+import os
+import pickle
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from launchpad.address import Address, AddressTable
+from launchpad.launch import launcher
+from launchpad.launch.coordinator import Coordinator, NodeFailedError
+from launchpad.launch.output import prefix_for
+from launchpad.launch.processes import PythonProcess
+from launchpad.launch.worker import WORKER_ARGV, WorkerSpec, flags_snapshot, write_spec
+from launchpad.nodes.base import Executable
+from launchpad.program import Program
+
+JOB_DIR_ENV = 'LAUNCHPAD_SLURM_DIR'
+_COMMANDS = ('sbatch', 'squeue', 'scancel', 'scontrol')
+_ENDED_STATES = frozenset({
+    'BOOT_FAIL', 'CANCELLED', 'COMPLETED', 'DEADLINE', 'FAILED', 'NODE_FAIL', 'OUT_OF_MEMORY',
+    'PREEMPTED', 'REVOKED', 'TIMEOUT'})
+_JOB_POLL = 1.0  # seconds between squeue calls while the program runs
+# Pending reasons that waiting does not cure: the request does not fit the partition or account.
+_HOPELESS_REASONS = frozenset({
+    'AccountNotAllowed', 'BadConstraints', 'DependencyNeverSatisfied', 'InvalidAccount',
+    'InvalidQOS', 'PartitionConfig', 'PartitionNodeLimit', 'PartitionTimeLimit', 'QOSNotAllowed'})
+_MEM_UNITS = {'K': 1 / 1024, 'M': 1, 'G': 1024, 'T': 1024 * 1024}
+_OPTIONS = ('detach', 'job_dir', 'start_timeout', 'coordinator_host')
+
+
+class SlurmError(RuntimeError):
+    """Slurm refused or lost the program's job; the message includes what Slurm said."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmResources:
+    """What each node (executable) of a group gets on a Slurm cluster, and where it runs.
+
+    Attributes:
+      cpus: CPUs per executable (`--cpus-per-task`).
+      mem: memory per executable in Slurm's notation ('500M', '32G'); sent as `--mem-per-cpu`.
+      gpus: GPUs per executable (`--gpus-per-task`), optionally of `gpu_type` ('a100' gives
+        `--gpus-per-task=a100:1`). For clusters that only know generic resources, pass
+        `extra_args=['--gres=gpu:1']` instead.
+      gpu_type: the GPU model to ask for, or None for any.
+      nodes: spread the group's executables over this many nodes (`--nodes`); such a group always
+        gets a job component of its own.
+      partition: the partition (`--partition`), or None for the cluster's default.
+      time: the time limit (`--time`, e.g. '2:00:00'), or None for the partition's default.
+      extra_args: more sbatch options for the group's component, e.g. ['--qos=high'].
+      args: absl flag values for the group's processes, as {name: value} or ['--name=value'].
+      env: environment variables for the group's processes.
+      interpreter: the Python the steps run (default: the launcher's; it must exist on the nodes).
+    """
+    cpus: int = 1
+    mem: Optional[str] = None
+    gpus: int = 0
+    gpu_type: Optional[str] = None
+    nodes: Optional[int] = None
+    partition: Optional[str] = None
+    time: Optional[str] = None
+    extra_args: Sequence[str] = ()
+    args: Union[Mapping[str, object], Sequence[str], None] = None
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    interpreter: Optional[str] = None
+
+    def __post_init__(self):
+        for name in ('cpus', 'gpus', 'nodes'):
+            value = getattr(self, name)
+            minimum = 0 if name == 'gpus' else 1
+            if value is None and name == 'nodes':
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise ValueError(f'SlurmResources({name}={value!r}): expected an int >= {minimum}.')
+        if self.mem is not None:
+            _megabytes(self.mem)
+        if isinstance(self.extra_args, str):
+            raise TypeError(f'SlurmResources(extra_args={self.extra_args!r}): pass a list of '
+                            'options, e.g. ["--qos=high"].')
+        object.__setattr__(self, 'extra_args', tuple(self.extra_args))
+        for option in self._sbatch_options():
+            if not option.startswith('-') or any(c.isspace() for c in option):
+                raise ValueError(f'SlurmResources: {option!r} is not a valid sbatch option here: '
+                                 'options start with "-" and contain no spaces or newlines '
+                                 '(write "--qos=high", not "--qos high").')
+        if self.gpu_type is not None and not self.gpus:
+            raise ValueError(f'SlurmResources(gpu_type={self.gpu_type!r}) needs gpus >= 1.')
+
+    def _per_task_options(self) -> List[str]:
+        """Options that size one executable, for both its job component and its step."""
+        options = [f'--cpus-per-task={self.cpus}']
+        if self.mem is not None:
+            options.append(f'--mem-per-cpu={math.ceil(_megabytes(self.mem) / self.cpus)}M')
+        if self.gpus:
+            kind = f'{self.gpu_type}:' if self.gpu_type else ''
+            options.append(f'--gpus-per-task={kind}{self.gpus}')
+        return options
+
+    def _sbatch_options(self) -> List[str]:
+        """Options of a job component made of this group's executables (without `--ntasks`)."""
+        options = self._per_task_options()
+        if self.nodes is not None:
+            options.append(f'--nodes={self.nodes}')
+        if self.partition is not None:
+            options.append(f'--partition={self.partition}')
+        if self.time is not None:
+            options.append(f'--time={self.time}')
+        return options + list(self.extra_args)
+
+    def _flag_overrides(self) -> List[str]:
+        return PythonProcess(args=self.args).flag_overrides()
+
+
+def _megabytes(mem: str) -> float:
+    match = re.fullmatch(r'(\d+(?:\.\d+)?)([KMGT]?)B?', str(mem).strip(), re.IGNORECASE)
+    if match is None:
+        raise ValueError(f'SlurmResources(mem={mem!r}): write memory like "500M" or "32G".')
+    return float(match[1]) * _MEM_UNITS[(match[2] or 'M').upper()]
+
+
+# --- the job: components, steps and the batch script -------------------------------------------
+
+@dataclasses.dataclass
+class _Step:
+    index: int
+    executable: Executable
+    resources: SlurmResources
+    log: str  # the step's output file
+
+
+@dataclasses.dataclass
+class _Component:
+    resources: SlurmResources
+    steps: List[_Step]
+
+
+def _plan(executables: Sequence[Tuple[str, Executable]], resources: Mapping[str, Any],
+          log_dir: str) -> List[_Component]:
+    """Job components in order of first appearance; groups asking for the same job-level
+    resources share a component."""
+    components: Dict[Any, _Component] = {}
+    used_logs = set()
+    for index, (label, executable) in enumerate(executables):
+        group = resources.get(label) or SlurmResources()
+        key = (tuple(group._sbatch_options()) if group.nodes is None  # pylint: disable=protected-access
+               else ('own component', label))
+        log = re.sub(r'[^A-Za-z0-9_.-]', '_', executable.name)
+        if log in used_logs:
+            log = f'{log}-{index}'
+        used_logs.add(log)
+        step = _Step(index, executable, group, os.path.join(log_dir, log + '.out'))
+        components.setdefault(key, _Component(group, [])).steps.append(step)
+    return list(components.values())
+
+
+def _batch_script(program_name: str, components: Sequence[_Component], run_dir: str,
+                  spec_paths: Mapping[int, str], driver: Optional[List[str]] = None) -> str:
+    """The sbatch script: one component per `components`, one `srun` step per executable.
+
+    Every step records its exit code in `run_dir` for the launcher. With `driver` (detached mode),
+    the script first starts the program's coordinator and waits until it has written its address.
+    """
+    lines = ['#!/bin/bash']
+    for number, component in enumerate(components):
+        if number:
+            lines.append('#SBATCH hetjob')
+        lines.append(f'#SBATCH --ntasks={len(component.steps)}')
+        lines += [f'#SBATCH {option}' for option in component.resources._sbatch_options()]  # pylint: disable=protected-access
+    lines += [
+        f'# Program {program_name!r}, written by the launchpad slurm launcher: every node runs as',
+        '# a job step; each step writes its exit code to the run directory.',
+        f'run={shlex.quote(run_dir)}',
+        'step() {  # INDEX SRUN_ARGUMENTS...',
+        '  local index=$1 code',
+        '  shift',
+        '  srun "$@"',
+        '  code=$?',
+        '  { echo "$code" >"$run/$index.exit.tmp" && mv "$run/$index.exit.tmp" "$run/$index.exit"; '
+        '} 2>/dev/null',
+        '}',
+    ]
+    if driver is not None:
+        lines += [
+            f'{shlex.join(driver)} &',
+            'driver=$!',
+            'until [ -s "$run/coordinator" ]; do',
+            '  kill -0 "$driver" 2>/dev/null || { echo "launchpad: the coordinator did not start" >&2; '
+            'exit 1; }',
+            '  sleep 0.1',
+            'done',
+        ]
+    heterogeneous = len(components) > 1
+    for number, component in enumerate(components):
+        for step in component.steps:
+            python = step.resources.interpreter or sys.executable
+            srun = ([f'--het-group={number}'] if heterogeneous else []) + [
+                '--exact', '--ntasks=1', '--nodes=1',
+                *step.resources._per_task_options(),  # pylint: disable=protected-access
+                f'--job-name={step.executable.name}', f'--output={step.log}', '--input=none',
+                python, *WORKER_ARGV, spec_paths[step.index]]
+            lines.append(f'step {step.index} {shlex.join(srun)} &')
+    if driver is not None:
+        lines += ['wait "$driver"', 'status=$?', 'wait', 'exit "$status"']
+    else:
+        lines.append('wait')
+    return '\n'.join(lines) + '\n'
+
+
+# --- talking to Slurm ----------------------------------------------------------------------------
+
+def _require_commands() -> None:
+    missing = [command for command in _COMMANDS if shutil.which(command) is None]
+    if missing:
+        raise SlurmError(
+            f'The slurm launch type needs Slurm\'s commands on PATH; {", ".join(missing)} not '
+            'found. Launch from a Slurm login node, or add Slurm\'s bin directory to PATH.')
+
+
+def _slurm(argv: Sequence[str], what: str, *, env: Optional[Mapping[str, str]] = None,
+           timeout: float = 60.0) -> str:
+    """Runs a Slurm command and returns its output; SlurmError with Slurm's message if it fails."""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, env=env, timeout=timeout,
+                              stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise SlurmError(f'{what}: `{shlex.join(argv)}` did not answer within {timeout:g} s; is '
+                         'the Slurm controller up?') from e
+    if done.returncode != 0:
+        message = (done.stderr or done.stdout).strip() or f'exit code {done.returncode}'
+        raise SlurmError(f'{what}: {message}')
+    return done.stdout
+
+
+def _controller_host() -> str:
+    """The address of the Slurm controller, from `scontrol show config`."""
+    config = _slurm(['scontrol', 'show', 'config'], 'Cannot read the Slurm configuration')
+    match = re.search(r'^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?', config, re.MULTILINE)
+    if match is None:
+        raise SlurmError('Cannot find SlurmctldHost in `scontrol show config`; pass '
+                         'coordinator_host= to lp.launch.')
+    return match[2] or match[1]
+
+
+def _local_address(peer: str) -> str:
+    """The address of this host on its route to `peer` (no packet is sent)."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(peer, 9, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(sockaddr)
+        return probe.getsockname()[0]
+
+
+def _endpoint(host: str, port: int) -> str:
+    return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'
+
+
+def _job_states(job_id: str) -> Optional[List[Tuple[str, str]]]:
+    """(state, reason) of each component of the job; None once Slurm has forgotten it."""
+    try:
+        out = _slurm(['squeue', '--noheader', f'--jobs={job_id}', '--states=all',
+                      '--format=%T|%r'], f'Cannot read the state of Slurm job {job_id}', timeout=30)
+    except SlurmError as e:
+        if 'Invalid job id' in str(e):
+            return None
+        raise
+    states = [tuple(line.split('|', 1)) for line in out.splitlines() if '|' in line]
+    return states or None
+
+
+def _ended(states: Optional[List[Tuple[str, str]]]) -> bool:
+    return states is None or all(state in _ENDED_STATES for state, _ in states)
+
+
+def _describe(states: Optional[List[Tuple[str, str]]]) -> str:
+    if states is None:
+        return 'no longer known to Slurm'
+    return ', '.join(state + (f' ({reason})' if reason not in ('', 'None') else '')
+                     for state, reason in dict.fromkeys(states))
+
+
+def _cancel(job_id: str) -> None:
+    subprocess.run(['scancel', '--quiet', job_id], capture_output=True, check=False,
+                   stdin=subprocess.DEVNULL, timeout=60)
+
+
+def _wait_for_end(job_id: str, timeout: float) -> bool:
+    """Waits until every step of the job has ended (the job left RUNNING and COMPLETING)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if _ended(_job_states(job_id)):
+                return True
+        except SlurmError as e:
+            logging.warning('%s', e)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
+def _wait_for_start(job_id: str, timeout: Optional[float], ran: Callable[[], bool]) -> None:
+    """Blocks until the job runs (or `ran()` says its steps already ran); SlurmError (after
+    cancelling it) if it ends first or does not start within `timeout` seconds."""
+    start = time.monotonic()
+    interval, told = 0.05, False
+    while True:
+        states = _job_states(job_id)
+        if states is not None and all(state == 'RUNNING' for state, _ in states):
+            return
+        if _ended(states):
+            if ran():
+                return
+            raise SlurmError(f'Slurm job {job_id} ended before it started: {_describe(states)}.')
+        if any(reason in _HOPELESS_REASONS for _, reason in states):
+            _cancel(job_id)
+            raise SlurmError(f'Slurm job {job_id} cannot start: {_describe(states)}; the request '
+                             'does not fit the partition or account. Cancelled it.')
+        waited = time.monotonic() - start
+        if timeout is not None and waited > timeout:
+            _cancel(job_id)
+            raise SlurmError(
+                f'Slurm job {job_id} did not start within {timeout:g} s (start_timeout); Slurm '
+                f'says: {_describe(states)}. Cancelled it. Ask for fewer resources, another '
+                'partition, or a longer start_timeout (None waits for ever).')
+        if not told and waited > 5:
+            told = True
+            print(f'Waiting for Slurm job {job_id} to start: {_describe(states)}.',
+                  file=sys.stderr, flush=True)
+        time.sleep(interval)
+        interval = min(interval * 2, 0.2 if waited < 10 else 1.0)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """Turns SIGTERM into KeyboardInterrupt (in the main thread), so that a launch being killed
+    still cancels the job it submitted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        del frame
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _job_environment(token: str) -> Dict[str, str]:
+    """The environment sbatch passes to the job: ours (without a surrounding job's SLURM_
+    variables), the program's auth token, and unbuffered Python output."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith('SLURM_') or key == 'SLURM_CONF'}
+    env.setdefault('GRPC_VERBOSITY', 'ERROR')
+    env.update(COURIER_AUTH_TOKEN=token, PYTHONUNBUFFERED='1')
+    return env
+
+
+# --- addresses ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _NodeAddressTable(AddressTable):
+    """An address table whose published addresses bind, on whichever node the step runs, the
+    address that node uses to reach the coordinator."""
+    coordinator: Union[str, Callable[[], str], None] = None
+
+    def bind_target(self, address: Address) -> str:
+        if address.id in self.published:
+            endpoint = self.coordinator() if callable(self.coordinator) else self.coordinator
+            return _endpoint(_local_address(endpoint.rsplit(':', 1)[0].strip('[]')), 0)
+        return super().bind_target(address)
+
+
+def _read_endpoint(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+# --- following the job --------------------------------------------------------------------------
+
+class _LogFollower:
+    """Copies new lines of the nodes' output files to our stdout, each behind its node's name."""
+
+    def __init__(self, files: Sequence[Tuple[str, str]], interval: float = 0.2):
+        color = sys.stdout.isatty()
+        self._files = [[prefix_for(name, i, color=color).encode(), path, 0, b'']
+                       for i, (name, path) in enumerate(files)]
+        self._interval = interval
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name='lp-slurm-logs')
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._closed.wait(self._interval):
+            self._copy(final=False)
+
+    def _copy(self, final: bool) -> None:
+        out = getattr(sys.stdout, 'buffer', None)
+        for entry in self._files:
+            prefix, path, offset, partial = entry
+            try:
+                with open(path, 'rb') as f:
+                    f.seek(offset)
+                    data = f.read()
+            except OSError:
+                continue
+            entry[2] = offset + len(data)
+            lines = (partial + data).split(b'\n')
+            entry[3] = lines.pop()
+            if final and entry[3]:
+                lines.append(entry[3])
+            for line in lines:
+                text = prefix + line + b'\n'
+                if out is not None:
+                    out.write(text)
+                else:
+                    sys.stdout.write(text.decode(errors='replace'))
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join()
+        self._copy(final=True)
+
+
+def _tail(path: str, lines: int = 10) -> str:
+    try:
+        with open(path, 'rb') as f:
+            f.seek(max(0, os.path.getsize(path) - 4096))
+            text = f.read().decode(errors='replace')
+    except OSError:
+        return ''
+    return '\n'.join(text.splitlines()[-lines:])
+
+
+class _StepRunner:
+    """The controller's view of the job's steps: their exit codes come from the files the batch
+    script writes; the job's state comes from squeue (when `job_id` is watched)."""
+
+    def __init__(self, job_id: str, run_dir: Optional[str], steps: Sequence[Tuple[int, str, str]],
+                 coordinator: Coordinator, *, watch_job: bool, server=None,
+                 follower: Optional[_LogFollower] = None, batch_log: str = ''):
+        self._job_id = job_id
+        self._run_dir = run_dir
+        self._steps = list(steps)  # (index, executable name, log file)
+        self._coordinator = coordinator
+        self._watch_job = watch_job
+        self._server = server
+        self._follower = follower
+        self._batch_log = batch_log
+        self._codes: Dict[str, Optional[int]] = {name: None for _, name, _ in self._steps}
+        self._checked = time.monotonic()
+
+    def poll(self) -> Dict[str, Optional[int]]:
+        self._read_exit_codes()
+        running = [step for step in self._steps if self._codes[step[1]] is None]
+        if running and self._watch_job and time.monotonic() - self._checked >= _JOB_POLL:
+            self._checked = time.monotonic()
+            try:
+                states = _job_states(self._job_id)
+            except SlurmError as e:
+                logging.warning('%s', e)
+                return dict(self._codes)
+            if _ended(states):
+                self._read_exit_codes()  # the batch script writes them before the job ends
+                for _, name, log in running:
+                    if self._codes[name] is None:
+                        if not self._coordinator.stopping:
+                            self._coordinator.node_failed(
+                                name, f'Slurm job {self._job_id} ended while this node ran: '
+                                      f'{_describe(states)}. Its log: {log}')
+                        self._codes[name] = -signal.SIGKILL
+        return dict(self._codes)
+
+    def _read_exit_codes(self) -> None:
+        for index, name, log in self._steps:
+            if self._codes[name] is not None or self._run_dir is None:
+                continue
+            try:
+                with open(os.path.join(self._run_dir, f'{index}.exit')) as f:
+                    code = int(f.read().strip() or 1)
+            except (OSError, ValueError):
+                continue
+            if (code != 0 and not self._coordinator.stopping
+                    and not self._coordinator.status()[name].state.ended):
+                self._coordinator.node_failed(
+                    name, f'its Slurm step ended with exit code {code} without reporting an error. '
+                          f'Its log, {log}, ends with:\n{_tail(log) or _tail(self._batch_log)}')
+            self._codes[name] = code
+
+    def kill(self, names: Sequence[str]) -> None:
+        del names  # one job: cancelling it ends every step
+        if self._run_dir is not None and not self._watch_job:
+            shutil.rmtree(self._run_dir, ignore_errors=True)  # inside the job, scancel ends us too
+        _cancel(self._job_id)
+
+    def release(self) -> None:
+        try:
+            if self._watch_job and not _wait_for_end(self._job_id, timeout=3.0):
+                _cancel(self._job_id)
+                if not _wait_for_end(self._job_id, timeout=60.0):
+                    logging.error('Slurm job %s is still running 60 s after scancel; check it with '
+                                  '`squeue -j %s`.', self._job_id, self._job_id)
+        finally:
+            if self._follower is not None:
+                self._follower.close()
+            if self._server is not None:
+                self._server.Stop()
+            if self._run_dir is not None:
+                shutil.rmtree(self._run_dir, ignore_errors=True)
+
+
+class SlurmController(launcher.Controller):
+    """The controller of a program launched on Slurm.
+
+    Attributes:
+      job_id: the Slurm job that runs the program.
+      log_dir: where each node's output file (and the batch script's, job.out) is.
+      detached: True if the job runs on its own (lp.launch(..., detach=True)); this controller
+        then only describes it: `wait()` returns at once and `stop()` does nothing (use
+        `scancel job_id`).
+    """
+
+    def __init__(self, *args, job_id: str, log_dir: str, detached: bool = False, **kwargs):
+        self.job_id = job_id
+        self.log_dir = log_dir
+        self.detached = detached
+        super().__init__(*args, **kwargs)
+
+
+# --- the launcher -------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Options:
+    """The slurm-specific keyword arguments of lp.launch."""
+    detach: bool = False
+    job_dir: Optional[str] = None
+    start_timeout: Optional[float] = 600.0
+    coordinator_host: Optional[str] = None
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> '_Options':
+        unknown = sorted(set(extra) - set(_OPTIONS))
+        if unknown:
+            raise TypeError(f'lp.launch got unknown options {unknown} for launch type slurm; it '
+                            f'takes {", ".join(_OPTIONS)}.')
+        return cls(**extra)
+
+
+def _make_job_dir(base: Optional[str], program_name: str) -> str:
+    base = os.path.abspath(os.path.expanduser(
+        base or os.environ.get(JOB_DIR_ENV) or os.path.join('~', 'launchpad_slurm')))
+    if '%' in base:
+        raise ValueError(f'The Slurm job directory {base!r} contains "%", which Slurm reads as a '
+                         'file name pattern; choose another job_dir.')
+    os.makedirs(base, exist_ok=True)
+    stem = re.sub(r'[^A-Za-z0-9_.-]', '_', program_name) or 'program'
+    job_dir = tempfile.mkdtemp(prefix=f'{stem}-{time.strftime("%Y%m%d-%H%M%S")}-', dir=base)
+    os.mkdir(os.path.join(job_dir, 'run'), 0o700)
+    os.mkdir(os.path.join(job_dir, 'logs'), 0o700)
+    return job_dir
+
+
+class SlurmLauncher(launcher.Launcher):
+    """Runs a program as one Slurm job; see the module docstring.
+
+    lp.launch options: `detach` (submit and return; the job runs on its own), `job_dir` (on a
+    filesystem the compute nodes share), `start_timeout` (seconds to wait for the job to start;
+    None waits for ever), `coordinator_host` (the address compute nodes reach this host at).
+    """
+
+    foreground = True
+
+    def launch(self, program: Program, options: launcher.LaunchOptions) -> SlurmController:
+        settings = _Options.from_extra(options.extra)
+        terminal = options.terminal or 'current_terminal'
+        if terminal not in ('current_terminal', 'output_to_files'):
+            raise ValueError(f'The slurm launch type writes node output to files and can stream them '
+                             f'(terminal="current_terminal") or not ("output_to_files"); got '
+                             f'terminal={terminal!r}.')
+        for label, resources in options.resources.items():
+            if not isinstance(resources, SlurmResources):
+                raise TypeError(f'The slurm launch type takes lp.SlurmResources; group {label!r} '
+                                f'got {resources!r}.')
+        executables = launcher.executables_of(program, options)
+        _require_commands()
+        job_dir = _make_job_dir(settings.job_dir, program.name)
+        try:
+            return self._launch(program, options, settings, terminal, executables, job_dir)
+        except BaseException:
+            shutil.rmtree(job_dir, ignore_errors=True)
+            raise
+
+    def _launch(self, program, options, settings, terminal, executables, job_dir):
+        run_dir = os.path.join(job_dir, 'run')
+        log_dir = os.path.join(job_dir, 'logs')
+        batch_log = os.path.join(log_dir, 'job.out')
+        components = _plan(executables, options.resources, log_dir)
+        steps = sorted((s for c in components for s in c.steps), key=lambda s: s.index)
+        names = [step.executable.name for step in steps]
+        token = secrets.token_hex(16)
+        server = coordinator = None
+        if settings.detach:
+            coordinator_address = functools.partial(
+                _read_endpoint, os.path.join(run_dir, 'coordinator'))
+            driver = [sys.executable, '-c',
+                      'from launchpad.launch.slurm import _serve_detached; _serve_detached()', run_dir]
+            with open(os.open(os.path.join(run_dir, 'tls.pickle'), os.O_WRONLY | os.O_CREAT,
+                              0o600), 'wb') as f:
+                pickle.dump(options.tls, f)  # the in-job coordinator serves with it
+            with open(os.path.join(run_dir, 'job.json'), 'w') as f:
+                json.dump({'program': program.name, 'nodes': names,
+                           'notice_period': options.notice_period, 'batch_log': batch_log,
+                           'steps': [[s.index, s.executable.name, s.log] for s in steps]}, f)
+        else:
+            import courier  # pylint: disable=import-outside-toplevel
+            host = settings.coordinator_host or _local_address(_controller_host())
+            coordinator = Coordinator(names)
+            server = courier.Server(address=_endpoint(host, 0), auth_token=token,
+                                    thread_pool_size=2 * len(names) + 8, tls=options.tls)
+            server.bind_object(coordinator)
+            server.Start()
+            coordinator_address, driver = server.address, None
+        try:
+            table = _NodeAddressTable(
+                published={address.id: '<node address>:0'
+                           for _, executable in executables for address in executable.addresses},
+                coordinator=coordinator_address)
+            flags = flags_snapshot()
+            spec_paths = {}
+            for step in steps:
+                spec_paths[step.index] = os.path.join(run_dir, f'{step.index}.spec')
+                write_spec(WorkerSpec(
+                    program_name=program.name, launch_type=options.launch_type,
+                    node_name=step.executable.name, run=step.executable.run, address_table=table,
+                    coordinator_address=coordinator_address, parent_pid=None,
+                    notice_period=options.notice_period, flags=flags,
+                    flag_overrides=step.resources._flag_overrides(),  # pylint: disable=protected-access
+                    env=dict(step.resources.env), tls=options.tls), spec_paths[step.index])
+            script = os.path.join(run_dir, 'job.sh')
+            with open(script, 'w') as f:
+                f.write(_batch_script(program.name, components, run_dir, spec_paths, driver))
+            job_id = _slurm(
+                ['sbatch', '--parsable', '--export=ALL', f'--job-name={program.name}',
+                 f'--output={batch_log}', f'--chdir={os.getcwd()}', script],
+                f'Slurm rejected the job of program {program.name!r}',
+                env=_job_environment(token)).strip().split(';')[0]
+        except BaseException:
+            if server is not None:
+                server.Stop()
+            raise
+        follow = f'tail -f {shlex.quote(log_dir)}/*.out'
+        if settings.detach:
+            print(f'Program {program.name!r} runs detached as Slurm job {job_id} '
+                  f'({len(names)} nodes).\n  Follow it: {follow}\n  Its state: squeue -j {job_id}\n'
+                  f'  Cancel it: scancel {job_id}', flush=True)
+            nothing = Coordinator([])  # the job's own coordinator follows its nodes
+            runner = _StepRunner(job_id, None, [], nothing, watch_job=False)
+            return SlurmController(program.name, nothing, runner,
+                                   launch_type=options.launch_type, job_id=job_id, log_dir=log_dir,
+                                   detached=True)
+        print(f'Program {program.name!r} is Slurm job {job_id} ({len(names)} nodes); node logs in '
+              f'{log_dir}; cancel with scancel {job_id}.', file=sys.stderr, flush=True)
+        try:
+            with _sigterm_interrupts():
+                _wait_for_start(job_id, settings.start_timeout, ran=lambda: any(
+                    name.endswith('.exit') for name in os.listdir(run_dir)))
+        except BaseException:
+            _cancel(job_id)
+            server.Stop()
+            raise
+        follower = None
+        if terminal == 'current_terminal':
+            follower = _LogFollower([('slurm', batch_log)] + [(s.executable.name, s.log)
+                                                              for s in steps])
+        watched = [(s.index, s.executable.name, s.log) for s in steps]
+        runner = _StepRunner(job_id, run_dir, watched, coordinator, watch_job=True, server=server,
+                             follower=follower, batch_log=batch_log)
+        return SlurmController(program.name, coordinator, runner, launch_type=options.launch_type,
+                               notice_period=options.notice_period, job_id=job_id, log_dir=log_dir)
+
+
+def _serve_detached() -> None:
+    """Inside a detached job: serves the program's coordinator and follows the steps to the end.
+
+    The batch script starts it as `python -c '..._serve_detached()' RUN_DIR`; its output (and the
+    failure that ended the program, if any) goes to the job's job.out.
+    """
+    import courier  # pylint: disable=import-outside-toplevel
+    logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
+    run_dir = sys.argv[-1]
+    with open(os.path.join(run_dir, 'job.json')) as f:
+        info = json.load(f)
+    job_id = os.environ['SLURM_JOB_ID']
+    coordinator = Coordinator(info['nodes'])
+    with open(os.path.join(run_dir, 'tls.pickle'), 'rb') as f:
+        tls = pickle.load(f)
+    server = courier.Server(address=_endpoint(_local_address(_controller_host()), 0),
+                            thread_pool_size=2 * len(info['nodes']) + 8, tls=tls)
+    server.bind_object(coordinator)
+    server.Start()
+    partial = os.path.join(run_dir, 'coordinator.tmp')
+    with open(partial, 'w') as f:
+        f.write(server.address)
+    os.replace(partial, os.path.join(run_dir, 'coordinator'))
+    runner = _StepRunner(job_id, run_dir, [tuple(step) for step in info['steps']], coordinator, watch_job=False, server=server,
+                         batch_log=info['batch_log'])
+    controller = launcher.Controller(info['program'], coordinator, runner,
+                                     launch_type='slurm', notice_period=info['notice_period'])
+    try:
+        controller.wait()
+    except NodeFailedError as e:
+        print(f'Program {info["program"]!r} failed. {e}', flush=True)
+        sys.exit(1)
+    states = {name: status.state.value for name, status in controller.status().items()}
+    print(f'Program {info["program"]!r} ended: {states}', flush=True)

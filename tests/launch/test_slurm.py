@@ -1,0 +1,445 @@
+"""The slurm launch type against a real Slurm cluster (the test bed): single node and three nodes.
+
+Tests that need the cluster take the `slurm_single` / `slurm_multi` fixtures (tests/conftest.py);
+they skip when the bed is unavailable unless LAUNCHPAD_TESTBEDS=required. Single-node tests come
+first so that the session switches the cluster only once.
+"""
+import contextlib
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+import launchpad as lp
+from launchpad.launch import slurm
+
+from tests.core.conftest import script_env, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# --- programs ----------------------------------------------------------------------------------
+
+class Producer:
+    def produce(self, x):
+        return x * x, socket.gethostname()
+
+
+def consume(producers, results_path):
+    results = [producer.produce(i + 1) for i, producer in enumerate(producers)]
+    with open(results_path, 'w') as f:
+        f.write(repr(results))
+    print('consumed', [value for value, _ in results], flush=True)
+    lp.stop()
+
+
+def producer_consumer(results_path, producers=2):
+    program = lp.Program('producer-consumer')
+    with program.group('producer'):
+        handles = [program.add_node(lp.CourierNode(Producer)) for _ in range(producers)]
+    program.add_node(lp.PyNode(consume, handles, results_path), label='consumer')
+    return program
+
+
+class Learner:
+    def __init__(self, updates_to_stop):
+        self._updates = 0
+        self._updates_to_stop = updates_to_stop
+
+    def update(self, actor, trajectory):
+        self._updates += 1
+        if self._updates == self._updates_to_stop:
+            lp.stop()
+        return self._updates, socket.gethostname()
+
+
+class Actor:
+    def __init__(self, learner, index):
+        self._learner = learner
+        self._index = index
+
+    def run(self):
+        while not lp.stop_event().is_set():
+            try:
+                self._learner.update(self._index, [self._index] * 10)
+            except Exception:  # pylint: disable=broad-except
+                if not lp.stop_event().is_set():
+                    raise
+
+
+def actor_learner(actors=2, updates_to_stop=20):
+    program = lp.Program('actor-learner')
+    # Calls fail at once (rather than wait) once the learner has stopped serving.
+    learner = program.add_node(lp.CourierNode(Learner, updates_to_stop,
+                                              courier_client_kwargs={'wait_for_ready': False}),
+                               label='learner')
+    with program.group('actor'):
+        for index in range(actors):
+            program.add_node(lp.PyClassNode(Actor, learner, index))
+    return program
+
+
+def serve_until_stopped():
+    print('serving', flush=True)
+    lp.wait_for_stop()
+
+
+def raise_soon(message):
+    time.sleep(0.3)
+    raise ValueError(message)
+
+
+def exit_hard():
+    time.sleep(0.3)
+    print('exiting hard now', flush=True)
+    os._exit(7)  # pylint: disable=protected-access
+
+
+def ignore_stop():
+    while True:
+        time.sleep(0.1)
+
+
+def two_groups(function, *args, name='program'):
+    program = lp.Program(name)
+    program.add_node(lp.PyNode(serve_until_stopped), label='server')
+    program.add_node(lp.PyNode(function, *args), label='worker')
+    return program
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+def launch(program, tmp_path, **kwargs):
+    kwargs.setdefault('job_dir', str(tmp_path / 'jobs'))
+    return lp.launch(program, launch_type='slurm', **kwargs)
+
+
+def queue():
+    return subprocess.run(['squeue', '--noheader'], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def our_processes(marker):
+    found = []
+    for process in psutil.process_iter(['cmdline']):
+        cmdline = ' '.join(process.info['cmdline'] or ())
+        if marker in cmdline and process.pid != os.getpid():
+            found.append(cmdline)
+    return found
+
+
+def assert_nothing_left(controller, tmp_path):
+    """The job, every step, every node process and the run files are gone; the logs stay."""
+    assert controller.done
+    assert queue() == '', 'jobs or steps left in the queue'
+    marker = str(tmp_path / 'jobs')
+    assert wait_until(lambda: not our_processes(marker), timeout=10), our_processes(marker)
+    assert wait_until(lambda: not our_processes('slurmstepd'), timeout=10), \
+        our_processes('slurmstepd')
+    job_dir = os.path.dirname(controller.log_dir)
+    assert sorted(os.listdir(job_dir)) == ['logs']
+    assert 'job.out' in os.listdir(controller.log_dir)
+
+
+def both_serving(job_dir):
+    logs = [pathlib.Path(job_dir, 'logs', f'{name}_0.out') for name in ('server', 'worker')]
+    return all(log.exists() and 'serving' in log.read_text() for log in logs)
+
+
+def hosts(controller):
+    return {name: status.host for name, status in controller.status().items()}
+
+
+# --- no cluster needed -------------------------------------------------------------------------
+
+def test_gpus_memory_and_partition_map_to_sbatch_and_srun_options(tmp_path):
+    program = actor_learner(actors=3)
+    resources = {
+        'learner': lp.SlurmResources(cpus=4, mem='8G', gpus=2, gpu_type='a100', partition='gpu',
+                                     time='1:00:00', extra_args=['--qos=high']),
+        'actor': lp.SlurmResources(cpus=1, mem='500M')}
+    options = lp.LaunchOptions('slurm', resources=resources)
+    components = slurm._plan(lp.executables_of(program, options), resources, str(tmp_path))
+    paths = {index: f'{tmp_path}/{index}.spec' for index in range(4)}
+    script = slurm._batch_script('actor-learner', components, str(tmp_path), paths)
+    header = [line for line in script.splitlines() if line.startswith('#SBATCH')]
+    assert header == [
+        '#SBATCH --ntasks=1', '#SBATCH --cpus-per-task=4', '#SBATCH --mem-per-cpu=2048M',
+        '#SBATCH --gpus-per-task=a100:2', '#SBATCH --partition=gpu', '#SBATCH --time=1:00:00',
+        '#SBATCH --qos=high',
+        '#SBATCH hetjob',
+        '#SBATCH --ntasks=3', '#SBATCH --cpus-per-task=1', '#SBATCH --mem-per-cpu=500M']
+    steps = [line for line in script.splitlines() if line.startswith('step ')]
+    assert len(steps) == 4
+    assert '--het-group=0 --exact --ntasks=1 --nodes=1 --cpus-per-task=4 --mem-per-cpu=2048M ' \
+           '--gpus-per-task=a100:2 --job-name=learner/0' in steps[0]
+    assert all('--het-group=1 --exact' in step and '--gpus' not in step for step in steps[1:])
+    assert all(step.endswith(f'{tmp_path}/{index}.spec &') for index, step in enumerate(steps))
+
+
+def test_groups_with_equal_resources_share_one_component(tmp_path):
+    program = producer_consumer('unused', producers=3)
+    options = lp.LaunchOptions('slurm', resources={})
+    components = slurm._plan(lp.executables_of(program, options), {}, str(tmp_path))
+    assert [len(component.steps) for component in components] == [4]
+    script = slurm._batch_script('pc', components, str(tmp_path),
+                                 {i: f'{i}.spec' for i in range(4)})
+    assert 'hetjob' not in script and '--het-group' not in script
+    assert 'COURIER_AUTH_TOKEN' not in script
+
+
+def test_resources_are_checked_when_written():
+    with pytest.raises(ValueError, match='mem'):
+        lp.SlurmResources(mem='lots')
+    with pytest.raises(ValueError, match='cpus'):
+        lp.SlurmResources(cpus=0)
+    with pytest.raises(ValueError, match='--qos=high'):
+        lp.SlurmResources(extra_args=['--qos high'])
+    with pytest.raises(TypeError, match='list'):
+        lp.SlurmResources(extra_args='--qos=high')
+
+
+def test_wrong_resources_type_and_unknown_options_are_named(tmp_path):
+    program = two_groups(serve_until_stopped)
+    with pytest.raises(TypeError, match="SlurmResources; group 'worker' got PythonProcess"):
+        launch(program, tmp_path, resources={'worker': lp.PythonProcess()})
+    with pytest.raises(TypeError, match="unknown options \\['partition'\\]"):
+        launch(program, tmp_path, partition='debug')
+
+
+def test_missing_sbatch_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv('PATH', str(tmp_path))
+    with pytest.raises(lp.SlurmError, match='sbatch.*not found.*PATH'):
+        launch(two_groups(serve_until_stopped), tmp_path)
+    assert not (tmp_path / 'jobs').exists() or not os.listdir(tmp_path / 'jobs')
+
+
+# --- single-node cluster -----------------------------------------------------------------------
+
+def test_producer_consumer_on_one_node(slurm_single, tmp_path, capfd):
+    results = tmp_path / 'results'
+    controller = launch(producer_consumer(str(results)), tmp_path)
+    assert isinstance(controller, lp.SlurmController) and controller.job_id.isdigit()
+    assert controller.wait(timeout=60)
+    assert eval(results.read_text()) == [(1, slurm_single.nodes[0]), (4, slurm_single.nodes[0])]  # pylint: disable=eval-used
+    assert {s.state for s in controller.status().values()} == {lp.NodeState.FINISHED}
+    assert '[consumer/0] consumed [1, 4]' in capfd.readouterr().out
+    with open(os.path.join(controller.log_dir, 'consumer_0.out')) as f:
+        assert 'consumed [1, 4]' in f.read()
+    assert_nothing_left(controller, tmp_path)
+
+
+def test_actor_learner_on_one_node(slurm_single, tmp_path):
+    controller = launch(actor_learner(actors=2), tmp_path, terminal='output_to_files')
+    assert controller.wait(timeout=60)
+    assert set(hosts(controller).values()) == set(slurm_single.nodes)
+    assert_nothing_left(controller, tmp_path)
+
+
+def test_stop_ends_the_job_and_the_token_travels_only_in_the_environment(slurm_single, tmp_path):
+    controller = launch(two_groups(serve_until_stopped), tmp_path)
+    assert wait_until(lambda: all(s.state is lp.NodeState.RUNNING
+                                  for s in controller.status().values()), timeout=30)
+    worker = psutil.Process(controller.status()['worker/0'].pid)
+    token = worker.environ()['COURIER_AUTH_TOKEN']
+    assert len(token) >= 32
+    assert not our_processes(token)
+    run_dir = os.path.join(os.path.dirname(controller.log_dir), 'run')
+    assert os.stat(run_dir).st_mode & 0o777 == 0o700
+    with open(os.path.join(run_dir, 'job.sh')) as f:
+        assert token not in f.read()
+    controller.stop()
+    assert {s.state for s in controller.status().values()} == {lp.NodeState.FINISHED}
+    assert_nothing_left(controller, tmp_path)
+
+
+def test_node_ignoring_the_stop_is_cancelled_after_the_notice_period(slurm_single, tmp_path):
+    controller = launch(two_groups(ignore_stop), tmp_path, notice_period=0.5)
+    assert wait_until(lambda: controller.status()['worker/0'].state is lp.NodeState.RUNNING,
+                      timeout=30)
+    controller.stop()
+    assert controller.status()['worker/0'].state is lp.NodeState.KILLED
+    assert_nothing_left(controller, tmp_path)
+
+
+def test_crashing_node_ends_the_program_with_its_name_and_error(slurm_single, tmp_path):
+    controller = launch(two_groups(raise_soon, 'the answer is not 42'), tmp_path)
+    with pytest.raises(lp.NodeFailedError) as failure:
+        controller.wait(timeout=60)
+    assert failure.value.node_name == 'worker/0'
+    assert failure.value.message == 'ValueError: the answer is not 42'
+    assert 'raise_soon' in failure.value.remote_traceback
+    assert_nothing_left(controller, tmp_path)
+
+
+def test_step_that_dies_without_reporting_fails_with_its_exit_code_and_log(slurm_single, tmp_path):
+    controller = launch(two_groups(exit_hard), tmp_path)
+    with pytest.raises(lp.NodeFailedError) as failure:
+        controller.wait(timeout=60)
+    assert failure.value.node_name == 'worker/0'
+    assert 'exit code 7' in failure.value.message
+    assert 'exiting hard now' in failure.value.message
+    assert_nothing_left(controller, tmp_path)
+
+
+def test_slurm_rejections_pass_slurms_message_through(slurm_single, tmp_path):
+    program = two_groups(serve_until_stopped)
+    with pytest.raises(lp.SlurmError, match='Invalid partition name'):
+        launch(program, tmp_path, resources={'worker': lp.SlurmResources(partition='nope')})
+    with pytest.raises(lp.SlurmError, match='[Mm]emory specification'):
+        launch(program, tmp_path, resources={'worker': lp.SlurmResources(mem='100G')})
+    with pytest.raises(lp.SlurmError, match='cannot start.*PartitionConfig'):
+        launch(program, tmp_path, resources={'worker': lp.SlurmResources(cpus=64)})
+    assert queue() == ''
+    assert os.listdir(tmp_path / 'jobs') == []
+
+
+def test_job_that_does_not_start_in_time_is_cancelled(slurm_single, tmp_path):
+    later = lp.SlurmResources(extra_args=['--begin=now+1hour'])
+    with pytest.raises(lp.SlurmError, match='did not start within 1 s.*BeginTime'):
+        launch(two_groups(serve_until_stopped), tmp_path, resources={'worker': later},
+               start_timeout=1)
+    assert queue() == ''
+    assert os.listdir(tmp_path / 'jobs') == []
+
+
+SCRIPT = '''
+import sys
+import launchpad as lp
+from tests.launch.test_slurm import producer_consumer, two_groups, serve_until_stopped
+kind = sys.argv[1]
+program = (two_groups(serve_until_stopped, name='forever') if kind == 'forever'
+           else producer_consumer(sys.argv[2]))
+controller = lp.launch(program, launch_type=None if kind == 'cli' else 'slurm',
+                       **({'detach': True} if kind == 'detach' else {}))
+print('launched job', controller.job_id, flush=True)
+'''
+
+
+def write_script(tmp_path, tail=''):
+    script = tmp_path / 'script.py'
+    script.write_text(SCRIPT + tail)
+    return script
+
+
+def env_for(tmp_path):
+    """The environment of a launching script: the repository importable, job_dir in tmp_path."""
+    return script_env({'LAUNCHPAD_SLURM_DIR': str(tmp_path / 'jobs')})
+
+
+def test_cli_runs_a_script_on_slurm(slurm_single, tmp_path):
+    results = tmp_path / 'results'
+    done = subprocess.run(
+        [sys.executable, '-m', 'launchpad.launch', '--type=slurm', str(write_script(tmp_path)),
+         'cli', str(results)], capture_output=True, text=True, timeout=60, env=env_for(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert '[consumer/0] consumed [1, 4]' in done.stdout
+    assert eval(results.read_text())[1][0] == 4  # pylint: disable=eval-used
+    assert queue() == ''
+
+
+@contextlib.contextmanager
+def serving_script(tmp_path):
+    """A script that launches a program serving until stopped, and waits for it; yields the script
+    process (once every node serves) and the job directory. The process is killed on exit."""
+    process = subprocess.Popen(
+        [sys.executable, str(write_script(tmp_path, 'controller.wait()\n')), 'forever'],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_for(tmp_path))
+    try:
+        for line in process.stdout:
+            if line.startswith('launched job'):
+                break
+        job_dir = os.path.join(tmp_path, 'jobs', os.listdir(tmp_path / 'jobs')[0])
+        assert wait_until(lambda: both_serving(job_dir), timeout=30)
+        yield process, job_dir
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_ctrl_c_cancels_the_program(slurm_single, tmp_path):
+    with serving_script(tmp_path) as (process, job_dir):
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=30)[0]
+    assert 'Stopping program' in output
+    assert process.returncode == 0, output
+    assert queue() == ''
+    assert wait_until(lambda: not our_processes(job_dir), timeout=10)
+    assert os.listdir(job_dir) == ['logs']
+
+
+def test_job_cancelled_behind_our_back_fails_the_running_nodes(slurm_single, tmp_path):
+    controller = launch(two_groups(serve_until_stopped), tmp_path)
+    assert wait_until(lambda: all(s.state is lp.NodeState.RUNNING
+                                  for s in controller.status().values()), timeout=30)
+    subprocess.run(['scancel', controller.job_id], check=True)
+    with pytest.raises(lp.NodeFailedError, match='Slurm|exit code'):
+        controller.wait(timeout=30)
+    assert_nothing_left(controller, tmp_path)
+
+
+def test_nodes_end_when_the_launcher_dies(slurm_single, tmp_path):
+    with serving_script(tmp_path) as (process, job_dir):
+        process.kill()
+    assert wait_until(lambda: queue() == '', timeout=30)
+    assert wait_until(lambda: not our_processes(job_dir), timeout=10)
+
+
+# --- three-node cluster ------------------------------------------------------------------------
+
+def test_producers_spread_over_nodes(slurm_multi, tmp_path):
+    results = tmp_path / 'results'
+    controller = launch(producer_consumer(str(results)), tmp_path,
+                        resources={'producer': lp.SlurmResources(nodes=2)})
+    assert controller.wait(timeout=60)
+    placed = hosts(controller)
+    assert sorted(placed.values()) == sorted(slurm_multi.nodes)
+    assert [host for _, host in eval(results.read_text())] == [  # pylint: disable=eval-used
+        placed['producer/0'], placed['producer/1']]
+    assert_nothing_left(controller, tmp_path)
+
+
+def test_heterogeneous_actor_learner_groups_land_on_different_nodes(slurm_multi, tmp_path):
+    started = time.monotonic()
+    controller = launch(actor_learner(actors=3, updates_to_stop=30), tmp_path, resources={
+        'learner': lp.SlurmResources(cpus=2), 'actor': lp.SlurmResources(cpus=1)})
+    assert controller.wait(timeout=60)
+    placed = hosts(controller)
+    actor_hosts = {placed[f'actor/{i}'] for i in range(3)}
+    assert len(actor_hosts) == 1 and placed['learner/0'] not in actor_hosts
+    assert set(placed.values()) <= set(slurm_multi.nodes)
+    assert_nothing_left(controller, tmp_path)
+    print(f'actor/learner on 2 nodes: {time.monotonic() - started:.1f} s')
+
+
+def test_crashing_node_on_another_host(slurm_multi, tmp_path):
+    program = two_groups(raise_soon, 'remote failure')
+    controller = launch(program, tmp_path, resources={'worker': lp.SlurmResources(cpus=2)})
+    with pytest.raises(lp.NodeFailedError, match='remote failure') as failure:
+        controller.wait(timeout=60)
+    assert failure.value.node_name == 'worker/0'
+    assert hosts(controller)['worker/0'] != hosts(controller)['server/0']
+    assert_nothing_left(controller, tmp_path)
+
+
+def test_detached_program_outlives_the_launching_process(slurm_multi, tmp_path):
+    results = tmp_path / 'results'
+    done = subprocess.run([sys.executable, str(write_script(tmp_path)), 'detach', str(results)],
+                          capture_output=True, text=True, timeout=60, env=env_for(tmp_path))
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.split('launched job ')[1].split()[0]
+    assert f'scancel {job_id}' in done.stdout and 'tail -f' in done.stdout
+    assert wait_until(results.exists, timeout=60)
+    assert eval(results.read_text())[1][0] == 4  # pylint: disable=eval-used
+    assert wait_until(lambda: queue() == '', timeout=30)
+    job_dir = os.path.join(tmp_path, 'jobs', os.listdir(tmp_path / 'jobs')[0])
+    assert wait_until(lambda: os.listdir(job_dir) == ['logs'], timeout=10)
+    with open(os.path.join(job_dir, 'logs', 'job.out')) as f:
+        assert "Program 'producer-consumer' ended" in f.read()
+    assert wait_until(lambda: not our_processes(job_dir), timeout=10)
