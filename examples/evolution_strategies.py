@@ -3,8 +3,8 @@
 Topology (N evaluators):
 
     evolver/0  each generation draws P/2 random seeds, sends each evaluator its share through
-        |      futures (all evaluators work at once), turns the scores into a gradient estimate
-        |      and steps the policy; it prints progress and stops the program at the end
+        |      futures (as processes, all evaluators work at once), turns the scores into a
+        |      gradient estimate and steps the policy; it prints progress and stops the program
         v
     evaluator/0 .. evaluator/N-1   rebuild each perturbation from its seed and score the policy
                                    with it added and subtracted (antithetic pairs)
@@ -34,8 +34,9 @@ _SIGMA = flags.DEFINE_float('sigma', 0.1, 'Standard deviation of the perturbatio
 _LEARNING_RATE = flags.DEFINE_float('learning_rate', 0.1, 'Step size of the policy update.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Random seed.')
 _HISTORY = flags.DEFINE_string('history', None,
-                               'Also write every generation\'s score and evaluation times to this '
-                               'JSON file.')
+                               'Also write every generation\'s score and, for each evaluation, when '
+                               'its request was sent, it started, it ended and its result was '
+                               'received (wall clock), to this JSON file.')
 
 _STARTS = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]])
 _STEPS = 100
@@ -105,9 +106,13 @@ class Evolver:
         for generation in range(1, self._generations + 1):
             seeds = [int(s) for s in self._rng.integers(2 ** 31, size=self._pairs)]
             shares = [seeds[i::len(self._evaluators)] for i in range(len(self._evaluators))]
-            futures = [evaluator.futures.evaluate(params, share, self._sigma)
-                       for evaluator, share in zip(self._evaluators, shares) if share]
-            evaluations = [future.result() for future in futures]
+            futures, sent = [], []
+            for evaluator, share in zip(self._evaluators, shares):
+                if share:
+                    futures.append(evaluator.futures.evaluate(params, share, self._sigma))
+                    sent.append(time.time())
+            evaluations = [dict(future.result(), sent=at, received=time.time())
+                           for future, at in zip(futures, sent)]
             used = [seed for e, share in zip(evaluations, shares) for seed in share]
             scores = np.array([pair for e in evaluations for pair in e['scores']])
             ranks = _centered_ranks(scores)
@@ -116,7 +121,8 @@ class Evolver:
             params = params + self._learning_rate / (len(used) * self._sigma) * gradient
             score = episode_return(params)
             history.append({'generation': generation, 'score': score,
-                            'evaluations': [{key: e[key] for key in ('evaluator', 'start', 'end')}
+                            'evaluations': [{key: e[key] for key in
+                                             ('evaluator', 'sent', 'start', 'end', 'received')}
                                             for e in evaluations]})
             if generation % 5 == 0 or generation == self._generations:
                 print(f'generation {generation:3d}: score {score:7.3f}', flush=True)
