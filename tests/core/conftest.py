@@ -6,8 +6,9 @@ import sys
 import tempfile
 import time
 
-import psutil
 import pytest
+
+from tests.leftovers import no_new_children
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,18 +36,8 @@ def no_leftovers(private_tmpdir):
     """Fails a test that leaves child processes or program directories behind."""
     del private_tmpdir
     dirs_before = _program_dirs()
-    me = psutil.Process()
-    # Helpers that live as long as the test run (multiprocessing's resource tracker) are no leak.
-    children_before = {child.pid for child in me.children(recursive=True)}
-    yield
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        children = [c for c in me.children(recursive=True)
-                    if c.pid not in children_before and c.status() != psutil.STATUS_ZOMBIE]
-        if not children:
-            break
-        time.sleep(0.05)
-    assert not children, f'processes left behind: {[c.cmdline() for c in children]}'
+    with no_new_children():
+        yield
     left = _program_dirs() - dirs_before
     assert not left, f'program directories left behind: {left}'
 

@@ -7,10 +7,10 @@ import os
 import pathlib
 import time
 
-import psutil
 import pytest
 
 import courier
+from tests.leftovers import no_new_children
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT_SECONDS = 60
@@ -29,14 +29,8 @@ def no_leaked_processes():
     """Fails a test that leaves a child process behind."""
     # multiprocessing's helper lives as long as this process by design: not a leak.
     multiprocessing.resource_tracker.ensure_running()
-    before = {child.pid for child in psutil.Process().children(recursive=True)}
-    yield
-    leaked = [child for child in psutil.Process().children(recursive=True)
-              if child.pid not in before and child.is_running()
-              and child.status() != psutil.STATUS_ZOMBIE]
-    for child in leaked:
-        child.kill()
-    assert not leaked, f'test leaked child processes: {leaked}'
+    with no_new_children(grace=0):
+        yield
 
 
 @pytest.fixture

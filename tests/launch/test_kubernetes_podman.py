@@ -21,10 +21,10 @@ import subprocess
 import threading
 import time
 
-import psutil
 import pytest
 
 import launchpad as lp
+from tests.leftovers import no_new_children
 from launchpad.launch import kubernetes
 from tests.launch import kubernetes_programs
 
@@ -190,11 +190,11 @@ def podman_launch(podman_testbed, tmp_path, monkeypatch):
         return lp.launch(program, launch_type='kubernetes_podman', image=podman_testbed.image,
                          python=podman_testbed.python, **options), apis[-1]
 
-    yield launch
-    for api in apis:
-        api.close()
+    with no_new_children():
+        yield launch
+        for api in apis:
+            api.close()
     assert not _podman('ps', '-aq', '--filter', f'label={kubernetes.PROGRAM_LABEL}').strip()
-    assert not psutil.Process().children(recursive=True)
 
 
 def test_producer_consumer_runs_across_pods_and_ends_by_lp_stop_in_a_pod(podman_launch, capfd):
