@@ -33,6 +33,17 @@ def test_producer_consumer_consumes_every_value_once(run_example, launch_type):
     assert run.final_line == 'Consumed 6 values from 2 producers, sum 15.'
 
 
+def test_readme_example_command_runs(run_example):
+    with open(os.path.join(os.path.dirname(EXAMPLES), 'README.md'), encoding='utf-8') as f:
+        block = re.search(r'<!-- example-command -->\n```bash\n(.*?)\n```', f.read(), re.S)[1]
+    command = re.fullmatch(r'pip install -e \. && python -m launchpad\.launch --type=(\w+) '
+                           r'examples/(\w+)\.py', block)
+    assert command, f'README\'s example command changed shape: {block!r}'
+    run = _ok(run_example(command[2], command[1]))
+    assert run.final_line.startswith('Consumed ')
+    assert len(run.lines) <= 10 and not run.stderr, run.stderr  # short, no warnings
+
+
 def _words(text: str):
     return re.findall(r"[^\W_]+(?:'[^\W_]+)*", text.lower())
 
