@@ -20,6 +20,7 @@ import atexit
 import concurrent.futures.thread  # pylint: disable=unused-import (see _run_until_done_at_exit)
 import dataclasses
 import enum
+import functools
 import importlib
 import logging
 import os
@@ -33,7 +34,7 @@ from absl import flags
 
 import courier
 
-from launchpad.launch.coordinator import Coordinator, NodeFailedError, NodeStatus
+from launchpad.launch.coordinator import Coordinator, NodeStatus
 from launchpad.nodes.base import Executable, LaunchInfo
 from launchpad.program import Program
 
@@ -380,7 +381,7 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
     _launched.append(controller)
     if launch_type in _TEST_TYPES and test_case is not None:
         test_case.addCleanup(controller.stop)
-    if launch_type in _LOCAL_TYPES or getattr(platform, 'foreground', False):
+    if launch_type not in _TEST_TYPES and getattr(platform, 'foreground', False):
         controller._handle_signals()  # pylint: disable=protected-access
         if not _cli_waits:
             controller._run_until_done_at_exit()  # pylint: disable=protected-access
@@ -392,16 +393,18 @@ _cli_waits = False  # `python -m launchpad.launch` waits for controllers itself
 
 
 def _load_builtin_launchers() -> None:
-    """Registers the launchers shipped with launchpad (imported lazily, once)."""
+    """Registers the launchers shipped with launchpad (each module is imported when first used)."""
     if 'local_mt' in _registry:
         return
-    # pylint: disable=import-outside-toplevel
-    from launchpad.launch import processes, threads
-    register_launcher('slurm', lambda: importlib.import_module('launchpad.launch.slurm').SlurmLauncher())
-    register_launcher('kubernetes', lambda: importlib.import_module(
-        'launchpad.launch.kubernetes').KubernetesLauncher())  # its API client loads when used
-    register_launcher('local_mt', threads.ThreadLauncher)
-    register_launcher('test_mt', threads.ThreadLauncher)
-    register_launcher('local_mp', processes.ProcessLauncher)
-    register_launcher('test_mp', processes.ProcessLauncher)
-    register_launcher('ssh', lambda: importlib.import_module('launchpad.launch.ssh').SshLauncher())
+    for launch_types, module, name in [
+            (('local_mt', 'test_mt'), 'threads', 'ThreadLauncher'),
+            (('local_mp', 'test_mp'), 'processes', 'ProcessLauncher'),
+            (('ssh',), 'ssh', 'SshLauncher'),
+            (('slurm',), 'slurm', 'SlurmLauncher'),
+            (('kubernetes',), 'kubernetes', 'KubernetesLauncher')]:
+        for launch_type in launch_types:
+            register_launcher(launch_type, functools.partial(_builtin, module, name))
+
+
+def _builtin(module: str, name: str) -> Launcher:
+    return getattr(importlib.import_module(f'launchpad.launch.{module}'), name)()

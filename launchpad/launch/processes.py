@@ -107,6 +107,8 @@ class ProcessLauncher(launcher.Launcher):
     """Runs every executable in a worker process; servers listen on Unix sockets in a private
     directory that only this user can open, and calls carry the program's auth token."""
 
+    foreground = True
+
     def launch(self, program: Program, options: launcher.LaunchOptions) -> launcher.Controller:
         executables = launcher.executables_of(program, options)
         for label, resources in options.resources.items():

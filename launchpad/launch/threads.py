@@ -39,6 +39,8 @@ class _ThreadRunner:
 class ThreadLauncher(launcher.Launcher):
     """Runs every executable as a thread; servers listen on Unix sockets in a private directory."""
 
+    foreground = True
+
     def launch(self, program: Program, options: launcher.LaunchOptions) -> launcher.Controller:
         executables = launcher.executables_of(program, options)
         if options.serialize_py_nodes:  # nodes get copies, as they would in processes
