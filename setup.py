@@ -5,8 +5,10 @@ TEST_REQUIRES = [
     'pytest>=7',
     'pytest-timeout>=2.1',
     'grpcio-tools==1.76.0',  # pinned: the staleness test regenerates courier's protos with it
+    'protobuf>=6.31.1',      # only the tests import courier_pb2; the runtime has its own wire code
     'cryptography>=41',      # TLS certificates made at test time
     'kubernetes-validate>=1.28',
+    'kubernetes>=28',        # the kubernetes launcher's API layer, against a canned server
     'pyyaml>=6',
 ]
 
@@ -21,7 +23,6 @@ setuptools.setup(
     python_requires='>=3.9',
     install_requires=[
         'grpcio>=1.76.0',
-        'protobuf>=6.31.1',
         'cloudpickle>=2.2',
         'absl-py>=1.0',
         'portpicker>=1.5',

@@ -125,7 +125,8 @@ def probe(system: System) -> Tuple[Optional[System], Optional[str]]:
                       'is another launchpad installed first on the path?')
     if system.key == 'dmlp' and not _same_dir(package_dir, info['expected_dir']):
         return None, (f'`import launchpad` found {package_dir}, not dm-launchpad\'s package '
-                      f'({info["expected_dir"]}): keep this repository off that interpreter\'s path')
+                      f'({info["expected_dir"]}): keep this repository off that '
+                      'interpreter\'s path')
     return dataclasses.replace(system, version=info['version']), None
 
 

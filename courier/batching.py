@@ -68,10 +68,21 @@ class BatchedHandler:
         self.timeout = timeout
         self.pad_batch = pad_batch
         self._attribute = getattr(fn, '__name__', None)
+        self._instance = None  # The instance whose method this handler batches, if any.
         self._batcher = _Batcher(fn, batch_size, max_parallelism, timeout, pad_batch)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._batcher.submit(args, kwargs)
+
+    def __reduce__(self):
+        """Pickles by reference when possible; a copy never carries waiting calls."""
+        if self._instance is not None:  # A method's handler: the copy's own, via the class.
+            return getattr, (self._instance, self._attribute)
+        module = sys.modules.get(getattr(self, '__module__', None) or '')
+        if _lookup(module, getattr(self, '__qualname__', '')) is self:
+            return self.__qualname__  # A module-level function: pickled by name.
+        return BatchedHandler, (self.__wrapped__, self.batch_size, self.max_parallelism,
+                                self.timeout, self.pad_batch)
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._attribute = name
@@ -82,6 +93,8 @@ class BatchedHandler:
             return self
         bound = BatchedHandler(self.__wrapped__.__get__(instance, owner), self.batch_size,
                                self.max_parallelism, self.timeout, self.pad_batch)
+        bound._attribute = self._attribute  # pylint: disable=protected-access
+        bound._instance = instance  # pylint: disable=protected-access
         try:
             attributes = vars(instance)
         except TypeError:
@@ -92,6 +105,12 @@ class BatchedHandler:
         # Cached on the instance (shadowing this descriptor); setdefault keeps one batcher
         # when threads race on the first access.
         return attributes.setdefault(self._attribute, bound)
+
+
+def _lookup(scope: Any, qualified_name: str) -> Any:
+    for name in qualified_name.split('.'):
+        scope = getattr(scope, name, None)
+    return scope
 
 
 class _Batch:

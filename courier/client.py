@@ -17,12 +17,25 @@ Address = Union[str, Callable[[], str]]
 
 _ARGUMENT_NAMES = ('args', 'kwargs')
 
+# Counts forks, so a client notices it runs in a child (gRPC channels do not survive
+# fork) without a getpid system call per call.
+_fork_generation = 0
+
+
+def _count_fork() -> None:
+    global _fork_generation  # pylint: disable=global-statement
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_count_fork)
+
 
 class Client:
     """A handle on a remote server: ``client.name(...)`` calls the method ``name``.
 
     ``client.futures.name(...)`` starts the call and returns a
-    ``concurrent.futures.Future``; cancelling it cancels the call.
+    ``concurrent.futures.Future``; cancelling it cancels the call (a method the
+    server already started runs to completion, and its result is dropped).
 
     Clients are thread-safe and picklable: the connection is made at the first
     call (in the process making it), so a client pickled into another process
@@ -57,9 +70,9 @@ class Client:
         self._auth_token = auth_token
         self._tls = tls
         self._transport = None
-        self._transport_pid = None
+        self._transport_generation = -1
         self._lock = threading.Lock()
-        self._lock_pid = os.getpid()
+        self._lock_generation = _fork_generation
 
     def __getattr__(self, name: str) -> '_Method':
         if name.startswith('__'):
@@ -121,19 +134,19 @@ class Client:
     def _connection(self):
         """Returns the transport, connecting on first use in each process."""
         transport = self._transport
-        pid = os.getpid()
-        if transport is not None and self._transport_pid == pid:
+        generation = _fork_generation
+        if transport is not None and self._transport_generation == generation:
             return transport
-        if self._lock_pid != pid:  # Forked: the parent's lock may be held forever.
+        if self._lock_generation != generation:  # Forked: the lock may be held forever.
             self._lock = threading.Lock()
-            self._lock_pid = pid
+            self._lock_generation = generation
         with self._lock:
-            if self._transport is None or self._transport_pid != pid:
+            if self._transport is None or self._transport_generation != generation:
                 from courier import transport as transports  # pylint: disable=import-outside-toplevel
                 self._transport = transports.connect(
                     self._resolve_address(), auth_token=security.resolve_auth_token(
                         self._auth_token), tls=self._tls, wait_for_ready=self._wait_for_ready)
-                self._transport_pid = pid
+                self._transport_generation = generation
             return self._transport
 
     def _resolve_address(self) -> str:

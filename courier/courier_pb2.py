@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rcourier.proto\x12\x07\x63ourier\">\n\x0b\x43\x61llRequest\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x0e\n\x06pickle\x18\x02 \x01(\x0c\x12\x0f\n\x07\x62uffers\x18\x03 \x03(\x0c\"\xf8\x01\n\x0c\x43\x61llResponse\x12,\n\x06status\x18\x01 \x01(\x0e\x32\x1c.courier.CallResponse.Status\x12\x0e\n\x06pickle\x18\x02 \x01(\x0c\x12\x0f\n\x07\x62uffers\x18\x03 \x03(\x0c\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x16\n\x0e\x65xception_type\x18\x05 \x01(\t\x12\x11\n\ttraceback\x18\x06 \x01(\t\x12\x0f\n\x07methods\x18\x07 \x03(\t\"L\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\r\n\tEXCEPTION\x10\x01\x12\x12\n\x0eUNKNOWN_METHOD\x10\x02\x12\x17\n\x13SERIALIZATION_ERROR\x10\x03\"\x14\n\x12ListMethodsRequest\"&\n\x13ListMethodsResponse\x12\x0f\n\x07methods\x18\x01 \x03(\t2\x88\x01\n\x07\x43ourier\x12\x33\n\x04\x43\x61ll\x12\x14.courier.CallRequest\x1a\x15.courier.CallResponse\x12H\n\x0bListMethods\x12\x1b.courier.ListMethodsRequest\x1a\x1c.courier.ListMethodsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rcourier.proto\x12\x07\x63ourier\"T\n\x0b\x43\x61llRequest\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x0e\n\x06pickle\x18\x02 \x01(\x0c\x12\x0f\n\x07\x62uffers\x18\x03 \x03(\x0c\x12\x14\n\x0c\x62uffer_sizes\x18\x04 \x03(\x04\"\xa1\x02\n\x0c\x43\x61llResponse\x12,\n\x06status\x18\x01 \x01(\x0e\x32\x1c.courier.CallResponse.Status\x12\x0e\n\x06pickle\x18\x02 \x01(\x0c\x12\x0f\n\x07\x62uffers\x18\x03 \x03(\x0c\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x16\n\x0e\x65xception_type\x18\x05 \x01(\t\x12\x11\n\ttraceback\x18\x06 \x01(\t\x12\x0f\n\x07methods\x18\x07 \x03(\t\x12\x14\n\x0c\x62uffer_sizes\x18\x08 \x03(\x04\x12\x11\n\tresult_id\x18\t \x01(\x04\"L\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\r\n\tEXCEPTION\x10\x01\x12\x12\n\x0eUNKNOWN_METHOD\x10\x02\x12\x17\n\x13SERIALIZATION_ERROR\x10\x03\"\x15\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"!\n\x0c\x46\x65tchRequest\x12\x11\n\tresult_id\x18\x01 \x01(\x04\"\x14\n\x12ListMethodsRequest\"&\n\x13ListMethodsResponse\x12\x0f\n\x07methods\x18\x01 \x03(\t2\xf1\x01\n\x07\x43ourier\x12\x33\n\x04\x43\x61ll\x12\x14.courier.CallRequest\x1a\x15.courier.CallResponse\x12\x35\n\nCallStream\x12\x0e.courier.Chunk\x1a\x15.courier.CallResponse(\x01\x12\x30\n\x05\x46\x65tch\x12\x15.courier.FetchRequest\x1a\x0e.courier.Chunk0\x01\x12H\n\x0bListMethods\x12\x1b.courier.ListMethodsRequest\x1a\x1c.courier.ListMethodsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,15 +32,19 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'courier_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CALLREQUEST']._serialized_start=26
-  _globals['_CALLREQUEST']._serialized_end=88
-  _globals['_CALLRESPONSE']._serialized_start=91
-  _globals['_CALLRESPONSE']._serialized_end=339
-  _globals['_CALLRESPONSE_STATUS']._serialized_start=263
-  _globals['_CALLRESPONSE_STATUS']._serialized_end=339
-  _globals['_LISTMETHODSREQUEST']._serialized_start=341
-  _globals['_LISTMETHODSREQUEST']._serialized_end=361
-  _globals['_LISTMETHODSRESPONSE']._serialized_start=363
-  _globals['_LISTMETHODSRESPONSE']._serialized_end=401
-  _globals['_COURIER']._serialized_start=404
-  _globals['_COURIER']._serialized_end=540
+  _globals['_CALLREQUEST']._serialized_end=110
+  _globals['_CALLRESPONSE']._serialized_start=113
+  _globals['_CALLRESPONSE']._serialized_end=402
+  _globals['_CALLRESPONSE_STATUS']._serialized_start=326
+  _globals['_CALLRESPONSE_STATUS']._serialized_end=402
+  _globals['_CHUNK']._serialized_start=404
+  _globals['_CHUNK']._serialized_end=425
+  _globals['_FETCHREQUEST']._serialized_start=427
+  _globals['_FETCHREQUEST']._serialized_end=460
+  _globals['_LISTMETHODSREQUEST']._serialized_start=462
+  _globals['_LISTMETHODSREQUEST']._serialized_end=482
+  _globals['_LISTMETHODSRESPONSE']._serialized_start=484
+  _globals['_LISTMETHODSRESPONSE']._serialized_end=522
+  _globals['_COURIER']._serialized_start=525
+  _globals['_COURIER']._serialized_end=766
 # @@protoc_insertion_point(module_scope)

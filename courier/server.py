@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
+import types
 from typing import Any, Callable, Dict, List, Optional
 
 from courier import errors
@@ -152,7 +153,7 @@ class Server:
     def _method_names(self) -> List[str]:
         return sorted(self._methods)
 
-    def _handle_call(self, method: str, pickle: memoryview, buffers: List[bytearray]
+    def _handle_call(self, method: str, pickle: memoryview, buffers: List[Any]
                      ) -> wire.Response:
         """Runs one call; every failure becomes an error response, never an exception."""
         fn = self._methods.get(method)
@@ -166,6 +167,11 @@ class Server:
             return wire.Response(wire.SERIALIZATION_ERROR, message=str(error))
         try:
             result = fn(*args, **kwargs)
+            if isinstance(result, types.CoroutineType):
+                result.close()
+                raise TypeError(f'courier method {method!r} returned a coroutine: courier calls '
+                                f'plain functions; bind a wrapper that runs it, e.g. with '
+                                f'asyncio.run')
         except BaseException as error:  # pylint: disable=broad-except
             return _exception_response(method, error)
         try:

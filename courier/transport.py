@@ -18,9 +18,14 @@ import dataclasses
 import errno
 import hmac
 import ipaddress
+import itertools
+import mmap
 import os
+import secrets
 import socket
-from typing import Any, Callable, List, Optional, Sequence
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import grpc
 
@@ -30,7 +35,17 @@ from courier import wire
 
 SERVICE = 'courier.Courier'
 CALL = f'/{SERVICE}/Call'
+CALL_STREAM = f'/{SERVICE}/CallStream'
+FETCH = f'/{SERVICE}/Fetch'
 LIST_METHODS = f'/{SERVICE}/ListMethods'
+
+# Buffers adding up to this many bytes travel as a stream of chunks rather than inside one
+# message: gRPC moves one huge message several times slower, and copies it whole.
+STREAM_THRESHOLD = 4 << 20
+CHUNK_SIZE = 1 << 20
+# Seconds a large result waits on the server for its client to fetch it (then it is dropped,
+# so a client that died does not pin the memory). Generous: busy clients fetch late.
+RESULT_TTL = 300.0
 
 _AUTH_METADATA_KEY = 'authorization'
 _AUTH_SCHEME = 'Bearer '
@@ -39,20 +54,26 @@ _MAX_UNIX_PATH_BYTES = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux.
 _WILDCARD_HOSTS = ('', '0.0.0.0', '::', '[::]')
 
 # No gRPC message-size limit: courier carries whatever the caller passes.
-_MESSAGE_SIZE_OPTIONS = (
+MESSAGE_SIZE_OPTIONS = (
     ('grpc.max_send_message_length', -1),
     ('grpc.max_receive_message_length', -1),
 )
-_CHANNEL_OPTIONS = _MESSAGE_SIZE_OPTIONS + (
+CHANNEL_OPTIONS = MESSAGE_SIZE_OPTIONS + (
     # Calls between a program's processes must not detour through an HTTP proxy.
     ('grpc.enable_http_proxy', 0),
+    # Retry connecting to a server that is not up yet at least every second: by default the
+    # wait grows to two minutes, so a client noticed a late server long after it started.
+    ('grpc.initial_reconnect_backoff_ms', 100),
+    ('grpc.min_reconnect_backoff_ms', 100),
+    ('grpc.max_reconnect_backoff_ms', 1000),
 )
-_SERVER_OPTIONS = _MESSAGE_SIZE_OPTIONS + (
+SERVER_OPTIONS = MESSAGE_SIZE_OPTIONS + (
     # Binding a port another server holds must fail, not silently share it.
     ('grpc.so_reuseport', 0),
 )
 
-HandleCall = Callable[[str, memoryview, List[bytearray]], wire.Response]
+# handle_call(method, pickle, buffers): the buffers are writable and owned by the call.
+HandleCall = Callable[[str, memoryview, List[Any]], wire.Response]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +227,55 @@ def _decode_response(reply: bytes, address: str) -> wire.Response:
     return response
 
 
+def _streams(buffers: Sequence[memoryview]) -> bool:
+    return sum(buffer.nbytes for buffer in buffers) >= STREAM_THRESHOLD
+
+
+def _chunk_messages(buffers: Sequence[memoryview]) -> Iterator[bytes]:
+    """Yields ``Chunk`` messages carrying ``buffers`` in order, one chunk at a time."""
+    for buffer in buffers:
+        for start in range(0, buffer.nbytes, CHUNK_SIZE):
+            yield wire.encode_chunk(buffer[start:start + CHUNK_SIZE])
+
+
+def _assemble(sizes: Sequence[int], messages: Iterator[bytes]) -> List[Any]:
+    """Reassembles buffers of the announced ``sizes`` from ``Chunk`` messages.
+
+    Buffers are anonymous memory maps: writable, and only memory that data was
+    actually written to is used, so a bogus size cannot exhaust memory.
+
+    Raises:
+      ValueError: the chunks do not add up to the announced sizes.
+    """
+    buffers: List[Any] = []
+    for size in sizes:
+        if size == 0:
+            buffers.append(bytearray())
+            continue
+        try:
+            buffer = mmap.mmap(-1, size)
+        except (OSError, OverflowError, ValueError) as error:
+            raise ValueError(f'cannot allocate a buffer of {size} bytes: {error}') from None
+        filled = 0
+        while filled < size:
+            message = next(messages, None)
+            if message is None:
+                raise ValueError(f'the stream ended {size - filled} bytes short of a buffer')
+            data = wire.decode_chunk(message)
+            if filled + len(data) > size:
+                raise ValueError(f'a chunk overflows its {size}-byte buffer')
+            buffer[filled:filled + len(data)] = data
+            filled += len(data)
+        buffers.append(buffer)
+    if next(messages, None) is not None:
+        raise ValueError('the stream holds more chunks than its buffers need')
+    return buffers
+
+
+def _remaining(deadline: Optional[float]) -> Optional[float]:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
 class _CallFuture(concurrent.futures.Future):
     """A future whose cancellation also cancels the underlying gRPC call."""
 
@@ -220,19 +290,29 @@ class _CallFuture(concurrent.futures.Future):
             self._rpc.cancel()
         return True
 
+    def _track(self, rpc) -> None:
+        """Makes cancelling this future cancel ``rpc`` (the call's current gRPC call)."""
+        self._rpc = rpc
+        if self.cancelled():
+            rpc.cancel()
+
     def _resolve(self, compute: Callable[[], Any]) -> None:
+        """Completes the future with what ``compute`` returns or raises."""
         try:
             result = compute()
         except BaseException as error:  # pylint: disable=broad-except
-            try:
-                self.set_exception(error)
-            except concurrent.futures.InvalidStateError:  # Cancelled meanwhile.
-                pass
+            self._fail(error)
         else:
             try:
                 self.set_result(result)
-            except concurrent.futures.InvalidStateError:
+            except concurrent.futures.InvalidStateError:  # Cancelled meanwhile.
                 pass
+
+    def _fail(self, error: BaseException) -> None:
+        try:
+            self.set_exception(error)
+        except concurrent.futures.InvalidStateError:  # Cancelled meanwhile.
+            pass
 
 
 class _GrpcClientTransport(ClientTransport):
@@ -244,7 +324,7 @@ class _GrpcClientTransport(ClientTransport):
         self._wait_for_ready = wait_for_ready
         self._metadata = (((_AUTH_METADATA_KEY, _AUTH_SCHEME + auth_token),)
                           if auth_token else None)
-        options = list(_CHANNEL_OPTIONS)
+        options = list(CHANNEL_OPTIONS)
         if tls is None:
             self._channel = grpc.insecure_channel(endpoint.grpc_target, options=options)
         else:
@@ -256,39 +336,90 @@ class _GrpcClientTransport(ClientTransport):
             self._channel = grpc.secure_channel(endpoint.grpc_target, credentials,
                                                 options=options)
         self._call = self._channel.unary_unary(CALL, _registered_method=True)
+        self._call_stream = self._channel.stream_unary(CALL_STREAM, _registered_method=True)
+        self._fetch = self._channel.unary_stream(FETCH, _registered_method=True)
         self._list_methods = self._channel.unary_unary(LIST_METHODS, _registered_method=True)
+        self._fetchers = None  # Threads fetching large results of futures, made on demand.
+        self._fetchers_lock = threading.Lock()
 
     def call(self, method, pickle, buffers, timeout):
-        request = wire.encode_request(method, pickle, buffers)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        send, request = self._request(method, pickle, buffers)
         try:
-            reply = self._call(request, timeout=timeout, metadata=self._metadata,
-                               wait_for_ready=self._wait_for_ready)
+            reply = send(request, timeout=timeout, metadata=self._metadata,
+                         wait_for_ready=self._wait_for_ready)
         except grpc.RpcError as error:
             raise self._translate(error, method, timeout) from None
-        return _decode_response(reply, self.address)
+        response = _decode_response(reply, self.address)
+        if response.result_id:
+            self._fetch_result(method, response, deadline, timeout)
+        return response
 
     def call_async(self, method, pickle, buffers, timeout, finish):
-        request = wire.encode_request(method, pickle, buffers)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        send, request = self._request(method, pickle, buffers)
         future = _CallFuture()
-        rpc = self._call.future(request, timeout=timeout, metadata=self._metadata,
-                                wait_for_ready=self._wait_for_ready)
-        future._rpc = rpc  # pylint: disable=protected-access
+        future._track(send.future(  # pylint: disable=protected-access
+            request, timeout=timeout, metadata=self._metadata,
+            wait_for_ready=self._wait_for_ready))
 
         def on_done(rpc_future):
             if future.cancelled():
                 return
+            try:
+                response = _decode_response(rpc_future.result(), self.address)
+            except grpc.RpcError as error:
+                future._fail(self._translate(error, method, timeout))  # pylint: disable=protected-access
+                return
+            except BaseException as error:  # pylint: disable=broad-except
+                future._fail(error)  # pylint: disable=protected-access
+                return
+            if not response.result_id:
+                future._resolve(lambda: finish(response))  # pylint: disable=protected-access
+                return
 
-            def outcome():
-                try:
-                    reply = rpc_future.result()
-                except grpc.RpcError as error:
-                    raise self._translate(error, method, timeout) from None
-                return finish(_decode_response(reply, self.address))
+            def fetch_and_finish():
+                self._fetch_result(method, response, deadline, timeout,
+                                   track=future._track)  # pylint: disable=protected-access
+                return finish(response)
 
-            future._resolve(outcome)  # pylint: disable=protected-access
+            # Fetching blocks; gRPC's callback thread must not.
+            self._fetcher_pool().submit(
+                future._resolve, fetch_and_finish)  # pylint: disable=protected-access
 
-        rpc.add_done_callback(on_done)
+        future._rpc.add_done_callback(on_done)  # pylint: disable=protected-access
         return future
+
+    def _request(self, method: str, pickle: bytes, buffers: Sequence[memoryview]):
+        """Returns the gRPC call to make and its request: one message, or a stream."""
+        if not _streams(buffers):
+            return self._call, wire.encode_request(method, pickle, buffers)
+        header = wire.encode_request(method, pickle,
+                                     buffer_sizes=[buffer.nbytes for buffer in buffers])
+        return self._call_stream, itertools.chain((header,), _chunk_messages(buffers))
+
+    def _fetch_result(self, method: str, response: wire.Response, deadline: Optional[float],
+                      timeout: Optional[float], track: Optional[Callable] = None) -> None:
+        """Streams the buffers of a large result into ``response.buffers``."""
+        stream = self._fetch(wire.encode_fetch_request(response.result_id),
+                             timeout=_remaining(deadline), metadata=self._metadata,
+                             wait_for_ready=self._wait_for_ready)
+        if track is not None:
+            track(stream)
+        try:
+            response.buffers = _assemble(response.buffer_sizes, iter(stream))
+        except grpc.RpcError as error:
+            raise self._translate(error, method, timeout) from None
+        except ValueError as error:
+            raise errors.ProtocolError(f'malformed result of {method!r} from courier server '
+                                       f'{self.address}: {error}') from None
+
+    def _fetcher_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._fetchers_lock:
+            if self._fetchers is None:
+                self._fetchers = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=16, thread_name_prefix='courier-fetch')
+            return self._fetchers
 
     def list_methods(self, timeout):
         try:
@@ -304,6 +435,8 @@ class _GrpcClientTransport(ClientTransport):
 
     def close(self):
         self._channel.close()
+        if self._fetchers is not None:
+            self._fetchers.shutdown(wait=False)
 
     def _connected(self) -> bool:
         try:
@@ -319,13 +452,14 @@ class _GrpcClientTransport(ClientTransport):
         details = error.details() or code.name
         call = f'call to {method!r} on courier server {self.address}'
         if code == codes.DEADLINE_EXCEEDED:
+            after = f' after {timeout:g}s' if timeout is not None else ''
             if self._wait_for_ready and not self._connected():
                 return errors.ServerUnreachableTimeoutError(
-                    f'{call} timed out after {timeout:g}s: the server was not reachable '
+                    f'{call} timed out{after}: the server was not reachable '
                     f'(wait_for_ready=True waited for it to come up). Is it running, and '
                     f'is the address right?')
             return errors.CallTimeoutError(
-                f'{call} timed out after {timeout:g}s (call_timeout); '
+                f'{call} timed out{after} (call_timeout); '
                 f'pass a larger call_timeout if the method needs longer')
         if code == codes.UNAVAILABLE:
             hint = ('' if self._wait_for_ready else
@@ -360,11 +494,16 @@ class _GrpcServerTransport(ServerTransport):
             max_workers=thread_pool_size, thread_name_prefix='courier-server')
         interceptors = [_TokenCheck(auth_token)] if auth_token else None
         self._server = grpc.server(self._executor, interceptors=interceptors,
-                                   options=_SERVER_OPTIONS)
+                                   options=SERVER_OPTIONS)
         self._server.add_registered_method_handlers(SERVICE, {
             'Call': grpc.unary_unary_rpc_method_handler(self._call),
+            'CallStream': grpc.stream_unary_rpc_method_handler(self._call_stream),
+            'Fetch': grpc.unary_stream_rpc_method_handler(self._fetch),
             'ListMethods': grpc.unary_unary_rpc_method_handler(self._list),
         })
+        # Large results waiting to be fetched: result id -> (buffers, expiry timer).
+        self._results: Dict[int, Tuple[Sequence[memoryview], threading.Timer]] = {}
+        self._results_lock = threading.Lock()
         self._unix_path = None
         self._started = False
         try:
@@ -376,6 +515,8 @@ class _GrpcServerTransport(ServerTransport):
     def _bind(self, address: str, endpoint: Endpoint,
               tls: Optional[security.TLSConfig]) -> str:
         if endpoint.kind == 'unix':
+            # Absolute, so that the address means the same in a process with another cwd.
+            endpoint = Endpoint('unix', path=os.path.abspath(endpoint.path))
             _check_unix_path_free(endpoint.path)
         if tls is None:
             add_port = self._server.add_insecure_port
@@ -409,6 +550,10 @@ class _GrpcServerTransport(ServerTransport):
             self._server.start()
         self._server.stop(grace).wait()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._results_lock:
+            results, self._results = self._results, {}
+        for _, timer in results.values():
+            timer.cancel()
         if self._unix_path is not None:
             try:
                 os.unlink(self._unix_path)
@@ -417,11 +562,62 @@ class _GrpcServerTransport(ServerTransport):
 
     def _call(self, request: bytes, context) -> bytes:
         try:
-            method, pickle, buffers = wire.decode_request(request)
+            decoded = wire.decode_request(request)
+            if decoded.buffer_sizes:
+                raise ValueError('buffer_sizes are only for CallStream')
         except ValueError as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f'malformed courier CallRequest: {error}')
-        return wire.encode_response(self._handle_call(method, pickle, _writable(buffers)))
+        return self._reply(self._handle_call(decoded.method, decoded.pickle,
+                                             _writable(decoded.buffers)))
+
+    def _call_stream(self, messages: Iterator[bytes], context) -> bytes:
+        try:
+            header = next(messages, None)
+            if header is None:
+                raise ValueError('the stream is empty')
+            decoded = wire.decode_request(header)
+            if decoded.buffers:
+                raise ValueError('its first message must announce buffer_sizes, not carry buffers')
+            buffers = _assemble(decoded.buffer_sizes, messages)
+        except ValueError as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f'malformed courier CallStream: {error}')
+        return self._reply(self._handle_call(decoded.method, decoded.pickle, buffers))
+
+    def _reply(self, response: wire.Response) -> bytes:
+        """Encodes ``response``; a large result's buffers stay here, to be fetched."""
+        if _streams(response.buffers):
+            result_id = secrets.randbits(63) or 1  # Unguessable: only its caller fetches it.
+            expiry = threading.Timer(RESULT_TTL, self._drop_result, (result_id,))
+            expiry.daemon = True
+            with self._results_lock:
+                self._results[result_id] = (response.buffers, expiry)
+            expiry.start()
+            response.buffer_sizes = [buffer.nbytes for buffer in response.buffers]
+            response.buffers = ()
+            response.result_id = result_id
+        return wire.encode_response(response)
+
+    def _drop_result(self, result_id: int) -> None:
+        with self._results_lock:
+            self._results.pop(result_id, None)
+
+    def _fetch(self, request: bytes, context) -> Iterator[bytes]:
+        try:
+            result_id = wire.decode_fetch_request(request)
+        except ValueError as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f'malformed courier FetchRequest: {error}')
+        with self._results_lock:
+            entry = self._results.pop(result_id, None)
+        if entry is None:
+            context.abort(grpc.StatusCode.NOT_FOUND,
+                          f'no result {result_id} to fetch: it was fetched already, or not '
+                          f'within {RESULT_TTL:g}s')
+        buffers, expiry = entry
+        expiry.cancel()
+        yield from _chunk_messages(buffers)
 
     def _list(self, request: bytes, context) -> bytes:
         del request, context  # ListMethodsRequest has no fields.
@@ -433,29 +629,41 @@ class _TokenCheck(grpc.ServerInterceptor):
 
     def __init__(self, token: str):
         self._expected = (_AUTH_SCHEME + token).encode()
-
-        def refuse(reason: str):
-            def abort(request, context):
-                del request
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
-            return grpc.unary_unary_rpc_method_handler(abort)
-
-        self._refuse_missing = refuse(
+        self._refuse_missing = _refusals(
             'the server requires an auth token and the call carried none; pass '
             f'auth_token= to courier.Client or set {security.AUTH_TOKEN_ENV}')
-        self._refuse_wrong = refuse(
+        self._refuse_wrong = _refusals(
             'the call carried the wrong auth token; client and server must use the same '
             f'auth_token (or {security.AUTH_TOKEN_ENV})')
 
     def intercept_service(self, continuation, handler_call_details):
+        refusals = self._refuse_missing
         for key, value in handler_call_details.invocation_metadata or ():
             if key == _AUTH_METADATA_KEY:
                 if isinstance(value, str):
                     value = value.encode()
                 if hmac.compare_digest(value, self._expected):
                     return continuation(handler_call_details)
-                return self._refuse_wrong
-        return self._refuse_missing
+                refusals = self._refuse_wrong
+                break
+        return refusals.get(handler_call_details.method, refusals[CALL])
+
+
+def _refusals(reason: str) -> Dict[str, Any]:
+    """Returns, per courier RPC, a handler of its kind that refuses the call."""
+
+    def refuse(request, context):
+        del request
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+
+    def refuse_streaming(request, context):
+        refuse(request, context)
+        yield  # pylint: disable=unreachable  (makes this a generator, as Fetch needs)
+
+    return {CALL: grpc.unary_unary_rpc_method_handler(refuse),
+            CALL_STREAM: grpc.stream_unary_rpc_method_handler(refuse),
+            FETCH: grpc.unary_stream_rpc_method_handler(refuse_streaming),
+            LIST_METHODS: grpc.unary_unary_rpc_method_handler(refuse)}
 
 
 def _check_unix_path_free(path: str) -> None:

@@ -29,11 +29,12 @@ class Response:
     """A decoded ``CallResponse``; see protos/courier.proto for the fields."""
 
     __slots__ = ('status', 'pickle', 'buffers', 'message', 'exception_type',
-                 'traceback', 'methods')
+                 'traceback', 'methods', 'buffer_sizes', 'result_id')
 
     def __init__(self, status: int = OK, pickle: Any = b'', buffers: Sequence[Any] = (),
                  message: str = '', exception_type: str = '', traceback: str = '',
-                 methods: Sequence[str] = ()):
+                 methods: Sequence[str] = (), buffer_sizes: Sequence[int] = (),
+                 result_id: int = 0):
         self.status = status
         self.pickle = pickle
         self.buffers = buffers
@@ -41,35 +42,52 @@ class Response:
         self.exception_type = exception_type
         self.traceback = traceback
         self.methods = methods
+        self.buffer_sizes = buffer_sizes
+        self.result_id = result_id
 
 
-def encode_request(method: str, pickle: Any, buffers: Sequence[memoryview]) -> bytes:
+class Request:
+    """A decoded ``CallRequest``; ``pickle`` and ``buffers`` are slices of the message."""
+
+    __slots__ = ('method', 'pickle', 'buffers', 'buffer_sizes')
+
+    def __init__(self, method: str, pickle: Any, buffers: List[Any],
+                 buffer_sizes: List[int]):
+        self.method = method
+        self.pickle = pickle
+        self.buffers = buffers
+        self.buffer_sizes = buffer_sizes
+
+
+def encode_request(method: str, pickle: Any, buffers: Sequence[memoryview] = (),
+                   buffer_sizes: Sequence[int] = ()) -> bytes:
     """Returns the ``CallRequest`` bytes; ``buffers`` are copied once, into the result."""
     parts: List[Any] = []
     _append_bytes(parts, 1, method.encode())
     _append_bytes(parts, 2, pickle)
     for buffer in buffers:
         _append_bytes(parts, 3, buffer, keep_empty=True)
+    _append_packed(parts, 4, buffer_sizes)
     return b''.join(parts)
 
 
-def decode_request(data: Any) -> Tuple[str, memoryview, List[memoryview]]:
-    """Returns ``(method, pickle, buffers)``, slices of ``data`` without copying.
+def decode_request(data: Any) -> Request:
+    """Decodes ``CallRequest`` bytes without copying the pickle or buffers.
 
     Raises:
       ValueError: ``data`` is not a well-formed ``CallRequest``.
     """
-    method = ''
-    pickle = memoryview(b'')
-    buffers = []
+    request = Request('', memoryview(b''), [], [])
     for number, wire_type, value in _fields(data):
         if number == 1:
-            method = _text(value, wire_type)
+            request.method = _text(value, wire_type)
         elif number == 2:
-            pickle = _bytes(value, wire_type)
+            request.pickle = _bytes(value, wire_type)
         elif number == 3:
-            buffers.append(_bytes(value, wire_type))
-    return method, pickle, buffers
+            request.buffers.append(_bytes(value, wire_type))
+        elif number == 4:
+            _extend_varints(request.buffer_sizes, value, wire_type)
+    return request
 
 
 def encode_response(response: Response) -> bytes:
@@ -85,6 +103,9 @@ def encode_response(response: Response) -> bytes:
     _append_bytes(parts, 6, response.traceback.encode())
     for method in response.methods:
         _append_bytes(parts, 7, method.encode(), keep_empty=True)
+    _append_packed(parts, 8, response.buffer_sizes)
+    if response.result_id:
+        parts += (b'\x48', _varint(response.result_id))
     return b''.join(parts)
 
 
@@ -94,12 +115,10 @@ def decode_response(data: Any) -> Response:
     Raises:
       ValueError: ``data`` is not a well-formed ``CallResponse``.
     """
-    response = Response(pickle=memoryview(b''), buffers=[], methods=[])
+    response = Response(pickle=memoryview(b''), buffers=[], methods=[], buffer_sizes=[])
     for number, wire_type, value in _fields(data):
         if number == 1:
-            if wire_type != _VARINT:
-                raise ValueError(f'field 1 has wire type {wire_type}, expected a varint')
-            response.status = value
+            response.status = _int(value, wire_type)
         elif number == 2:
             response.pickle = _bytes(value, wire_type)
         elif number == 3:
@@ -112,7 +131,49 @@ def decode_response(data: Any) -> Response:
             response.traceback = _text(value, wire_type)
         elif number == 7:
             response.methods.append(_text(value, wire_type))
+        elif number == 8:
+            _extend_varints(response.buffer_sizes, value, wire_type)
+        elif number == 9:
+            response.result_id = _int(value, wire_type)
     return response
+
+
+def encode_chunk(data: Any) -> bytes:
+    """Returns the ``Chunk`` bytes holding ``data`` (copied once)."""
+    parts: List[Any] = []
+    _append_bytes(parts, 1, data)
+    return b''.join(parts)
+
+
+def decode_chunk(data: Any) -> memoryview:
+    """Returns the data of ``Chunk`` bytes, a slice of ``data``.
+
+    Raises:
+      ValueError: ``data`` is not a well-formed ``Chunk``.
+    """
+    chunk = memoryview(b'')
+    for number, wire_type, value in _fields(data):
+        if number == 1:
+            chunk = _bytes(value, wire_type)
+    return chunk
+
+
+def encode_fetch_request(result_id: int) -> bytes:
+    """Returns the ``FetchRequest`` bytes."""
+    return b'\x08' + _varint(result_id) if result_id else b''
+
+
+def decode_fetch_request(data: Any) -> int:
+    """Returns the ``result_id`` of ``FetchRequest`` bytes.
+
+    Raises:
+      ValueError: ``data`` is not a well-formed ``FetchRequest``.
+    """
+    result_id = 0
+    for number, wire_type, value in _fields(data):
+        if number == 1:
+            result_id = _int(value, wire_type)
+    return result_id
 
 
 def encode_method_list(methods: Sequence[str]) -> bytes:
@@ -148,6 +209,30 @@ def _append_bytes(parts: List[Any], number: int, value: Any, keep_empty: bool = 
     size = value.nbytes if isinstance(value, memoryview) else len(value)
     if size or keep_empty:
         parts += (_SMALL_VARINTS[number << 3 | _LENGTH_DELIMITED], _varint(size), value)
+
+
+def _append_packed(parts: List[Any], number: int, values: Sequence[int]) -> None:
+    if values:
+        packed = b''.join(_varint(value) for value in values)
+        parts += (_SMALL_VARINTS[number << 3 | _LENGTH_DELIMITED], _varint(len(packed)), packed)
+
+
+def _extend_varints(out: List[int], value: Any, wire_type: int) -> None:
+    """Appends a repeated varint field's values, packed or not (parsers accept both)."""
+    if wire_type == _VARINT:
+        out.append(value)
+        return
+    packed = _bytes(value, wire_type)
+    pos = 0
+    while pos < len(packed):
+        number, pos = _read_varint(packed, pos)
+        out.append(number)
+
+
+def _int(value: Any, wire_type: int) -> int:
+    if wire_type != _VARINT:
+        raise ValueError(f'expected a varint field, got wire type {wire_type}')
+    return value
 
 
 def _read_varint(data: memoryview, pos: int) -> Tuple[int, int]:

@@ -15,23 +15,31 @@ from launchpad.launch.launcher import (LAUNCH_TYPE, Controller, LaunchOptions, L
                                        Launcher, executables_of, is_local_launch,
                                        is_local_launch_or_test, launch, make_program_stopper,
                                        register_launcher)
+from launchpad.launch.kubernetes import KubernetesResources, program_to_manifests
 from launchpad.launch.processes import PythonProcess
 from launchpad.launch.slurm import SlurmController, SlurmError, SlurmResources
+from launchpad.launch.ssh import SshHost, SshHosts
 from launchpad.launch.worker import NodePicklingError
 from launchpad.nodes.base import Executable, Handle, LaunchInfo, Node
+from launchpad.nodes.cacher import CacherNode
+from launchpad.nodes.colocation import (ColocationNode, MultiProcessingColocation,
+                                        MultiThreadingColocation)
 from launchpad.nodes.courier import CourierClient, CourierHandle, CourierNode
 from launchpad.nodes.python import PyClassNode, PyNode
+from launchpad.nodes.reverb import ReverbHandle, ReverbNode
 from launchpad.program import Program, ProgramError, make_program
 from launchpad.runtime import (get_context, register_stop_handler, stop, stop_event,
                                unregister_stop_handler, wait_for_stop)
 
 __all__ = [
-    'Address', 'Controller', 'CourierClient', 'CourierHandle', 'CourierNode', 'Executable',
-    'Handle', 'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType', 'Launcher', 'Node',
-    'NodeFailedError', 'NodePicklingError', 'NodeState', 'NodeStatus', 'Program',
-    'ProgramError', 'PyClassNode', 'PyNode', 'PythonProcess', 'SlurmController', 'SlurmError',
-    'SlurmResources', 'batched_handler', 'executables_of', 'get_context', 'is_local_launch',
+    'Address', 'CacherNode', 'ColocationNode', 'Controller', 'CourierClient', 'CourierHandle',
+    'CourierNode', 'Executable', 'Handle', 'KubernetesResources', 'LAUNCH_TYPE', 'LaunchInfo',
+    'LaunchOptions', 'LaunchType', 'Launcher', 'MultiProcessingColocation',
+    'MultiThreadingColocation', 'Node', 'NodeFailedError', 'NodePicklingError', 'NodeState',
+    'NodeStatus', 'Program', 'ProgramError', 'PyClassNode', 'PyNode', 'PythonProcess',
+    'ReverbHandle', 'ReverbNode', 'SlurmController', 'SlurmError', 'SlurmResources', 'SshHost',
+    'SshHosts', 'batched_handler', 'executables_of', 'get_context', 'is_local_launch',
     'is_local_launch_or_test', 'launch', 'make_program', 'make_program_stopper',
-    'register_launcher', 'register_stop_handler', 'stop', 'stop_event',
+    'program_to_manifests', 'register_launcher', 'register_stop_handler', 'stop', 'stop_event',
     'unregister_stop_handler', 'wait_for_stop',
 ]

@@ -11,15 +11,22 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from typing import Optional, Protocol
+from typing import Iterable, Optional, Protocol
 
 
 class Address:
-    """A placeholder for a network endpoint, filled in by the launcher."""
+    """A placeholder for a network endpoint, filled in by the launcher.
 
-    def __init__(self, name: str = 'default'):
+    Attributes:
+      name: what the endpoint is for, shown in errors.
+      tcp_only: the server can only listen on a TCP 'host:port' (e.g. a Reverb server), so the
+        launcher must not give it a Unix socket; local launchers give it a published '127.0.0.1:0'.
+    """
+
+    def __init__(self, name: str = 'default', *, tcp_only: bool = False):
         self.id = uuid.uuid4().hex[:16]
         self.name = name
+        self.tcp_only = tcp_only
 
     def resolve(self) -> str:
         """The endpoint clients use; only valid inside a launched program."""
@@ -101,3 +108,19 @@ class AddressTable:
     def _missing(address: Address) -> str:
         return (f'{address} is not in the launched program: a handle of a node that was never '
                 'added to the program was used. Add that node with program.add_node(...).')
+
+
+def local_address_table(addresses: Iterable[Address], socket_dir: str,
+                        registry: Optional[Registry] = None) -> AddressTable:
+    """The address table of a launch on this machine.
+
+    Servers listen on Unix sockets in `socket_dir` (a private directory), except `tcp_only`
+    addresses, which bind a loopback port of the server's choosing and publish it to `registry`.
+    """
+    table = AddressTable(registry=registry)
+    for i, address in enumerate(addresses):
+        if address.tcp_only:
+            table.published[address.id] = '127.0.0.1:0'
+        else:
+            table.static[address.id] = f'unix:{socket_dir}/{i}.sock'
+    return table

@@ -8,6 +8,7 @@ per process for processes). The module-level functions here are re-exported as `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 from typing import Any, Callable, Optional
@@ -66,6 +67,8 @@ class NodeContext:
       address_table: endpoints of every address in the program.
       stop: the program's stop signal in this process.
       coordinator: the program's coordinator (or a client of it).
+      notice_period: seconds the node has to end after the program starts stopping.
+      tls: TLS credentials (a courier.TLSConfig) for the program's TCP traffic, or None.
     """
     launch_type: str
     program_name: str
@@ -74,10 +77,21 @@ class NodeContext:
     address_table: AddressTable
     stop: StopSignal
     coordinator: Any = None
+    notice_period: float = 10.0
+    tls: Any = None
 
     @property
     def node_name(self) -> str:
         return f'{self.label}/{self.index}'
+
+    def tls_for(self, endpoint) -> Any:
+        """The TLS credentials for serving or calling `endpoint` (None on Unix sockets).
+
+        An endpoint not known yet (a callable resolving a published address) is a TCP one.
+        """
+        if isinstance(endpoint, str) and endpoint.startswith('unix:'):
+            return None
+        return self.tls
 
 
 _thread_context = threading.local()
@@ -93,6 +107,16 @@ def set_process_context(context: Optional[NodeContext]) -> None:
     """Installs `context` for every thread of the process that has none of its own."""
     global _process_context
     _process_context = context
+
+
+def in_context(context: NodeContext, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn`, running with `context` installed on whichever thread calls it."""
+    @functools.wraps(fn)
+    def call_in_context(*args, **kwargs):
+        _thread_context.value = context
+        return fn(*args, **kwargs)
+
+    return call_in_context
 
 
 def clear_process_context(context: NodeContext) -> None:

@@ -48,3 +48,8 @@ def podman_testbed() -> Iterator[testbeds.PodmanNetwork]:
     """Podman with the offline image localhost/lp-python and the internal network lpnet."""
     with testbeds.podman_network() as network:
         yield network
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line('markers', 'holds(*beds): keep other processes away from these test '
+                                       "beds ('ssh', 'slurm', 'podman') during the test")

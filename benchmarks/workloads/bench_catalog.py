@@ -93,4 +93,5 @@ def get(name: str) -> Workload:
     try:
         return WORKLOADS[name]
     except KeyError:
-        raise ValueError(f'unknown workload {name!r}; known workloads: {", ".join(WORKLOADS)}') from None
+        known = ', '.join(WORKLOADS)
+        raise ValueError(f'unknown workload {name!r}; known workloads: {known}') from None

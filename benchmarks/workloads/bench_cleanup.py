@@ -48,18 +48,14 @@ def kill_marked_processes(marker: str, grace_s: float = 2.0,
     procs = marked_processes(marker)
     if procs and exit_wait_s > 0:
         _, procs = psutil.wait_procs(procs, timeout=exit_wait_s)
-    for proc in procs:
-        try:
-            proc.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
+    alive = procs
+    for end in (psutil.Process.terminate, psutil.Process.kill):
+        for proc in alive:
+            try:
+                end(proc)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(alive, timeout=grace_s)
     return [p.pid for p in procs]
 
 

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import traceback
-from typing import Any, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
@@ -215,3 +215,23 @@ def request_in_window(target: Any, coordinator: Any, duration_s: float) -> None:
         coordinator.report(completed)
     except Exception:
         coordinator.report(0, traceback.format_exc())
+
+
+# Workload kinds measured by a client node calling one Echo server.
+CLIENT_SERVER_KINDS = ('sync_calls', 'futures_calls', 'numpy_echo', 'idle_rss')
+
+
+def client_measurement(kind: str, params: Dict[str, Any],
+                       send_bytes: bool = False) -> Tuple[Callable[..., Dict[str, Any]], tuple]:
+    """The measurement loop for a client-server workload `kind` and its arguments after the
+    server; `send_bytes` is for systems that cannot receive numpy arrays."""
+    if kind == 'sync_calls':
+        return measure_sync, (params['duration_s'], params['warmup_s'])
+    if kind == 'futures_calls':
+        return measure_futures, (params['duration_s'], params['warmup_s'], params['in_flight'])
+    if kind == 'numpy_echo':
+        return measure_echo, (params['nbytes'], params['duration_s'], params['min_rounds'],
+                              send_bytes)
+    if kind == 'idle_rss':
+        return measure_idle, (params['settle_s'],)
+    raise ValueError(f'{kind!r} is not a client-server workload; those are {CLIENT_SERVER_KINDS}')

@@ -84,9 +84,10 @@ def _run(session: bench_harness.Session, program: Any,
     return result, details
 
 
-def _client_server(session: bench_harness.Session, measure: Any,
-                   *args: Any) -> Tuple[Metrics, Details]:
-    """A program of one Echo server and one client node that runs `measure(server, *args)`."""
+def client_server(session: bench_harness.Session) -> Tuple[Metrics, Details]:
+    """A program of one Echo server and one client node that runs the workload's measurement."""
+    measure, args = bench_nodes.client_measurement(session.workload.kind, session.params,
+                                                   send_bytes=IS_DM)
     path = session.path('result.json')
     program = lp.Program(session.workload.name)
     server = program.add_node(lp.CourierNode(bench_nodes.Echo), label='server')
@@ -96,32 +97,12 @@ def _client_server(session: bench_harness.Session, measure: Any,
     return result['metrics'], {**result['details'], **details}
 
 
-def sync_calls(session: bench_harness.Session) -> Tuple[Metrics, Details]:
-    p = session.params
-    return _client_server(session, bench_nodes.measure_sync, p['duration_s'], p['warmup_s'])
-
-
-def futures_calls(session: bench_harness.Session) -> Tuple[Metrics, Details]:
-    p = session.params
-    return _client_server(session, bench_nodes.measure_futures, p['duration_s'], p['warmup_s'],
-                          p['in_flight'])
-
-
-def numpy_echo(session: bench_harness.Session) -> Tuple[Metrics, Details]:
-    p = session.params
-    return _client_server(session, bench_nodes.measure_echo, p['nbytes'], p['duration_s'], p['min_rounds'],
-                          IS_DM)
-
-
-def idle_rss(session: bench_harness.Session) -> Tuple[Metrics, Details]:
-    return _client_server(session, bench_nodes.measure_idle, session.params['settle_s'])
-
-
 def launch(session: bench_harness.Session) -> Tuple[Metrics, Details]:
     path = session.path('result.json')
     program = lp.Program(session.workload.name)
     with program.group('node'):
-        handles = [program.add_node(lp.CourierNode(bench_nodes.Echo)) for _ in range(session.params['nodes'])]
+        handles = [program.add_node(lp.CourierNode(bench_nodes.Echo))
+                   for _ in range(session.params['nodes'])]
     program.add_node(lp.PyNode(bench_harness.guarded, path, bench_nodes.measure_pings, handles),
                      label='pinger')
     result, details = _run(session, program, path)
@@ -132,27 +113,24 @@ def fanin(session: bench_harness.Session) -> Tuple[Metrics, Details]:
     p = session.params
     path = session.path('result.json')
     program = lp.Program(session.workload.name)
-    target = program.add_node(lp.CourierNode(bench_nodes.SleepyServer, p['server_sleep_s']), label='server')
+    target = program.add_node(lp.CourierNode(bench_nodes.SleepyServer, p['server_sleep_s']),
+                              label='server')
     if p['cached']:
-        target = program.add_node(lp.CourierNode(bench_nodes.Cacher, target, p['cache_refresh_s']),
-                                  label='cacher')
+        target = program.add_node(
+            lp.CourierNode(bench_nodes.Cacher, target, p['cache_refresh_s']), label='cacher')
     coordinator = program.add_node(
-        lp.CourierNode(bench_nodes.Coordinator, p['requesters'], p['duration_s'], path), label='coordinator')
+        lp.CourierNode(bench_nodes.Coordinator, p['requesters'], p['duration_s'], path),
+        label='coordinator')
     with program.group('requester'):
         for _ in range(p['requesters']):
-            program.add_node(lp.PyNode(bench_nodes.request_in_window, target, coordinator, p['duration_s']))
+            program.add_node(lp.PyNode(bench_nodes.request_in_window, target, coordinator,
+                                       p['duration_s']))
     result, details = _run(session, program, path)
     return result['metrics'], {**result['details'], **details}
 
 
-KINDS = {
-    'sync_calls': sync_calls,
-    'futures_calls': futures_calls,
-    'numpy_echo': numpy_echo,
-    'launch': launch,
-    'fanin': fanin,
-    'idle_rss': idle_rss,
-}
+KINDS = {**dict.fromkeys(bench_nodes.CLIENT_SERVER_KINDS, client_server),
+         'launch': launch, 'fanin': fanin}
 
 
 def main() -> None:

@@ -13,7 +13,6 @@ in `lp.launch`.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any, Callable, Dict, Tuple
@@ -106,8 +105,9 @@ def _wait(session: bench_harness.Session, path: str, details: Details) -> Dict[s
     return result
 
 
-def _client_server(session: bench_harness.Session, measure: Any,
-                   *args: Any) -> Tuple[Metrics, Details]:
+def client_server(session: bench_harness.Session) -> Tuple[Metrics, Details]:
+    """An Echo server actor and a client actor that runs the workload's measurement."""
+    measure, args = bench_nodes.client_measurement(session.workload.kind, session.params)
     _init(session)
     path = session.path('result.json')
     server = _service(bench_nodes.Echo)
@@ -115,27 +115,6 @@ def _client_server(session: bench_harness.Session, measure: Any,
     details: Details = {}
     result = _wait(session, path, details)
     return result['metrics'], details
-
-
-def sync_calls(session: bench_harness.Session) -> Tuple[Metrics, Details]:
-    p = session.params
-    return _client_server(session, bench_nodes.measure_sync, p['duration_s'], p['warmup_s'])
-
-
-def futures_calls(session: bench_harness.Session) -> Tuple[Metrics, Details]:
-    p = session.params
-    return _client_server(session, bench_nodes.measure_futures, p['duration_s'], p['warmup_s'],
-                          p['in_flight'])
-
-
-def numpy_echo(session: bench_harness.Session) -> Tuple[Metrics, Details]:
-    p = session.params
-    return _client_server(session, bench_nodes.measure_echo, p['nbytes'], p['duration_s'],
-                          p['min_rounds'])
-
-
-def idle_rss(session: bench_harness.Session) -> Tuple[Metrics, Details]:
-    return _client_server(session, bench_nodes.measure_idle, session.params['settle_s'])
 
 
 def launch(session: bench_harness.Session) -> Tuple[Metrics, Details]:
@@ -164,14 +143,8 @@ def fanin(session: bench_harness.Session) -> Tuple[Metrics, Details]:
     return result['metrics'], details
 
 
-KINDS = {
-    'sync_calls': sync_calls,
-    'futures_calls': futures_calls,
-    'numpy_echo': numpy_echo,
-    'launch': launch,
-    'fanin': fanin,
-    'idle_rss': idle_rss,
-}
+KINDS = {**dict.fromkeys(bench_nodes.CLIENT_SERVER_KINDS, client_server),
+         'launch': launch, 'fanin': fanin}
 
 
 def main() -> None:

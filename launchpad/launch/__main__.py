@@ -14,6 +14,7 @@ import sys
 from typing import List, Optional
 
 from launchpad.launch import launcher
+from launchpad.launch.coordinator import NodeFailedError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,7 +51,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for controller in launcher._launched:  # pylint: disable=protected-access
         try:
             controller.wait()
-        except launcher.NodeFailedError as e:
+        except NodeFailedError as e:
             print(f'\n{e}', file=sys.stderr, flush=True)
             status = 1
     return status

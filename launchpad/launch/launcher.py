@@ -20,6 +20,7 @@ import atexit
 import concurrent.futures.thread  # pylint: disable=unused-import (see _run_until_done_at_exit)
 import dataclasses
 import enum
+import functools
 import importlib
 import logging
 import os
@@ -31,7 +32,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Seque
 
 from absl import flags
 
-from launchpad.launch.coordinator import Coordinator, NodeFailedError, NodeStatus
+import courier
+
+from launchpad.launch.coordinator import Coordinator, NodeStatus
 from launchpad.nodes.base import Executable, LaunchInfo
 from launchpad.program import Program
 
@@ -104,6 +107,7 @@ class LaunchOptions:
       test_case: a unittest.TestCase for test launch types, or None.
       serialize_py_nodes: round-trip executables through pickling even where not needed.
       notice_period: seconds nodes get to end after a stop before they are killed.
+      tls: TLS credentials for the program's traffic between hosts (TCP), or None.
       extra: launcher-specific keyword arguments given to `lp.launch`.
     """
     launch_type: str
@@ -112,6 +116,7 @@ class LaunchOptions:
     test_case: Any = None
     serialize_py_nodes: Optional[bool] = None
     notice_period: float = 10.0
+    tls: Optional[courier.TLSConfig] = None
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -330,7 +335,7 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
            test_case=None, terminal: Optional[str] = None, *,
            resources: Optional[Mapping[str, Any]] = None,
            serialize_py_nodes: Optional[bool] = None, notice_period: float = 10.0,
-           **launcher_options) -> Controller:
+           tls: Optional[courier.TLSConfig] = None, **launcher_options) -> Controller:
     """Launches `program` and returns its controller.
 
     Args:
@@ -344,9 +349,13 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
       serialize_py_nodes: pickle and unpickle node arguments even for threads, so that nodes cannot
         share mutable objects and unpicklable arguments fail at launch.
       notice_period: seconds nodes get to end after a stop before they are killed.
-      **launcher_options: options of the launcher, e.g. `resources=` for ssh.
+      tls: a `courier.TLSConfig` for traffic between hosts: node servers and the coordinator
+        present its certificate, clients verify peers with its root certificates (and present its
+        certificate too when it has one, which makes TLS mutual). Same-host Unix sockets, which
+        only this user can open, need none.
+      **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh.
 
-    Local launch types (local_mt, local_mp) and foreground launchers (slurm) also keep the launching
+    Local launch types (local_mt, local_mp) and foreground launchers (ssh, slurm) also keep the
     script alive until the program ends and turn Ctrl-C into a graceful stop (twice: kill). Test
     launch types return at once and register `stop` as a cleanup of `test_case`.
     """
@@ -362,7 +371,7 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
     options = LaunchOptions(launch_type=launch_type, resources=dict(resources or {}),
                             terminal=terminal, test_case=test_case,
                             serialize_py_nodes=serialize_py_nodes, notice_period=notice_period,
-                            extra=launcher_options)
+                            tls=tls, extra=launcher_options)
     unknown_groups = set(options.resources) - set(program.groups)
     if unknown_groups:
         raise ValueError(f'Resources given for groups {sorted(unknown_groups)} that the program does '
@@ -372,7 +381,7 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
     _launched.append(controller)
     if launch_type in _TEST_TYPES and test_case is not None:
         test_case.addCleanup(controller.stop)
-    if launch_type in _LOCAL_TYPES or getattr(platform, 'foreground', False):
+    if launch_type not in _TEST_TYPES and getattr(platform, 'foreground', False):
         controller._handle_signals()  # pylint: disable=protected-access
         if not _cli_waits:
             controller._run_until_done_at_exit()  # pylint: disable=protected-access
@@ -384,13 +393,18 @@ _cli_waits = False  # `python -m launchpad.launch` waits for controllers itself
 
 
 def _load_builtin_launchers() -> None:
-    """Registers the launchers shipped with launchpad (imported lazily, once)."""
+    """Registers the launchers shipped with launchpad (each module is imported when first used)."""
     if 'local_mt' in _registry:
         return
-    # pylint: disable=import-outside-toplevel
-    from launchpad.launch import processes, threads
-    register_launcher('slurm', lambda: importlib.import_module('launchpad.launch.slurm').SlurmLauncher())
-    register_launcher('local_mt', threads.ThreadLauncher)
-    register_launcher('test_mt', threads.ThreadLauncher)
-    register_launcher('local_mp', processes.ProcessLauncher)
-    register_launcher('test_mp', processes.ProcessLauncher)
+    for launch_types, module, name in [
+            (('local_mt', 'test_mt'), 'threads', 'ThreadLauncher'),
+            (('local_mp', 'test_mp'), 'processes', 'ProcessLauncher'),
+            (('ssh',), 'ssh', 'SshLauncher'),
+            (('slurm',), 'slurm', 'SlurmLauncher'),
+            (('kubernetes',), 'kubernetes', 'KubernetesLauncher')]:
+        for launch_type in launch_types:
+            register_launcher(launch_type, functools.partial(_builtin, module, name))
+
+
+def _builtin(module: str, name: str) -> Launcher:
+    return getattr(importlib.import_module(f'launchpad.launch.{module}'), name)()

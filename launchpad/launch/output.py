@@ -109,15 +109,17 @@ class Output:
         """True if nodes must be started through `start_command` (tmux) rather than given a fd."""
         return self._session is not None
 
-    def open_for(self, name: str) -> Tuple[int, Optional[threading.Thread]]:
+    def open_for(self, name: str, *,
+                 title: Optional[str] = None) -> Tuple[int, Optional[threading.Thread]]:
         """A file descriptor for the node's stdout and stderr (the caller closes it once the
-        process has it), and the thread copying its output, if any."""
+        process has it), and the thread copying its output, if any. `title` (default `name`)
+        prefixes its lines on the terminal."""
         index, self._count = self._count, self._count + 1
         if self.terminal == 'output_to_files':
             path = os.path.join(self.log_dir, name.replace('/', '_') + '.log')
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), None
         read_fd, write_fd = os.pipe()
-        prefix = prefix_for(name, index, color=sys.stdout.isatty()).encode()
+        prefix = prefix_for(title or name, index, color=sys.stdout.isatty()).encode()
         reader = threading.Thread(target=copy_lines, args=(os.fdopen(read_fd, 'rb'), prefix),
                                   daemon=True, name=f'lp-out-{name}')
         reader.start()

@@ -13,7 +13,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import courier
 
-from launchpad.address import AddressTable
+from launchpad.address import local_address_table
 from launchpad.launch import launcher
 from launchpad.launch.coordinator import Coordinator
 from launchpad.launch import forkserver
@@ -107,6 +107,8 @@ class ProcessLauncher(launcher.Launcher):
     """Runs every executable in a worker process; servers listen on Unix sockets in a private
     directory that only this user can open, and calls carry the program's auth token."""
 
+    foreground = True
+
     def launch(self, program: Program, options: launcher.LaunchOptions) -> launcher.Controller:
         executables = launcher.executables_of(program, options)
         for label, resources in options.resources.items():
@@ -122,8 +124,7 @@ class ProcessLauncher(launcher.Launcher):
 
     def _launch(self, program, options, executables, workdir) -> launcher.Controller:
         addresses = [address for _, executable in executables for address in executable.addresses]
-        table = AddressTable(
-            static={address.id: f'unix:{workdir}/{i}.sock' for i, address in enumerate(addresses)})
+        table = local_address_table(addresses, workdir)
         token = secrets.token_hex(16)
         coordinator_address = f'unix:{workdir}/coordinator.sock'
         output = Output(options.terminal, program.name, workdir)
@@ -173,7 +174,7 @@ class ProcessLauncher(launcher.Launcher):
                 coordinator_address=coordinator_address,
                 parent_pid=_parent_pid(fork_server if forkable else None, runs_commands),
                 notice_period=options.notice_period, flags=flags,
-                flag_overrides=resources.flag_overrides(), cleanup_dir=workdir)
+                flag_overrides=resources.flag_overrides(), cleanup_dir=workdir, tls=options.tls)
             path = os.path.join(workdir, f'{i}.spec')
             write_spec(spec, path)  # every node is packed before any process starts
             env = {'GRPC_VERBOSITY': 'ERROR', **os.environ, **resources.env,

@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import re
 import secrets
 import shlex
@@ -640,6 +641,9 @@ class SlurmLauncher(launcher.Launcher):
                 _read_endpoint, os.path.join(run_dir, 'coordinator'))
             driver = [sys.executable, '-c',
                       'from launchpad.launch.slurm import _serve_detached; _serve_detached()', run_dir]
+            with open(os.open(os.path.join(run_dir, 'tls.pickle'), os.O_WRONLY | os.O_CREAT,
+                              0o600), 'wb') as f:
+                pickle.dump(options.tls, f)  # the in-job coordinator serves with it
             with open(os.path.join(run_dir, 'job.json'), 'w') as f:
                 json.dump({'program': program.name, 'nodes': names,
                            'notice_period': options.notice_period, 'batch_log': batch_log,
@@ -649,7 +653,7 @@ class SlurmLauncher(launcher.Launcher):
             host = settings.coordinator_host or _local_address(_controller_host())
             coordinator = Coordinator(names)
             server = courier.Server(address=_endpoint(host, 0), auth_token=token,
-                                    thread_pool_size=2 * len(names) + 8)
+                                    thread_pool_size=2 * len(names) + 8, tls=options.tls)
             server.bind_object(coordinator)
             server.Start()
             coordinator_address, driver = server.address, None
@@ -668,7 +672,7 @@ class SlurmLauncher(launcher.Launcher):
                     coordinator_address=coordinator_address, parent_pid=None,
                     notice_period=options.notice_period, flags=flags,
                     flag_overrides=step.resources._flag_overrides(),  # pylint: disable=protected-access
-                    env=dict(step.resources.env)), spec_paths[step.index])
+                    env=dict(step.resources.env), tls=options.tls), spec_paths[step.index])
             script = os.path.join(run_dir, 'job.sh')
             with open(script, 'w') as f:
                 f.write(_batch_script(program.name, components, run_dir, spec_paths, driver))
@@ -725,8 +729,10 @@ def _serve_detached() -> None:
         info = json.load(f)
     job_id = os.environ['SLURM_JOB_ID']
     coordinator = Coordinator(info['nodes'])
+    with open(os.path.join(run_dir, 'tls.pickle'), 'rb') as f:
+        tls = pickle.load(f)
     server = courier.Server(address=_endpoint(_local_address(_controller_host()), 0),
-                            thread_pool_size=2 * len(info['nodes']) + 8)
+                            thread_pool_size=2 * len(info['nodes']) + 8, tls=tls)
     server.bind_object(coordinator)
     server.Start()
     partial = os.path.join(run_dir, 'coordinator.tmp')

@@ -8,7 +8,7 @@ import threading
 from typing import Dict, Optional, Sequence
 
 from launchpad import runtime
-from launchpad.address import AddressTable
+from launchpad.address import local_address_table
 from launchpad.launch import launcher
 from launchpad.launch.coordinator import Coordinator
 from launchpad.launch.worker import pickle_node, run_reporting
@@ -39,6 +39,8 @@ class _ThreadRunner:
 class ThreadLauncher(launcher.Launcher):
     """Runs every executable as a thread; servers listen on Unix sockets in a private directory."""
 
+    foreground = True
+
     def launch(self, program: Program, options: launcher.LaunchOptions) -> launcher.Controller:
         executables = launcher.executables_of(program, options)
         if options.serialize_py_nodes:  # nodes get copies, as they would in processes
@@ -47,9 +49,7 @@ class ThreadLauncher(launcher.Launcher):
         workdir = tempfile.mkdtemp(prefix='launchpad-')
         addresses = [address for _, executable in executables for address in executable.addresses]
         coordinator = Coordinator([executable.name for _, executable in executables])
-        table = AddressTable(
-            static={address.id: f'unix:{workdir}/{i}.sock' for i, address in enumerate(addresses)},
-            registry=coordinator)
+        table = local_address_table(addresses, workdir, registry=coordinator)
         stop = runtime.StopSignal(coordinator.request_stop)
         runner = _ThreadRunner(workdir)
 
@@ -62,7 +62,8 @@ class ThreadLauncher(launcher.Launcher):
             label, index = executable.node_names[0].rsplit('/', 1)
             context = runtime.NodeContext(
                 launch_type=options.launch_type, program_name=program.name, label=label,
-                index=int(index), address_table=table, stop=stop, coordinator=coordinator)
+                index=int(index), address_table=table, stop=stop, coordinator=coordinator,
+                notice_period=options.notice_period, tls=options.tls)
             # Threads that node code starts itself see the first node's context.
             runner.context = runner.context or context
 

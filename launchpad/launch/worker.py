@@ -55,6 +55,7 @@ class WorkerSpec:
       env: environment variables to set before anything is unpickled.
       cleanup_dir: a directory of the launch that the worker removes if the launcher dies, since
         the launcher cannot.
+      tls: the program's TLS credentials (a courier.TLSConfig) for TCP traffic, or None.
     """
     program_name: str
     launch_type: str
@@ -68,6 +69,7 @@ class WorkerSpec:
     flag_overrides: List[str] = dataclasses.field(default_factory=list)
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
     cleanup_dir: Optional[str] = None
+    tls: Any = None
 
 
 def pickle_node(node_name: str, value: Any) -> bytes:
@@ -240,15 +242,22 @@ def main() -> None:
 def _run(spec_path: str) -> int:
     import courier  # pylint: disable=import-outside-toplevel
     spec = _load(spec_path)
-    coordinator = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=False)
-    table = spec.address_table
-    table.registry = coordinator
-    stop = runtime.StopSignal(coordinator.request_stop)
     label, index = spec.node_name.rsplit('/', 1)
-    runtime.set_process_context(runtime.NodeContext(
+    context = runtime.NodeContext(
         launch_type=spec.launch_type, program_name=spec.program_name, label=label,
-        index=int(index) if index.isdigit() else 0, address_table=table, stop=stop,
-        coordinator=coordinator))
+        index=int(index) if index.isdigit() else 0, address_table=spec.address_table, stop=None,
+        notice_period=spec.notice_period, tls=spec.tls)
+    tls = context.tls_for(spec.coordinator_address)
+    coordinator = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=False,
+                                 tls=tls)
+    # Address lookups wait for servers to come up, longer than other calls may take.
+    table = spec.address_table
+    lookup_deadline = None if table.lookup_timeout is None else table.lookup_timeout + 30.0
+    table.registry = courier.Client(spec.coordinator_address, call_timeout=lookup_deadline,
+                                    wait_for_ready=False, tls=tls)
+    stop = runtime.StopSignal(coordinator.request_stop)
+    context.stop, context.coordinator = stop, coordinator
+    runtime.set_process_context(context)
     launcher_lost = threading.Event()
     threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost), daemon=True,
                      name='lp-stop-watcher').start()

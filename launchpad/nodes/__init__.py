@@ -1,4 +1,1 @@
-"""Node types."""
-from launchpad.nodes.base import Executable, Handle, LaunchInfo, Node
-from launchpad.nodes.courier import CourierClient, CourierHandle, CourierNode
-from launchpad.nodes.python import PyClassNode, PyNode
+"""Node types: what a program is made of (re-exported from `launchpad`)."""

@@ -21,6 +21,24 @@ def _resolve_endpoint(address: Address) -> str:
     return address.resolve()
 
 
+class _MethodsInContext:
+    """The served object as courier binds it: its methods run in the node's context on the
+    server's threads (which matters where several nodes share a process)."""
+
+    def __init__(self, instance: Any, context: runtime.NodeContext):
+        self._instance = instance
+        self._context = context
+
+    def __dir__(self):
+        return dir(self._instance)
+
+    def __getattr__(self, name: str):
+        value = getattr(self._instance, name)
+        if callable(value) and name != 'set_courier_server':
+            return runtime.in_context(self._context, value)
+        return value
+
+
 class CourierHandle(Handle):
     """A handle that dereferences into a `courier.Client` of its node."""
 
@@ -39,7 +57,8 @@ class CourierHandle(Handle):
             endpoint = functools.partial(_resolve_endpoint, self._address)
         else:
             endpoint = table.resolve(self._address)
-        return courier.Client(endpoint, **self._client_kwargs)
+        context = runtime.get_context()
+        return courier.Client(endpoint, **{'tls': context.tls_for(endpoint), **self._client_kwargs})
 
 
 class CourierNode(PyClassNode):
@@ -69,9 +88,11 @@ class CourierNode(PyClassNode):
         context = runtime.get_context()
         instance = self._call()
         table = context.address_table
-        server = courier.Server(address=table.bind_target(self._address), **self._courier_kwargs)
+        bind_target = table.bind_target(self._address)
+        server = courier.Server(address=bind_target,
+                                **{'tls': context.tls_for(bind_target), **self._courier_kwargs})
         owns_server = callable(getattr(instance, 'set_courier_server', None))
-        server.bind_object(instance)
+        server.bind_object(_MethodsInContext(instance, context))
         if not owns_server:
             server.Start()
         try:

@@ -6,8 +6,9 @@ import sys
 import tempfile
 import time
 
-import psutil
 import pytest
+
+from tests.leftovers import no_new_children
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,15 +36,8 @@ def no_leftovers(private_tmpdir):
     """Fails a test that leaves child processes or program directories behind."""
     del private_tmpdir
     dirs_before = _program_dirs()
-    yield
-    deadline = time.monotonic() + 5
-    me = psutil.Process()
-    while time.monotonic() < deadline:
-        children = [c for c in me.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
-        if not children:
-            break
-        time.sleep(0.05)
-    assert not children, f'processes left behind: {[c.cmdline() for c in children]}'
+    with no_new_children():
+        yield
     left = _program_dirs() - dirs_before
     assert not left, f'program directories left behind: {left}'
 

@@ -279,3 +279,23 @@ def test_interpreter_environment_takes_effect():
     with pytest.raises(lp.NodeFailedError, match='strict/0.*UserWarning'):
         controller.wait(timeout=60)
     assert controller.status()['lenient/0'].state is not lp.NodeState.FAILED
+
+
+class WhoServes:
+    def name(self):
+        return lp.get_context().node_name
+
+
+def ask_names(servers):
+    assert [server.name() for server in servers] == ['server/0', 'server/1', 'server/2']
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+def test_served_methods_see_their_own_node_context(launch_type):
+    program = lp.Program('contexts')
+    with program.group('server'):
+        servers = [program.add_node(lp.CourierNode(WhoServes)) for _ in range(3)]
+    program.add_node(lp.PyNode(ask_names, servers), label='asker')
+    controller = lp.launch(program, launch_type=launch_type)
+    assert controller.wait(labels=['asker'], timeout=60)
+    controller.stop()

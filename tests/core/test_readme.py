@@ -16,3 +16,10 @@ def test_readme_example_runs_to_the_end():
     for launch_type in ('local_mp', 'local_mt'):
         result = run_script(source.replace("'local_mp'", repr(launch_type)))
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_readme_names_only_what_lp_exports():
+    import launchpad as lp  # pylint: disable=import-outside-toplevel
+    with open(os.path.join(REPO, 'README.md')) as f:
+        names = set(re.findall(r'\blp\.([A-Za-z_]+)', f.read()))
+    assert names and not {name for name in names if not hasattr(lp, name)}

@@ -9,15 +9,29 @@ the server's own process). Tests that speak gRPC themselves are marked
 from __future__ import annotations
 
 import multiprocessing.resource_tracker
+import os
+import pathlib
 import shutil
 import tempfile
 import time
 
-import psutil
 import pytest
 
 import courier
 from courier import local_transport
+from tests.leftovers import no_new_children
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_TIMEOUT_SECONDS = 60
+
+
+def pytest_collection_modifyitems(items):
+    """Gives every courier test without its own timeout a default one: none may hang."""
+    here = pathlib.Path(__file__).parent
+    for item in items:
+        if here in item.path.parents and item.get_closest_marker('timeout') is None:
+            item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT_SECONDS))
+
 
 TRANSPORTS = ('grpc', 'unix', 'in_process')
 
@@ -63,14 +77,8 @@ def no_leaked_processes():
     """Fails a test that leaves a child process behind."""
     # multiprocessing's helper lives as long as this process by design: not a leak.
     multiprocessing.resource_tracker.ensure_running()
-    before = {child.pid for child in psutil.Process().children(recursive=True)}
-    yield
-    leaked = [child for child in psutil.Process().children(recursive=True)
-              if child.pid not in before and child.is_running()
-              and child.status() != psutil.STATUS_ZOMBIE]
-    for child in leaked:
-        child.kill()
-    assert not leaked, f'test leaked child processes: {leaked}'
+    with no_new_children(grace=0):
+        yield
 
 
 @pytest.fixture
@@ -104,3 +112,10 @@ def server(make_server, transport_kind, socket_dir):
 def _sleep(seconds: float) -> str:
     time.sleep(seconds)
     return 'slept'
+
+
+@pytest.fixture
+def subprocess_env():
+    """Environment for a child Python process that imports this checkout's courier."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get('PYTHONPATH')]))
+    return {**os.environ, 'PYTHONPATH': path}

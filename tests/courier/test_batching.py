@@ -5,9 +5,11 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import datetime
+import pickle
 import threading
 import time
 
+import cloudpickle
 import numpy as np
 import pytest
 
@@ -94,22 +96,26 @@ def test_pad_batch_fills_up_with_the_first_call():
 
 
 def test_max_parallelism_limits_concurrent_batches():
-    running = []
-    peak = []
+    running = [0]
+    peak = [0]
     lock = threading.Lock()
+    two_running = threading.Event()
 
     @courier.batched_handler(batch_size=1, max_parallelism=2, timeout=10)
     def handler(x):
         with lock:
-            running.append(x)
-            peak.append(len(running))
-        time.sleep(0.05)
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            if running[0] == 2:
+                two_running.set()
+        two_running.wait(10)  # Gives a third batch every chance to start, were it allowed.
+        time.sleep(0.02)
         with lock:
-            running.remove(x)
+            running[0] -= 1
         return x
 
     assert _call_concurrently(handler, [(i,) for i in range(8)]) == list(range(8))
-    assert max(peak) == 2
+    assert peak[0] == 2
 
 
 def test_exception_reaches_every_caller_in_the_batch():
@@ -209,3 +215,27 @@ def test_decorator_keeps_the_function_metadata():
         return x
 
     assert documented.__name__ == 'documented' and documented.__doc__ == 'Docs.'
+
+
+@courier.batched_handler(batch_size=2, timeout=0.05)
+def _module_level(x):
+    return list(x)
+
+
+class _QuickModel(_Model):
+    @courier.batched_handler(batch_size=2, timeout=0.05)
+    def compute(self, x):
+        self.batches.append(list(x))
+        return [value + self.offset for value in x]
+
+
+def test_batched_handlers_pickle():
+    model = _QuickModel(5)
+    assert model.compute(1) == 6  # Caches the instance's own batched handler.
+    clone = pickle.loads(pickle.dumps(model))
+    assert clone.compute(2) == 7 and clone.batches == [[1], [2]]
+    assert model.batches == [[1]]
+    assert pickle.loads(pickle.dumps(_module_level)) is _module_level
+    local = courier.batched_handler(batch_size=3, timeout=0.05)(lambda x: [v * 2 for v in x])
+    copy = cloudpickle.loads(cloudpickle.dumps(local))
+    assert copy(4) == 8 and copy.batch_size == 3 and copy is not local

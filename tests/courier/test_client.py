@@ -15,7 +15,6 @@ import pytest
 import courier
 from courier import transport
 
-
 def _call_in_child(client, queue):
     queue.put(client.add(20, 22))
 
@@ -143,3 +142,54 @@ def test_import_courier_is_light():
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                             timeout=60, check=True)
     assert result.stdout.strip() == '[]'
+
+
+# Runs in a fresh interpreter: whether gRPC was used before the fork is the point.
+_FORK_SCRIPT = '''
+import multiprocessing, sys
+import courier
+
+def serve(ready, stop):
+    server = courier.Server()
+    server.Bind('add', lambda x, y: x + y)
+    server.Start()
+    ready.put(server.address)
+    stop.wait()
+    server.Stop()
+
+def call_in_child(client, results):
+    results.put(client.add(3, 4))
+
+if __name__ == '__main__':
+    spawn = multiprocessing.get_context('spawn')
+    ready, stop = spawn.Queue(), spawn.Event()
+    server = spawn.Process(target=serve, args=(ready, stop))
+    server.start()
+    try:
+        client = courier.Client(ready.get(timeout=60), call_timeout=30)
+        if sys.argv[1] == 'used-before-fork':
+            assert client.add(1, 1) == 2
+        fork = multiprocessing.get_context('fork')
+        results = fork.Queue()
+        child = fork.Process(target=call_in_child, args=(client, results))
+        child.start()
+        print(results.get(timeout=60), client.add(5, 5))
+        child.join(timeout=30)
+    finally:
+        stop.set()
+        server.join(timeout=30)
+'''
+
+
+@pytest.mark.parametrize('scenario, environment', [
+    ('unused-before-fork', {}),
+    ('used-before-fork', {'GRPC_ENABLE_FORK_SUPPORT': '1'}),
+])
+def test_client_works_in_a_forked_child(scenario, environment, tmp_path, subprocess_env):
+    script = tmp_path / 'fork_script.py'
+    script.write_text(_FORK_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script), scenario], capture_output=True, text=True, timeout=120,
+        check=False, env={**subprocess_env, **environment})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ['7', '10']

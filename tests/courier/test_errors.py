@@ -268,3 +268,14 @@ def test_malformed_client_arguments():
         courier.Client(1234)
     with pytest.raises(TypeError, match='needs a courier.Client'):
         courier.list_methods('localhost:1')
+
+
+def test_async_method_fails_clearly(server):
+    async def coroutine_function():
+        return 1
+
+    server.Bind('async_method', coroutine_function)
+    client = courier.Client(server.address)
+    with pytest.raises(TypeError, match='returned a coroutine'):
+        client.async_method()
+    assert client.add(1, 1) == 2

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
-
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 import courier
+from tests.pki import Pki
 
 
 @pytest.fixture(autouse=True)
@@ -84,42 +77,9 @@ def test_unusable_tokens_are_refused(token):
         courier.Client('localhost:1', auth_token=token)
 
 
-class _Pki:
-    """A CA with a server and a client certificate, made at test time."""
-
-    def __init__(self):
-        now = datetime.datetime.now(datetime.timezone.utc)
-        self.ca_key, self.ca_pem = self._certificate('courier test CA', now, ca=True)
-        self.server_key, self.server_pem = self._certificate(
-            'localhost', now, sans=[x509.DNSName('localhost'),
-                                    x509.IPAddress(ipaddress.ip_address('127.0.0.1'))])
-        self.client_key, self.client_pem = self._certificate('courier client', now)
-
-    def _certificate(self, name, now, ca=False, sans=None):
-        key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        builder = (x509.CertificateBuilder()
-                   .subject_name(subject)
-                   .issuer_name(subject if ca else self.ca_name)
-                   .public_key(key.public_key())
-                   .serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5))
-                   .not_valid_after(now + datetime.timedelta(hours=1))
-                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        certificate = builder.sign(key if ca else self.ca_signing_key, hashes.SHA256())
-        if ca:
-            self.ca_name, self.ca_signing_key = subject, key
-        key_pem = key.private_bytes(serialization.Encoding.PEM,
-                                    serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption())
-        return key_pem, certificate.public_bytes(serialization.Encoding.PEM)
-
-
 @pytest.fixture(scope='module')
 def pki():
-    return _Pki()
+    return Pki()
 
 
 def test_tls_round_trip(make_server, pki):
@@ -136,7 +96,7 @@ def test_tls_round_trip(make_server, pki):
 def test_tls_client_rejects_a_server_it_does_not_trust(make_server, pki):
     server = _served(make_server, tls=courier.TLSConfig(
         certificate_chain=pki.server_pem, private_key=pki.server_key))
-    untrusted = _Pki()  # Another CA.
+    untrusted = Pki()  # Another CA.
     client = courier.Client(server.address, call_timeout=5, wait_for_ready=False,
                             tls=courier.TLSConfig(root_certificates=untrusted.ca_pem))
     with pytest.raises(courier.ServerUnavailableError):

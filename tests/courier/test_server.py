@@ -257,3 +257,15 @@ def test_server_warns_when_reachable_without_a_token(make_server, caplog, monkey
     caplog.clear()
     make_server()
     assert 'without an auth token' not in caplog.text
+
+
+def test_relative_unix_socket_path_is_reported_absolute(make_server, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    server = make_server(address='unix:relative.sock')
+    assert server.address == f'unix:{tmp_path / "relative.sock"}'
+    monkeypatch.chdir('/')
+    server.Bind('f', lambda: 'found')
+    server.Start()
+    assert courier.Client(server.address).f() == 'found'
+    server.Stop()
+    assert not (tmp_path / 'relative.sock').exists()

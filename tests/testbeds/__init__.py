@@ -122,17 +122,35 @@ def _check_prerequisites(bed: str, commands: Sequence[str], namespaces: bool) ->
 
 # --- machine state, for the leftover checks -------------------------------------------------
 
+def _stat(pid: int) -> list[str]:
+    """Fields of /proc/PID/stat after the command name ([0] state, [19] start time); [] if gone."""
+    try:
+        return pathlib.Path(f'/proc/{pid}/stat').read_text().rpartition(')')[2].split()
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie awaiting its reaper has ended."""
+    return _stat(pid)[:1] not in ([], ['Z'])
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks: with the pid, it names one process for good."""
+    fields = _stat(pid)
+    return fields[19] if len(fields) > 19 else None
+
+
 def _processes() -> Iterator[tuple[int, str]]:
-    """(pid, command line) of every live process; zombies awaiting their reaper are not live."""
+    """(pid, command line) of every live process."""
     for entry in pathlib.Path('/proc').iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or not _alive(int(entry.name)):
             continue
         try:
-            state = (entry / 'stat').read_text().rpartition(')')[2].split()[0]
             cmdline = (entry / 'cmdline').read_bytes().replace(b'\0', b' ').decode(errors='replace')
         except OSError:
             continue
-        if state != 'Z' and cmdline:
+        if cmdline.strip():
             yield int(entry.name), cmdline.strip()
 
 
@@ -218,7 +236,49 @@ def leftovers(bed: str) -> list[str]:
 
 # --- running the scripts ---------------------------------------------------------------------
 
-_held: set[str] = set()
+_lock_files: dict[str, tuple[object, int]] = {}  # bed -> (open lock file, holders in this process)
+_up: set[str] = set()
+
+
+@contextlib.contextmanager
+def holding(bed: str) -> Iterator[None]:
+    """Keeps other processes away from `bed` ('ssh', 'slurm' or 'podman') while inside, so that
+    a test can check the machine after a bed went down before anyone else brings it up again."""
+    if bed in _lock_files:
+        lock, holders = _lock_files[bed]
+        _lock_files[bed] = (lock, holders + 1)
+    else:
+        _lock_files[bed] = (_acquire(bed), 1)
+    try:
+        yield
+    finally:
+        lock, holders = _lock_files.pop(bed)
+        if holders > 1:
+            _lock_files[bed] = (lock, holders - 1)
+        else:
+            lock.close()  # releases the flock
+
+
+def _acquire(bed: str):
+    wait = float(os.environ.get('LAUNCHPAD_TESTBED_WAIT', '60'))
+    lock = open(LOCK_DIR / f'lp-testbed-{bed}.lock', 'a+')
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                lock.seek(0)
+                holder = _describe(lock.read())
+                lock.close()
+                raise TestbedError(f'the {bed} test bed is still held by {holder} '
+                                   f'after {wait:.0f} s (LAUNCHPAD_TESTBED_WAIT)') from None
+            time.sleep(0.2)
+    lock.truncate(0)
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock
 
 
 def _describe(pid: str) -> str:
@@ -232,32 +292,16 @@ def _describe(pid: str) -> str:
 
 @contextlib.contextmanager
 def _exclusive(bed: str) -> Iterator[None]:
-    """Holds the bed for this process; other processes wait, a second holder here is a bug."""
-    if bed in _held:
+    """Holds the bed for this process; other processes wait, a second bed here is a bug."""
+    if bed in _up:
         raise TestbedError(f'the {bed} test bed is already up in this process; '
                            f'use the session fixture instead of bringing it up again')
-    wait = float(os.environ.get('LAUNCHPAD_TESTBED_WAIT', '60'))
-    path = LOCK_DIR / f'lp-testbed-{bed}.lock'
-    with open(path, 'a+') as lock:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    lock.seek(0)
-                    raise TestbedError(f'the {bed} test bed is still held by {_describe(lock.read())} '
-                                       f'after {wait:.0f} s (LAUNCHPAD_TESTBED_WAIT)')
-                time.sleep(0.2)
-        lock.truncate(0)
-        lock.write(str(os.getpid()))
-        lock.flush()
-        _held.add(bed)
+    with holding(bed):
+        _up.add(bed)
         try:
             yield
         finally:
-            _held.discard(bed)
+            _up.discard(bed)
 
 
 def _uts_namespace(pid: int) -> str | None:
@@ -268,10 +312,12 @@ def _uts_namespace(pid: int) -> str | None:
 
 
 class _Script:
-    """Runs one bed's shell script and remembers how long its last up and down took.
+    """Runs one bed's shell script and checks that its `down` leaves nothing behind.
 
     The bed's daemons each run in a UTS namespace of their own, which everything they start
-    inherits (ssh sessions, job steps, daemonised or not): `down` checks that none is left.
+    inherits (ssh sessions, job steps, daemonised or not): `down` checks that none of the
+    processes in them survives. (It cannot just look for the namespaces afterwards: the kernel
+    reuses a freed namespace's number at once, e.g. for a container another process starts.)
     """
 
     def __init__(self, bed: str, script: str, daemon_pidfiles: str = ''):
@@ -279,8 +325,6 @@ class _Script:
         self.path = HERE / script
         self.daemon_pidfiles = daemon_pidfiles
         self.uts_namespaces: set[str] = set()
-        self.up_seconds: float | None = None
-        self.down_seconds: float | None = None
 
     def run(self, *args: str, timeout: float = 300) -> str:
         env = dict(os.environ, LP_TESTBED_TMPDIR=tempfile.gettempdir(), LP_PYTHON=sys.executable,
@@ -296,22 +340,21 @@ class _Script:
         return done.stdout
 
     def up(self, *args: str) -> str:
-        start = time.monotonic()
         out = self.run(*args)
-        self.up_seconds = time.monotonic() - start
         if self.daemon_pidfiles:
             for pidfile in _state_dir(self.bed).glob(self.daemon_pidfiles):
-                self.uts_namespaces.add(_uts_namespace(int(pidfile.read_text())))
-            self.uts_namespaces.discard(None)
+                namespace = _uts_namespace(int(pidfile.read_text()))
+                if namespace:
+                    self.uts_namespaces.add(namespace)
         return out
 
     def down(self) -> None:
-        start = time.monotonic()
+        started = {pid: (_start_time(pid), cmd) for pid, cmd in _processes()
+                   if _uts_namespace(pid) in self.uts_namespaces}
         self.run('down', timeout=120)
-        self.down_seconds = time.monotonic() - start
         left = leftovers(self.bed) + [
-            f'process {pid}: {cmd}' for pid, cmd in _processes()
-            if _uts_namespace(pid) in self.uts_namespaces]
+            f'process {pid}: {cmd}' for pid, (start, cmd) in started.items()
+            if start is not None and _start_time(pid) == start and _alive(pid)]
         self.uts_namespaces.clear()
         if left:
             raise TestbedError(f'{self.path.name} down left behind: ' + '; '.join(left))
@@ -373,14 +416,6 @@ class SlurmTestbed:
                     'multi', tuple(f'lp-h{i}' for i in range(1, n + 1)),
                     tuple(f'{SUBNET}.{i + 1}' for i in range(1, n + 1)), f'{SUBNET}.1')
         return self.cluster
-
-    @property
-    def up_seconds(self) -> float | None:
-        return self._script.up_seconds
-
-    @property
-    def down_seconds(self) -> float | None:
-        return self._script.down_seconds
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ podman round includes a full image build.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from typing import Callable, ContextManager
@@ -33,13 +34,19 @@ def main() -> None:
     parser.add_argument('--cold-image', action='store_true',
                         help='remove the podman image first to time a full build')
     args = parser.parse_args()
-    if args.cold_image:
-        with testbeds._exclusive('podman'):
+    with contextlib.ExitStack() as stack:  # wait for other sessions here, not inside the timings
+        for bed in ('ssh', 'slurm', 'podman'):
+            stack.enter_context(testbeds.holding(bed))
+        if args.cold_image:
             testbeds._Script('podman', 'podman_image.sh').run('purge')
-    measure('ssh (3 hosts)', lambda: testbeds.ssh_hosts(3), args.repeat)
-    measure('slurm single', lambda: testbeds.slurm_cluster('single'), args.repeat)
-    measure('slurm multi 3', lambda: testbeds.slurm_cluster('multi', 3), args.repeat)
-    measure('podman', testbeds.podman_network, args.repeat)
+        measure_all(args.repeat)
+
+
+def measure_all(repeat: int) -> None:
+    measure('ssh (3 hosts)', lambda: testbeds.ssh_hosts(3), repeat)
+    measure('slurm single', lambda: testbeds.slurm_cluster('single'), repeat)
+    measure('slurm multi 3', lambda: testbeds.slurm_cluster('multi', 3), repeat)
+    measure('podman', testbeds.podman_network, repeat)
 
 
 if __name__ == '__main__':

@@ -21,11 +21,15 @@ import shutil
 import subprocess
 import sys
 
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+try:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+except ImportError:  # an interpreter without pytest's dependencies still has pip's copy
+    from pip._vendor.packaging.requirements import Requirement
+    from pip._vendor.packaging.utils import canonicalize_name
 
 IMAGE_PYTHON = (3, 11)
-IMAGE_GLIBC_PLATFORM = 'manylinux_2_36_x86_64'  # Debian 12; pip also accepts older manylinux tags
+IMAGE_GLIBC = (2, 36)  # Debian 12: wheels built for this glibc or an older one load there
 IMAGE_MARKER_ENV = {
     'python_version': '3.11',
     'python_full_version': '3.11.2',
@@ -89,11 +93,14 @@ def copy_installed(dists: dict[str, importlib.metadata.Distribution | None],
 def pip_install(dists: dict[str, importlib.metadata.Distribution | None],
                 target: pathlib.Path) -> None:
     pins = [f'{name}=={dist.version}' if dist else name for name, dist in dists.items()]
+    # Older pips do not widen a manylinux tag to older glibcs: list every acceptable tag.
+    platforms = [f'manylinux_{IMAGE_GLIBC[0]}_{minor}_{platform.machine()}'
+                 for minor in range(IMAGE_GLIBC[1], 16, -1)] + [f'manylinux2014_{platform.machine()}']
     subprocess.run(
-        [sys.executable, '-m', 'pip', 'install', '--quiet', '--no-deps', '--target', str(target),
+        [sys.executable, '-m', 'pip', 'install', '--quiet', '--target', str(target),
          '--only-binary=:all:', '--implementation', 'cp', '--abi', 'cp311',
-         '--python-version', '.'.join(map(str, IMAGE_PYTHON)), '--platform', IMAGE_GLIBC_PLATFORM,
-         *pins],
+         '--python-version', '.'.join(map(str, IMAGE_PYTHON)),
+         *(arg for tag in platforms for arg in ('--platform', tag)), *pins],
         check=True)
 
 

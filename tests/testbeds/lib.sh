@@ -50,6 +50,10 @@ lp_namespaces() { ip netns list | awk '/^lp-h[0-9]+( |$)/ {print $1}' | sort -V;
 
 lp_host_ip() { echo "$LP_SUBNET.$(($1 + 1))"; }
 
+lp_check_host_count() {
+  [[ $1 =~ ^[1-9][0-9]*$ ]] && [ "$1" -le 250 ] || lp_die "the number of hosts must be 1..250, not '$1'"
+}
+
 # Rewrites our lines in /etc/hosts and each namespace's own hosts file (which `ip netns exec`
 # binds over /etc/hosts) so that every lp-hI name resolves everywhere.
 _lp_write_names() {

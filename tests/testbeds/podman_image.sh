@@ -89,6 +89,23 @@ build_image() {  # KEY
   rm -rf "$root"
 }
 
+# podman's network config chains the CNI plugins portmap (hostPort NAT) and firewall (iptables
+# chains it never removes). An internal test network needs neither: without them our pods never
+# touch iptables at all.
+strip_iptables_plugins() {
+  local conflist=/etc/cni/net.d/$NETWORK.conflist
+  [ -f "$conflist" ] || lp_die "podman did not write $conflist (is its network backend CNI?)"
+  /usr/bin/python3.11 - "$conflist" <<'EOF'
+import json, sys
+path = sys.argv[1]
+with open(path) as f:
+    config = json.load(f)
+config['plugins'] = [p for p in config['plugins'] if p['type'] not in ('portmap', 'firewall')]
+with open(path, 'w') as f:
+    json.dump(config, f, indent=2)
+EOF
+}
+
 up() {
   local key have
   lp_require_root
@@ -101,8 +118,10 @@ up() {
     build_image "$key"
     podman image prune --force >/dev/null  # the previous build, now untagged
   fi
-  podman network exists "$NETWORK" ||
+  if ! podman network exists "$NETWORK"; then
     podman network create --internal --subnet "$SUBNET" "$NETWORK" >/dev/null
+    strip_iptables_plugins
+  fi
   echo "image $IMAGE network $NETWORK subnet $SUBNET"
 }
 
@@ -114,21 +133,8 @@ down() {
     containers=$( { podman ps -aq --filter network="$NETWORK"; podman ps -aq --filter ancestor="$IMAGE"; } 2>/dev/null | sort -u)
     [ -z "$containers" ] || podman rm --force --time 2 $containers >/dev/null
     if podman network exists "$NETWORK" 2>/dev/null; then podman network rm --force "$NETWORK" >/dev/null; fi
-    [ -n "$(podman ps -aq 2>/dev/null)" ] || remove_cni_firewall_chains
   fi
   lp_conf_restore "$CONTAINERS_CONF"
-}
-
-# CNI's firewall plugin leaves two chains and a FORWARD jump behind after the last pod is gone;
-# remove them when they hold nothing else.
-remove_cni_firewall_chains() {
-  local jump=(FORWARD -m comment --comment "CNI firewall plugin rules" -j CNI-FORWARD)
-  command -v iptables >/dev/null || return 0
-  [ "$(iptables -S CNI-FORWARD 2>/dev/null | wc -l)" -le 2 ] || return 0   # -N and the admin jump
-  [ "$(iptables -S CNI-ADMIN 2>/dev/null | wc -l)" -le 1 ] || return 0     # just -N
-  while iptables -D "${jump[@]}" 2>/dev/null; do :; done
-  iptables -F CNI-FORWARD 2>/dev/null && iptables -X CNI-FORWARD 2>/dev/null || true
-  iptables -X CNI-ADMIN 2>/dev/null || true
 }
 
 case "${1:-}" in

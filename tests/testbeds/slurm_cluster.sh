@@ -113,6 +113,7 @@ case "${1:-}" in
     wait_idle 1 ;;
   multi)
     N=${2:-3}
+    lp_check_host_count "$N"
     setup
     lp_net_acquire slurm "$N"
     lines=()

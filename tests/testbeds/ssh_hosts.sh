@@ -60,6 +60,7 @@ wait_for_login() {  # I
 
 up() {
   local n=$1 i ns ip pid waiting=()
+  lp_check_host_count "$n"
   lp_require_root
   lp_require_commands ip flock nsenter unshare ssh ssh-keygen /usr/sbin/sshd
   down

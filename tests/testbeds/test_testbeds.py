@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import pathlib
 import shlex
+import shutil
 import subprocess
 import textwrap
 import time
@@ -23,6 +24,17 @@ REPORT_ADDRESS = textwrap.dedent('''
 ''')
 
 
+@pytest.fixture(autouse=True)
+def hold_beds(request):
+    """Keeps other processes (other test sessions on this machine) away from the beds a test
+    names with @pytest.mark.holds, so that what it checks after a bed went down is its own."""
+    marker = request.node.get_closest_marker('holds')
+    with contextlib.ExitStack() as stack:
+        for bed in marker.args if marker else ():
+            stack.enter_context(testbeds.holding(bed))
+        yield
+
+
 def run(argv: list[str], timeout: float = 30) -> str:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f'{shlex.join(argv)} failed: {done.stderr}'
@@ -36,11 +48,15 @@ def alive(pid: int) -> bool:
         return False
 
 
-def assert_network_gone() -> None:
-    names = run(['ip', 'netns', 'list'])
-    assert 'lp-h' not in names
-    assert not pathlib.Path('/sys/class/net/lpbr0').exists()
-    assert '# lp-testbed' not in pathlib.Path('/etc/hosts').read_text()
+def assert_network_released(bed: str) -> None:
+    """The bed no longer uses the shared network, which is gone unless another bed (maybe of
+    another test session on this machine) still uses it."""
+    users = sorted(p.name for p in testbeds.NET_REGISTRY.glob('*'))
+    assert bed not in users
+    if not users:
+        assert 'lp-h' not in run(['ip', 'netns', 'list'])
+        assert not pathlib.Path('/sys/class/net/lpbr0').exists()
+        assert '# lp-testbed' not in pathlib.Path('/etc/hosts').read_text()
 
 
 def ssh_report(host: testbeds.SshHost) -> list[str]:
@@ -51,19 +67,21 @@ def srun_hostnames(*args: str) -> list[str]:
     return run(['srun', *args], timeout=60).split()
 
 
-def start_sleeping_job(*sbatch_args: str) -> str:
-    """Submits a job that sleeps and returns its id once it runs."""
-    job = run(['sbatch', '--parsable', '--output=/dev/null', *sbatch_args, '--wrap', 'sleep 300'])
-    job = job.strip()
+def start_sleeping_job(directory: pathlib.Path, *sbatch_args: str) -> tuple[str, int]:
+    """Submits a job that sleeps; returns its id and the pid of its script once that runs."""
+    pidfile = directory / 'job.pid'
+    job = run(['sbatch', '--parsable', '--output=/dev/null', *sbatch_args,
+               '--wrap', f'echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile} && exec sleep 300'])
     for _ in range(200):
-        if run(['squeue', '-h', '-j', job, '-o', '%T']).strip() == 'RUNNING':
-            return job
+        if pidfile.exists():
+            return job.strip(), int(pidfile.read_text())
         time.sleep(0.05)
-    raise AssertionError(f'job {job} did not start within 10 s')
+    raise AssertionError(f'job {job.strip()} did not start within 10 s')
 
 
 # --- SSH -----------------------------------------------------------------------------------
 
+@pytest.mark.holds('ssh')
 def test_ssh_hosts_have_own_hostname_and_address_and_leave_nothing():
     with testbeds.ssh_hosts(3) as hosts:
         reports = [ssh_report(host) for host in hosts]
@@ -76,7 +94,7 @@ def test_ssh_hosts_have_own_hostname_and_address_and_leave_nothing():
         assert alive(orphan)
     assert not alive(orphan)
     assert testbeds.leftovers('ssh') == []
-    assert_network_gone()
+    assert_network_released('ssh')
 
 
 def test_ssh_host_server_is_reachable_from_other_hosts():
@@ -84,45 +102,51 @@ def test_ssh_host_server_is_reachable_from_other_hosts():
     client = ('import socket; c = socket.create_connection(("lp-h1", 7000), timeout=5); '
               'print(c.recv(10).decode())')
     with testbeds.ssh_hosts(2) as (h1, h2):
-        with subprocess.Popen(h1.ssh_command(shlex.join([h1.python, '-c', server]))) as serving:
+        serving = subprocess.Popen(h1.ssh_command(shlex.join([h1.python, '-c', server])))
+        try:
             for _ in range(50):
                 done = subprocess.run(h2.ssh_command(shlex.join([h2.python, '-c', client])),
                                       capture_output=True, text=True, timeout=10)
                 if done.returncode == 0:
                     break
             assert done.stdout.strip() == 'pong'
-            serving.wait(timeout=10)
+            assert serving.wait(timeout=10) == 0
+        finally:
+            serving.kill()  # the ssh client only; the bed's down ends the remote side
+            serving.wait()
 
 
 # --- Slurm ---------------------------------------------------------------------------------
 
-def test_slurm_single_runs_a_step_and_leaves_nothing():
+@pytest.mark.holds('slurm')
+def test_slurm_single_runs_a_step_and_leaves_nothing(tmp_path):
     with testbeds.slurm_cluster('single') as cluster:
         assert srun_hostnames('-N1', 'hostname') == list(cluster.nodes)
-        job = start_sleeping_job()
-        sleeper = run(['srun', '--jobid', job, '--overlap', 'pgrep', '-x', '-n', 'sleep'])
-        assert alive(int(sleeper))
-    assert not alive(int(sleeper))
+        job, sleeper = start_sleeping_job(tmp_path)
+        assert alive(sleeper)
+        assert run(['squeue', '-h', '-j', job, '-o', '%T']).strip() == 'RUNNING'
+    assert not alive(sleeper)
     assert testbeds.leftovers('slurm') == []
 
 
-def test_slurm_multi_spreads_steps_and_heterogeneous_components_over_nodes():
+@pytest.mark.holds('slurm')
+def test_slurm_multi_spreads_steps_and_heterogeneous_components_over_nodes(tmp_path):
     with testbeds.slurm_cluster('multi', 3) as cluster:
         assert sorted(srun_hostnames('-N3', 'hostname')) == list(cluster.nodes)
         components = srun_hostnames('-N1', 'hostname', ':', '-N1', 'hostname')
         assert len(components) == 2 and len(set(components)) == 2
         assert set(components) <= set(cluster.nodes)
-        job = start_sleeping_job('-w', 'lp-h2')
-        step = run(['srun', '--jobid', job, '--overlap', 'sh', '-c', 'hostname; pgrep -x -n sleep'])
-        host, sleeper = step.split()[:2]
-        assert host == 'lp-h2' and alive(int(sleeper))
-    assert not alive(int(sleeper))
+        job, sleeper = start_sleeping_job(tmp_path, '-w', 'lp-h2')
+        assert alive(sleeper)
+        assert srun_hostnames('--jobid', job, '--overlap', 'hostname') == ['lp-h2']
+    assert not alive(sleeper)
     assert testbeds.leftovers('slurm') == []
-    assert_network_gone()
+    assert_network_released('slurm')
 
 
 # --- SSH and multi-node Slurm share the network ----------------------------------------------
 
+@pytest.mark.holds('ssh', 'slurm')
 def test_ssh_bed_can_go_down_before_slurm_multi():
     with contextlib.ExitStack() as outer:
         ssh = testbeds.ssh_hosts(3)
@@ -134,9 +158,10 @@ def test_ssh_bed_can_go_down_before_slurm_multi():
             assert testbeds.leftovers('ssh') == []
             assert sorted(srun_hostnames('-N3', 'hostname')) == list(cluster.nodes)
     assert testbeds.leftovers('slurm') == []
-    assert_network_gone()
+    assert_network_released('slurm')
 
 
+@pytest.mark.holds('ssh', 'slurm')
 def test_slurm_multi_can_go_down_before_ssh_bed():
     with testbeds.slurm_cluster('multi', 3) as cluster:
         assert srun_hostnames('-N1', '-w', 'lp-h3', 'hostname') == ['lp-h3']
@@ -148,7 +173,7 @@ def test_slurm_multi_can_go_down_before_ssh_bed():
     finally:
         ssh.__exit__(None, None, None)
     assert testbeds.leftovers('ssh') == []
-    assert_network_gone()
+    assert_network_released('ssh')
 
 
 # --- podman --------------------------------------------------------------------------------
@@ -201,6 +226,7 @@ spec:
 '''
 
 
+@pytest.mark.holds('podman')
 def test_podman_pods_talk_over_lpnet_and_leave_nothing(tmp_path):
     forwarding = pathlib.Path('/proc/sys/net/ipv4/ip_forward').read_text()
     with testbeds.podman_network() as net:
@@ -211,13 +237,15 @@ def test_podman_pods_talk_over_lpnet_and_leave_nothing(tmp_path):
         assert run(['podman', 'wait', 'lp-echo-client-client']).strip() == '0'
         log = run(['podman', 'logs', 'lp-echo-client-client'])
         assert log.strip() == 'reply HELLO OVER LPNET from 10.201.0.10', log
+        assert '10.201.0.' not in run(['iptables-save'])  # no NAT, no firewall rules for lpnet
         run(['podman', 'kube', 'play', '--down', str(pods)])
         assert run(['podman', 'pod', 'ps', '-q']).strip() == ''
     assert testbeds.leftovers('podman') == []
     assert pathlib.Path('/proc/sys/net/ipv4/ip_forward').read_text() == forwarding
-    assert '-A' not in run(['iptables', '-t', 'nat', '-S'])
+    assert '10.201.0.' not in run(['iptables-save'])
 
 
+@pytest.mark.holds('podman')
 def test_podman_bed_removes_pods_a_test_left_running(tmp_path):
     with testbeds.podman_network() as net:
         run(['podman', 'run', '-d', '--name', 'lp-left-running', '--network', net.network,
@@ -235,6 +263,15 @@ def test_require_testbed_skips_or_fails_by_environment(monkeypatch):
     monkeypatch.setenv('LAUNCHPAD_TESTBEDS', 'required')
     with pytest.raises(pytest.fail.Exception, match='no sshd'):
         testbeds.require_testbed('no sshd')
+
+
+def test_a_missing_package_skips_with_the_fix(monkeypatch):
+    monkeypatch.delenv('LAUNCHPAD_TESTBEDS', raising=False)
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, 'which', lambda cmd: None if cmd == 'runc' else real_which(cmd))
+    with pytest.raises(pytest.skip.Exception, match=r'needs runc; install .*install_packages\.sh'):
+        with testbeds.podman_network():
+            pass
 
 
 def test_a_bed_cannot_be_brought_up_twice_in_one_process():

@@ -1,0 +1,683 @@
+"""`ssh`: run a program's nodes on hosts you can ssh into.
+
+    lp.launch(program, launch_type='ssh', resources={
+        'learner': lp.SshHost('gpu-box', python='/opt/venv/bin/python'),
+        'actor': lp.SshHosts(['cpu-1', 'cpu-2'], python='/opt/venv/bin/python'),
+    })
+
+The launcher uses the system OpenSSH client (so `~/.ssh/config` applies) with one multiplexed
+connection per host. The primary session of each connection runs a small host agent from the
+host's own launchpad: it answers the preflight, keeps a private directory for the node specs, and
+when the connection ends (the program ended, or the launcher died) it ends what is left of the
+program on its host and removes the directory. Every node then runs in a session of its own on
+that connection, so its exit status and output come back through its local ssh client.
+
+The launcher serves the program's coordinator on the address the hosts see it at; servers on a
+host bind that host's address on a port the kernel picks and publish the endpoint to the
+coordinator. All of it requires the program's auth token, which travels inside the spec files
+(mode 600 in the private directory), never on a command line.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pickle
+import queue
+import secrets
+import select
+import shlex
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import courier
+
+from launchpad.address import AddressTable
+from launchpad.launch import launcher
+from launchpad.launch.coordinator import Coordinator
+from launchpad.launch.output import Output
+from launchpad.launch.processes import _NodeProcess  # pylint: disable=protected-access
+from launchpad.launch.worker import (COORDINATOR_LOSS_TIMEOUT, WORKER_ARGV, WorkerSpec,
+                                     flags_snapshot, pack_spec)
+from launchpad.program import Program
+
+# sshd refuses more sessions per connection than MaxSessions (10 by default); a connection carries
+# the agent's session and at most this many nodes, and a host with more nodes gets more connections.
+NODES_PER_CONNECTION = 8
+
+# Seconds a host gets, after ssh connected, to start the agent and answer the preflight.
+AGENT_START_TIMEOUT = 30.0
+
+# The launcher writes to every agent at least this often; an agent that hears nothing for
+# LAUNCHER_SILENCE_TIMEOUT seconds takes the launcher for gone (as when its input ends), which
+# also covers a network that went away without closing the connection.
+HEARTBEAT_INTERVAL = 2.0
+LAUNCHER_SILENCE_TIMEOUT = 15.0
+
+_AGENT_ARGV = ['-c', 'from launchpad.launch.ssh import _serve_host; _serve_host()']
+_AGENT_LINE = b'LPAGENT '
+_NODE_ENV = 'LAUNCHPAD_SSH_NODE'  # marks every process of a node (and its children) on a host
+_DIR_PREFIX = 'launchpad-ssh-'
+
+
+@dataclasses.dataclass(frozen=True)
+class SshHost:
+    """A host to run nodes on, reached with the system `ssh` client.
+
+    Attributes:
+      host: what ssh connects to: a name, an address or a `Host` alias of `~/.ssh/config`.
+      user: login user (default: ssh's choice, from the config or the local user name).
+      port: ssh port (default: ssh's choice).
+      identity_file: private key to log in with (default: ssh's choice).
+      python: the interpreter on the host, with launchpad and its dependencies installed.
+      workdir: directory the nodes run in (default: the login directory).
+      env: environment variables for the nodes, e.g. {'PYTHONPATH': '/src'}. They are part of
+        the remote command line (visible in `ps` there): put no secrets in them.
+      address: the address other hosts reach this host's servers at (default: the address ssh
+        connected to, as seen by the host).
+      ssh_options: more arguments for ssh, e.g. ['-o', 'ProxyJump=gateway'].
+      connect_timeout: seconds ssh waits for the connection.
+    """
+    host: str
+    user: Optional[str] = None
+    port: Optional[int] = None
+    identity_file: Optional[str] = None
+    python: str = 'python3'
+    workdir: Optional[str] = None
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    address: Optional[str] = None
+    ssh_options: Sequence[str] = ()
+    connect_timeout: float = 10.0
+
+    def __post_init__(self):
+        if not isinstance(self.host, str) or not self.host or self.host.startswith('-'):
+            raise ValueError(f'SshHost needs a host name or address, got {self.host!r}.')
+        if not isinstance(self.python, str) or not self.python:
+            raise ValueError(f'SshHost({self.host!r}): python must name an interpreter on the '
+                             f'host, got {self.python!r}.')
+        if not self.connect_timeout > 0:
+            raise ValueError(f'SshHost({self.host!r}): connect_timeout must be positive, got '
+                             f'{self.connect_timeout!r}.')
+        if self.port is not None and not (isinstance(self.port, int) and 0 < self.port < 65536):
+            raise ValueError(f'SshHost({self.host!r}): port must be an int in 1..65535, '
+                             f'got {self.port!r}.')
+        for key, value in dict(self.env).items():
+            if not (isinstance(key, str) and key.isidentifier() and isinstance(value, str)):
+                raise ValueError(f'SshHost({self.host!r}): env must map variable names to str '
+                                 f'values, got {key!r}: {value!r}.')
+        if isinstance(self.ssh_options, str):
+            raise TypeError(f'SshHost({self.host!r}): ssh_options is a list of arguments, '
+                            f'e.g. {shlex.split(self.ssh_options)!r}.')
+        object.__setattr__(self, 'env', dict(self.env))
+        object.__setattr__(self, 'ssh_options', tuple(self.ssh_options))
+
+    def __str__(self) -> str:
+        return f'{self.user}@{self.host}' if self.user else self.host
+
+    def ssh_argv(self) -> List[str]:
+        """The ssh arguments that reach this host, without a command."""
+        argv = ['ssh', '-T', '-o', 'BatchMode=yes',
+                '-o', f'ConnectTimeout={max(1, round(self.connect_timeout))}']
+        if self.user:
+            argv += ['-l', self.user]
+        if self.port:
+            argv += ['-p', str(self.port)]
+        if self.identity_file:
+            argv += ['-i', self.identity_file]
+        return argv + list(self.ssh_options)
+
+    def _connection_key(self) -> tuple:
+        return (self.host, self.user, self.port, self.identity_file, self.python, self.workdir,
+                tuple(sorted(self.env.items())), self.address, self.ssh_options)
+
+    def __hash__(self) -> int:
+        return hash(self._connection_key())
+
+
+class SshHosts:
+    """The hosts of a group: its nodes are placed on them round-robin.
+
+    `SshHosts(['a', 'b'], python='/opt/venv/bin/python')` applies the keyword arguments (fields of
+    `SshHost`) to every host given by name; hosts given as `SshHost` are used as they are.
+    """
+
+    def __init__(self, hosts: Iterable[Union[SshHost, str]], **options: Any):
+        if isinstance(hosts, (str, SshHost)):
+            hosts = [hosts]
+        self.hosts: List[SshHost] = [
+            host if isinstance(host, SshHost) else SshHost(host, **options) for host in hosts]
+        if not self.hosts:
+            raise ValueError('SshHosts needs at least one host.')
+
+    def __repr__(self) -> str:
+        return f'SshHosts({[str(host) for host in self.hosts]!r})'
+
+
+class SshPreflightError(RuntimeError):
+    """Some hosts cannot run the program; the message lists each with its problem and fix."""
+
+    def __init__(self, problems: Mapping[str, Tuple[str, str]]):
+        self.problems = dict(problems)
+        lines = [f'{len(self.problems)} host(s) cannot run the program; nothing was started:']
+        for host, (problem, fix) in self.problems.items():
+            lines += [f'  {host}: {problem}', f'    fix: {fix}']
+        super().__init__('\n'.join(lines))
+
+
+def _hosts_of(label: str, resources: Any) -> List[SshHost]:
+    if isinstance(resources, SshHosts):
+        return resources.hosts
+    if isinstance(resources, (SshHost, str)):
+        return SshHosts([resources]).hosts
+    if isinstance(resources, (list, tuple)):
+        if not resources:
+            raise ValueError(f'Group {label!r} has an empty list of hosts; give it at least one.')
+        return SshHosts(resources).hosts
+    raise TypeError(f'ssh takes lp.SshHost or lp.SshHosts resources; group {label!r} got '
+                    f'{resources!r}.')
+
+
+def _endpoint(host: str, port: int) -> str:
+    return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'
+
+
+# --- The launcher side -----------------------------------------------------------------------
+
+class _Connection:
+    """One multiplexed ssh connection to a host; its primary session runs the host agent."""
+
+    def __init__(self, host: SshHost, control_path: str):
+        self.host = host
+        self.control_path = control_path
+        self.nodes: List[int] = []  # indices of the executables it runs
+        self.hello: Optional[dict] = None
+        self._events: 'queue.Queue[Optional[dict]]' = queue.Queue()
+        self._stderr: List[str] = []
+        self._send_lock = threading.Lock()
+        env = ' '.join(shlex.quote(f'{k}={v}') for k, v in host.env.items())
+        command = (f'exec env {env} {shlex.join([host.python] + _AGENT_ARGV)} '
+                   f'{shlex.quote(host.workdir or "")}')
+        argv = host.ssh_argv() + [
+            '-M', '-S', control_path, '-o', 'ControlPersist=no',
+            '-o', 'ServerAliveInterval=5', '-o', 'ServerAliveCountMax=3', host.host, command]
+        # The master ends when the agent does, also after the launcher died; the last one to end
+        # removes the launch's local directory, which holds nothing but the control sockets.
+        self.process = subprocess.Popen(
+            ['sh', '-c', 'ssh "$@"; code=$?; rm -f "$0"; rmdir "${0%/*}" 2>/dev/null; exit $code',
+             control_path] + argv[1:],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True)
+        self._readers = [
+            threading.Thread(target=self._read_events, daemon=True, name=f'lp-ssh-{host}'),
+            threading.Thread(target=self._read_errors, daemon=True, name=f'lp-ssh-{host}-err')]
+        for reader in self._readers:
+            reader.start()
+
+    def _read_events(self) -> None:
+        for line in iter(self.process.stdout.readline, b''):
+            if line.startswith(_AGENT_LINE):
+                self._events.put(json.loads(line[len(_AGENT_LINE):]))
+            else:
+                logging.info('ssh host %s: %s', self.host, line.decode(errors='replace').rstrip())
+        self._events.put(None)
+
+    def _read_errors(self) -> None:
+        for line in iter(self.process.stderr.readline, b''):
+            text = line.decode(errors='replace').rstrip()
+            self._stderr.append(text)
+            if self.hello is not None and text:
+                logging.warning('ssh host %s: %s', self.host, text)
+
+    def expect(self, event: str, timeout: float) -> Optional[dict]:
+        """The next message of the agent if it is `event`; None if the connection ended first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                message = self._events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            if message is None:
+                self._events.put(None)  # the connection stays ended for later calls
+                return None
+            if message.get('event') == event:
+                return message
+
+    def send(self, kind: str, body: Any) -> bool:
+        """Sends a message to the agent; False if the connection is gone."""
+        data = pickle.dumps((kind, body), protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            try:
+                self.process.stdin.write(struct.pack('>Q', len(data)) + data)
+                self.process.stdin.flush()
+                return True
+            except (OSError, ValueError):
+                return False
+
+    @property
+    def directory(self) -> str:
+        return self.hello['directory']
+
+    def node_argv(self, index: int) -> List[str]:
+        env = {'PYTHONUNBUFFERED': '1', 'GRPC_VERBOSITY': 'ERROR', **self.host.env,
+               _NODE_ENV: f'{self.directory}/{index}'}
+        command = shlex.join(['env'] + [f'{k}={v}' for k, v in env.items()] + [self.host.python]
+                             + WORKER_ARGV + [f'{self.directory}/{index}.spec'])
+        if self.host.workdir:
+            command = f'cd {shlex.quote(self.host.workdir)} && exec {command}'
+        else:
+            command = f'exec {command}'
+        return self.host.ssh_argv() + ['-S', self.control_path, '-o', 'ControlMaster=no',
+                                       self.host.host, command]
+
+    def kill(self, indices: Sequence[int]) -> None:
+        if self.send('kill', list(indices)) and self.expect('killed', 10.0) is None:
+            logging.warning('Could not confirm that nodes %s on %s were killed.', list(indices),
+                            self.host)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Ends the agent's session: it ends the rest of the program there and removes its files."""
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait()
+        for reader in self._readers:
+            reader.join(2.0)
+        if self.hello is not None and self.expect('closed', 0) is None:
+            logging.warning('Could not confirm that %s on %s was removed (the connection ended '
+                            'early); remove it by hand if it is still there.', self.directory,
+                            self.host)
+
+    def diagnose(self) -> Optional[Tuple[str, str]]:
+        """(problem, fix) if this host cannot run nodes, after the agent answered or failed."""
+        host, python = self.host, self.host.python
+        errors = '\n'.join(line for line in self._stderr if line.strip())
+        last = errors.splitlines()[-1] if errors else ''
+        if self.hello is None:
+            code = self.process.poll()
+            ssh_command = shlex.join(host.ssh_argv() + [host.host, 'true'])
+            if code is None:
+                return (f'no answer within {host.connect_timeout + AGENT_START_TIMEOUT:.0f} s',
+                        f'check that the host is up and that `{python}` starts there in time.')
+            if code == 255:
+                return (f'cannot connect with ssh: {last or "ssh exited with status 255"}',
+                        f'make `{ssh_command}` work from this machine without a prompt '
+                        '(launchpad runs ssh in batch mode: use keys or an ssh agent).')
+            if code == 127 or 'No such file or directory' in last:
+                return (f'the interpreter {python!r} was not found ({last})',
+                        f'install Python {_python_version()} there, or pass SshHost(..., '
+                        "python='/path/to/python3').")
+            if 'ModuleNotFoundError' in errors or 'ImportError' in errors:
+                return (f'{python} cannot import launchpad and its dependencies: {last}',
+                        f'install launchpad there for {python} (pip install launchpad) or put '
+                        "your checkout on its path with SshHost(..., env={'PYTHONPATH': ...}).")
+            return (f'the host agent failed (exit status {code}): {last or "no error output"}',
+                    'see the error; the host agent is started with `' +
+                    shlex.join([python] + _AGENT_ARGV) + '`.')
+        hello = self.hello
+        if tuple(hello['python']) != sys.version_info[:2]:
+            return (f'{python} is Python {".".join(map(str, hello["python"]))}, the launcher '
+                    f'runs Python {_python_version()}; node code travels pickled and needs the '
+                    'same version',
+                    f"pass SshHost(..., python=...) naming a Python {_python_version()} there.")
+        if hello['spec_fields'] != _spec_fields():
+            return (f'its launchpad ({hello["launchpad"]}) is not the version the launcher runs',
+                    'install the same launchpad version on both sides.')
+        if not hello['workdir_ok']:
+            return (f'the working directory {host.workdir!r} does not exist there',
+                    'create it, or pass an existing SshHost(..., workdir=...).')
+        if len(hello['ssh_connection'].split()) != 4 and host.address is None:
+            return ('cannot tell which address the host has (SSH_CONNECTION is not set)',
+                    "pass SshHost(..., address='<an address other hosts reach it at>').")
+        return None
+
+    @property
+    def launcher_address(self) -> str:
+        """The launcher's address as the host sees it."""
+        return self.hello['ssh_connection'].split()[0]
+
+    @property
+    def bind_host(self) -> str:
+        """Where servers on this host listen."""
+        return self.host.address or self.hello['ssh_connection'].split()[2]
+
+
+def _python_version() -> str:
+    return '.'.join(map(str, sys.version_info[:2]))
+
+
+def _spec_fields() -> List[str]:
+    return [field.name for field in dataclasses.fields(WorkerSpec)]
+
+
+class _SshRunner:
+    """The node sessions of one launch, and the connections that carry them."""
+
+    def __init__(self, connections: List[_Connection], local_dir: str):
+        self.connections = connections
+        self.local_dir = local_dir
+        self.server: Optional[courier.Server] = None
+        self.output: Optional[Output] = None
+        self.processes: Dict[str, Any] = {}
+        self.placement: Dict[str, Tuple[_Connection, int]] = {}
+        self._released = threading.Event()
+        threading.Thread(target=self._heartbeat, daemon=True, name='lp-ssh-heartbeat').start()
+
+    def _heartbeat(self) -> None:
+        while not self._released.wait(HEARTBEAT_INTERVAL):
+            for connection in list(self.connections):
+                connection.send('ping', None)
+
+    def start(self, name: str, argv: List[str], title: str) -> None:
+        """Starts a node's ssh client, its output going where the terminal option says."""
+        if self.output.runs_commands:
+            self.processes[name] = self.output.start_command(name, argv, dict(os.environ),
+                                                             os.getcwd())
+            return
+        stdout_fd, reader = self.output.open_for(name, title=title)
+        try:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout_fd,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            os.close(stdout_fd)
+        self.processes[name] = _NodeProcess(process, reader)
+
+    def poll(self) -> Dict[str, Optional[int]]:
+        return {name: process.poll() for name, process in self.processes.items()}
+
+    def kill(self, names: Sequence[str]) -> None:
+        by_connection: Dict[int, List[int]] = {}
+        for name in names:
+            connection, index = self.placement[name]
+            by_connection.setdefault(id(connection), []).append(index)
+        _in_parallel([lambda c=c: c.kill(by_connection[id(c)]) for c in self.connections
+                      if id(c) in by_connection])
+        deadline = time.monotonic() + 2.0
+        for name in names:  # their sessions end now; make sure the local clients do too
+            process = self.processes.get(name)
+            if process is None:
+                continue
+            while process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if process.poll() is None:
+                process.kill()
+
+    def release(self) -> None:
+        self._released.set()
+        try:
+            if self.server is not None:
+                self.server.Stop()
+            _in_parallel([connection.close for connection in self.connections])
+            if self.output is not None:
+                self.output.close()
+        finally:
+            shutil.rmtree(self.local_dir, ignore_errors=True)
+
+
+def _in_parallel(calls: Sequence) -> None:
+    threads = [threading.Thread(target=call, daemon=True) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+class SshLauncher(launcher.Launcher):
+    """Runs every executable in a Python process on an SSH host of its group.
+
+    Launcher options (keyword arguments of `lp.launch`):
+      coordinator_host: the address the launcher serves the program's coordinator on (default:
+        the address the hosts see the launcher at).
+    """
+
+    foreground = True
+
+    def launch(self, program: Program, options: launcher.LaunchOptions) -> launcher.Controller:
+        unknown = set(options.extra) - {'coordinator_host'}
+        if unknown:
+            raise TypeError(f'Unknown option(s) {sorted(unknown)} for launch type ssh; it takes '
+                            'coordinator_host=.')
+        if shutil.which('ssh') is None:
+            raise FileNotFoundError('The ssh launcher runs the OpenSSH client, and `ssh` is not on '
+                                    'PATH; install it (e.g. apt-get install openssh-client).')
+        missing = sorted(set(program.groups) - set(options.resources))
+        if missing:
+            raise ValueError(
+                f'Groups {missing} have no hosts; give every group its hosts, e.g. '
+                f"resources={{{missing[0]!r}: lp.SshHost('hostname')}}.")
+        hosts = {label: _hosts_of(label, resources)
+                 for label, resources in options.resources.items()}
+        executables = launcher.executables_of(program, options)
+        local_dir = tempfile.mkdtemp(prefix=_DIR_PREFIX)
+        runner = _SshRunner([], local_dir)
+        try:
+            return self._launch(program, options, executables, hosts, runner)
+        except BaseException:
+            runner.kill([name for name, code in runner.poll().items() if code is None])
+            runner.release()
+            raise
+
+    def _launch(self, program, options, executables, hosts, runner) -> launcher.Controller:
+        # Place the executables round-robin over their group's hosts, at most
+        # NODES_PER_CONNECTION to a connection.
+        connections: Dict[tuple, List[_Connection]] = {}
+        placed: List[Tuple[_Connection, int]] = []
+        turn: Dict[str, int] = {}
+        for i, (label, _) in enumerate(executables):
+            group_hosts = hosts[label]
+            host = group_hosts[turn.get(label, 0) % len(group_hosts)]
+            turn[label] = turn.get(label, 0) + 1
+            pool = connections.setdefault(host._connection_key(), [])  # pylint: disable=protected-access
+            if not pool or len(pool[-1].nodes) >= NODES_PER_CONNECTION:
+                pool.append(_Connection(host, os.path.join(runner.local_dir,
+                                                           f'c{len(runner.connections)}')))
+                runner.connections.append(pool[-1])
+            pool[-1].nodes.append(i)
+            placed.append((pool[-1], i))
+        _preflight(runner.connections)
+
+        token = secrets.token_hex(16)
+        coordinator = Coordinator([executable.name for _, executable in executables])
+        bind_host = options.extra.get('coordinator_host') or _coordinator_host(runner.connections)
+        try:
+            runner.server = courier.Server(address=_endpoint(bind_host, 0), auth_token=token,
+                                           thread_pool_size=2 * len(executables) + 8,
+                                           tls=options.tls)
+        except OSError as e:
+            raise OSError(f'Cannot serve the program\'s coordinator on {bind_host}: {e}. Pass '
+                          "lp.launch(..., coordinator_host='<an address of this machine that "
+                          "every host reaches>').") from e
+        runner.server.bind_object(coordinator)
+        runner.server.Start()
+        port = int(runner.server.address.rsplit(':', 1)[1])
+
+        table = AddressTable(published={
+            address.id: _endpoint(connection.bind_host, 0)
+            for (connection, _), (_, executable) in zip(placed, executables)
+            for address in executable.addresses})
+        flags = flags_snapshot()
+        files: Dict[int, Dict[str, bytes]] = {id(c): {} for c in runner.connections}
+        for (connection, i), (_, executable) in zip(placed, executables):
+            coordinator_host = options.extra.get('coordinator_host') or connection.launcher_address
+            spec = WorkerSpec(
+                program_name=program.name, launch_type=options.launch_type,
+                node_name=executable.name, run=executable.run, address_table=table,
+                coordinator_address=_endpoint(coordinator_host, port), parent_pid=None,
+                notice_period=options.notice_period, flags=flags,
+                env={courier.AUTH_TOKEN_ENV: token}, cleanup_dir=connection.directory,
+                tls=options.tls)
+            files[id(connection)][f'{i}.spec'] = pack_spec(spec)
+        for connection in runner.connections:
+            connection.send('files', {'files': files[id(connection)],
+                                      'grace': COORDINATOR_LOSS_TIMEOUT + options.notice_period})
+        for connection in runner.connections:
+            if connection.expect('ready', AGENT_START_TIMEOUT) is None:
+                raise RuntimeError(f'The connection to {connection.host} ended while sending the '
+                                   f'program: {" ".join(connection._stderr[-3:])}')  # pylint: disable=protected-access
+
+        runner.output = Output(options.terminal, program.name, runner.local_dir)
+        for (connection, i), (_, executable) in zip(placed, executables):
+            runner.placement[executable.name] = (connection, i)
+            runner.start(executable.name, connection.node_argv(i),
+                         title=f'{connection.host.host} {executable.name}')
+        return launcher.Controller(program.name, coordinator, runner,
+                                   launch_type=options.launch_type,
+                                   notice_period=options.notice_period)
+
+
+def _preflight(connections: List[_Connection]) -> None:
+    """Waits for every agent to answer; raises SshPreflightError listing every host that cannot."""
+    deadline = time.monotonic() + max(c.host.connect_timeout for c in connections) + \
+        AGENT_START_TIMEOUT
+    problems: Dict[str, Tuple[str, str]] = {}
+    for connection in connections:
+        connection.hello = connection.expect('hello', max(0.0, deadline - time.monotonic()))
+        if connection.hello is None:
+            try:  # it ended: let its stderr arrive before diagnosing
+                connection.process.wait(2.0)
+            except subprocess.TimeoutExpired:
+                pass
+            for reader in connection._readers:  # pylint: disable=protected-access
+                reader.join(1.0)
+        problem = connection.diagnose()
+        if problem is not None:
+            problems.setdefault(str(connection.host), problem)
+    if problems:
+        raise SshPreflightError(problems)
+    loopback = [str(c.host) for c in connections if c.bind_host in ('127.0.0.1', '::1')]
+    if loopback and len(loopback) < len(connections):
+        logging.warning('Servers on %s listen on loopback, which the other hosts cannot reach; '
+                        "pass SshHost(..., address='<its network address>') if they call them.",
+                        ', '.join(sorted(set(loopback))))
+
+
+def _coordinator_host(connections: List[_Connection]) -> str:
+    """Where to serve the coordinator: the address the hosts see the launcher at, or every
+    address if they see it at different ones."""
+    seen = {connection.launcher_address for connection in connections}
+    if len(seen) == 1:
+        return seen.pop()
+    return '::' if any(':' in address for address in seen) else '0.0.0.0'
+
+
+# --- The host side ---------------------------------------------------------------------------
+
+def _serve_host() -> None:
+    """The host agent: the primary session of a launch's ssh connection to this host.
+
+    Says hello (the preflight facts), creates the private directory, writes the node specs it is
+    sent and kills nodes on request. When its input ends or falls silent (the launcher is done
+    or dead, or the network is gone) it gives the nodes still running a grace period to notice
+    and stop, kills the rest and removes the directory.
+    """
+    import cloudpickle  # pylint: disable=import-outside-toplevel,unused-import
+    import psutil  # pylint: disable=import-outside-toplevel,unused-import
+
+    import launchpad  # pylint: disable=import-outside-toplevel
+
+    def end(signum, frame):
+        del frame
+        sys.exit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, end)
+    workdir = sys.argv[1] if len(sys.argv) > 1 else ''
+    directory = tempfile.mkdtemp(prefix=_DIR_PREFIX)
+    grace = 0.0
+    try:
+        _announce(event='hello', hostname=socket.gethostname(), python=sys.version_info[:2],
+                  spec_fields=_spec_fields(), launchpad=os.path.dirname(launchpad.__file__),
+                  directory=directory, workdir_ok=not workdir or os.path.isdir(workdir),
+                  ssh_connection=os.environ.get('SSH_CONNECTION', ''))
+        for kind, body in _messages(sys.stdin.fileno(), LAUNCHER_SILENCE_TIMEOUT):
+            if kind == 'files':
+                for name, data in body['files'].items():
+                    path = os.path.join(directory, name)
+                    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
+                              'wb') as f:
+                        f.write(data)
+                grace = body['grace']
+                _announce(event='ready')
+            elif kind == 'kill':
+                _kill_nodes({f'{directory}/{index}' for index in body})
+                _announce(event='killed')
+    finally:
+        deadline = time.monotonic() + grace
+        while _node_processes(directory) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _kill_nodes(None, directory)
+        shutil.rmtree(directory, ignore_errors=True)
+        _announce(event='closed')
+
+
+def _announce(**message: Any) -> None:
+    try:
+        sys.stdout.buffer.write(_AGENT_LINE + json.dumps(message).encode() + b'\n')
+        sys.stdout.buffer.flush()
+    except OSError:  # the launcher is gone; nobody is listening
+        pass
+
+
+def _messages(fd: int, silence_timeout: float) -> Iterator[Tuple[str, Any]]:
+    """The launcher's messages, until its input ends or stays silent for `silence_timeout` s."""
+    buffer = bytearray()
+    while True:
+        if not select.select([fd], [], [], silence_timeout)[0]:
+            return
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return
+        buffer += chunk
+        while len(buffer) >= 8:
+            (size,) = struct.unpack('>Q', buffer[:8])
+            if len(buffer) < 8 + size:
+                break
+            message = pickle.loads(buffer[8:8 + size])
+            del buffer[:8 + size]
+            yield message
+
+
+def _node_processes(directory: str, markers: Optional[set] = None) -> list:
+    """This host's processes of the nodes `markers` (default: every node of `directory`)."""
+    import psutil  # pylint: disable=import-outside-toplevel
+    found = []
+    for process in psutil.process_iter():
+        try:
+            marker = process.environ().get(_NODE_ENV)
+        except (psutil.Error, OSError):
+            continue
+        if marker and (marker in markers if markers is not None
+                       else marker.startswith(directory + '/')):
+            found.append(process)
+    return found
+
+
+def _kill_nodes(markers: Optional[set], directory: str = '') -> None:
+    """Kills the processes of the given nodes, children included, until none is left."""
+    import psutil  # pylint: disable=import-outside-toplevel
+    for _ in range(10):
+        processes = _node_processes(directory, markers)
+        if not processes:
+            return
+        for process in processes:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(processes, timeout=2.0)

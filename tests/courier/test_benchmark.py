@@ -1,0 +1,23 @@
+"""benchmarks/courier_bench.py runs, reports every number, and cleans up."""
+
+from __future__ import annotations
+
+import importlib
+
+from tests.courier.conftest import REPO
+
+
+def test_benchmark_smoke(capsys, monkeypatch):
+    # Importable by name, so that its server process (spawned) can import it too.
+    monkeypatch.syspath_prepend(str(REPO / 'benchmarks'))
+    bench = importlib.import_module('courier_bench')
+    results = bench.run(['tcp', 'uds'], seconds=0.1, sizes=[1], baseline=True)
+    assert sorted(results) == ['courier tcp', 'courier uds', 'grpcio tcp', 'grpcio uds']
+    for numbers in results.values():
+        assert numbers['sync']['calls_per_s'] > 0
+        assert numbers['sync']['p50_us'] <= numbers['sync']['p99_us']
+        assert numbers['futures']['calls_per_s'] > 0
+        assert numbers['echo_1MiB']['mb_per_s'] > 0
+    bench._print_table(results)  # pylint: disable=protected-access
+    printed = capsys.readouterr().out
+    assert 'courier uds / bare grpcio: sync' in printed and 'MB/s each way' in printed

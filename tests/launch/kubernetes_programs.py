@@ -1,0 +1,126 @@
+"""Programs the Kubernetes tests run in pods (no pytest here: pods import this module)."""
+from __future__ import annotations
+
+import hashlib
+import time
+
+import launchpad as lp
+
+
+def digest(blob: bytes) -> str:
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+class Queue:
+    """A courier service collecting numbers."""
+
+    def __init__(self):
+        self._items = []
+
+    def put(self, item: int) -> None:
+        self._items.append(item)
+
+    def items(self) -> list:
+        return list(self._items)
+
+
+def produce(queue, count: int, payload: bytes = b'') -> None:
+    for i in range(count):
+        queue.put(i)
+    print(f'produced {count}, payload {digest(payload)}', flush=True)
+
+
+def consume(queue, total: int) -> None:
+    while len(queue.items()) < total:
+        time.sleep(0.05)
+    print(f'consumed {total} items summing to {sum(queue.items())}', flush=True)
+    lp.stop()
+
+
+def producer_consumer(producers: int = 2, count: int = 5, payload: bytes = b'') -> lp.Program:
+    """Producers fill a queue, the consumer stops the program; the first producer carries
+    `payload` (to test large executables)."""
+    program = lp.Program('producer-consumer')
+    queue = program.add_node(lp.CourierNode(Queue), label='queue')
+    with program.group('producer'):
+        for i in range(producers):
+            program.add_node(lp.PyNode(produce, queue, count, payload if i == 0 else b''))
+    program.add_node(lp.PyNode(consume, queue, producers * count), label='consumer')
+    return program
+
+
+class Learner:
+    """Learns from actors' trajectories; stops the program after `steps` updates (or ends when
+    the program is stopped)."""
+
+    def __init__(self, steps: int):
+        self._steps = steps
+        self._weights = 0.0
+        self._updates = 0
+
+    def weights(self) -> float:
+        return self._weights
+
+    def learn(self, trajectory: list) -> None:
+        self._weights += sum(trajectory) / len(trajectory)
+        self._updates += 1
+
+    def run(self) -> None:
+        while self._updates < self._steps and not lp.stop_event().is_set():
+            time.sleep(0.05)
+        print(f'learner: {self._updates} updates, weights {self._weights:g}', flush=True)
+        lp.stop()
+
+
+class Actor:
+    def __init__(self, learner, actor_id: int):
+        self._learner = learner
+        self._id = actor_id
+
+    def run(self) -> None:
+        episodes = 0
+        while not lp.stop_event().is_set():
+            try:
+                self._learner.weights()  # fetch the latest parameters, as a real actor would
+                self._learner.learn([self._id + step for step in range(4)])
+            except Exception:  # pylint: disable=broad-except
+                if lp.stop_event().is_set():
+                    break  # the learner has stopped serving
+                raise
+            episodes += 1
+            time.sleep(0.02)
+        print(f'actor {self._id}: {episodes} episodes', flush=True)
+
+
+def actor_learner(actors: int = 2, steps: int = 20) -> lp.Program:
+    program = lp.Program('actor-learner')
+    learner = program.add_node(
+        lp.CourierNode(Learner, steps, courier_client_kwargs={'call_timeout': 1.0}),
+        label='learner')
+    with program.group('actor'):
+        for i in range(actors):
+            program.add_node(lp.PyClassNode(Actor, learner, i))
+    return program
+
+
+def fail(message: str) -> None:
+    raise ValueError(message)
+
+
+def failing() -> lp.Program:
+    """A queue serving until the program stops, and a node that fails."""
+    program = lp.Program('failing')
+    program.add_node(lp.CourierNode(Queue), label='queue')
+    program.add_node(lp.PyNode(fail, 'the reward went negative'), label='broken')
+    return program
+
+
+def print_digest(blob: bytes) -> None:
+    print(f'checksum {digest(blob)}', flush=True)
+
+
+def checksum(blob: bytes) -> lp.Program:
+    """A one-node program whose executable carries `blob` (to test large executables)."""
+    program = lp.Program('checksum')
+    program.add_node(lp.PyNode(print_digest, blob), label='checker')
+    return program

@@ -1,0 +1,243 @@
+"""The kubernetes launcher running real pods with `podman kube play` (root only).
+
+There is no API server here. `PodmanApi` stands in for the launcher's thin API layer: the launcher
+builds its objects and creates them one by one as on a cluster, and each Pod is played with podman,
+translating only what `kube play` lacks:
+  * cluster DNS: every pod gets the others' DNS names as hostAliases and a fixed IP (`--ip`);
+  * the Secret: podman 4.3 stores a Secret document from the YAML but cannot read it back for
+    `secretKeyRef`, so it is created as a podman secret of the same name and key;
+  * `containerPort`: podman publishes it on the host, so two pods would collide; it is dropped;
+  * the image has launchpad's dependencies but not launchpad: the source tree is mounted at its
+    own path and put on PYTHONPATH.
+Everything else (init containers, the spec ConfigMaps as volumes, commands, env, restart policy,
+hostnames, grace periods) runs as generated.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+
+import pytest
+
+import launchpad as lp
+from tests.leftovers import no_new_children
+from launchpad.launch import kubernetes
+from tests.launch import kubernetes_programs
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class PodmanApi:
+    """The kubernetes launcher's API layer (`KubernetesApi`'s methods) played by podman.
+
+    Each Pod is started with `kube play` as the launcher creates it, together with the
+    ConfigMaps it mounts, with the translations described at the top of this module; pod
+    statuses are read back from the containers' states, logs from `podman logs`, and deleting a
+    pod stops it with its grace period (SIGTERM, then SIGKILL), in the background like a kubelet.
+    """
+
+    def __init__(self, bed, tmp_path):
+        self._bed = bed
+        self._dir = tmp_path
+        self._configmaps = {}
+        self._pods = {}        # pod name -> its document (as created)
+        self._ips = {}
+        self._aliases = []
+        self._secrets = []
+        self._deleting = []
+        self._followers = []
+        self.created = []
+
+    def check_namespace(self) -> None:
+        pass
+
+    def create(self, document):
+        kind, name = document['kind'], document['metadata']['name']
+        self.created.append((kind, name))
+        document = json.loads(json.dumps(document))
+        document['metadata']['uid'] = f'uid-{len(self.created)}'
+        if kind == 'ConfigMap' and 'pods' in document.get('data', {}):  # the root
+            run = document['metadata']['labels'][kubernetes.PROGRAM_LABEL]
+            base = self._bed.subnet.rsplit('.', 1)[0]
+            pods = json.loads(document['data']['pods']).values()
+            self._ips = {pod: f'{base}.{100 + i}' for i, pod in enumerate(pods)}
+            self._aliases = [{'ip': ip, 'hostnames': [f'{pod}.{run}.default.svc.cluster.local']}
+                             for pod, ip in self._ips.items()]
+        elif kind == 'ConfigMap':
+            self._configmaps[name] = document
+        elif kind == 'Secret':
+            path = self._dir / f'{name}.json'
+            path.write_text(json.dumps(document['data']))
+            _podman('secret', 'create', name, str(path))
+            self._secrets.append(name)
+        elif kind == 'Pod':
+            self._play(document)
+        return document
+
+    def _play(self, pod):
+        name = pod['metadata']['name']
+        _translate(pod, self._aliases, self._bed.source_dir)
+        mounted = [v['configMap']['name'] for v in pod['spec'].get('volumes', [])
+                   if 'configMap' in v]
+        path = self._dir / f'{name}.yaml'
+        path.write_text(kubernetes.to_yaml([self._configmaps[c] for c in mounted] + [pod]))
+        self._pods[name] = pod
+        _podman('kube', 'play', '--network', self._bed.network, '--ip', self._ips[name],
+                str(path))
+
+    def delete(self, kind, name, grace_period_seconds=None):
+        if kind == 'Secret' and name in self._secrets:
+            self._secrets.remove(name)
+            _podman('secret', 'rm', name, check=False)
+        pod = self._pods.pop(name, None) if kind == 'Pod' else None
+        if pod is None:
+            return
+        grace = 30 if grace_period_seconds is None else grace_period_seconds
+        main = f'{name}-{pod["spec"]["containers"][0]["name"]}'
+
+        def stop():
+            # Like a kubelet: the containers get SIGTERM and the grace period while the pod's
+            # network stays up (`podman pod stop` would stop its infra container at once).
+            _podman('stop', '--time', str(grace), main, check=False)
+            _podman('pod', 'rm', '--force', name, check=False)
+
+        thread = threading.Thread(target=stop, name=f'delete-{name}')
+        self._deleting.append(thread)
+        thread.start()
+
+    def list_pods(self, selector):
+        del selector
+        containers = {c['Names'][0]: c for c in json.loads(_podman('ps', '-a', '--format', 'json'))}
+        pods = []
+        for name, document in list(self._pods.items()):
+            main = document['spec']['containers'][0]['name']
+            if f'{name}-{main}' in containers:  # gone once deleted, like a pod
+                pods.append({**document, 'status': _status(containers[f'{name}-{main}'], main)})
+        return pods
+
+    def read_log(self, pod, container, tail_lines=None):
+        return _podman('logs', '--tail', str(tail_lines or -1), f'{pod}-{container}', check=False)
+
+    def open_log(self, pod, container):
+        process = subprocess.Popen(['podman', 'logs', '--follow', f'{pod}-{container}'],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self._followers.append(process)
+        return process.stdout
+
+    def events(self, pod):
+        return []
+
+    def close(self):
+        """Waits for pending deletions, then removes whatever the launcher did not."""
+        for thread in self._deleting:
+            thread.join(60)
+        for name in list(self._pods):
+            self.delete('Pod', name, 0)
+        for thread in self._deleting:
+            thread.join(60)
+        for name in list(self._secrets):
+            self.delete('Secret', name)
+        for process in self._followers:  # `podman logs --follow` ends with its container
+            process.wait(30)
+
+
+def _status(container, main):
+    """A Kubernetes pod status from the state of a podman pod's main container."""
+    if container['State'] not in ('running', 'exited', 'stopping'):
+        return {'phase': 'Pending'}
+    if container['State'] == 'exited':
+        code = container['ExitCode']
+        return {'phase': 'Succeeded' if code == 0 else 'Failed',
+                'containerStatuses': [{'name': main, 'state': {'terminated': {
+                    'exitCode': code, 'reason': 'Completed' if code == 0 else 'Error'}}}]}
+    return {'phase': 'Running', 'containerStatuses': [{'name': main, 'state': {'running': {}}}]}
+
+
+def _translate(pod, aliases, source_dir):
+    """What `kube play` needs instead of cluster DNS, published ports and an image with our code."""
+    spec = pod['spec']
+    spec['hostAliases'] = aliases
+    spec.setdefault('volumes', []).append({'name': 'source', 'hostPath': {'path': source_dir}})
+    for container in spec['containers'] + spec.get('initContainers', []):
+        container.pop('ports', None)
+        container.setdefault('volumeMounts', []).append(
+            {'name': 'source', 'mountPath': source_dir, 'readOnly': True})
+        container.setdefault('env', []).append({'name': 'PYTHONPATH', 'value': source_dir})
+
+
+def _podman(*args: str, check: bool = True) -> str:
+    result = subprocess.run(['podman', *args], capture_output=True, text=True, timeout=90,
+                            check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(f'podman {" ".join(args)} failed: {result.stderr}')
+    return result.stdout + result.stderr
+
+
+@pytest.fixture
+def podman_launch(podman_testbed, tmp_path, monkeypatch):
+    apis = []
+    monkeypatch.setattr(kubernetes._PodRunner, 'POLL_SECONDS', 0.3)
+
+    def launch(program, **options):
+        apis.append(PodmanApi(podman_testbed, tmp_path))
+        lp.register_launcher('kubernetes_podman',
+                             lambda: kubernetes.KubernetesLauncher(lambda _: apis[-1]))
+        options.setdefault('notice_period', 5)
+        return lp.launch(program, launch_type='kubernetes_podman', image=podman_testbed.image,
+                         python=podman_testbed.python, **options), apis[-1]
+
+    with no_new_children():
+        yield launch
+        for api in apis:
+            api.close()
+    assert not _podman('ps', '-aq', '--filter', f'label={kubernetes.PROGRAM_LABEL}').strip()
+
+
+def test_producer_consumer_runs_across_pods_and_ends_by_lp_stop_in_a_pod(podman_launch, capfd):
+    payload = os.urandom(int(2.5 * kubernetes.SPEC_CHUNK_BYTES))  # split over 3 ConfigMaps
+    controller, api = podman_launch(
+        kubernetes_programs.producer_consumer(producers=2, count=5, payload=payload))
+    assert controller.wait(timeout=90)
+    assert {s.state for s in controller.status().values()} == {lp.NodeState.FINISHED}
+    out = capfd.readouterr().out
+    assert '[consumer-0] consumed 10 items summing to 20' in out, out
+    assert f'[producer-0] produced 5, payload {kubernetes_programs.digest(payload)}' in out
+    assert '[coordinator] stopping the program: lp.stop() called in consumer/0' in out
+    assert sum(1 for kind, name in api.created if '-producer-0-spec-' in name) == 3
+
+
+def test_actor_learner_runs_across_pods(podman_launch, capfd):
+    controller, _ = podman_launch(kubernetes_programs.actor_learner(actors=2, steps=20))
+    assert controller.wait(timeout=90)
+    assert {s.state for s in controller.status().values()} == {lp.NodeState.FINISHED}
+    out = capfd.readouterr().out
+    updates = re.search(r'\[learner-0\] learner: (\d+) updates', out)
+    assert updates and int(updates.group(1)) >= 20, out
+    assert '[actor-0] actor 0:' in out and '[actor-1] actor 1:' in out
+
+
+def test_launcher_stop_reaches_the_pods_as_the_stop_signal(podman_launch):
+    controller, _ = podman_launch(kubernetes_programs.actor_learner(actors=1, steps=10 ** 9),
+                                  notice_period=5)
+    deadline = time.monotonic() + 60
+    while controller.status()['actor/0'].state is lp.NodeState.PENDING:
+        assert time.monotonic() < deadline, controller.status()
+        time.sleep(0.2)  # until its pod runs (the launcher learns it from the pod's phase)
+    assert controller.status()['actor/0'].host.endswith('-actor-0')
+    controller.stop(timeout=60)
+    # The coordinator pod turned its SIGTERM into the program's stop: every node ended by itself
+    # within the notice period (exit code 0), none was killed.
+    assert {s.state for s in controller.status().values()} == {lp.NodeState.FINISHED}
+
+
+def test_launcher_reports_a_failing_pod_with_its_real_log_tail(podman_launch):
+    controller, _ = podman_launch(kubernetes_programs.failing())
+    with pytest.raises(lp.NodeFailedError) as failure:
+        controller.wait(timeout=90)
+    assert failure.value.node_name == 'broken/0'
+    assert 'exited with code 1' in failure.value.message
+    assert 'ValueError: the reward went negative' in failure.value.remote_traceback
