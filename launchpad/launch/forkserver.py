@@ -24,6 +24,7 @@ import time
 from typing import Dict, List, Mapping, Optional
 
 _PRELOAD = ('launchpad', 'courier', 'courier.client', 'courier.server', 'courier.transport',
+            'courier.local_transport',
             'grpc', 'cloudpickle', 'numpy', 'absl.flags', 'absl.logging')
 _MAX_MESSAGE = 1 << 20
 

@@ -213,7 +213,7 @@ def _frames(data: bytes):
 
 
 def test_garbage_never_hurts_the_server(make_server, address):
-    server = _serve(make_server, address)
+    _serve(make_server, address)
     path = address[len('unix:'):]
     import random  # pylint: disable=import-outside-toplevel
     rng = random.Random(3)
