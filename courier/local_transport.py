@@ -187,10 +187,7 @@ class LocalClientTransport(transport.ClientTransport):
             sock = connection.sock
             try:
                 if deadline is not None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise socket.timeout
-                    sock.settimeout(remaining)
+                    _time_out_at(sock, deadline)
                 elif sock.gettimeout() is not None:
                     sock.settimeout(None)
                 try:
@@ -334,10 +331,7 @@ def _open(path: str, token: Optional[str], mode: int, wait_for_ready: bool,
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise socket.timeout
-                sock.settimeout(remaining)
+                _time_out_at(sock, deadline)
             sock.connect(path)
             break
         except (FileNotFoundError, ConnectionRefusedError) as error:
@@ -676,6 +670,14 @@ def _unreachable_timeout(method: str, address: str, timeout: Optional[float]) ->
         f'call to {method!r} on courier server {address} timed out{after}: the server was not '
         f'reachable (wait_for_ready=True waited for it to come up). Is it running, and is the '
         f'address right?')
+
+
+def _time_out_at(sock: socket.socket, deadline: float) -> None:
+    """Makes ``sock``'s operations time out at ``deadline``; raises socket.timeout if it passed."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise socket.timeout
+    sock.settimeout(remaining)
 
 
 def _enlarge_send_buffer(sock: socket.socket) -> None:
