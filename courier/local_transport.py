@@ -123,6 +123,9 @@ class _Connection:
             pass
         self.sock.close()
 
+    def __del__(self):  # The connection of a thread that ended.
+        self.sock.close()
+
 
 class LocalClientTransport(transport.ClientTransport):
     """Calls one server over its Unix socket, or directly when it runs in this process."""
