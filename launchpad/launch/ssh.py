@@ -9,8 +9,9 @@ The launcher uses the system OpenSSH client (so `~/.ssh/config` applies) with on
 connection per host. The primary session of each connection runs a small host agent from the
 host's own launchpad: it answers the preflight, keeps a private directory for the node specs, and
 when the connection ends (the program ended, or the launcher died) it ends what is left of the
-program on its host and removes the directory. Every node then runs in a session of its own on
-that connection, so its exit status and output come back through its local ssh client.
+program on its host and removes the directory. The agent forks the nodes from itself (a node
+costs milliseconds, not an ssh session and a fresh interpreter) and sends their output and exit
+codes back over its session. Only nodes shown in tmux windows run in ssh sessions of their own.
 
 The launcher serves the program's coordinator on the address the hosts see it at; servers on a
 host bind that host's address on a port the kernel picks and publish the endpoint to the
@@ -44,7 +45,7 @@ import courier
 from launchpad.address import AddressTable
 from launchpad.launch import launcher
 from launchpad.launch.coordinator import Coordinator
-from launchpad.launch.forkserver import ForkServer
+from launchpad.launch import forkserver
 from launchpad.launch.output import Output, check_terminal
 from launchpad.launch.worker import (COORDINATOR_LOSS_TIMEOUT, WORKER_ARGV, WorkerSpec,
                                      flags_snapshot, pack_spec)
@@ -629,9 +630,9 @@ def _coordinator_host(connections: List[_Connection]) -> str:
 def _serve_host() -> None:
     """The host agent: the primary session of a launch's ssh connection to this host.
 
-    Says hello (the preflight facts), creates the private directory, starts a fork server,
-    writes the node specs it is sent, forks the nodes and sends their output and exit codes
-    back, and kills nodes on request. When its input ends or falls silent (the launcher is done
+    Says hello (the preflight facts), creates the private directory, writes the node specs it
+    is sent, forks the nodes and sends their output and exit codes back, and kills nodes on
+    request. When its input ends or falls silent (the launcher is done
     or dead, or the network is gone) it gives the nodes still running a grace period to notice
     and stop, kills the rest and removes the directory.
     """
@@ -661,9 +662,10 @@ def _serve_host() -> None:
 class _HostAgent:
     """The agent's state: the nodes it forked, and the stream of messages to the launcher.
 
-    Nodes are forked by a fork server that imported launchpad once, so a node costs
-    milliseconds instead of an ssh session (with the login shell's start-up files) and a fresh
-    interpreter. Each node writes to a pipe that the agent forwards to the launcher.
+    The agent forks the nodes itself, as launchpad's fork server does, having imported what
+    nodes need once: a node costs milliseconds instead of an ssh session (with the login
+    shell's start-up files) and a fresh interpreter. Each node writes to a pipe that the agent
+    forwards to the launcher.
     """
 
     def __init__(self, directory: str, workdir: str):
@@ -672,13 +674,9 @@ class _HostAgent:
         # Our stdout carries the protocol; anything else printed here goes to stderr instead.
         self._out = os.fdopen(os.dup(1), 'wb')
         os.dup2(2, 1)
-        self._fork_server: Optional[ForkServer] = None
-        self._fork_server_error: Optional[BaseException] = None
-        # The fork server imports in the background while the launcher packs the program.
-        self._fork_server_started = threading.Thread(target=self._start_fork_server, daemon=True)
-        self._fork_server_started.start()
         self._nodes: Dict[int, List[Any]] = {}  # index -> [process, pipe or None, reported]
         self._grace = 0.0
+        self._preloaded = False
 
     def announce(self, data: bytes = b'', **message: Any) -> None:
         """Sends `message` to the launcher, followed by `data` if the message gives its size."""
@@ -694,6 +692,9 @@ class _HostAgent:
         buffer = bytearray()
         heard = time.monotonic()
         while True:
+            if not self._preloaded:  # while the launcher packs the program
+                forkserver.preload()
+                self._preloaded = True
             if stdin not in self._pump(0.1 if self._nodes else 1.0, stdin):
                 if time.monotonic() - heard > LAUNCHER_SILENCE_TIMEOUT:
                     return
@@ -725,30 +726,22 @@ class _HostAgent:
             self._kill(body)
             self.announce(event='killed')
 
-    def _start_fork_server(self) -> None:
-        try:
-            self._fork_server = ForkServer(self.directory)
-        except BaseException as e:  # pylint: disable=broad-except
-            self._fork_server_error = e
-
     def _start(self, index: int) -> None:
-        self._fork_server_started.join()
-        if self._fork_server is None:
-            raise RuntimeError(f'The fork server on {socket.gethostname()} did not start: '
-                               f'{self._fork_server_error}')
-        env = {**os.environ, 'PYTHONUNBUFFERED': '1', 'GRPC_VERBOSITY': 'ERROR',
-               _NODE_ENV: f'{self.directory}/{index}'}
+        request = {'argv': WORKER_ARGV + [f'{self.directory}/{index}.spec'], 'cwd': self.workdir,
+                   'env': {**os.environ, 'PYTHONUNBUFFERED': '1', 'GRPC_VERBOSITY': 'ERROR',
+                           _NODE_ENV: f'{self.directory}/{index}'}}
         read_fd, write_fd = os.pipe()
+        ours = [self._out.fileno(), sys.stdin.fileno(), read_fd] + [
+            node[1] for node in self._nodes.values() if node[1] is not None]
         try:
-            process = self._fork_server.spawn(str(index), WORKER_ARGV + [
-                f'{self.directory}/{index}.spec'], env, self.workdir, write_fd)
+            pid = forkserver.fork_worker(request, write_fd, ours)
         except BaseException:
             os.close(read_fd)
             raise
         finally:
             os.close(write_fd)
         os.set_blocking(read_fd, False)
-        self._nodes[index] = [process, read_fd, False]
+        self._nodes[index] = [_Child(pid), read_fd, False]
 
     def _pump(self, timeout: float, *fds: int) -> list:
         """Forwards the nodes' output and exit codes for up to `timeout` s, or until one of
@@ -797,14 +790,38 @@ class _HostAgent:
         while self._running() and time.monotonic() < deadline:
             self._pump(0.2)
         self._kill(None)
-        self._fork_server_started.join()
-        if self._fork_server is not None:
-            self._fork_server.close()
+        for node in self._nodes.values():
+            node[0].wait()
         for node in self._nodes.values():
             if node[1] is not None:
                 os.close(node[1])
         shutil.rmtree(self.directory, ignore_errors=True)
         self.announce(event='closed')
+
+
+class _Child:
+    """A node the agent forked, in a session of its own (`poll` and `kill` like Popen)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self._code: Optional[int] = None
+
+    def poll(self, flags: int = os.WNOHANG) -> Optional[int]:
+        if self._code is None:
+            pid, status = os.waitpid(self.pid, flags)
+            if pid:
+                self._code = os.waitstatus_to_exitcode(status)
+        return self._code
+
+    def wait(self) -> int:
+        return self.poll(0)
+
+    def kill(self) -> None:
+        if self.poll() is None:  # not reaped, so the pid is still its own
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _node_processes(directory: str, markers: Optional[set] = None) -> list:

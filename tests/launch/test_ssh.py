@@ -273,8 +273,8 @@ def test_ctrl_c_on_the_launcher_stops_every_host(ssh_testbed, hosts, tmp_path):
     commands = program_processes(ssh_testbed)
     remote = [psutil.Process(int(command.split()[0])) for command in commands
               if ' on the bed: ' in command]
-    forked = [p for p in remote if 'launchpad.launch.forkserver' in ' '.join(p.parent().cmdline())]
-    assert len(forked) == 3, commands  # every node was forked by its host's fork server
+    forked = [p for p in remote if '_serve_host' in ' '.join(p.parent().cmdline())]
+    assert len(forked) == 3, commands  # every node was forked by its host's agent
     assert not any('COURIER_AUTH_TOKEN' in command for command in commands)
     process.send_signal(signal.SIGINT)
     rest, _ = process.communicate(timeout=30)
