@@ -38,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import courier
 
@@ -674,7 +674,7 @@ class _HostAgent:
         # Our stdout carries the protocol; anything else printed here goes to stderr instead.
         self._out = os.fdopen(os.dup(1), 'wb')
         os.dup2(2, 1)
-        self._nodes: Dict[int, List[Any]] = {}  # index -> [process, pipe or None, reported]
+        self._nodes: Dict[int, _Child] = {}  # by index
         self._grace = 0.0
         self._preloaded = False
 
@@ -732,7 +732,7 @@ class _HostAgent:
                            _NODE_ENV: f'{self.directory}/{index}'}}
         read_fd, write_fd = os.pipe()
         ours = [self._out.fileno(), sys.stdin.fileno(), read_fd] + [
-            node[1] for node in self._nodes.values() if node[1] is not None]
+            node.pipe for node in self._nodes.values() if node.pipe is not None]
         try:
             pid = forkserver.fork_worker(request, write_fd, ours)
         except BaseException:
@@ -741,46 +741,48 @@ class _HostAgent:
         finally:
             os.close(write_fd)
         os.set_blocking(read_fd, False)
-        self._nodes[index] = [_Child(pid), read_fd, False]
+        self._nodes[index] = _Child(pid, read_fd)
 
     def _pump(self, timeout: float, *fds: int) -> list:
         """Forwards the nodes' output and exit codes for up to `timeout` s, or until one of
         `fds` can be read; returns those that can."""
-        pipes = {node[1]: index for index, node in self._nodes.items() if node[1] is not None}
+        pipes = {node.pipe: index for index, node in self._nodes.items() if node.pipe is not None}
         ready = select.select([*fds, *pipes], [], [], timeout)[0]
         for fd in ready:
             if fd in pipes:
                 self._forward(pipes[fd])
         for index, node in self._nodes.items():
-            if not node[2] and node[0].poll() is not None:
-                while node[1] is not None:  # what it wrote before it ended
+            if not node.reported and node.poll() is not None:
+                for _ in range(64):  # what it wrote before it ended
+                    if node.pipe is None:
+                        break
                     self._forward(index)
-                node[2] = True
-                self.announce(event='exited', node=index, code=node[0].poll())
+                node.close_pipe()
+                node.reported = True
+                self.announce(event='exited', node=index, code=node.poll())
         return [fd for fd in ready if fd in fds]
 
     def _forward(self, index: int) -> None:
         node = self._nodes[index]
         try:
-            data = os.read(node[1], 1 << 16)
+            data = os.read(node.pipe, 1 << 16)
         except BlockingIOError:
-            if node[0].poll() is None:
+            if node.poll() is None:
                 return
             data = b''  # it ended, and whatever holds the pipe open now is not the node
         if data:
             self.announce(data, event='output', node=index, size=len(data))
         else:
-            os.close(node[1])
-            node[1] = None
+            node.close_pipe()
 
     def _running(self) -> bool:
-        return (any(node[0].poll() is None for node in self._nodes.values())
+        return (any(node.poll() is None for node in self._nodes.values())
                 or bool(_node_processes(self.directory)))
 
     def _kill(self, indices: Optional[Sequence[int]]) -> None:
         for index, node in self._nodes.items():
             if indices is None or index in indices:
-                node[0].kill()
+                node.kill()
         markers = None if indices is None else {f'{self.directory}/{i}' for i in indices}
         _kill_nodes(markers, self.directory)
 
@@ -791,20 +793,26 @@ class _HostAgent:
             self._pump(0.2)
         self._kill(None)
         for node in self._nodes.values():
-            node[0].wait()
-        for node in self._nodes.values():
-            if node[1] is not None:
-                os.close(node[1])
+            node.wait()
+            node.close_pipe()
         shutil.rmtree(self.directory, ignore_errors=True)
         self.announce(event='closed')
 
 
 class _Child:
-    """A node the agent forked, in a session of its own (`poll` and `kill` like Popen)."""
+    """A node the agent forked, in a session of its own (`poll` and `kill` like Popen), and
+    the pipe its output comes out of."""
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, pipe: int):
         self.pid = pid
+        self.pipe: Optional[int] = pipe
+        self.reported = False  # whether the launcher was told its exit code
         self._code: Optional[int] = None
+
+    def close_pipe(self) -> None:
+        if self.pipe is not None:
+            os.close(self.pipe)
+            self.pipe = None
 
     def poll(self, flags: int = os.WNOHANG) -> Optional[int]:
         if self._code is None:
@@ -818,10 +826,11 @@ class _Child:
 
     def kill(self) -> None:
         if self.poll() is None:  # not reaped, so the pid is still its own
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(self.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
 
 def _node_processes(directory: str, markers: Optional[set] = None) -> list:

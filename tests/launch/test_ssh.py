@@ -352,6 +352,26 @@ def test_many_nodes_on_one_host_stay_within_sshd_session_limit(hosts, capfd):
         assert f'[lp-h1 node/{i}] node {i} on lp-h1' in out
 
 
+def chatter(lines: int) -> None:
+    for i in range(lines):
+        print(f'line {i} ' + 'x' * 100)
+    sys.stdout.write('no newline at the end')
+    sys.stdout.flush()
+    os._exit(7)  # pylint: disable=protected-access
+
+
+def test_all_output_of_a_node_arrives_before_its_exit_code(hosts, capfd):
+    program = lp.Program('chatty')
+    program.add_node(lp.PyNode(chatter, 3000), label='chatter')
+    controller = lp.launch(program, launch_type='ssh', resources={'chatter': hosts['lp-h2']})
+    with pytest.raises(lp.NodeFailedError, match='exit code 7'):
+        controller.wait(timeout=60)
+    out, _ = capfd.readouterr()
+    lines = [line for line in out.splitlines() if line.startswith('[lp-h2 chatter/0] ')]
+    assert lines == [f'[lp-h2 chatter/0] line {i} ' + 'x' * 100 for i in range(3000)] + [
+        '[lp-h2 chatter/0] no newline at the end']
+
+
 # --- TLS between hosts ------------------------------------------------------------------------
 
 class Vault:
