@@ -51,8 +51,9 @@ from launchpad.launch.worker import (COORDINATOR_LOSS_TIMEOUT, WORKER_ARGV, Work
                                      flags_snapshot, pack_spec)
 from launchpad.program import Program
 
-# sshd refuses more sessions per connection than MaxSessions (10 by default); a connection carries
-# the agent's session and at most this many nodes, and a host with more nodes gets more connections.
+# sshd refuses more sessions per connection than MaxSessions (10 by default). Nodes in tmux windows
+# run in sessions of their own: a connection then carries the agent's session and at most this
+# many nodes, and a host with more nodes gets more connections. Forked nodes need no session.
 NODES_PER_CONNECTION = 8
 
 # Seconds a host gets, after ssh connected, to start the agent and answer the preflight.
