@@ -8,7 +8,8 @@ working directory, and runs the worker entry point exactly as a fresh process wo
 modules are imported only in the children, when the node's spec is unpickled.
 
 The fork server serves one launch: it reports each child's exit code to the launcher and exits when
-the launcher closes the connection (its children then notice that their parent is gone).
+the launcher closes the connection (its children then notice that their parent is gone). The ssh
+launcher's host agent forks its host's nodes the same way, with `preload` and `fork_worker`.
 """
 from __future__ import annotations
 
