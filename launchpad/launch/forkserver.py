@@ -8,7 +8,8 @@ working directory, and runs the worker entry point exactly as a fresh process wo
 modules are imported only in the children, when the node's spec is unpickled.
 
 The fork server serves one launch: it reports each child's exit code to the launcher and exits when
-the launcher closes the connection (its children then notice that their parent is gone).
+the launcher closes the connection (its children then notice that their parent is gone). The ssh
+launcher's host agent forks its host's nodes the same way, with `preload` and `fork_worker`.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Sequence
 
 _PRELOAD = ('launchpad', 'courier', 'courier.client', 'courier.server', 'courier.transport',
             'courier.local_transport',
@@ -149,13 +150,34 @@ class ForkedProcess:
             pass
 
 
-def main() -> None:
-    """The fork server's own process."""
+def preload() -> None:
+    """Imports the modules that every node needs, once, before forking nodes."""
     for module in _PRELOAD:
         try:
             __import__(module)
         except ImportError:
             pass
+
+
+def fork_worker(request: dict, stdout_fd: int, close_fds: Sequence[int] = ()) -> int:
+    """Forks a child of this (single-threaded) process that runs a node as a fresh process
+    would, and returns its pid.
+
+    `request` holds the Python arguments after the interpreter (`argv`, a `-c CODE ARGS`
+    command), the environment (`env`) and the working directory (`cwd`); the child writes to
+    `stdout_fd`, reads nothing, and closes `close_fds` (descriptors of ours it must not hold).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _become_worker(request, stdout_fd, close_fds)
+    return pid
+
+
+def main() -> None:
+    """The fork server's own process."""
+    preload()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(sys.argv[1])
     children_ended, wakeup = socket.socketpair()
@@ -189,11 +211,7 @@ def _serve_request(conn: socket.socket) -> bool:
             return False
         data += chunk
     request = json.loads(data)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        _become_worker(conn, request, fds[0])
+    pid = fork_worker(request, fds[0], [conn.fileno()])
     os.close(fds[0])
     conn.sendall(f'started {request["name"]} {pid}\n'.encode())
     return True
@@ -210,13 +228,18 @@ def _report_exits(conn: socket.socket) -> None:
         conn.sendall(f'exited {pid} {os.waitstatus_to_exitcode(status)}\n'.encode())
 
 
-def _become_worker(conn: socket.socket, request: dict, stdout_fd: int) -> None:
+def _become_worker(request: dict, stdout_fd: int, close_fds: Sequence[int]) -> None:
     code = 1
     try:
-        conn.close()
+        for fd in close_fds:
+            os.close(fd)
         signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
         os.setsid()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
         os.dup2(stdout_fd, 1)
         os.dup2(stdout_fd, 2)
         os.close(stdout_fd)

@@ -9,8 +9,9 @@ The launcher uses the system OpenSSH client (so `~/.ssh/config` applies) with on
 connection per host. The primary session of each connection runs a small host agent from the
 host's own launchpad: it answers the preflight, keeps a private directory for the node specs, and
 when the connection ends (the program ended, or the launcher died) it ends what is left of the
-program on its host and removes the directory. Every node then runs in a session of its own on
-that connection, so its exit status and output come back through its local ssh client.
+program on its host and removes the directory. The agent forks the nodes from itself (a node
+costs milliseconds, not an ssh session and a fresh interpreter) and sends their output and exit
+codes back over its session. Only nodes shown in tmux windows run in ssh sessions of their own.
 
 The launcher serves the program's coordinator on the address the hosts see it at; servers on a
 host bind that host's address on a port the kernel picks and publish the endpoint to the
@@ -37,21 +38,22 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import courier
 
 from launchpad.address import AddressTable
 from launchpad.launch import launcher
 from launchpad.launch.coordinator import Coordinator
-from launchpad.launch.output import Output
-from launchpad.launch.processes import _NodeProcess  # pylint: disable=protected-access
+from launchpad.launch import forkserver
+from launchpad.launch.output import Output, check_terminal
 from launchpad.launch.worker import (COORDINATOR_LOSS_TIMEOUT, WORKER_ARGV, WorkerSpec,
                                      flags_snapshot, pack_spec)
 from launchpad.program import Program
 
-# sshd refuses more sessions per connection than MaxSessions (10 by default); a connection carries
-# the agent's session and at most this many nodes, and a host with more nodes gets more connections.
+# sshd refuses more sessions per connection than MaxSessions (10 by default). Nodes in tmux windows
+# run in sessions of their own: a connection then carries the agent's session and at most this
+# many nodes, and a host with more nodes gets more connections. Forked nodes need no session.
 NODES_PER_CONNECTION = 8
 
 # Seconds a host gets, after ssh connected, to start the agent and answer the preflight.
@@ -202,6 +204,7 @@ class _Connection:
         self.hello: Optional[dict] = None
         self._events: 'queue.Queue[Optional[dict]]' = queue.Queue()
         self._stderr: List[str] = []
+        self.forked: Dict[int, _ForkedNode] = {}  # the nodes the agent forks, by index
         self._send_lock = threading.Lock()
         env = ' '.join(shlex.quote(f'{k}={v}') for k, v in host.env.items())
         command = (f'exec env {env} {shlex.join([host.python] + _AGENT_ARGV)} '
@@ -223,11 +226,23 @@ class _Connection:
             reader.start()
 
     def _read_events(self) -> None:
-        for line in iter(self.process.stdout.readline, b''):
-            if line.startswith(_AGENT_LINE):
-                self._events.put(json.loads(line[len(_AGENT_LINE):]))
-            else:
+        stream = self.process.stdout
+        for line in iter(stream.readline, b''):
+            if not line.startswith(_AGENT_LINE):
                 logging.info('ssh host %s: %s', self.host, line.decode(errors='replace').rstrip())
+                continue
+            message = json.loads(line[len(_AGENT_LINE):])
+            if message['event'] == 'output':
+                data = stream.read(message['size'])
+                if message['node'] in self.forked:
+                    self.forked[message['node']].write(data)
+            elif message['event'] == 'exited':
+                if message['node'] in self.forked:
+                    self.forked[message['node']].end(message['code'])
+            else:
+                self._events.put(message)
+        for node in self.forked.values():
+            node.end(255)  # as ssh reports a session that ended with its connection
         self._events.put(None)
 
     def _read_errors(self) -> None:
@@ -358,6 +373,40 @@ class _Connection:
         return self.host.address or self.hello['ssh_connection'].split()[2]
 
 
+class _ForkedNode:
+    """A node the host agent forked (`poll` and `kill` like Popen): its output arrives through
+    the agent's connection and goes to `fd`, which `Output` gave it."""
+
+    def __init__(self, fd: int, reader: Optional[threading.Thread]):
+        self._fd: Optional[int] = fd
+        self._reader = reader
+        self._code: Optional[int] = None
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            view = memoryview(data)
+            while view and self._fd is not None:
+                view = view[os.write(self._fd, view):]
+
+    def end(self, code: int) -> None:
+        with self._lock:
+            if self._code is None:
+                self._code = code
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def poll(self) -> Optional[int]:
+        if self._code is not None and self._reader is not None:
+            self._reader.join(2.0)  # its output is printed before it counts as ended
+        return self._code
+
+    def kill(self) -> None:
+        """Gives up on it here; the agent kills it on its host."""
+        self.end(-signal.SIGKILL)
+
+
 def _python_version() -> str:
     return '.'.join(map(str, sys.version_info[:2]))
 
@@ -384,19 +433,15 @@ class _SshRunner:
             for connection in list(self.connections):
                 connection.send('ping', None)
 
-    def start(self, name: str, argv: List[str], title: str) -> None:
-        """Starts a node's ssh client, its output going where the terminal option says."""
-        if self.output.runs_commands:
-            self.processes[name] = self.output.start_command(name, argv, dict(os.environ),
-                                                             os.getcwd())
-            return
-        stdout_fd, reader = self.output.open_for(name, title=title)
-        try:
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout_fd,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
-        finally:
-            os.close(stdout_fd)
-        self.processes[name] = _NodeProcess(process, reader)
+    def expect_fork(self, name: str, connection: _Connection, index: int) -> None:
+        """Gets ready for a node that the agent forks, its output going to the terminal."""
+        stdout_fd, reader = self.output.open_for(name, title=f'{connection.host.host} {name}')
+        self.processes[name] = connection.forked[index] = _ForkedNode(stdout_fd, reader)
+
+    def start_session(self, name: str, connection: _Connection, index: int) -> None:
+        """Starts a node in an ssh session of its own, in a tmux window."""
+        self.processes[name] = self.output.start_command(name, connection.node_argv(index),
+                                                         dict(os.environ), os.getcwd())
 
     def poll(self) -> Dict[str, Optional[int]]:
         return {name: process.poll() for name, process in self.processes.items()}
@@ -474,8 +519,10 @@ class SshLauncher(launcher.Launcher):
             raise
 
     def _launch(self, program, options, executables, hosts, runner) -> launcher.Controller:
-        # Place the executables round-robin over their group's hosts, at most
-        # NODES_PER_CONNECTION to a connection.
+        # Place the executables round-robin over their group's hosts. In tmux windows every
+        # node runs in an ssh session, at most NODES_PER_CONNECTION to a connection.
+        in_sessions = check_terminal(options.terminal) == 'tmux_session'
+        per_connection = NODES_PER_CONNECTION if in_sessions else len(executables)
         connections: Dict[tuple, List[_Connection]] = {}
         placed: List[Tuple[_Connection, int]] = []
         turn: Dict[str, int] = {}
@@ -484,7 +531,7 @@ class SshLauncher(launcher.Launcher):
             host = group_hosts[turn.get(label, 0) % len(group_hosts)]
             turn[label] = turn.get(label, 0) + 1
             pool = connections.setdefault(host._connection_key(), [])  # pylint: disable=protected-access
-            if not pool or len(pool[-1].nodes) >= NODES_PER_CONNECTION:
+            if not pool or len(pool[-1].nodes) >= per_connection:
                 pool.append(_Connection(host, os.path.join(runner.local_dir,
                                                            f'c{len(runner.connections)}')))
                 runner.connections.append(pool[-1])
@@ -523,19 +570,22 @@ class SshLauncher(launcher.Launcher):
                 env={courier.AUTH_TOKEN_ENV: token}, cleanup_dir=connection.directory,
                 tls=options.tls)
             files[id(connection)][f'{i}.spec'] = pack_spec(spec)
-        for connection in runner.connections:
-            connection.send('files', {'files': files[id(connection)],
-                                      'grace': COORDINATOR_LOSS_TIMEOUT + options.notice_period})
-        for connection in runner.connections:
-            if connection.expect('ready', AGENT_START_TIMEOUT) is None:
-                raise RuntimeError(f'The connection to {connection.host} ended while sending the '
-                                   f'program: {" ".join(connection._stderr[-3:])}')  # pylint: disable=protected-access
-
         runner.output = Output(options.terminal, program.name, runner.local_dir)
         for (connection, i), (_, executable) in zip(placed, executables):
             runner.placement[executable.name] = (connection, i)
-            runner.start(executable.name, connection.node_argv(i),
-                         title=f'{connection.host.host} {executable.name}')
+            if not in_sessions:
+                runner.expect_fork(executable.name, connection, i)
+        for connection in runner.connections:
+            connection.send('files', {
+                'files': files[id(connection)], 'start': [] if in_sessions else connection.nodes,
+                'grace': COORDINATOR_LOSS_TIMEOUT + options.notice_period})
+        for connection in runner.connections:
+            if connection.expect('ready', AGENT_START_TIMEOUT) is None:
+                raise RuntimeError(f'The connection to {connection.host} ended while starting the '
+                                   f'program: {" ".join(connection._stderr[-3:])}')  # pylint: disable=protected-access
+        if in_sessions:
+            for (connection, i), (_, executable) in zip(placed, executables):
+                runner.start_session(executable.name, connection, i)
         return launcher.Controller(program.name, coordinator, runner,
                                    launch_type=options.launch_type,
                                    notice_period=options.notice_period)
@@ -581,8 +631,9 @@ def _coordinator_host(connections: List[_Connection]) -> str:
 def _serve_host() -> None:
     """The host agent: the primary session of a launch's ssh connection to this host.
 
-    Says hello (the preflight facts), creates the private directory, writes the node specs it is
-    sent and kills nodes on request. When its input ends or falls silent (the launcher is done
+    Says hello (the preflight facts), creates the private directory, writes the node specs it
+    is sent, forks the nodes and sends their output and exit codes back, and kills nodes on
+    request. When its input ends or falls silent (the launcher is done
     or dead, or the network is gone) it gives the nodes still running a grace period to notice
     and stop, kills the rest and removes the directory.
     """
@@ -598,59 +649,189 @@ def _serve_host() -> None:
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, end)
     workdir = sys.argv[1] if len(sys.argv) > 1 else ''
-    directory = tempfile.mkdtemp(prefix=_DIR_PREFIX)
-    grace = 0.0
+    agent = _HostAgent(tempfile.mkdtemp(prefix=_DIR_PREFIX), workdir or os.getcwd())
     try:
-        _announce(event='hello', hostname=socket.gethostname(), python=sys.version_info[:2],
-                  spec_fields=_spec_fields(), launchpad=os.path.dirname(launchpad.__file__),
-                  directory=directory, workdir_ok=not workdir or os.path.isdir(workdir),
-                  ssh_connection=os.environ.get('SSH_CONNECTION', ''))
-        for kind, body in _messages(sys.stdin.fileno(), LAUNCHER_SILENCE_TIMEOUT):
-            if kind == 'files':
-                for name, data in body['files'].items():
-                    path = os.path.join(directory, name)
-                    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
-                              'wb') as f:
-                        f.write(data)
-                grace = body['grace']
-                _announce(event='ready')
-            elif kind == 'kill':
-                _kill_nodes({f'{directory}/{index}' for index in body})
-                _announce(event='killed')
+        agent.announce(event='hello', hostname=socket.gethostname(), python=sys.version_info[:2],
+                       spec_fields=_spec_fields(), launchpad=os.path.dirname(launchpad.__file__),
+                       directory=agent.directory, workdir_ok=not workdir or os.path.isdir(workdir),
+                       ssh_connection=os.environ.get('SSH_CONNECTION', ''))
+        agent.serve()
     finally:
-        deadline = time.monotonic() + grace
-        while _node_processes(directory) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        _kill_nodes(None, directory)
-        shutil.rmtree(directory, ignore_errors=True)
-        _announce(event='closed')
+        agent.close()
 
 
-def _announce(**message: Any) -> None:
-    try:
-        sys.stdout.buffer.write(_AGENT_LINE + json.dumps(message).encode() + b'\n')
-        sys.stdout.buffer.flush()
-    except OSError:  # the launcher is gone; nobody is listening
-        pass
+class _HostAgent:
+    """The agent's state: the nodes it forked, and the stream of messages to the launcher.
+
+    The agent forks the nodes itself, as launchpad's fork server does, having imported what
+    nodes need once: a node costs milliseconds instead of an ssh session (with the login
+    shell's start-up files) and a fresh interpreter. Each node writes to a pipe that the agent
+    forwards to the launcher.
+    """
+
+    def __init__(self, directory: str, workdir: str):
+        self.directory = directory
+        self.workdir = workdir
+        # Our stdout carries the protocol; anything else printed here goes to stderr instead.
+        self._out = os.fdopen(os.dup(1), 'wb')
+        os.dup2(2, 1)
+        self._nodes: Dict[int, _Child] = {}  # by index
+        self._grace = 0.0
+        self._preloaded = False
+
+    def announce(self, data: bytes = b'', **message: Any) -> None:
+        """Sends `message` to the launcher, followed by `data` if the message gives its size."""
+        try:
+            self._out.write(_AGENT_LINE + json.dumps(message).encode() + b'\n' + data)
+            self._out.flush()
+        except OSError:  # the launcher is gone; nobody is listening
+            pass
+
+    def serve(self) -> None:
+        """Handles the launcher's messages until its input ends or stays silent."""
+        stdin = sys.stdin.fileno()
+        buffer = bytearray()
+        heard = time.monotonic()
+        while True:
+            if not self._preloaded:  # while the launcher packs the program
+                forkserver.preload()
+                self._preloaded = True
+            if stdin not in self._pump(0.1 if self._nodes else 1.0, stdin):
+                if time.monotonic() - heard > LAUNCHER_SILENCE_TIMEOUT:
+                    return
+                continue
+            chunk = os.read(stdin, 1 << 20)
+            if not chunk:
+                return
+            heard = time.monotonic()
+            buffer += chunk
+            while len(buffer) >= 8:
+                (size,) = struct.unpack('>Q', buffer[:8])
+                if len(buffer) < 8 + size:
+                    break
+                kind, body = pickle.loads(buffer[8:8 + size])
+                del buffer[:8 + size]
+                self._handle(kind, body)
+
+    def _handle(self, kind: str, body: Any) -> None:
+        if kind == 'files':
+            for name, data in body['files'].items():
+                path = os.path.join(self.directory, name)
+                with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 'wb') as f:
+                    f.write(data)
+            self._grace = body['grace']
+            for index in body['start']:
+                self._start(index)
+            self.announce(event='ready')
+        elif kind == 'kill':
+            self._kill(body)
+            self.announce(event='killed')
+
+    def _start(self, index: int) -> None:
+        request = {'argv': WORKER_ARGV + [f'{self.directory}/{index}.spec'], 'cwd': self.workdir,
+                   'env': {**os.environ, 'PYTHONUNBUFFERED': '1', 'GRPC_VERBOSITY': 'ERROR',
+                           _NODE_ENV: f'{self.directory}/{index}'}}
+        read_fd, write_fd = os.pipe()
+        ours = [self._out.fileno(), sys.stdin.fileno(), read_fd] + [
+            node.pipe for node in self._nodes.values() if node.pipe is not None]
+        try:
+            pid = forkserver.fork_worker(request, write_fd, ours)
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        self._nodes[index] = _Child(pid, read_fd)
+
+    def _pump(self, timeout: float, *fds: int) -> list:
+        """Forwards the nodes' output and exit codes for up to `timeout` s, or until one of
+        `fds` can be read; returns those that can."""
+        pipes = {node.pipe: index for index, node in self._nodes.items() if node.pipe is not None}
+        ready = select.select([*fds, *pipes], [], [], timeout)[0]
+        for fd in ready:
+            if fd in pipes:
+                self._forward(pipes[fd])
+        for index, node in self._nodes.items():
+            if not node.reported and node.poll() is not None:
+                for _ in range(64):  # what it wrote before it ended
+                    if node.pipe is None:
+                        break
+                    self._forward(index)
+                node.close_pipe()
+                node.reported = True
+                self.announce(event='exited', node=index, code=node.poll())
+        return [fd for fd in ready if fd in fds]
+
+    def _forward(self, index: int) -> None:
+        node = self._nodes[index]
+        try:
+            data = os.read(node.pipe, 1 << 16)
+        except BlockingIOError:
+            if node.poll() is None:
+                return
+            data = b''  # it ended, and whatever holds the pipe open now is not the node
+        if data:
+            self.announce(data, event='output', node=index, size=len(data))
+        else:
+            node.close_pipe()
+
+    def _running(self) -> bool:
+        return (any(node.poll() is None for node in self._nodes.values())
+                or bool(_node_processes(self.directory)))
+
+    def _kill(self, indices: Optional[Sequence[int]]) -> None:
+        for index, node in self._nodes.items():
+            if indices is None or index in indices:
+                node.kill()
+        markers = None if indices is None else {f'{self.directory}/{i}' for i in indices}
+        _kill_nodes(markers, self.directory)
+
+    def close(self) -> None:
+        """Ends what is left of the program on this host after the grace period."""
+        deadline = time.monotonic() + self._grace
+        while self._running() and time.monotonic() < deadline:
+            self._pump(0.2)
+        self._kill(None)
+        for node in self._nodes.values():
+            node.wait()
+            node.close_pipe()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.announce(event='closed')
 
 
-def _messages(fd: int, silence_timeout: float) -> Iterator[Tuple[str, Any]]:
-    """The launcher's messages, until its input ends or stays silent for `silence_timeout` s."""
-    buffer = bytearray()
-    while True:
-        if not select.select([fd], [], [], silence_timeout)[0]:
-            return
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            return
-        buffer += chunk
-        while len(buffer) >= 8:
-            (size,) = struct.unpack('>Q', buffer[:8])
-            if len(buffer) < 8 + size:
-                break
-            message = pickle.loads(buffer[8:8 + size])
-            del buffer[:8 + size]
-            yield message
+class _Child:
+    """A node the agent forked, in a session of its own (`poll` and `kill` like Popen), and
+    the pipe its output comes out of."""
+
+    def __init__(self, pid: int, pipe: int):
+        self.pid = pid
+        self.pipe: Optional[int] = pipe
+        self.reported = False  # whether the launcher was told its exit code
+        self._code: Optional[int] = None
+
+    def close_pipe(self) -> None:
+        if self.pipe is not None:
+            os.close(self.pipe)
+            self.pipe = None
+
+    def poll(self, flags: int = os.WNOHANG) -> Optional[int]:
+        if self._code is None:
+            pid, status = os.waitpid(self.pid, flags)
+            if pid:
+                self._code = os.waitstatus_to_exitcode(status)
+        return self._code
+
+    def wait(self) -> int:
+        return self.poll(0)
+
+    def kill(self) -> None:
+        if self.poll() is None:  # not reaped, so the pid is still its own
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(self.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
 
 def _node_processes(directory: str, markers: Optional[set] = None) -> list:

@@ -248,8 +248,11 @@ def _run(spec_path: str) -> int:
         index=int(index) if index.isdigit() else 0, address_table=spec.address_table, stop=None,
         notice_period=spec.notice_period, tls=spec.tls)
     tls = context.tls_for(spec.coordinator_address)
-    coordinator = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=False,
+    # Reports may wait for a busy coordinator; the watcher must notice a lost one within seconds.
+    coordinator = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=True,
                                  tls=tls)
+    watched = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=False,
+                             tls=tls)
     # Address lookups wait for servers to come up, longer than other calls may take.
     table = spec.address_table
     lookup_deadline = None if table.lookup_timeout is None else table.lookup_timeout + 30.0
@@ -259,7 +262,7 @@ def _run(spec_path: str) -> int:
     context.stop, context.coordinator = stop, coordinator
     runtime.set_process_context(context)
     launcher_lost = threading.Event()
-    threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost), daemon=True,
+    threading.Thread(target=_watch, args=(watched, stop, spec, launcher_lost), daemon=True,
                      name='lp-stop-watcher').start()
     try:
         code = run_reporting(functools.partial(_run_with_flags, spec), spec.node_name, coordinator)

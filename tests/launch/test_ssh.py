@@ -271,8 +271,10 @@ def start_launcher(ssh_testbed, tmp_path) -> subprocess.Popen:
 def test_ctrl_c_on_the_launcher_stops_every_host(ssh_testbed, hosts, tmp_path):
     process = start_launcher(ssh_testbed, tmp_path)
     commands = program_processes(ssh_testbed)
-    remote = [command for command in commands if ' on the bed: ' in command]
-    assert sum('launchpad.launch.worker' in command for command in remote) == 3, commands
+    remote = [psutil.Process(int(command.split()[0])) for command in commands
+              if ' on the bed: ' in command]
+    forked = [p for p in remote if '_serve_host' in ' '.join(p.parent().cmdline())]
+    assert len(forked) == 3, commands  # every node was forked by its host's agent
     assert not any('COURIER_AUTH_TOKEN' in command for command in commands)
     process.send_signal(signal.SIGINT)
     rest, _ = process.communicate(timeout=30)
@@ -348,6 +350,26 @@ def test_many_nodes_on_one_host_stay_within_sshd_session_limit(hosts, capfd):
     assert 'refused' not in out + err
     for i in range(10):
         assert f'[lp-h1 node/{i}] node {i} on lp-h1' in out
+
+
+def chatter(lines: int) -> None:
+    for i in range(lines):
+        print(f'line {i} ' + 'x' * 100)
+    sys.stdout.write('no newline at the end')
+    sys.stdout.flush()
+    os._exit(7)  # pylint: disable=protected-access
+
+
+def test_all_output_of_a_node_arrives_before_its_exit_code(hosts, capfd):
+    program = lp.Program('chatty')
+    program.add_node(lp.PyNode(chatter, 3000), label='chatter')
+    controller = lp.launch(program, launch_type='ssh', resources={'chatter': hosts['lp-h2']})
+    with pytest.raises(lp.NodeFailedError, match='exit code 7'):
+        controller.wait(timeout=60)
+    out, _ = capfd.readouterr()
+    lines = [line for line in out.splitlines() if line.startswith('[lp-h2 chatter/0] ')]
+    assert lines == [f'[lp-h2 chatter/0] line {i} ' + 'x' * 100 for i in range(3000)] + [
+        '[lp-h2 chatter/0] no newline at the end']
 
 
 # --- TLS between hosts ------------------------------------------------------------------------
