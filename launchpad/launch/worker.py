@@ -144,9 +144,13 @@ def flags_snapshot() -> Dict[str, Any]:
     return shipped
 
 
-def run_reporting(run: Callable[[], None], name: str, coordinator) -> int:
-    """Runs an executable, reporting to the coordinator how it ended; returns an exit code."""
-    coordinator.node_started(name, os.getpid(), socket.gethostname())
+def run_reporting(run: Callable[[], None], name: str, coordinator, *, starting=None) -> int:
+    """Runs an executable, reporting to the coordinator how it ended; returns an exit code.
+
+    `starting` (default: `coordinator`) reports the start; a worker passes a client that waits for
+    a busy coordinator there, and reports the end through one that fails at once when it is gone.
+    """
+    (starting or coordinator).node_started(name, os.getpid(), socket.gethostname())
     try:
         run()
     except SystemExit as e:
@@ -248,11 +252,12 @@ def _run(spec_path: str) -> int:
         index=int(index) if index.isdigit() else 0, address_table=spec.address_table, stop=None,
         notice_period=spec.notice_period, tls=spec.tls)
     tls = context.tls_for(spec.coordinator_address)
-    # Reports may wait for a busy coordinator; the watcher must notice a lost one within seconds.
-    coordinator = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=True,
+    # The start waits for a busy coordinator; everything later fails at once when it is gone, so
+    # that a node whose launcher died ends within seconds.
+    starting = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=True,
+                              tls=tls)
+    coordinator = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=False,
                                  tls=tls)
-    watched = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=False,
-                             tls=tls)
     # Address lookups wait for servers to come up, longer than other calls may take.
     table = spec.address_table
     lookup_deadline = None if table.lookup_timeout is None else table.lookup_timeout + 30.0
@@ -262,10 +267,11 @@ def _run(spec_path: str) -> int:
     context.stop, context.coordinator = stop, coordinator
     runtime.set_process_context(context)
     launcher_lost = threading.Event()
-    threading.Thread(target=_watch, args=(watched, stop, spec, launcher_lost), daemon=True,
+    threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost), daemon=True,
                      name='lp-stop-watcher').start()
     try:
-        code = run_reporting(functools.partial(_run_with_flags, spec), spec.node_name, coordinator)
+        code = run_reporting(functools.partial(_run_with_flags, spec), spec.node_name, coordinator,
+                             starting=starting)
     except Exception:  # pylint: disable=broad-except
         # Reporting failed: the coordinator is gone.
         logging.exception('%s could not report to the coordinator.', spec.node_name)
