@@ -14,10 +14,9 @@ import subprocess
 import sys
 import tempfile
 
-import courier
 import launchpad as lp
 from launchpad.address import AddressTable
-from launchpad.launch.coordinator import Coordinator
+from launchpad.launch.coordinator import Coordinator, serve_coordinator
 from launchpad.launch.worker import WORKER_ARGV, WorkerSpec, write_spec
 
 
@@ -35,10 +34,8 @@ class PrefixLauncher(lp.Launcher):
         table = AddressTable(static={a.id: f'unix:{workdir}/{i}.sock'
                                      for i, a in enumerate(addresses)})
         coordinator = Coordinator([executable.name for executable in executables])
-        server = courier.Server(address=f'unix:{workdir}/coordinator.sock', auth_token=token,
-                                thread_pool_size=2 * len(executables) + 8)
-        server.bind_object(coordinator)
-        server.Start()
+        server = serve_coordinator(coordinator, f'unix:{workdir}/coordinator.sock',
+                                    auth_token=token)
         processes = {}
         for i, executable in enumerate(executables):
             spec_path = os.path.join(workdir, f'{i}.spec')

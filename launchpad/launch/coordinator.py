@@ -189,3 +189,18 @@ class Coordinator:
             self._stop_reason = reason
             self._stop_time = time.monotonic()
         self._changed.notify_all()
+
+
+def serve_coordinator(coordinator: Coordinator, address: str, *, auth_token: Optional[str] = None,
+          tls=None):
+    """Serves `coordinator` with courier on `address` and returns the started courier.Server.
+
+    Every node keeps a call to `wait_for_stop` open, so the server gets two threads per node and
+    some to spare. `auth_token` None reads COURIER_AUTH_TOKEN, as courier does.
+    """
+    import courier  # pylint: disable=import-outside-toplevel
+    server = courier.Server(address=address, auth_token=auth_token, tls=tls,
+                            thread_pool_size=2 * len(coordinator.status()) + 8)
+    server.bind_object(coordinator)
+    server.Start()
+    return server

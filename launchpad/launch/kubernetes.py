@@ -62,6 +62,7 @@ from typing import Any, BinaryIO, Callable, Dict, List, Mapping, Optional, Seque
 
 from launchpad.address import AddressTable
 from launchpad.launch import launcher
+from launchpad.launch import coordinator as coordination
 from launchpad.launch.coordinator import Coordinator
 from launchpad.launch.output import copy_lines, prefix_for
 from launchpad.launch.processes import PythonProcess
@@ -961,14 +962,10 @@ class _PodCoordinator(Coordinator):
 
 def serve_coordinator() -> None:
     """The coordinator pod's main: serves the coordinator until every node has ended."""
-    import courier  # pylint: disable=import-outside-toplevel
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
     settings = json.loads(sys.argv[-1])
     coordinator = _PodCoordinator(settings['nodes'])
-    server = courier.Server(address=f'0.0.0.0:{settings["port"]}',
-                            thread_pool_size=2 * len(settings['nodes']) + 8)
-    server.bind_object(coordinator)
-    server.Start()
+    server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings["port"]}')
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(
         target=coordinator.request_stop, args=('the coordinator pod was deleted',)).start())
     print(f'serving the coordinator of {len(settings["nodes"])} nodes on port '

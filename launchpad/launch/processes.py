@@ -15,7 +15,7 @@ import courier
 
 from launchpad.address import local_address_table
 from launchpad.launch import launcher
-from launchpad.launch.coordinator import Coordinator
+from launchpad.launch.coordinator import Coordinator, serve_coordinator
 from launchpad.launch import forkserver
 from launchpad.launch.forkserver import ForkServer
 from launchpad.launch.output import Output, kill_group
@@ -142,10 +142,7 @@ class ProcessLauncher(launcher.Launcher):
             output.close()
             raise
         coordinator = Coordinator([name for name, _, _, _ in starts])
-        server = courier.Server(address=coordinator_address, auth_token=token,
-                                thread_pool_size=2 * len(starts) + 8)
-        server.bind_object(coordinator)
-        server.Start()
+        server = serve_coordinator(coordinator, coordinator_address, auth_token=token)
         runner = _ProcessRunner(workdir, server, output)
         runner.fork_server = fork_server
         try:

@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from launchpad.address import Address, AddressTable
 from launchpad.launch import launcher
-from launchpad.launch.coordinator import Coordinator, NodeFailedError
+from launchpad.launch.coordinator import Coordinator, NodeFailedError, serve_coordinator
 from launchpad.launch.output import prefix_for
 from launchpad.launch.processes import PythonProcess
 from launchpad.launch.worker import WORKER_ARGV, WorkerSpec, flags_snapshot, write_spec
@@ -649,13 +649,10 @@ class SlurmLauncher(launcher.Launcher):
                            'notice_period': options.notice_period, 'batch_log': batch_log,
                            'steps': [[s.index, s.executable.name, s.log] for s in steps]}, f)
         else:
-            import courier  # pylint: disable=import-outside-toplevel
             host = settings.coordinator_host or _local_address(_controller_host())
             coordinator = Coordinator(names)
-            server = courier.Server(address=_endpoint(host, 0), auth_token=token,
-                                    thread_pool_size=2 * len(names) + 8, tls=options.tls)
-            server.bind_object(coordinator)
-            server.Start()
+            server = serve_coordinator(coordinator, _endpoint(host, 0), auth_token=token,
+                                        tls=options.tls)
             coordinator_address, driver = server.address, None
         try:
             table = _NodeAddressTable(
@@ -722,7 +719,6 @@ def _serve_detached() -> None:
     The batch script starts it as `python -c '..._serve_detached()' RUN_DIR`; its output (and the
     failure that ended the program, if any) goes to the job's job.out.
     """
-    import courier  # pylint: disable=import-outside-toplevel
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
     run_dir = sys.argv[-1]
     with open(os.path.join(run_dir, 'job.json')) as f:
@@ -731,10 +727,8 @@ def _serve_detached() -> None:
     coordinator = Coordinator(info['nodes'])
     with open(os.path.join(run_dir, 'tls.pickle'), 'rb') as f:
         tls = pickle.load(f)
-    server = courier.Server(address=_endpoint(_local_address(_controller_host()), 0),
-                            thread_pool_size=2 * len(info['nodes']) + 8, tls=tls)
-    server.bind_object(coordinator)
-    server.Start()
+    server = serve_coordinator(coordinator, _endpoint(_local_address(_controller_host()), 0),
+                                tls=tls)
     partial = os.path.join(run_dir, 'coordinator.tmp')
     with open(partial, 'w') as f:
         f.write(server.address)

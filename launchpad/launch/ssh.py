@@ -44,7 +44,7 @@ import courier
 
 from launchpad.address import AddressTable
 from launchpad.launch import launcher
-from launchpad.launch.coordinator import Coordinator
+from launchpad.launch.coordinator import Coordinator, serve_coordinator
 from launchpad.launch import forkserver
 from launchpad.launch.output import Output, check_terminal
 from launchpad.launch.worker import (COORDINATOR_LOSS_TIMEOUT, WORKER_ARGV, WorkerSpec,
@@ -543,15 +543,12 @@ class SshLauncher(launcher.Launcher):
         coordinator = Coordinator([executable.name for _, executable in executables])
         bind_host = options.extra.get('coordinator_host') or _coordinator_host(runner.connections)
         try:
-            runner.server = courier.Server(address=_endpoint(bind_host, 0), auth_token=token,
-                                           thread_pool_size=2 * len(executables) + 8,
-                                           tls=options.tls)
+            runner.server = serve_coordinator(coordinator, _endpoint(bind_host, 0),
+                                               auth_token=token, tls=options.tls)
         except OSError as e:
             raise OSError(f'Cannot serve the program\'s coordinator on {bind_host}: {e}. Pass '
                           "lp.launch(..., coordinator_host='<an address of this machine that "
                           "every host reaches>').") from e
-        runner.server.bind_object(coordinator)
-        runner.server.Start()
         port = int(runner.server.address.rsplit(':', 1)[1])
 
         table = AddressTable(published={
