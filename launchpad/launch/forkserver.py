@@ -131,7 +131,8 @@ class ForkServer:
 
 
 class ForkedProcess:
-    """A node process started by the fork server (`poll` and `kill` like subprocess.Popen)."""
+    """A node process started by the fork server (`poll` like subprocess.Popen; it leads its own
+    process group, which is how it is killed)."""
 
     def __init__(self, server: ForkServer, pid: int):
         self._server = server
@@ -142,12 +143,6 @@ class ForkedProcess:
         if code is None and self._server.process.poll() is not None:
             return -signal.SIGKILL  # the fork server is gone, and with it the report
         return code
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def preload() -> None:
