@@ -11,9 +11,10 @@ import dataclasses
 import functools
 import logging
 import threading
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from launchpad.address import AddressTable
+if TYPE_CHECKING:  # the address table refers to this module to resolve addresses
+    from launchpad.address import AddressTable
 
 
 class StopSignal:
@@ -74,7 +75,7 @@ class NodeContext:
     program_name: str
     label: str
     index: int
-    address_table: AddressTable
+    address_table: 'AddressTable'
     stop: StopSignal
     coordinator: Any = None
     notice_period: float = 10.0

@@ -61,12 +61,14 @@ import time
 from typing import Any, BinaryIO, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from launchpad.address import AddressTable
+import courier
+
 from launchpad.launch import launcher
-from launchpad.launch import coordinator as coordination
-from launchpad.launch.coordinator import Coordinator
-from launchpad.launch.output import copy_lines, prefix_for
-from launchpad.launch.processes import PythonProcess
-from launchpad.launch.worker import WORKER_ARGV, WorkerSpec, flags_snapshot, pack_spec
+from launchpad.launch.controller import Controller
+from launchpad.process import coordinator as coordination
+from launchpad.process import spec as specs
+from launchpad.process.coordinator import Coordinator
+from launchpad.process.output import copy_lines, prefix_for
 from launchpad.program import Program
 
 INSTALL_HINT = "pip install 'launchpad[kubernetes]'"
@@ -173,15 +175,6 @@ class KubernetesConfig:
         if not 1 <= self.port <= 65535 - 100:
             raise ValueError(f'port must be between 1 and 65435, not {self.port}.')
 
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> 'KubernetesConfig':
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise TypeError(f'Unknown option(s) of the kubernetes launcher: {", ".join(unknown)}; '
-                            f'it takes {", ".join(sorted(known))}.')
-        return cls(**options)
-
 
 _DNS_LABEL = re.compile(r'[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?')
 
@@ -226,21 +219,14 @@ class LaunchPlan:
         return f'{PROGRAM_LABEL}={self.run}'
 
 
-def plan_launch(program: Program, config: KubernetesConfig,
-                resources: Optional[Mapping[str, Any]] = None,
-                notice_period: float = 10.0) -> LaunchPlan:
-    """Builds (without creating) the objects that run `program`; packs every executable first."""
-    resources = dict(resources or {})
-    for label, group_resources in resources.items():
-        if not isinstance(group_resources, KubernetesResources):
-            raise TypeError(f'kubernetes takes lp.KubernetesResources resources; group {label!r} '
-                            f'got {group_resources!r}.')
-    unknown = set(resources) - set(program.groups)
-    if unknown:
-        raise ValueError(f'Resources given for groups {sorted(unknown)} that the program does not '
-                         f'have; its groups are {sorted(program.groups)}.')
-    options = launcher.LaunchOptions(launch_type='kubernetes', resources=resources,
-                                     notice_period=notice_period)
+def plan_launch(program: Program, options: launcher.LaunchOptions) -> LaunchPlan:
+    """Builds (without creating) the objects that run `program`; packs every executable first.
+
+    `options` were checked by `KubernetesLauncher.check` (their settings are a KubernetesConfig).
+    """
+    config: KubernetesConfig = options.settings
+    resources = options.resources
+    notice_period = options.notice_period
     executables = launcher.executables_of(program, options)
     run = config.name
     if run is None:
@@ -271,15 +257,11 @@ def plan_launch(program: Program, config: KubernetesConfig,
         for j, address in enumerate(executable.addresses):
             static[address.id] = f'{pod}.{domain}:{config.port + j}'
         pods.append(_PodPlan(pod, executable.name, label, len(executable.addresses)))
-    table = AddressTable(static=static)
-    flags = flags_snapshot()
+    packer = specs.Packer(program.name, options.launch_type, AddressTable(static=static),
+                          coordinator_address, notice_period=notice_period)
     for plan, (label, executable) in zip(pods, executables):
         group = resources.get(label) or KubernetesResources()
-        plan.spec = pack_spec(WorkerSpec(
-            program_name=program.name, launch_type='kubernetes', node_name=executable.name,
-            run=executable.run, address_table=table, coordinator_address=coordinator_address,
-            parent_pid=None, notice_period=notice_period, flags=flags,
-            flag_overrides=PythonProcess(args=group.args).flag_overrides()))
+        plan.spec = specs.pack(packer.spec(executable.name, executable.run, args=group.args))
         chunks = math.ceil(len(plan.spec) / SPEC_CHUNK_BYTES)
         if chunks > MAX_SPEC_CHUNKS:
             raise ValueError(
@@ -370,10 +352,10 @@ class _ManifestBuilder:
                 for k, chunk in enumerate(chunks)]
 
     def _env(self, extra: Mapping[str, str]) -> List[Dict[str, Any]]:
-        env = [{'name': 'COURIER_AUTH_TOKEN', 'valueFrom': {'secretKeyRef': {
-                   'name': f'{self._run}-token', 'key': 'token'}}},
-               {'name': 'PYTHONUNBUFFERED', 'value': '1'},
-               {'name': 'GRPC_VERBOSITY', 'value': 'ERROR'}]
+        env = [{'name': courier.AUTH_TOKEN_ENV, 'valueFrom': {'secretKeyRef': {
+                   'name': f'{self._run}-token', 'key': 'token'}}}]
+        env += [{'name': key, 'value': value}
+                for key, value in specs.node_environment(base={}).items()]
         env += [{'name': str(key), 'valueFrom': dict(value)} if isinstance(value, Mapping)
                 else {'name': str(key), 'value': str(value)} for key, value in extra.items()]
         return env
@@ -444,7 +426,7 @@ class _ManifestBuilder:
             init.append(join)
             mounts = [{'name': 'spec', 'mountPath': SPEC_DIR, 'readOnly': True}]
         container = self._container(NODE_CONTAINER,
-                                    [python] + WORKER_ARGV + [f'{SPEC_DIR}/spec'],
+                                    specs.worker_argv(f'{SPEC_DIR}/spec', python),
                                     self._env(group.env))
         container['volumeMounts'] = mounts
         ports = [{'containerPort': self._config.port + j}
@@ -473,8 +455,12 @@ def program_to_manifests(program: Program, *, image: str, path: Optional[str] = 
     Takes the keyword arguments of `lp.launch(..., launch_type='kubernetes')`. Apply the result
     with `kubectl apply -f FILE`; delete it with the command in its first comment.
     """
-    config = KubernetesConfig.from_options({'image': image, **options})
-    plan = plan_launch(program, config, resources, notice_period)
+    launch_options = launcher.LaunchOptions('kubernetes', dict(resources or {}),
+                                            notice_period=notice_period,
+                                            extra={'image': image, **options})
+    KubernetesLauncher().check(program, launch_options)
+    config = launch_options.settings
+    plan = plan_launch(program, launch_options)
     header = (f'# launchpad program {program.name!r}, launch {plan.run}.\n'
               f'# Follow: kubectl -n {plan.namespace} logs -f --prefix -l {plan.selector()} '
               f'--max-log-requests {len(plan.node_pods) + 1}\n'
@@ -867,25 +853,22 @@ class KubernetesLauncher(launcher.Launcher):
     """Runs every executable in a pod of a Kubernetes cluster (see the module docstring)."""
 
     foreground = True
+    resource_types = (KubernetesResources,)
+    terminals = ('current_terminal',)  # pod logs stream here; read them with kubectl otherwise
+    options = KubernetesConfig
+    tls_refusal = ('encrypt pod-to-pod traffic with your cluster\'s network policy or service mesh '
+                   '(calls still carry the program\'s auth token).')
 
     def __init__(self, api_factory: Optional[Callable[[KubernetesConfig], Any]] = None):
         self._api_factory = api_factory or (
             lambda config: KubernetesApi(config.namespace, kubeconfig=config.kubeconfig,
                                          context=config.context))
 
-    def launch(self, program: Program, options: launcher.LaunchOptions) -> launcher.Controller:
-        config = KubernetesConfig.from_options(options.extra)
-        if options.tls is not None:
-            raise ValueError('tls= is not supported by the kubernetes launcher yet: encrypt '
-                             'pod-to-pod traffic with your cluster\'s network policy or service '
-                             'mesh (calls still carry the program\'s auth token).')
-        if options.terminal not in (None, 'current_terminal'):
-            raise ValueError(f'The kubernetes launcher streams pod logs to the current terminal; '
-                             f'terminal={options.terminal!r} is not supported (read pod logs '
-                             'with kubectl logs instead).')
+    def launch(self, program: Program, options: launcher.LaunchOptions) -> Controller:
+        config = options.settings
         api = self._api_factory(config)
         api.check_namespace()
-        plan = plan_launch(program, config, options.resources, options.notice_period)
+        plan = plan_launch(program, options)
         _create(api, plan)
         mirror = Coordinator(list(plan.node_pods))
         runner = _PodRunner(api, plan, mirror, config, options.notice_period)
@@ -893,9 +876,9 @@ class KubernetesLauncher(launcher.Launcher):
             print(_detached_summary(plan), flush=True)
         # Attached, the script stays alive until the program ends (streaming logs, deleting
         # the objects at the end) and Ctrl-C stops the program; detached, it returns at once.
-        self.foreground = not config.detach
-        return launcher.Controller(program.name, mirror, runner, launch_type=options.launch_type,
-                                   notice_period=options.notice_period, poll_interval=0.2)
+        return Controller(program.name, mirror, runner, launch_type=options.launch_type,
+                          notice_period=options.notice_period, poll_interval=0.2,
+                          detached=config.detach)
 
 
 def _create(api, plan: LaunchPlan) -> None:

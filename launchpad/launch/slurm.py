@@ -42,11 +42,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from launchpad.address import Address, AddressTable
 from launchpad.launch import launcher
-from launchpad.launch.coordinator import Coordinator, NodeFailedError, serve_coordinator
-from launchpad.launch.output import prefix_for
-from launchpad.launch.processes import PythonProcess
-from launchpad.launch.worker import WORKER_ARGV, WorkerSpec, flags_snapshot, write_spec
+from launchpad.launch.controller import Controller
 from launchpad.nodes.base import Executable
+from launchpad.process import spec as specs
+from launchpad.process.coordinator import Coordinator, NodeFailedError, serve_coordinator
+from launchpad.process.output import prefix_for
 from launchpad.program import Program
 
 JOB_DIR_ENV = 'LAUNCHPAD_SLURM_DIR'
@@ -60,7 +60,6 @@ _HOPELESS_REASONS = frozenset({
     'AccountNotAllowed', 'BadConstraints', 'DependencyNeverSatisfied', 'InvalidAccount',
     'InvalidQOS', 'PartitionConfig', 'PartitionNodeLimit', 'PartitionTimeLimit', 'QOSNotAllowed'})
 _MEM_UNITS = {'K': 1 / 1024, 'M': 1, 'G': 1024, 'T': 1024 * 1024}
-_OPTIONS = ('detach', 'job_dir', 'start_timeout', 'coordinator_host')
 
 
 class SlurmError(RuntimeError):
@@ -141,9 +140,6 @@ class SlurmResources:
         if self.time is not None:
             options.append(f'--time={self.time}')
         return options + list(self.extra_args)
-
-    def _flag_overrides(self) -> List[str]:
-        return PythonProcess(args=self.args).flag_overrides()
 
 
 def _megabytes(mem: str) -> float:
@@ -232,7 +228,7 @@ def _batch_script(program_name: str, components: Sequence[_Component], run_dir: 
                 '--exact', '--ntasks=1', '--nodes=1',
                 *step.resources._per_task_options(),  # pylint: disable=protected-access
                 f'--job-name={step.executable.name}', f'--output={step.log}', '--input=none',
-                python, *WORKER_ARGV, spec_paths[step.index]]
+                *specs.worker_argv(spec_paths[step.index], python)]
             lines.append(f'step {step.index} {shlex.join(srun)} &')
     if driver is not None:
         lines += ['wait "$driver"', 'status=$?', 'wait', 'exit "$status"']
@@ -385,11 +381,9 @@ def _sigterm_interrupts():
 def _job_environment(token: str) -> Dict[str, str]:
     """The environment sbatch passes to the job: ours (without a surrounding job's SLURM_
     variables), the program's auth token, and unbuffered Python output."""
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith('SLURM_') or key == 'SLURM_CONF'}
-    env.setdefault('GRPC_VERBOSITY', 'ERROR')
-    env.update(COURIER_AUTH_TOKEN=token, PYTHONUNBUFFERED='1')
-    return env
+    return specs.node_environment(token, base={
+        key: value for key, value in os.environ.items()
+        if not key.startswith('SLURM_') or key == 'SLURM_CONF'})
 
 
 # --- addresses ----------------------------------------------------------------------------------
@@ -546,7 +540,7 @@ class _StepRunner:
                 shutil.rmtree(self._run_dir, ignore_errors=True)
 
 
-class SlurmController(launcher.Controller):
+class SlurmController(Controller):
     """The controller of a program launched on Slurm.
 
     Attributes:
@@ -557,30 +551,28 @@ class SlurmController(launcher.Controller):
         `scancel job_id`).
     """
 
-    def __init__(self, *args, job_id: str, log_dir: str, detached: bool = False, **kwargs):
+    def __init__(self, *args, job_id: str, log_dir: str, **kwargs):
         self.job_id = job_id
         self.log_dir = log_dir
-        self.detached = detached
         super().__init__(*args, **kwargs)
 
 
 # --- the launcher -------------------------------------------------------------------------------
 
 @dataclasses.dataclass
-class _Options:
-    """The slurm-specific keyword arguments of lp.launch."""
+class SlurmOptions:
+    """The slurm launcher's keyword arguments of `lp.launch`.
+
+    Attributes:
+      detach: submit the job and return; it runs on its own.
+      job_dir: where the job's files go, on a filesystem the compute nodes share.
+      start_timeout: seconds to wait for the job to start; None waits for ever.
+      coordinator_host: the address compute nodes reach this host at.
+    """
     detach: bool = False
     job_dir: Optional[str] = None
     start_timeout: Optional[float] = 600.0
     coordinator_host: Optional[str] = None
-
-    @classmethod
-    def from_extra(cls, extra: Mapping[str, Any]) -> '_Options':
-        unknown = sorted(set(extra) - set(_OPTIONS))
-        if unknown:
-            raise TypeError(f'lp.launch got unknown options {unknown} for launch type slurm; it '
-                            f'takes {", ".join(_OPTIONS)}.')
-        return cls(**extra)
 
 
 def _make_job_dir(base: Optional[str], program_name: str) -> str:
@@ -598,26 +590,16 @@ def _make_job_dir(base: Optional[str], program_name: str) -> str:
 
 
 class SlurmLauncher(launcher.Launcher):
-    """Runs a program as one Slurm job; see the module docstring.
-
-    lp.launch options: `detach` (submit and return; the job runs on its own), `job_dir` (on a
-    filesystem the compute nodes share), `start_timeout` (seconds to wait for the job to start;
-    None waits for ever), `coordinator_host` (the address compute nodes reach this host at).
-    """
+    """Runs a program as one Slurm job (see the module docstring; options: `SlurmOptions`)."""
 
     foreground = True
+    resource_types = (SlurmResources,)
+    # Node output goes to files, streamed here (current_terminal) or not (output_to_files).
+    terminals = ('current_terminal', 'output_to_files')
+    options = SlurmOptions
 
     def launch(self, program: Program, options: launcher.LaunchOptions) -> SlurmController:
-        settings = _Options.from_extra(options.extra)
-        terminal = options.terminal or 'current_terminal'
-        if terminal not in ('current_terminal', 'output_to_files'):
-            raise ValueError(f'The slurm launch type writes node output to files and can stream them '
-                             f'(terminal="current_terminal") or not ("output_to_files"); got '
-                             f'terminal={terminal!r}.')
-        for label, resources in options.resources.items():
-            if not isinstance(resources, SlurmResources):
-                raise TypeError(f'The slurm launch type takes lp.SlurmResources; group {label!r} '
-                                f'got {resources!r}.')
+        settings, terminal = options.settings, options.terminal
         executables = launcher.executables_of(program, options)
         _require_commands()
         job_dir = _make_job_dir(settings.job_dir, program.name)
@@ -659,17 +641,14 @@ class SlurmLauncher(launcher.Launcher):
                 published={address.id: '<node address>:0'
                            for _, executable in executables for address in executable.addresses},
                 coordinator=coordinator_address)
-            flags = flags_snapshot()
+            packer = specs.Packer(program.name, options.launch_type, table, coordinator_address,
+                                  notice_period=options.notice_period, tls=options.tls)
             spec_paths = {}
             for step in steps:
                 spec_paths[step.index] = os.path.join(run_dir, f'{step.index}.spec')
-                write_spec(WorkerSpec(
-                    program_name=program.name, launch_type=options.launch_type,
-                    node_name=step.executable.name, run=step.executable.run, address_table=table,
-                    coordinator_address=coordinator_address, parent_pid=None,
-                    notice_period=options.notice_period, flags=flags,
-                    flag_overrides=step.resources._flag_overrides(),  # pylint: disable=protected-access
-                    env=dict(step.resources.env), tls=options.tls), spec_paths[step.index])
+                specs.write(packer.spec(step.executable.name, step.executable.run,
+                                        args=step.resources.args, env=step.resources.env),
+                            spec_paths[step.index])
             script = os.path.join(run_dir, 'job.sh')
             with open(script, 'w') as f:
                 f.write(_batch_script(program.name, components, run_dir, spec_paths, driver))
@@ -735,7 +714,7 @@ def _serve_detached() -> None:
     os.replace(partial, os.path.join(run_dir, 'coordinator'))
     runner = _StepRunner(job_id, run_dir, [tuple(step) for step in info['steps']], coordinator, watch_job=False, server=server,
                          batch_log=info['batch_log'])
-    controller = launcher.Controller(info['program'], coordinator, runner,
+    controller = Controller(info['program'], coordinator, runner,
                                      launch_type='slurm', notice_period=info['notice_period'])
     try:
         controller.wait()

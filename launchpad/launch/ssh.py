@@ -44,11 +44,11 @@ import courier
 
 from launchpad.address import AddressTable
 from launchpad.launch import launcher
-from launchpad.launch.coordinator import Coordinator, serve_coordinator
-from launchpad.launch import forkserver
-from launchpad.launch.output import Output, check_terminal
-from launchpad.launch.worker import (COORDINATOR_LOSS_TIMEOUT, WORKER_ARGV, WorkerSpec,
-                                     flags_snapshot, pack_spec)
+from launchpad.launch.controller import Controller
+from launchpad.process import forkserver
+from launchpad.process import spec as specs
+from launchpad.process.coordinator import COORDINATOR_LOSS_TIMEOUT, Coordinator, serve_coordinator
+from launchpad.process.output import TERMINALS, Output
 from launchpad.program import Program
 
 # sshd refuses more sessions per connection than MaxSessions (10 by default). Nodes in tmux windows
@@ -282,10 +282,10 @@ class _Connection:
         return self.hello['directory']
 
     def node_argv(self, index: int) -> List[str]:
-        env = {'PYTHONUNBUFFERED': '1', 'GRPC_VERBOSITY': 'ERROR', **self.host.env,
-               _NODE_ENV: f'{self.directory}/{index}'}
-        command = shlex.join(['env'] + [f'{k}={v}' for k, v in env.items()] + [self.host.python]
-                             + WORKER_ARGV + [f'{self.directory}/{index}.spec'])
+        env = specs.node_environment(base=self.host.env,
+                                     extra={_NODE_ENV: f'{self.directory}/{index}'})
+        command = shlex.join(['env'] + [f'{k}={v}' for k, v in env.items()] + specs.worker_argv(
+            f'{self.directory}/{index}.spec', self.host.python))
         if self.host.workdir:
             command = f'cd {shlex.quote(self.host.workdir)} && exec {command}'
         else:
@@ -412,7 +412,7 @@ def _python_version() -> str:
 
 
 def _spec_fields() -> List[str]:
-    return [field.name for field in dataclasses.fields(WorkerSpec)]
+    return [field.name for field in dataclasses.fields(specs.WorkerSpec)]
 
 
 class _SshRunner:
@@ -483,21 +483,27 @@ def _in_parallel(calls: Sequence) -> None:
         thread.join()
 
 
-class SshLauncher(launcher.Launcher):
-    """Runs every executable in a Python process on an SSH host of its group.
+@dataclasses.dataclass
+class SshOptions:
+    """The ssh launcher's keyword arguments of `lp.launch`.
 
-    Launcher options (keyword arguments of `lp.launch`):
+    Attributes:
       coordinator_host: the address the launcher serves the program's coordinator on (default:
         the address the hosts see the launcher at).
     """
+    coordinator_host: Optional[str] = None
+
+
+class SshLauncher(launcher.Launcher):
+    """Runs every executable in a Python process on an SSH host of its group (options:
+    `SshOptions`)."""
 
     foreground = True
+    resource_types = (SshHost, SshHosts, str, list, tuple)
+    terminals = TERMINALS
+    options = SshOptions
 
-    def launch(self, program: Program, options: launcher.LaunchOptions) -> launcher.Controller:
-        unknown = set(options.extra) - {'coordinator_host'}
-        if unknown:
-            raise TypeError(f'Unknown option(s) {sorted(unknown)} for launch type ssh; it takes '
-                            'coordinator_host=.')
+    def launch(self, program: Program, options: launcher.LaunchOptions) -> Controller:
         if shutil.which('ssh') is None:
             raise FileNotFoundError('The ssh launcher runs the OpenSSH client, and `ssh` is not on '
                                     'PATH; install it (e.g. apt-get install openssh-client).')
@@ -518,10 +524,10 @@ class SshLauncher(launcher.Launcher):
             runner.release()
             raise
 
-    def _launch(self, program, options, executables, hosts, runner) -> launcher.Controller:
+    def _launch(self, program, options, executables, hosts, runner) -> Controller:
         # Place the executables round-robin over their group's hosts. In tmux windows every
         # node runs in an ssh session, at most NODES_PER_CONNECTION to a connection.
-        in_sessions = check_terminal(options.terminal) == 'tmux_session'
+        in_sessions = options.terminal == 'tmux_session'
         per_connection = NODES_PER_CONNECTION if in_sessions else len(executables)
         connections: Dict[tuple, List[_Connection]] = {}
         placed: List[Tuple[_Connection, int]] = []
@@ -541,7 +547,7 @@ class SshLauncher(launcher.Launcher):
 
         token = secrets.token_hex(16)
         coordinator = Coordinator([executable.name for _, executable in executables])
-        bind_host = options.extra.get('coordinator_host') or _coordinator_host(runner.connections)
+        bind_host = options.settings.coordinator_host or _coordinator_host(runner.connections)
         try:
             runner.server = serve_coordinator(coordinator, _endpoint(bind_host, 0),
                                                auth_token=token, tls=options.tls)
@@ -555,18 +561,16 @@ class SshLauncher(launcher.Launcher):
             address.id: _endpoint(connection.bind_host, 0)
             for (connection, _), (_, executable) in zip(placed, executables)
             for address in executable.addresses})
-        flags = flags_snapshot()
+        packer = specs.Packer(program.name, options.launch_type, table, '',
+                              notice_period=options.notice_period, tls=options.tls)
         files: Dict[int, Dict[str, bytes]] = {id(c): {} for c in runner.connections}
         for (connection, i), (_, executable) in zip(placed, executables):
-            coordinator_host = options.extra.get('coordinator_host') or connection.launcher_address
-            spec = WorkerSpec(
-                program_name=program.name, launch_type=options.launch_type,
-                node_name=executable.name, run=executable.run, address_table=table,
-                coordinator_address=_endpoint(coordinator_host, port), parent_pid=None,
-                notice_period=options.notice_period, flags=flags,
-                env={courier.AUTH_TOKEN_ENV: token}, cleanup_dir=connection.directory,
-                tls=options.tls)
-            files[id(connection)][f'{i}.spec'] = pack_spec(spec)
+            # Each host reaches the coordinator at the address it sees the launcher at.
+            coordinator_host = options.settings.coordinator_host or connection.launcher_address
+            packer.coordinator_address = _endpoint(coordinator_host, port)
+            files[id(connection)][f'{i}.spec'] = specs.pack(packer.spec(
+                executable.name, executable.run, env={courier.AUTH_TOKEN_ENV: token},
+                cleanup_dir=connection.directory))
         runner.output = Output(options.terminal, program.name, runner.local_dir)
         for (connection, i), (_, executable) in zip(placed, executables):
             runner.placement[executable.name] = (connection, i)
@@ -583,9 +587,8 @@ class SshLauncher(launcher.Launcher):
         if in_sessions:
             for (connection, i), (_, executable) in zip(placed, executables):
                 runner.start_session(executable.name, connection, i)
-        return launcher.Controller(program.name, coordinator, runner,
-                                   launch_type=options.launch_type,
-                                   notice_period=options.notice_period)
+        return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
+                          notice_period=options.notice_period)
 
 
 def _preflight(connections: List[_Connection]) -> None:
@@ -725,9 +728,9 @@ class _HostAgent:
             self.announce(event='killed')
 
     def _start(self, index: int) -> None:
-        request = {'argv': WORKER_ARGV + [f'{self.directory}/{index}.spec'], 'cwd': self.workdir,
-                   'env': {**os.environ, 'PYTHONUNBUFFERED': '1', 'GRPC_VERBOSITY': 'ERROR',
-                           _NODE_ENV: f'{self.directory}/{index}'}}
+        request = {'argv': specs.worker_argv(f'{self.directory}/{index}.spec')[1:],
+                   'cwd': self.workdir,
+                   'env': specs.node_environment(extra={_NODE_ENV: f'{self.directory}/{index}'})}
         read_fd, write_fd = os.pipe()
         ours = [self._out.fileno(), sys.stdin.fileno(), read_fd] + [
             node.pipe for node in self._nodes.values() if node.pipe is not None]

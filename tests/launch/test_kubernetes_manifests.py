@@ -14,7 +14,7 @@ import yaml
 
 import launchpad as lp
 from launchpad.launch import kubernetes
-from launchpad.launch.worker import WORKER_ARGV
+from launchpad.process import spec as specs
 from tests.launch import kubernetes_programs
 
 _LOADER = getattr(yaml, 'CSafeLoader', yaml.SafeLoader)
@@ -106,7 +106,7 @@ def test_node_pods_run_the_worker_on_their_spec_with_a_static_address_table():
     documents = _documents(kubernetes_programs.producer_consumer(), name='pc', port=9000)
     pod = next(d for d in documents if d['metadata']['name'] == 'pc-producer-0')
     container = pod['spec']['containers'][0]
-    assert container['command'] == ['python3'] + WORKER_ARGV + ['/launchpad/spec/spec']
+    assert container['command'] == specs.worker_argv('/launchpad/spec/spec', 'python3')
     token = {'name': 'COURIER_AUTH_TOKEN',
              'valueFrom': {'secretKeyRef': {'name': 'pc-token', 'key': 'token'}}}
     assert token in container['env']

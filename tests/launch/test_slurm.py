@@ -209,7 +209,7 @@ def test_wrong_resources_type_and_unknown_options_are_named(tmp_path):
     program = two_groups(serve_until_stopped)
     with pytest.raises(TypeError, match="SlurmResources; group 'worker' got PythonProcess"):
         launch(program, tmp_path, resources={'worker': lp.PythonProcess()})
-    with pytest.raises(TypeError, match="unknown options \\['partition'\\]"):
+    with pytest.raises(TypeError, match="Unknown option\\(s\\) \\['partition'\\]"):
         launch(program, tmp_path, partition='debug')
 
 
