@@ -1,7 +1,7 @@
 """Courier's same-host transport: light frames over Unix sockets, or no socket at all.
 
 A server bound to a ``unix:/path`` address (without TLS) speaks this protocol
-(:mod:`courier.local_wire`) on its socket, and clients pick it by the address.
+(:mod:`courier.transport.frames`) on its socket, and clients pick it by the address.
 It keeps courier's guarantees: calls carry the auth token (checked once per
 connection), errors, timeouts and cancellation behave as with gRPC, and a peer
 sending garbage only loses its own connection.
@@ -38,7 +38,7 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from courier import errors
-from courier import local_wire
+from courier.transport import frames
 from courier import security
 from courier import transport
 from courier import wire
@@ -55,10 +55,10 @@ _BACKLOG = 1024
 _SEND_BUFFER = 4 << 20
 
 _REFUSALS = {
-    local_wire.TOKEN_MISSING: (
+    frames.TOKEN_MISSING: (
         'the server requires an auth token and the call carried none; pass '
         f'auth_token= to courier.Client or set {security.AUTH_TOKEN_ENV}'),
-    local_wire.TOKEN_WRONG: (
+    frames.TOKEN_WRONG: (
         'the call carried the wrong auth token; client and server must use the same '
         f'auth_token (or {security.AUTH_TOKEN_ENV})'),
 }
@@ -114,7 +114,7 @@ class _Connection:
     def __init__(self, sock: socket.socket):
         self.sock = sock
         _enlarge_send_buffer(sock)
-        self.reader = local_wire.FrameReader(sock)
+        self.reader = frames.FrameReader(sock)
 
     def close(self) -> None:
         try:
@@ -149,7 +149,7 @@ class LocalClientTransport(transport.ClientTransport):
         server = _servers_here.get(self._path)
         if server is None:
             deadline = None if timeout is None else time.monotonic() + timeout
-            parts = local_wire.encode(local_wire.CALL, 0, 0, method.encode(), pickle, buffers)
+            parts = frames.encode(frames.CALL, 0, 0, method.encode(), pickle, buffers)
             try:
                 frame = self._exchange(parts, method, timeout, deadline)
             except _ServerHere:
@@ -165,14 +165,14 @@ class LocalClientTransport(transport.ClientTransport):
         if server is None:
             deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                frame = self._exchange(local_wire.encode(local_wire.LIST), 'ListMethods',
+                frame = self._exchange(frames.encode(frames.LIST), 'ListMethods',
                                        timeout, deadline)
             except _ServerHere:
                 server = _stopped_meanwhile(self._path, 'ListMethods', self.address)
         if server is not None:
             server.check_token_here(self._token, 'ListMethods', self.address)
             return server.method_names()
-        if frame.kind != local_wire.METHODS:
+        if frame.kind != frames.METHODS:
             raise _unexpected(frame, 'ListMethods', self.address)
         try:
             return wire.decode_method_list(frame.payload)
@@ -181,7 +181,7 @@ class LocalClientTransport(transport.ClientTransport):
                 f'malformed method list from courier server {self.address}: {error}') from None
 
     def _exchange(self, parts: List[Any], method: str, timeout: Optional[float],
-                  deadline: Optional[float]) -> local_wire.Frame:
+                  deadline: Optional[float]) -> frames.Frame:
         """Sends a request on this thread's connection and reads the answer to it."""
         connection = getattr(self._local, 'connection', None)
         for attempt in range(2):
@@ -194,7 +194,7 @@ class LocalClientTransport(transport.ClientTransport):
                 elif sock.gettimeout() is not None:
                     sock.settimeout(None)
                 try:
-                    local_wire.send(sock, parts)
+                    frames.send(sock, parts)
                 except (BrokenPipeError, ConnectionResetError):
                     # The server closed this connection while it sat idle (it stopped or
                     # restarted); the request never arrived, so a new connection may carry it.
@@ -212,7 +212,7 @@ class LocalClientTransport(transport.ClientTransport):
                 raise errors.ServerUnavailableError(
                     f'call to {method!r} on courier server {self.address} failed: the server '
                     f'went away during the call ({_describe(error)})') from None
-            except local_wire.ProtocolViolation as error:
+            except frames.ProtocolViolation as error:
                 self._drop(connection)
                 raise errors.ProtocolError(
                     f'call to {method!r} on courier server {self.address} got a malformed '
@@ -225,7 +225,7 @@ class LocalClientTransport(transport.ClientTransport):
     def _connect_blocking(self, method: str, timeout: Optional[float],
                           deadline: Optional[float]) -> _Connection:
         try:
-            connection = _open(self._path, self._token, local_wire.SYNC, self._wait_for_ready,
+            connection = _open(self._path, self._token, frames.SYNC, self._wait_for_ready,
                                deadline, here=True)
         except _Unreachable as unreachable:
             raise unreachable.error(method, self.address) from None
@@ -358,23 +358,23 @@ def _open(path: str, token: Optional[str], mode: int, wait_for_ready: bool,
         delay = min(2 * delay, _RETRY_MAX)
     connection = _Connection(sock)
     try:
-        local_wire.send(sock, local_wire.encode(
-            local_wire.HELLO, mode, local_wire.VERSION, (token or '').encode(), local_wire.MAGIC))
+        frames.send(sock, frames.encode(
+            frames.HELLO, mode, frames.VERSION, (token or '').encode(), frames.MAGIC))
         answer = connection.reader.read_frame()
     except socket.timeout:
         connection.close()
         raise
-    except (EOFError, OSError, local_wire.ProtocolViolation) as error:
+    except (EOFError, OSError, frames.ProtocolViolation) as error:
         connection.close()
         if not wait_for_ready:
             raise _Unreachable(errors.ServerUnavailableError,
                                f'failed: the server closed the connection ({_describe(error)})'
                                ) from None
         return _open(path, token, mode, wait_for_ready, deadline, here)
-    if answer.kind == local_wire.WELCOME:
+    if answer.kind == frames.WELCOME:
         return connection
     connection.close()
-    if answer.kind == local_wire.REFUSED and answer.status in _REFUSALS:
+    if answer.kind == frames.REFUSED and answer.status in _REFUSALS:
         raise _Unreachable(errors.PermissionDeniedError,
                            f'was refused: {_REFUSALS[answer.status]}')
     raise _Unreachable(errors.ProtocolError, (
@@ -439,19 +439,19 @@ class _Outbox:
         self.flush()
 
     def flush(self) -> None:
-        frames = self._frames
-        while frames and self.sock is not None:
+        queued = self._frames
+        while queued and self.sock is not None:
             if not self._lock.acquire(False):
                 return  # The sending thread re-checks after it is done.
             try:
-                if len(frames) == 1 and not self.skip:
-                    parts = frames.popleft()[1]
+                if len(queued) == 1 and not self.skip:
+                    parts = queued.popleft()[1]
                     if len(parts) == 1:
                         self.sock.sendall(parts[0])
                     else:
-                        local_wire.send(self.sock, parts)
+                        frames.send(self.sock, parts)
                 else:
-                    self._write([frames.popleft() for _ in range(len(frames))])
+                    self._write([queued.popleft() for _ in range(len(queued))])
             finally:
                 self._lock.release()
 
@@ -472,7 +472,7 @@ class _Outbox:
             if joined:
                 sock.sendall(b''.join(joined))
                 joined = []
-            local_wire.send(sock, parts)
+            frames.send(sock, parts)
         if joined:
             sock.sendall(joined[0] if len(joined) == 1 else b''.join(joined))
 
@@ -513,15 +513,15 @@ class _Pipeline:
             future.fail(self.broken.error(method, self._address))
             return
         future.on_cancel = functools.partial(self._cancel, call_id)
-        self._put(call_id, local_wire.encode(local_wire.CALL, 0, call_id, method.encode(),
-                                             pickle, buffers))
+        self._put(call_id, frames.encode(frames.CALL, 0, call_id, method.encode(),
+                                         pickle, buffers))
 
     def _cancel(self, call_id: int) -> None:
         if self._pending.pop(call_id, None) is None or self.broken:
             return
         if self._connection is None:
             self._outbox.skip.add(call_id)  # Not sent yet: the server never sees it.
-        self._put(0, local_wire.encode(local_wire.CANCEL, 0, call_id))
+        self._put(0, frames.encode(frames.CANCEL, 0, call_id))
 
     def _put(self, call_id: int, parts: List[Any]) -> None:
         try:
@@ -532,7 +532,7 @@ class _Pipeline:
 
     def _run(self) -> None:
         try:
-            connection = _open(self._path, self._token, local_wire.PIPELINED,
+            connection = _open(self._path, self._token, frames.PIPELINED,
                                self._wait_for_ready, None)
         except _Unreachable as unreachable:
             self._break(unreachable)
@@ -564,7 +564,7 @@ class _Pipeline:
                     future.fail(error)
                     continue
                 future.resolve(finish, response)
-        except (EOFError, OSError, local_wire.ProtocolViolation) as error:
+        except (EOFError, OSError, frames.ProtocolViolation) as error:
             self._break(_Unreachable(errors.ServerUnavailableError, (
                 f'failed: the server went away during the call ({_describe(error)})')))
         finally:
@@ -637,8 +637,8 @@ class _Deadlines:
             self._condition.notify()
 
 
-def _response(frame: local_wire.Frame, method: str, address: str) -> wire.Response:
-    if frame.kind != local_wire.RESPONSE:
+def _response(frame: frames.Frame, method: str, address: str) -> wire.Response:
+    if frame.kind != frames.RESPONSE:
         raise _unexpected(frame, method, address)
     if frame.status == wire.OK:
         return wire.Response(wire.OK, frame.payload, frame.buffers)
@@ -651,8 +651,8 @@ def _response(frame: local_wire.Frame, method: str, address: str) -> wire.Respon
     return response
 
 
-def _unexpected(frame: local_wire.Frame, method: str, address: str) -> errors.CourierError:
-    if frame.kind == local_wire.FAULT:
+def _unexpected(frame: frames.Frame, method: str, address: str) -> errors.CourierError:
+    if frame.kind == frames.FAULT:
         return errors.ProtocolError(
             f'call to {method!r} on courier server {address} was rejected as malformed: '
             f'{frame.text.decode(errors="replace")}')
@@ -926,39 +926,39 @@ class LocalServerTransport(transport.ServerTransport):
         if self._token is None:
             return 0
         if not token:
-            return local_wire.TOKEN_MISSING
-        return 0 if hmac.compare_digest(token, self._token) else local_wire.TOKEN_WRONG
+            return frames.TOKEN_MISSING
+        return 0 if hmac.compare_digest(token, self._token) else frames.TOKEN_WRONG
 
     def _serve(self, connection: _ServerConnection) -> None:
         sock = connection.sock
-        reader = local_wire.FrameReader(sock)
+        reader = frames.FrameReader(sock)
         try:
             sock.settimeout(_HELLO_TIMEOUT)
-            hello = reader.read_frame(local_wire.HELLO_LIMITS)
-            if (hello.kind != local_wire.HELLO or hello.payload != local_wire.MAGIC
-                    or hello.call_id != local_wire.VERSION
-                    or hello.status not in (local_wire.SYNC, local_wire.PIPELINED)):
-                local_wire.send(sock, local_wire.encode(
-                    local_wire.REFUSED, local_wire.BAD_HELLO, 0,
-                    b'expected a courier-local hello of version %d' % local_wire.VERSION))
+            hello = reader.read_frame(frames.HELLO_LIMITS)
+            if (hello.kind != frames.HELLO or hello.payload != frames.MAGIC
+                    or hello.call_id != frames.VERSION
+                    or hello.status not in (frames.SYNC, frames.PIPELINED)):
+                frames.send(sock, frames.encode(
+                    frames.REFUSED, frames.BAD_HELLO, 0,
+                    b'expected a courier-local hello of version %d' % frames.VERSION))
                 return
             reason = self._refusal(hello.text)
             if reason:
-                local_wire.send(sock, local_wire.encode(local_wire.REFUSED, reason, 0,
-                                                        _REFUSALS[reason].encode()))
+                frames.send(sock, frames.encode(frames.REFUSED, reason, 0,
+                                                _REFUSALS[reason].encode()))
                 return
             sock.settimeout(None)
-            local_wire.send(sock, local_wire.encode(local_wire.WELCOME))
-            if hello.status == local_wire.SYNC:
+            frames.send(sock, frames.encode(frames.WELCOME))
+            if hello.status == frames.SYNC:
                 self._serve_sync(connection, reader)
             else:
                 self._serve_pipelined(connection, reader)
         except (EOFError, OSError):
             pass  # The client went away, or the server is stopping.
-        except local_wire.ProtocolViolation as error:
+        except frames.ProtocolViolation as error:
             try:
-                connection.outbox.put(0, local_wire.encode(local_wire.FAULT, 0, 0,
-                                                           str(error).encode()))
+                connection.outbox.put(0, frames.encode(frames.FAULT, 0, 0,
+                                                       str(error).encode()))
             except OSError:
                 pass
         except Exception:  # pylint: disable=broad-except
@@ -966,7 +966,7 @@ class LocalServerTransport(transport.ServerTransport):
         finally:
             connection.close()
 
-    def _serve_sync(self, connection: _ServerConnection, reader: local_wire.FrameReader) -> None:
+    def _serve_sync(self, connection: _ServerConnection, reader: frames.FrameReader) -> None:
         sock = connection.sock
         read_frame = reader.read_frame
         handle_call = self._handle_call
@@ -974,7 +974,7 @@ class LocalServerTransport(transport.ServerTransport):
         while True:
             frame = read_frame()
             kind = frame.kind
-            if kind == local_wire.CALL:
+            if kind == frames.CALL:
                 method = _method_name(frame)
                 connection.busy = True
                 try:
@@ -983,16 +983,16 @@ class LocalServerTransport(transport.ServerTransport):
                         response = handle_call(method, frame.payload, frame.buffers)
                     finally:
                         permits.put(None)
-                    local_wire.send(sock, _encode_response(0, response))
+                    frames.send(sock, _encode_response(0, response))
                 finally:
                     connection.busy = False  # After the answer went out: Stop waits for it.
-            elif kind == local_wire.LIST:
-                local_wire.send(sock, self._methods_frame(0))
-            elif kind != local_wire.CANCEL:
-                raise local_wire.ProtocolViolation(f'unexpected frame of kind {kind}')
+            elif kind == frames.LIST:
+                frames.send(sock, self._methods_frame(0))
+            elif kind != frames.CANCEL:
+                raise frames.ProtocolViolation(f'unexpected frame of kind {kind}')
 
     def _serve_pipelined(self, connection: _ServerConnection,
-                         reader: local_wire.FrameReader) -> None:
+                         reader: frames.FrameReader) -> None:
         calls = connection.calls
         read_frame = reader.read_frame
         submit = self._workers.submit
@@ -1000,19 +1000,19 @@ class LocalServerTransport(transport.ServerTransport):
             while True:
                 frame = read_frame()
                 kind = frame.kind
-                if kind == local_wire.CALL:
+                if kind == frames.CALL:
                     method = _method_name(frame)
                     calls[frame.call_id] = False
                     submit(self._run_pipelined, connection, frame.call_id, method,
                            frame.payload, frame.buffers)
-                elif kind == local_wire.CANCEL:
+                elif kind == frames.CANCEL:
                     with connection.lock:
                         if frame.call_id in calls:
                             calls[frame.call_id] = True
-                elif kind == local_wire.LIST:
+                elif kind == frames.LIST:
                     connection.outbox.put(0, self._methods_frame(frame.call_id))
                 else:
-                    raise local_wire.ProtocolViolation(f'unexpected frame of kind {kind}')
+                    raise frames.ProtocolViolation(f'unexpected frame of kind {kind}')
         finally:
             while calls and not self._stopped:  # Answers of calls in flight still go out.
                 time.sleep(0.005)
@@ -1036,8 +1036,8 @@ class LocalServerTransport(transport.ServerTransport):
                 connection.calls.pop(call_id, None)
 
     def _methods_frame(self, call_id: int) -> List[Any]:
-        return local_wire.encode(local_wire.METHODS, 0, call_id,
-                                 payload=wire.encode_method_list(self._list_methods()))
+        return frames.encode(frames.METHODS, 0, call_id,
+                             payload=wire.encode_method_list(self._list_methods()))
 
 
 def _stopped_during(method: str, address: str) -> errors.CourierError:
@@ -1046,16 +1046,16 @@ def _stopped_during(method: str, address: str) -> errors.CourierError:
         f'the call')
 
 
-def _method_name(frame: local_wire.Frame) -> str:
+def _method_name(frame: frames.Frame) -> str:
     try:
         return frame.text.decode()
     except UnicodeDecodeError:
-        raise local_wire.ProtocolViolation('the method name is not UTF-8') from None
+        raise frames.ProtocolViolation('the method name is not UTF-8') from None
 
 
 def _encode_response(call_id: int, response: wire.Response) -> List[Any]:
     if response.status == wire.OK:
-        return local_wire.encode(local_wire.RESPONSE, wire.OK, call_id, b'', response.pickle,
-                                 response.buffers)
-    return local_wire.encode(local_wire.RESPONSE, response.status, call_id, b'',
-                             wire.encode_response(response))
+        return frames.encode(frames.RESPONSE, wire.OK, call_id, b'', response.pickle,
+                             response.buffers)
+    return frames.encode(frames.RESPONSE, response.status, call_id, b'',
+                         wire.encode_response(response))

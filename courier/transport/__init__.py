@@ -2,7 +2,7 @@
 
 This module is the single place that knows how bytes move: ``host:port``
 addresses use gRPC over TCP, and ``unix:/path`` addresses use courier's own
-same-host protocol (:mod:`courier.local_transport`), which also serves clients in
+same-host protocol (:mod:`courier.transport.framed`), which also serves clients in
 the server's own process without a socket. With TLS, ``unix:`` addresses use
 gRPC over the Unix socket instead. Clients talk to the small :class:`ClientTransport` interface and
 servers hand :func:`listen` two plain callables, so a faster transport can be
@@ -179,9 +179,9 @@ def connect(address: str, *, auth_token: Optional[str] = None,
     """Returns a transport that calls the server at ``address``."""
     endpoint = parse_address(address)
     if endpoint.kind == 'unix' and tls is None:
-        from courier import local_transport  # pylint: disable=import-outside-toplevel
-        return local_transport.connect(address, endpoint.path, auth_token=auth_token,
-                                       wait_for_ready=wait_for_ready)
+        from courier.transport import framed  # pylint: disable=import-outside-toplevel
+        return framed.connect(address, endpoint.path, auth_token=auth_token,
+                              wait_for_ready=wait_for_ready)
     return _GrpcClientTransport(address, endpoint, auth_token=auth_token,
                                 tls=tls, wait_for_ready=wait_for_ready)
 
@@ -199,9 +199,9 @@ def listen(address: str, handle_call: HandleCall, list_methods: Callable[[], Lis
     """
     endpoint = parse_address(address)
     if endpoint.kind == 'unix' and tls is None:
-        from courier import local_transport  # pylint: disable=import-outside-toplevel
-        return local_transport.listen(endpoint.path, handle_call, list_methods,
-                                      thread_pool_size=thread_pool_size, auth_token=auth_token)
+        from courier.transport import framed  # pylint: disable=import-outside-toplevel
+        return framed.listen(endpoint.path, handle_call, list_methods,
+                             thread_pool_size=thread_pool_size, auth_token=auth_token)
     return _GrpcServerTransport(address, endpoint, handle_call, list_methods,
                                 thread_pool_size=thread_pool_size, auth_token=auth_token,
                                 tls=tls)
