@@ -35,17 +35,15 @@ import socket
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Type
 
 from courier import errors
+from courier.transport import _base
 from courier.transport import frames
-from courier import security
-from courier import transport
 from courier import wire
 
 _logger = logging.getLogger('courier')
 
-_UNIX_PREFIX = 'unix:'
 _HELLO_TIMEOUT = 10.0  # Seconds a new connection may take to introduce itself.
 _RETRY_FIRST = 0.001  # Seconds between connection attempts to a server not yet up: doubling...
 _RETRY_MAX = 0.02     # ... up to this, so that a node notices a new server within 20 ms.
@@ -54,14 +52,7 @@ _BACKLOG = 1024
 # arrays then cross in a few big steps instead of hundreds of 200 KiB ones (~1.4x the MB/s).
 _SEND_BUFFER = 4 << 20
 
-_REFUSALS = {
-    frames.TOKEN_MISSING: (
-        'the server requires an auth token and the call carried none; pass '
-        f'auth_token= to courier.Client or set {security.AUTH_TOKEN_ENV}'),
-    frames.TOKEN_WRONG: (
-        'the call carried the wrong auth token; client and server must use the same '
-        f'auth_token (or {security.AUTH_TOKEN_ENV})'),
-}
+_REFUSALS = {frames.TOKEN_MISSING: _base.NO_TOKEN, frames.TOKEN_WRONG: _base.WRONG_TOKEN}
 
 # Servers of this process by socket path: calls to them skip the socket.
 _servers_here: Dict[str, 'LocalServerTransport'] = {}
@@ -81,7 +72,7 @@ def connect(address: str, path: str, *, auth_token: Optional[str],
                                 wait_for_ready=wait_for_ready)
 
 
-def listen(path: str, handle_call: transport.HandleCall, list_methods: Callable[[], List[str]],
+def listen(path: str, handle_call: _base.HandleCall, list_methods: Callable[[], List[str]],
            *, thread_pool_size: int, auth_token: Optional[str]) -> 'LocalServerTransport':
     """Binds Unix socket ``path`` and returns the unstarted server transport."""
     return LocalServerTransport(os.path.abspath(path), handle_call, list_methods,
@@ -95,15 +86,17 @@ class _ServerHere(Exception):
 
 
 class _Unreachable(Exception):
-    """No connection could be made: raise ``kind`` with ``detail`` for the call at hand."""
+    """No connection could be made: ``error(method, address)`` is what each call raises."""
 
-    def __init__(self, kind: type, detail: str):
-        super().__init__(detail)
-        self.kind = kind
-        self.detail = detail
+    def __init__(self, error: Callable[[str, str], errors.CourierError]):
+        super().__init__()
+        self.error = error
 
-    def error(self, method: str, address: str) -> errors.CourierError:
-        return self.kind(f'call to {method!r} on courier server {address} {self.detail}')
+
+def _unreachable(what: str, kind: Type[errors.CourierError] = errors.ServerUnavailableError
+                 ) -> _Unreachable:
+    """Returns the _Unreachable whose calls raise ``kind('call to ... <what>')``."""
+    return _Unreachable(functools.partial(_base.call_error, kind, what=what))
 
 
 class _Connection:
@@ -127,7 +120,7 @@ class _Connection:
         self.sock.close()
 
 
-class LocalClientTransport(transport.ClientTransport):
+class LocalClientTransport(_base.ClientTransport):
     """Calls one server over its Unix socket, or directly when it runs in this process."""
 
     def __init__(self, address: str, path: str, *, auth_token: Optional[str],
@@ -174,11 +167,7 @@ class LocalClientTransport(transport.ClientTransport):
             return server.method_names()
         if frame.kind != frames.METHODS:
             raise _unexpected(frame, 'ListMethods', self.address)
-        try:
-            return wire.decode_method_list(frame.payload)
-        except ValueError as error:
-            raise errors.ProtocolError(
-                f'malformed method list from courier server {self.address}: {error}') from None
+        return _base.decode_method_list(frame.payload, self.address)
 
     def _exchange(self, parts: List[Any], method: str, timeout: Optional[float],
                   deadline: Optional[float]) -> frames.Frame:
@@ -206,17 +195,15 @@ class LocalClientTransport(transport.ClientTransport):
                 return connection.reader.read_frame()
             except socket.timeout:
                 self._drop(connection)
-                raise _call_timeout(method, self.address, timeout) from None
+                raise _base.call_timeout(method, self.address, timeout) from None
             except (EOFError, OSError) as error:
                 self._drop(connection)
-                raise errors.ServerUnavailableError(
-                    f'call to {method!r} on courier server {self.address} failed: the server '
-                    f'went away during the call ({_describe(error)})') from None
+                raise _base.call_error(errors.ServerUnavailableError, method, self.address,
+                                       _went_away(error)) from None
             except frames.ProtocolViolation as error:
                 self._drop(connection)
-                raise errors.ProtocolError(
-                    f'call to {method!r} on courier server {self.address} got a malformed '
-                    f'answer: {error}') from None
+                raise _base.call_error(errors.ProtocolError, method, self.address,
+                                       f'got a malformed answer: {error}') from None
             except BaseException:  # e.g. KeyboardInterrupt: the answer would come out of turn.
                 self._drop(connection)
                 raise
@@ -230,16 +217,14 @@ class LocalClientTransport(transport.ClientTransport):
         except _Unreachable as unreachable:
             raise unreachable.error(method, self.address) from None
         except socket.timeout:
-            raise _unreachable_timeout(method, self.address, timeout) from None
+            raise _base.unreachable_timeout(method, self.address, timeout) from None
         if self._path in _servers_here:  # It started here while this thread waited for it.
             connection.close()
             raise _ServerHere
         with self._lock:
             if self._closed:
                 connection.close()
-                raise errors.ServerUnavailableError(
-                    f'call to {method!r} on courier server {self.address} failed: the client '
-                    f'transport is closed')
+                raise _closed(method, self.address)
             self._connections.add(connection)
         self._local.connection = connection
         return connection
@@ -252,7 +237,7 @@ class LocalClientTransport(transport.ClientTransport):
     # Futures.
 
     def call_async(self, method, pickle, buffers, timeout, finish):
-        future = _CallFuture()
+        future = _base.CallFuture()
         server = _servers_here.get(self._path)
         pipeline = None
         if server is not None:
@@ -272,8 +257,8 @@ class LocalClientTransport(transport.ClientTransport):
 
             def timed_out() -> errors.CourierError:
                 if pipeline is not None and not pipeline.connected:
-                    return _unreachable_timeout(method, address, timeout)
-                return _call_timeout(method, address, timeout)
+                    return _base.unreachable_timeout(method, address, timeout)
+                return _base.call_timeout(method, address, timeout)
 
             self._deadline_watcher().add(time.monotonic() + timeout, future, timed_out)
         return future
@@ -282,9 +267,7 @@ class LocalClientTransport(transport.ClientTransport):
         with self._lock:
             if self._pipeline is None or self._pipeline.broken:
                 if self._closed:
-                    raise errors.ServerUnavailableError(
-                        f'call to {method!r} on courier server {self.address} failed: the '
-                        f'client transport is closed')
+                    raise _closed(method, self.address)
                 self._pipeline = _Pipeline(self._path, self._token, self._wait_for_ready,
                                            self.address)
             return self._pipeline
@@ -313,9 +296,14 @@ def _stopped_meanwhile(path: str, method: str, address: str) -> 'LocalServerTran
     """Returns the server of this process at ``path``, which just started (and may have stopped)."""
     server = _servers_here.get(path)
     if server is None:
-        raise errors.ServerUnavailableError(
-            f'call to {method!r} on courier server {address} failed: the server stopped')
+        raise _base.call_error(errors.ServerUnavailableError, method, address,
+                               'failed: the server stopped')
     return server
+
+
+def _closed(method: str, address: str) -> errors.CourierError:
+    return _base.call_error(errors.ServerUnavailableError, method, address,
+                            'failed: the client transport is closed')
 
 
 def _open(path: str, token: Optional[str], mode: int, wait_for_ready: bool,
@@ -340,16 +328,14 @@ def _open(path: str, token: Optional[str], mode: int, wait_for_ready: bool,
         except (FileNotFoundError, ConnectionRefusedError) as error:
             sock.close()
             if not wait_for_ready:
-                raise _Unreachable(errors.ServerUnavailableError, (
-                    f'failed: the server is unavailable ({_describe(error)}). Is it running? '
-                    f'Pass wait_for_ready=True to wait for it to come up.')) from None
+                raise _Unreachable(functools.partial(
+                    _base.unavailable, details=_describe(error), wait_for_ready=False)) from None
         except socket.timeout:
             sock.close()
             raise
         except OSError as error:
             sock.close()
-            raise _Unreachable(errors.ServerUnavailableError,
-                               f'failed: cannot connect to its socket ({_describe(error)})'
+            raise _unreachable(f'failed: cannot connect to its socket ({_describe(error)})'
                                ) from None
         pause = delay if deadline is None else min(delay, deadline - time.monotonic())
         if pause <= 0:
@@ -367,52 +353,16 @@ def _open(path: str, token: Optional[str], mode: int, wait_for_ready: bool,
     except (EOFError, OSError, frames.ProtocolViolation) as error:
         connection.close()
         if not wait_for_ready:
-            raise _Unreachable(errors.ServerUnavailableError,
-                               f'failed: the server closed the connection ({_describe(error)})'
+            raise _unreachable(f'failed: the server closed the connection ({_describe(error)})'
                                ) from None
         return _open(path, token, mode, wait_for_ready, deadline, here)
     if answer.kind == frames.WELCOME:
         return connection
     connection.close()
     if answer.kind == frames.REFUSED and answer.status in _REFUSALS:
-        raise _Unreachable(errors.PermissionDeniedError,
-                           f'was refused: {_REFUSALS[answer.status]}')
-    raise _Unreachable(errors.ProtocolError, (
-        f'failed: the socket does not serve the courier protocol '
-        f'({answer.text.decode(errors="replace")})'))
-
-
-class _CallFuture(concurrent.futures.Future):
-    """A future whose cancellation also tells the server to skip the call."""
-
-    def __init__(self):
-        super().__init__()
-        self.on_cancel: Optional[Callable[[], None]] = None
-
-    def cancel(self) -> bool:
-        if not super().cancel():
-            return False
-        on_cancel = self.on_cancel
-        if on_cancel is not None:
-            on_cancel()
-        return True
-
-    def fail(self, error: BaseException) -> None:
-        try:
-            self.set_exception(error)
-        except concurrent.futures.InvalidStateError:  # Cancelled or completed meanwhile.
-            pass
-
-    def resolve(self, finish: Callable[[wire.Response], Any], response: wire.Response) -> None:
-        try:
-            result = finish(response)
-        except BaseException as error:  # pylint: disable=broad-except
-            self.fail(error)
-            return
-        try:
-            self.set_result(result)
-        except concurrent.futures.InvalidStateError:
-            pass
+        raise _Unreachable(functools.partial(_base.refused, reason=_REFUSALS[answer.status]))
+    raise _unreachable(f'failed: the socket does not serve the courier protocol '
+                       f'({answer.text.decode(errors="replace")})', errors.ProtocolError)
 
 
 class _Outbox:
@@ -504,7 +454,7 @@ class _Pipeline:
     def connected(self) -> bool:
         return self._connection is not None
 
-    def start(self, future: _CallFuture, method: str, pickle: bytes,
+    def start(self, future: _base.CallFuture, method: str, pickle: bytes,
               buffers: Sequence[memoryview], finish) -> None:
         call_id = next(self._ids)
         self._pending[call_id] = (future, method, finish)
@@ -527,8 +477,7 @@ class _Pipeline:
         try:
             self._outbox.put(call_id, parts)
         except OSError as error:
-            self._break(_Unreachable(errors.ServerUnavailableError,
-                                     f'failed: sending failed ({_describe(error)})'))
+            self._break(_unreachable(f'failed: sending failed ({_describe(error)})'))
 
     def _run(self) -> None:
         try:
@@ -538,8 +487,7 @@ class _Pipeline:
             self._break(unreachable)
             return
         except BaseException as error:  # pylint: disable=broad-except
-            self._break(_Unreachable(errors.ServerUnavailableError,
-                                     f'failed: cannot connect ({_describe(error)})'))
+            self._break(_unreachable(f'failed: cannot connect ({_describe(error)})'))
             return
         with self._lock:
             if self._closed:
@@ -565,8 +513,7 @@ class _Pipeline:
                     continue
                 future.resolve(finish, response)
         except (EOFError, OSError, frames.ProtocolViolation) as error:
-            self._break(_Unreachable(errors.ServerUnavailableError, (
-                f'failed: the server went away during the call ({_describe(error)})')))
+            self._break(_unreachable(_went_away(error)))
         finally:
             connection.close()
 
@@ -582,8 +529,7 @@ class _Pipeline:
         with self._lock:
             self._closed = True
             connection = self._connection
-        self._break(_Unreachable(errors.ServerUnavailableError,
-                                 'failed: the client transport was closed'))
+        self._break(_unreachable('failed: the client transport was closed'))
         if connection is not None:
             connection.close()
 
@@ -599,7 +545,7 @@ class _Deadlines:
         self._closed = False
         threading.Thread(target=self._run, daemon=True, name='courier-deadlines').start()
 
-    def add(self, deadline: float, future: _CallFuture,
+    def add(self, deadline: float, future: _base.CallFuture,
             timed_out: Callable[[], errors.CourierError]) -> None:
         """At ``deadline``, fails ``future`` with ``timed_out()`` unless it is done."""
         with self._condition:
@@ -642,37 +588,15 @@ def _response(frame: frames.Frame, method: str, address: str) -> wire.Response:
         raise _unexpected(frame, method, address)
     if frame.status == wire.OK:
         return wire.Response(wire.OK, frame.payload, frame.buffers)
-    try:
-        response = wire.decode_response(frame.payload)
-    except ValueError as error:
-        raise errors.ProtocolError(
-            f'malformed response from courier server {address}: {error}') from None
-    response.buffers = [bytearray(buffer) for buffer in response.buffers]
-    return response
+    return _base.decode_response(frame.payload, address)
 
 
 def _unexpected(frame: frames.Frame, method: str, address: str) -> errors.CourierError:
     if frame.kind == frames.FAULT:
-        return errors.ProtocolError(
-            f'call to {method!r} on courier server {address} was rejected as malformed: '
-            f'{frame.text.decode(errors="replace")}')
-    return errors.ProtocolError(
-        f'call to {method!r} on courier server {address} got a frame of kind {frame.kind} '
-        f'instead of its answer')
-
-
-def _call_timeout(method: str, address: str, timeout: Optional[float]) -> errors.CourierError:
-    return errors.CallTimeoutError(
-        f'call to {method!r} on courier server {address} timed out after {timeout:g}s '
-        f'(call_timeout); pass a larger call_timeout if the method needs longer')
-
-
-def _unreachable_timeout(method: str, address: str, timeout: Optional[float]) -> errors.CourierError:
-    after = f' after {timeout:g}s' if timeout is not None else ''
-    return errors.ServerUnreachableTimeoutError(
-        f'call to {method!r} on courier server {address} timed out{after}: the server was not '
-        f'reachable (wait_for_ready=True waited for it to come up). Is it running, and is the '
-        f'address right?')
+        return _base.rejected_as_malformed(method, address,
+                                           frame.text.decode(errors='replace'))
+    return _base.call_error(errors.ProtocolError, method, address,
+                            f'got a frame of kind {frame.kind} instead of its answer')
 
 
 def _time_out_at(sock: socket.socket, deadline: float) -> None:
@@ -692,6 +616,10 @@ def _enlarge_send_buffer(sock: socket.socket) -> None:
 
 def _describe(error: BaseException) -> str:
     return f'{type(error).__name__}: {error}' if str(error) else type(error).__name__
+
+
+def _went_away(error: BaseException) -> str:
+    return f'failed: the server went away during the call ({_describe(error)})'
 
 
 # ----- server ------------------------------------------------------------------------------------
@@ -769,15 +697,15 @@ class _ServerConnection:
             self.sock.close()
 
 
-class LocalServerTransport(transport.ServerTransport):
+class LocalServerTransport(_base.ServerTransport):
     """Serves courier calls on a Unix socket, and to clients in this process directly."""
 
-    def __init__(self, path: str, handle_call: transport.HandleCall,
+    def __init__(self, path: str, handle_call: _base.HandleCall,
                  list_methods: Callable[[], List[str]], *, thread_pool_size: int,
                  auth_token: Optional[str]):
-        transport._check_unix_path_free(path)  # pylint: disable=protected-access
+        _base.check_unix_path_free(path)
         self._path = path
-        self.address = _UNIX_PREFIX + path
+        self.address = _base.UNIX_PREFIX + path
         self._handle_call = handle_call
         self._list_methods = list_methods
         self._token = auth_token.encode() if auth_token else None
@@ -787,7 +715,7 @@ class LocalServerTransport(transport.ServerTransport):
             self._permits.put(None)
         self._lock = threading.Lock()
         self._connections: 'weakref.WeakSet[_ServerConnection]' = weakref.WeakSet()
-        self._calls_here: Dict[_CallFuture, str] = {}  # In-process calls: future -> method.
+        self._calls_here: Dict[_base.CallFuture, str] = {}  # In-process calls: future -> method.
         self._stopping = False
         self._stopped = False  # After the grace period: calls not started yet are dropped.
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -836,7 +764,7 @@ class LocalServerTransport(transport.ServerTransport):
                 time.sleep(0.005)
         self._stopped = True
         for future, method in list(self._calls_here.items()):  # As if their connection closed.
-            future.fail(_stopped_during(method, self.address))
+            future.fail(_base.stopped_during_call(method, self.address))
         for connection in connections:
             connection.close()
         self._workers.stop()
@@ -848,9 +776,7 @@ class LocalServerTransport(transport.ServerTransport):
     def check_token_here(self, token: Optional[str], method: str, address: str) -> None:
         reason = self._refusal(token.encode() if token else b'')
         if reason:
-            raise errors.PermissionDeniedError(
-                f'call to {method!r} on courier server {address} was refused: '
-                f'{_REFUSALS[reason]}')
+            raise _base.refused(method, address, _REFUSALS[reason])
 
     def method_names(self) -> List[str]:
         return self._list_methods()
@@ -859,15 +785,15 @@ class LocalServerTransport(transport.ServerTransport):
                   buffers: Sequence[memoryview], timeout: Optional[float],
                   address: str) -> wire.Response:
         """Runs a call of this process's client on a worker thread and waits for it."""
-        future = _CallFuture()
+        future = _base.CallFuture()
         self.call_here_async(future, token, method, pickle, buffers, address, None)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise _call_timeout(method, address, timeout) from None
+            raise _base.call_timeout(method, address, timeout) from None
 
-    def call_here_async(self, future: _CallFuture, token: Optional[str], method: str,
+    def call_here_async(self, future: _base.CallFuture, token: Optional[str], method: str,
                         pickle: bytes, buffers: Sequence[memoryview], address: str,
                         finish) -> None:
         """Starts a call of this process's client; ``future`` gets ``finish(response)``."""
@@ -881,9 +807,9 @@ class LocalServerTransport(transport.ServerTransport):
         self._calls_here[future] = method
         self._workers.submit(self._run_here, future, method, bytes(pickle), owned, finish)
         if self._stopped:  # Stop may have missed it; failing twice is harmless.
-            future.fail(_stopped_during(method, self.address))
+            future.fail(_base.stopped_during_call(method, self.address))
 
-    def _run_here(self, future: _CallFuture, method: str, pickle: bytes,
+    def _run_here(self, future: _base.CallFuture, method: str, pickle: bytes,
                   buffers: List[bytearray], finish) -> None:
         try:
             if future.done():  # Cancelled, timed out or cut off by Stop.
@@ -1038,12 +964,6 @@ class LocalServerTransport(transport.ServerTransport):
     def _methods_frame(self, call_id: int) -> List[Any]:
         return frames.encode(frames.METHODS, 0, call_id,
                              payload=wire.encode_method_list(self._list_methods()))
-
-
-def _stopped_during(method: str, address: str) -> errors.CourierError:
-    return errors.ServerUnavailableError(
-        f'call to {method!r} on courier server {address} failed: the server stopped during '
-        f'the call')
 
 
 def _method_name(frame: frames.Frame) -> str:
