@@ -27,9 +27,9 @@ def connect(address: str, *, auth_token: Optional[str] = None,
     """Returns a transport that calls the server at ``address``."""
     endpoint = parse_address(address)
     if endpoint.kind == 'unix' and tls is None:
-        from courier.transport import framed  # pylint: disable=import-outside-toplevel
-        return framed.connect(address, endpoint.path, auth_token=auth_token,
-                              wait_for_ready=wait_for_ready)
+        from courier.transport import framed_client  # pylint: disable=import-outside-toplevel
+        return framed_client.connect(address, endpoint.path, auth_token=auth_token,
+                                     wait_for_ready=wait_for_ready)
     from courier.transport import grpc  # pylint: disable=import-outside-toplevel
     return grpc.GrpcClientTransport(address, endpoint, auth_token=auth_token,
                                     tls=tls, wait_for_ready=wait_for_ready)
@@ -48,9 +48,9 @@ def listen(address: str, handle_call: HandleCall, list_methods: Callable[[], Lis
     """
     endpoint = parse_address(address)
     if endpoint.kind == 'unix' and tls is None:
-        from courier.transport import framed  # pylint: disable=import-outside-toplevel
-        return framed.listen(endpoint.path, handle_call, list_methods,
-                             thread_pool_size=thread_pool_size, auth_token=auth_token)
+        from courier.transport import framed_server  # pylint: disable=import-outside-toplevel
+        return framed_server.listen(endpoint.path, handle_call, list_methods,
+                                    thread_pool_size=thread_pool_size, auth_token=auth_token)
     from courier.transport import grpc  # pylint: disable=import-outside-toplevel
     return grpc.GrpcServerTransport(address, endpoint, handle_call, list_methods,
                                     thread_pool_size=thread_pool_size, auth_token=auth_token,

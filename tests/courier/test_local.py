@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import courier
-from courier.transport import framed
+from courier.transport import _here
 from courier.transport import frames
 from courier import wire
 
@@ -27,7 +27,7 @@ from courier import wire
 def kind(request, monkeypatch):
     """Runs a test through the socket and through the in-process path."""
     if request.param == 'unix':
-        monkeypatch.setattr(framed, '_servers_here', _NoServersHere())
+        monkeypatch.setattr(_here, 'servers', _NoServersHere())
     return request.param
 
 
@@ -375,7 +375,7 @@ def test_large_arrays_both_ways(make_server, address, kind):
 
 
 def test_one_gib_round_trip(make_server, address, monkeypatch):
-    monkeypatch.setattr(framed, '_servers_here', _NoServersHere())
+    monkeypatch.setattr(_here, 'servers', _NoServersHere())
     server = make_server(address=address)
     server.Bind('echo', lambda x: x)
     server.Start()
