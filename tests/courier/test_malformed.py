@@ -13,7 +13,7 @@ import courier
 from courier.transport import grpc as grpc_transport
 from courier import wire
 
-pytestmark = pytest.mark.grpc_only  # These tests speak gRPC (tests/courier/test_local.py: the rest).
+pytestmark = pytest.mark.grpc_only  # These tests speak gRPC (tests/courier/test_framed.py: the rest).
 
 
 @pytest.fixture

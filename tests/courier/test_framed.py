@@ -1,4 +1,4 @@
-"""The same-host transport (unix: addresses): what differs from gRPC, and what must not.
+"""The framed transport (unix: addresses): what differs from gRPC, and what must not.
 
 Tests taking the ``server`` fixture elsewhere already run on this transport; these
 cover its own ground: waiting for and losing servers, raw bytes on its socket,
