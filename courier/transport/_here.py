@@ -30,7 +30,7 @@ class ServerHere(Protocol):
 
     def call_here_async(self, future: _base.CallFuture, token: Optional[str], method: str,
                         pickle: bytes, buffers: Sequence[memoryview], address: str,
-                        finish: Optional[Callable[[wire.Response], Any]]) -> None:
+                        finish: Callable[[wire.Response], Any]) -> None:
         """Starts a call; ``future`` gets ``finish(response)``."""
 
 

@@ -209,7 +209,7 @@ class FramedServerTransport(_base.ServerTransport):
                   address: str) -> wire.Response:
         """Runs a call of this process's client on a worker thread and waits for it."""
         future = _base.CallFuture()
-        self.call_here_async(future, token, method, pickle, buffers, address, None)
+        self.call_here_async(future, token, method, pickle, buffers, address, _unchanged)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -218,7 +218,7 @@ class FramedServerTransport(_base.ServerTransport):
 
     def call_here_async(self, future: _base.CallFuture, token: Optional[str], method: str,
                         pickle: bytes, buffers: Sequence[memoryview], address: str,
-                        finish) -> None:
+                        finish: Callable[[wire.Response], Any]) -> None:
         """Starts a call of this process's client; ``future`` gets ``finish(response)``."""
         try:
             self.check_token_here(token, method, address)
@@ -244,13 +244,7 @@ class FramedServerTransport(_base.ServerTransport):
                 self._permits.put(None)
             # Copies before anything else runs here: the results may be live server state.
             response.buffers = [bytearray(buffer) for buffer in response.buffers]
-            if finish is None:
-                try:
-                    future.set_result(response)
-                except concurrent.futures.InvalidStateError:
-                    pass
-            else:
-                future.resolve(finish, response)
+            future.resolve(finish, response)
         finally:
             self._calls_here.pop(future, None)
 
@@ -387,6 +381,10 @@ class FramedServerTransport(_base.ServerTransport):
     def _methods_frame(self, call_id: int) -> List[Any]:
         return frames.encode(frames.METHODS, 0, call_id,
                              payload=wire.encode_method_list(self._list_methods()))
+
+
+def _unchanged(response: wire.Response) -> wire.Response:
+    return response
 
 
 def _method_name(frame: frames.Frame) -> str:
