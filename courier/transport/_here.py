@@ -21,7 +21,7 @@ class ServerHere(Protocol):
         """Raises errors.PermissionDeniedError unless the server accepts ``token``."""
 
     def method_names(self) -> List[str]:
-        ...
+        """Returns the names of the methods bound on the server."""
 
     def call_here(self, token: Optional[str], method: str, pickle: bytes,
                   buffers: Sequence[memoryview], timeout: Optional[float],
