@@ -27,9 +27,10 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from launchpad.process import spec
 
-_PRELOAD = ('launchpad', 'courier', 'courier.client', 'courier.server', 'courier.transport',
-            'courier.local_transport',
-            'grpc', 'cloudpickle', 'numpy', 'absl.flags', 'absl.logging')
+_PRELOAD = ('launchpad', 'launchpad.process.coordinator', 'courier', 'courier.client',
+            'courier.server', 'courier.transport', 'courier.transport.framed_client',
+            'courier.transport.framed_server', 'courier.transport.grpc', 'grpc', 'cloudpickle',
+            'numpy', 'absl.flags', 'absl.logging')
 _MAX_MESSAGE = 1 << 20
 
 
