@@ -65,7 +65,7 @@ AGENT_START_TIMEOUT = 30.0
 HEARTBEAT_INTERVAL = 2.0
 LAUNCHER_SILENCE_TIMEOUT = 15.0
 
-_AGENT_ARGV = ['-c', 'from launchpad.launch.ssh import _serve_host; _serve_host()']
+_AGENT_ARGV = ['-c', 'from launchpad.launch.ssh.launcher import _serve_host; _serve_host()']
 _AGENT_LINE = b'LPAGENT '
 _NODE_ENV = 'LAUNCHPAD_SSH_NODE'  # marks every process of a node (and its children) on a host
 _DIR_PREFIX = 'launchpad-ssh-'
