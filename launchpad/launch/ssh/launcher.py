@@ -21,18 +21,13 @@ coordinator. All of it requires the program's auth token, which travels inside t
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
-import pickle
 import queue
 import secrets
-import select
 import shlex
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -45,7 +40,7 @@ import courier
 from launchpad.address import AddressTable
 from launchpad.launch import launcher
 from launchpad.launch.controller import Controller
-from launchpad.process import forkserver
+from launchpad.launch.ssh import protocol
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import COORDINATOR_LOSS_TIMEOUT, Coordinator, serve_coordinator
 from launchpad.process.output import TERMINALS, Output
@@ -55,20 +50,6 @@ from launchpad.program import Program
 # run in sessions of their own: a connection then carries the agent's session and at most this
 # many nodes, and a host with more nodes gets more connections. Forked nodes need no session.
 NODES_PER_CONNECTION = 8
-
-# Seconds a host gets, after ssh connected, to start the agent and answer the preflight.
-AGENT_START_TIMEOUT = 30.0
-
-# The launcher writes to every agent at least this often; an agent that hears nothing for
-# LAUNCHER_SILENCE_TIMEOUT seconds takes the launcher for gone (as when its input ends), which
-# also covers a network that went away without closing the connection.
-HEARTBEAT_INTERVAL = 2.0
-LAUNCHER_SILENCE_TIMEOUT = 15.0
-
-_AGENT_ARGV = ['-c', 'from launchpad.launch.ssh.launcher import _serve_host; _serve_host()']
-_AGENT_LINE = b'LPAGENT '
-_NODE_ENV = 'LAUNCHPAD_SSH_NODE'  # marks every process of a node (and its children) on a host
-_DIR_PREFIX = 'launchpad-ssh-'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +188,7 @@ class _Connection:
         self.forked: Dict[int, _ForkedNode] = {}  # the nodes the agent forks, by index
         self._send_lock = threading.Lock()
         env = ' '.join(shlex.quote(f'{k}={v}') for k, v in host.env.items())
-        command = (f'exec env {env} {shlex.join([host.python] + _AGENT_ARGV)} '
+        command = (f'exec env {env} {shlex.join(protocol.agent_argv(host.python))} '
                    f'{shlex.quote(host.workdir or "")}')
         argv = host.ssh_argv() + [
             '-M', '-S', control_path, '-o', 'ControlPersist=no',
@@ -228,10 +209,10 @@ class _Connection:
     def _read_events(self) -> None:
         stream = self.process.stdout
         for line in iter(stream.readline, b''):
-            if not line.startswith(_AGENT_LINE):
+            message = protocol.unpack_event(line)
+            if message is None:
                 logging.info('ssh host %s: %s', self.host, line.decode(errors='replace').rstrip())
                 continue
-            message = json.loads(line[len(_AGENT_LINE):])
             if message['event'] == 'output':
                 data = stream.read(message['size'])
                 if message['node'] in self.forked:
@@ -268,10 +249,10 @@ class _Connection:
 
     def send(self, kind: str, body: Any) -> bool:
         """Sends a message to the agent; False if the connection is gone."""
-        data = pickle.dumps((kind, body), protocol=pickle.HIGHEST_PROTOCOL)
+        data = protocol.pack_command(kind, body)
         with self._send_lock:
             try:
-                self.process.stdin.write(struct.pack('>Q', len(data)) + data)
+                self.process.stdin.write(data)
                 self.process.stdin.flush()
                 return True
             except (OSError, ValueError):
@@ -282,10 +263,8 @@ class _Connection:
         return self.hello['directory']
 
     def node_argv(self, index: int) -> List[str]:
-        env = specs.node_environment(base=self.host.env,
-                                     extra={_NODE_ENV: f'{self.directory}/{index}'})
-        command = shlex.join(['env'] + [f'{k}={v}' for k, v in env.items()] + specs.worker_argv(
-            f'{self.directory}/{index}.spec', self.host.python))
+        argv, env = protocol.node_command(self.directory, index, self.host.python, self.host.env)
+        command = shlex.join(['env'] + [f'{k}={v}' for k, v in env.items()] + argv)
         if self.host.workdir:
             command = f'cd {shlex.quote(self.host.workdir)} && exec {command}'
         else:
@@ -328,7 +307,7 @@ class _Connection:
             code = self.process.poll()
             ssh_command = shlex.join(host.ssh_argv() + [host.host, 'true'])
             if code is None:
-                return (f'no answer within {host.connect_timeout + AGENT_START_TIMEOUT:.0f} s',
+                return (f'no answer within {host.connect_timeout + protocol.AGENT_START_TIMEOUT:.0f} s',
                         f'check that the host is up and that `{python}` starts there in time.')
             if code == 255:
                 return (f'cannot connect with ssh: {last or "ssh exited with status 255"}',
@@ -344,14 +323,14 @@ class _Connection:
                         "your checkout on its path with SshHost(..., env={'PYTHONPATH': ...}).")
             return (f'the host agent failed (exit status {code}): {last or "no error output"}',
                     'see the error; the host agent is started with `' +
-                    shlex.join([python] + _AGENT_ARGV) + '`.')
+                    shlex.join(protocol.agent_argv(python)) + '`.')
         hello = self.hello
         if tuple(hello['python']) != sys.version_info[:2]:
             return (f'{python} is Python {".".join(map(str, hello["python"]))}, the launcher '
                     f'runs Python {_python_version()}; node code travels pickled and needs the '
                     'same version',
                     f"pass SshHost(..., python=...) naming a Python {_python_version()} there.")
-        if hello['spec_fields'] != _spec_fields():
+        if hello['spec_fields'] != protocol.spec_fields():
             return (f'its launchpad ({hello["launchpad"]}) is not the version the launcher runs',
                     'install the same launchpad version on both sides.')
         if not hello['workdir_ok']:
@@ -411,10 +390,6 @@ def _python_version() -> str:
     return '.'.join(map(str, sys.version_info[:2]))
 
 
-def _spec_fields() -> List[str]:
-    return [field.name for field in dataclasses.fields(specs.WorkerSpec)]
-
-
 class _SshRunner:
     """The node sessions of one launch, and the connections that carry them."""
 
@@ -429,7 +404,7 @@ class _SshRunner:
         threading.Thread(target=self._heartbeat, daemon=True, name='lp-ssh-heartbeat').start()
 
     def _heartbeat(self) -> None:
-        while not self._released.wait(HEARTBEAT_INTERVAL):
+        while not self._released.wait(protocol.HEARTBEAT_INTERVAL):
             for connection in list(self.connections):
                 connection.send('ping', None)
 
@@ -515,7 +490,7 @@ class SshLauncher(launcher.Launcher):
         hosts = {label: _hosts_of(label, resources)
                  for label, resources in options.resources.items()}
         executables = launcher.executables_of(program, options)
-        local_dir = tempfile.mkdtemp(prefix=_DIR_PREFIX)
+        local_dir = tempfile.mkdtemp(prefix=protocol.DIR_PREFIX)
         runner = _SshRunner([], local_dir)
         try:
             return self._launch(program, options, executables, hosts, runner)
@@ -568,7 +543,7 @@ class SshLauncher(launcher.Launcher):
             # Each host reaches the coordinator at the address it sees the launcher at.
             coordinator_host = options.settings.coordinator_host or connection.launcher_address
             packer.coordinator_address = _endpoint(coordinator_host, port)
-            files[id(connection)][f'{i}.spec'] = specs.pack(packer.spec(
+            files[id(connection)][protocol.spec_name(i)] = specs.pack(packer.spec(
                 executable.name, executable.run, env={courier.AUTH_TOKEN_ENV: token},
                 cleanup_dir=connection.directory))
         runner.output = Output(options.terminal, program.name, runner.local_dir)
@@ -581,7 +556,7 @@ class SshLauncher(launcher.Launcher):
                 'files': files[id(connection)], 'start': [] if in_sessions else connection.nodes,
                 'grace': COORDINATOR_LOSS_TIMEOUT + options.notice_period})
         for connection in runner.connections:
-            if connection.expect('ready', AGENT_START_TIMEOUT) is None:
+            if connection.expect('ready', protocol.AGENT_START_TIMEOUT) is None:
                 raise RuntimeError(f'The connection to {connection.host} ended while starting the '
                                    f'program: {" ".join(connection._stderr[-3:])}')  # pylint: disable=protected-access
         if in_sessions:
@@ -594,7 +569,7 @@ class SshLauncher(launcher.Launcher):
 def _preflight(connections: List[_Connection]) -> None:
     """Waits for every agent to answer; raises SshPreflightError listing every host that cannot."""
     deadline = time.monotonic() + max(c.host.connect_timeout for c in connections) + \
-        AGENT_START_TIMEOUT
+        protocol.AGENT_START_TIMEOUT
     problems: Dict[str, Tuple[str, str]] = {}
     for connection in connections:
         connection.hello = connection.expect('hello', max(0.0, deadline - time.monotonic()))
@@ -624,241 +599,3 @@ def _coordinator_host(connections: List[_Connection]) -> str:
     if len(seen) == 1:
         return seen.pop()
     return '::' if any(':' in address for address in seen) else '0.0.0.0'
-
-
-# --- The host side ---------------------------------------------------------------------------
-
-def _serve_host() -> None:
-    """The host agent: the primary session of a launch's ssh connection to this host.
-
-    Says hello (the preflight facts), creates the private directory, writes the node specs it
-    is sent, forks the nodes and sends their output and exit codes back, and kills nodes on
-    request. When its input ends or falls silent (the launcher is done
-    or dead, or the network is gone) it gives the nodes still running a grace period to notice
-    and stop, kills the rest and removes the directory.
-    """
-    import cloudpickle  # pylint: disable=import-outside-toplevel,unused-import
-    import psutil  # pylint: disable=import-outside-toplevel,unused-import
-
-    import launchpad  # pylint: disable=import-outside-toplevel
-
-    def end(signum, frame):
-        del frame
-        sys.exit(128 + signum)
-
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, end)
-    workdir = sys.argv[1] if len(sys.argv) > 1 else ''
-    agent = _HostAgent(tempfile.mkdtemp(prefix=_DIR_PREFIX), workdir or os.getcwd())
-    try:
-        agent.announce(event='hello', hostname=socket.gethostname(), python=sys.version_info[:2],
-                       spec_fields=_spec_fields(), launchpad=os.path.dirname(launchpad.__file__),
-                       directory=agent.directory, workdir_ok=not workdir or os.path.isdir(workdir),
-                       ssh_connection=os.environ.get('SSH_CONNECTION', ''))
-        agent.serve()
-    finally:
-        agent.close()
-
-
-class _HostAgent:
-    """The agent's state: the nodes it forked, and the stream of messages to the launcher.
-
-    The agent forks the nodes itself, as launchpad's fork server does, having imported what
-    nodes need once: a node costs milliseconds instead of an ssh session (with the login
-    shell's start-up files) and a fresh interpreter. Each node writes to a pipe that the agent
-    forwards to the launcher.
-    """
-
-    def __init__(self, directory: str, workdir: str):
-        self.directory = directory
-        self.workdir = workdir
-        # Our stdout carries the protocol; anything else printed here goes to stderr instead.
-        self._out = os.fdopen(os.dup(1), 'wb')
-        os.dup2(2, 1)
-        self._nodes: Dict[int, _Child] = {}  # by index
-        self._grace = 0.0
-        self._preloaded = False
-
-    def announce(self, data: bytes = b'', **message: Any) -> None:
-        """Sends `message` to the launcher, followed by `data` if the message gives its size."""
-        try:
-            self._out.write(_AGENT_LINE + json.dumps(message).encode() + b'\n' + data)
-            self._out.flush()
-        except OSError:  # the launcher is gone; nobody is listening
-            pass
-
-    def serve(self) -> None:
-        """Handles the launcher's messages until its input ends or stays silent."""
-        stdin = sys.stdin.fileno()
-        buffer = bytearray()
-        heard = time.monotonic()
-        while True:
-            if not self._preloaded:  # while the launcher packs the program
-                forkserver.preload()
-                self._preloaded = True
-            if stdin not in self._pump(0.1 if self._nodes else 1.0, stdin):
-                if time.monotonic() - heard > LAUNCHER_SILENCE_TIMEOUT:
-                    return
-                continue
-            chunk = os.read(stdin, 1 << 20)
-            if not chunk:
-                return
-            heard = time.monotonic()
-            buffer += chunk
-            while len(buffer) >= 8:
-                (size,) = struct.unpack('>Q', buffer[:8])
-                if len(buffer) < 8 + size:
-                    break
-                kind, body = pickle.loads(buffer[8:8 + size])
-                del buffer[:8 + size]
-                self._handle(kind, body)
-
-    def _handle(self, kind: str, body: Any) -> None:
-        if kind == 'files':
-            for name, data in body['files'].items():
-                path = os.path.join(self.directory, name)
-                with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 'wb') as f:
-                    f.write(data)
-            self._grace = body['grace']
-            for index in body['start']:
-                self._start(index)
-            self.announce(event='ready')
-        elif kind == 'kill':
-            self._kill(body)
-            self.announce(event='killed')
-
-    def _start(self, index: int) -> None:
-        request = {'argv': specs.worker_argv(f'{self.directory}/{index}.spec')[1:],
-                   'cwd': self.workdir,
-                   'env': specs.node_environment(extra={_NODE_ENV: f'{self.directory}/{index}'})}
-        read_fd, write_fd = os.pipe()
-        ours = [self._out.fileno(), sys.stdin.fileno(), read_fd] + [
-            node.pipe for node in self._nodes.values() if node.pipe is not None]
-        try:
-            pid = forkserver.fork_worker(request, write_fd, ours)
-        except BaseException:
-            os.close(read_fd)
-            raise
-        finally:
-            os.close(write_fd)
-        os.set_blocking(read_fd, False)
-        self._nodes[index] = _Child(pid, read_fd)
-
-    def _pump(self, timeout: float, *fds: int) -> list:
-        """Forwards the nodes' output and exit codes for up to `timeout` s, or until one of
-        `fds` can be read; returns those that can."""
-        pipes = {node.pipe: index for index, node in self._nodes.items() if node.pipe is not None}
-        ready = select.select([*fds, *pipes], [], [], timeout)[0]
-        for fd in ready:
-            if fd in pipes:
-                self._forward(pipes[fd])
-        for index, node in self._nodes.items():
-            if not node.reported and node.poll() is not None:
-                for _ in range(64):  # what it wrote before it ended
-                    if node.pipe is None:
-                        break
-                    self._forward(index)
-                node.close_pipe()
-                node.reported = True
-                self.announce(event='exited', node=index, code=node.poll())
-        return [fd for fd in ready if fd in fds]
-
-    def _forward(self, index: int) -> None:
-        node = self._nodes[index]
-        try:
-            data = os.read(node.pipe, 1 << 16)
-        except BlockingIOError:
-            if node.poll() is None:
-                return
-            data = b''  # it ended, and whatever holds the pipe open now is not the node
-        if data:
-            self.announce(data, event='output', node=index, size=len(data))
-        else:
-            node.close_pipe()
-
-    def _running(self) -> bool:
-        return (any(node.poll() is None for node in self._nodes.values())
-                or bool(_node_processes(self.directory)))
-
-    def _kill(self, indices: Optional[Sequence[int]]) -> None:
-        for index, node in self._nodes.items():
-            if indices is None or index in indices:
-                node.kill()
-        markers = None if indices is None else {f'{self.directory}/{i}' for i in indices}
-        _kill_nodes(markers, self.directory)
-
-    def close(self) -> None:
-        """Ends what is left of the program on this host after the grace period."""
-        deadline = time.monotonic() + self._grace
-        while self._running() and time.monotonic() < deadline:
-            self._pump(0.2)
-        self._kill(None)
-        for node in self._nodes.values():
-            node.wait()
-            node.close_pipe()
-        shutil.rmtree(self.directory, ignore_errors=True)
-        self.announce(event='closed')
-
-
-class _Child:
-    """A node the agent forked, in a session of its own (`poll` and `kill` like Popen), and
-    the pipe its output comes out of."""
-
-    def __init__(self, pid: int, pipe: int):
-        self.pid = pid
-        self.pipe: Optional[int] = pipe
-        self.reported = False  # whether the launcher was told its exit code
-        self._code: Optional[int] = None
-
-    def close_pipe(self) -> None:
-        if self.pipe is not None:
-            os.close(self.pipe)
-            self.pipe = None
-
-    def poll(self, flags: int = os.WNOHANG) -> Optional[int]:
-        if self._code is None:
-            pid, status = os.waitpid(self.pid, flags)
-            if pid:
-                self._code = os.waitstatus_to_exitcode(status)
-        return self._code
-
-    def wait(self) -> int:
-        return self.poll(0)
-
-    def kill(self) -> None:
-        if self.poll() is None:  # not reaped, so the pid is still its own
-            for kill in (os.killpg, os.kill):
-                try:
-                    kill(self.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-
-
-def _node_processes(directory: str, markers: Optional[set] = None) -> list:
-    """This host's processes of the nodes `markers` (default: every node of `directory`)."""
-    import psutil  # pylint: disable=import-outside-toplevel
-    found = []
-    for process in psutil.process_iter():
-        try:
-            marker = process.environ().get(_NODE_ENV)
-        except (psutil.Error, OSError):
-            continue
-        if marker and (marker in markers if markers is not None
-                       else marker.startswith(directory + '/')):
-            found.append(process)
-    return found
-
-
-def _kill_nodes(markers: Optional[set], directory: str = '') -> None:
-    """Kills the processes of the given nodes, children included, until none is left."""
-    import psutil  # pylint: disable=import-outside-toplevel
-    for _ in range(10):
-        processes = _node_processes(directory, markers)
-        if not processes:
-            return
-        for process in processes:
-            try:
-                process.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(processes, timeout=2.0)
