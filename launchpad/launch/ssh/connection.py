@@ -3,7 +3,7 @@
 Runs on the launching machine. The agent at the other end is `agent`; what the two say to each
 other is in `protocol`.
 
-Each connection is a local `ssh -M` process (in a session of its own) and two threads:
+Each connection is a local `ssh -M` master (under `sh`, in a session of its own) and two threads:
 
     send() from any thread (launch, kill, the runner's heartbeat) --lock--> ssh stdin
     ssh stdout --> thread lp-ssh-HOST: node output and exit codes straight to the node's
@@ -199,12 +199,14 @@ class ForkedNode:
         self._lock = threading.Lock()
 
     def write(self, data: bytes) -> None:
+        """Passes on output of the node that arrived through the connection."""
         with self._lock:
             view = memoryview(data)
             while view and self._fd is not None:
                 view = view[os.write(self._fd, view):]
 
     def end(self, code: int) -> None:
+        """Records its exit code (the first one counts) and closes its output."""
         with self._lock:
             if self._code is None:
                 self._code = code
