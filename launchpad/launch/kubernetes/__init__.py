@@ -47,18 +47,15 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import io
 import json
 import logging
 import math
-import os
-import re
 import secrets
 import signal
 import sys
 import threading
 import time
-from typing import Any, BinaryIO, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from launchpad.address import AddressTable
 import courier
@@ -70,119 +67,21 @@ from launchpad.process import spec as specs
 from launchpad.process.coordinator import Coordinator
 from launchpad.process.output import copy_lines, prefix_for
 from launchpad.program import Program
+from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, NotFound
+from launchpad.launch.kubernetes.api import terminated as _terminated
+from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
+from launchpad.launch.kubernetes.names import (COORDINATOR_CONTAINER, INSTALL_HINT,
+                                               NODE_CONTAINER, NODE_LABEL,
+                                               NODE_NAME_ANNOTATION, PARTS_DIR, PROGRAM_LABEL,
+                                               ROLE_LABEL, SPEC_DIR)
+from launchpad.launch.kubernetes.names import DNS_LABEL as _DNS_LABEL
+from launchpad.launch.kubernetes.names import slug as _slug
 
-INSTALL_HINT = "pip install 'launchpad[kubernetes]'"
-PROGRAM_LABEL = 'launchpad.dev/program'
-NODE_LABEL = 'launchpad.dev/node'
-ROLE_LABEL = 'launchpad.dev/role'
-NODE_NAME_ANNOTATION = 'launchpad.dev/node-name'
 SPEC_CHUNK_BYTES = 1_000_000  # under the 1 MiB ConfigMap limit, leaving room for metadata
 MAX_SPEC_CHUNKS = 16
-SPEC_DIR = '/launchpad/spec'
-PARTS_DIR = '/launchpad/parts'
-NODE_CONTAINER = 'node'
-COORDINATOR_CONTAINER = 'coordinator'
 _IMAGE_PULL_FAILURES = ('ErrImagePull', 'ImagePullBackOff', 'InvalidImageName',
                         'ErrImageNeverPull')
 _CONFIG_FAILURES = ('CreateContainerConfigError', 'CreateContainerError', 'RunContainerError')
-
-
-class KubernetesError(RuntimeError):
-    """The cluster refused or could not do what the launcher asked; the message says how to fix it."""
-
-
-@dataclasses.dataclass
-class KubernetesResources:
-    """The Kubernetes resources of one group's pods.
-
-    Attributes:
-      cpu: CPU request, e.g. 2 or '500m'.
-      memory: memory request and limit, e.g. '8Gi'.
-      gpus: NVIDIA GPUs, requested as the `nvidia.com/gpu` limit.
-      node_selector: node labels the pods must run on, e.g. {'cloud.google.com/gke-nodepool': 'gpu'}.
-      tolerations: Kubernetes tolerations (dicts as in a pod spec).
-      env: extra environment variables: values, or sources as in a pod spec's `valueFrom`, e.g.
-        {'WANDB_API_KEY': {'secretKeyRef': {'name': 'wandb', 'key': 'api-key'}}}.
-      args: absl flag values for the group's processes, as {name: value} or ['--name=value'].
-    """
-    cpu: Union[str, float, None] = None
-    memory: Optional[str] = None
-    gpus: int = 0
-    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    tolerations: Sequence[Mapping[str, Any]] = ()
-    env: Mapping[str, Union[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
-    args: Union[Mapping[str, object], Sequence[str], None] = None
-
-    def to_container_resources(self) -> Dict[str, Dict[str, str]]:
-        requests, limits = {}, {}
-        if self.cpu is not None:
-            requests['cpu'] = str(self.cpu)
-        if self.memory is not None:
-            requests['memory'] = limits['memory'] = str(self.memory)
-        if self.gpus:
-            limits['nvidia.com/gpu'] = str(int(self.gpus))
-        return {key: value for key, value in (('requests', requests), ('limits', limits)) if value}
-
-
-@dataclasses.dataclass
-class KubernetesConfig:
-    """Options of the kubernetes launcher (the keyword arguments of `lp.launch`).
-
-    Attributes:
-      image: the container image, holding Python, launchpad, its dependencies and your code.
-      namespace: where the program's objects are created.
-      image_pull_policy: 'IfNotPresent', 'Always' or 'Never'.
-      service_account: the pods' service account (default: the namespace's default one, without
-        an API token; with `create_rbac` the coordinator pod uses the account it creates).
-      create_rbac: create a ServiceAccount, Role and RoleBinding for the coordinator pod.
-      python: the interpreter inside the image.
-      port: the first port of each pod's servers (the J-th address of a pod uses port + J).
-      cluster_domain: the cluster's DNS domain.
-      name: the launch name (default: the program name and six random hex digits).
-      detach: create the objects, print how to follow and delete them, and do not delete them when
-        the launcher ends.
-      kubeconfig: the kubeconfig file (default: KUBECONFIG, then ~/.kube/config).
-      context: the kubeconfig context (default: the current one).
-      pending_timeout: seconds a pod may stay unschedulable before the program fails.
-      coordinator_wait: seconds a node pod waits for the coordinator before failing.
-    """
-    image: str = ''
-    namespace: str = 'default'
-    image_pull_policy: str = 'IfNotPresent'
-    service_account: Optional[str] = None
-    create_rbac: bool = False
-    python: str = 'python3'
-    port: int = 7100
-    cluster_domain: str = 'cluster.local'
-    name: Optional[str] = None
-    detach: bool = False
-    kubeconfig: Optional[str] = None
-    context: Optional[str] = None
-    pending_timeout: float = 600.0
-    coordinator_wait: float = 600.0
-
-    def __post_init__(self):
-        if not self.image:
-            raise ValueError("The kubernetes launcher needs image=: a container image with Python, "
-                             "launchpad and your code, e.g. lp.launch(program, "
-                             "launch_type='kubernetes', image='registry.example/me/agent:v1').")
-        if self.image_pull_policy not in ('IfNotPresent', 'Always', 'Never'):
-            raise ValueError(f'image_pull_policy must be IfNotPresent, Always or Never, not '
-                             f'{self.image_pull_policy!r}.')
-        if not _DNS_LABEL.fullmatch(self.namespace):
-            raise ValueError(f'namespace {self.namespace!r} is not a valid Kubernetes name '
-                             '(lowercase letters, digits and dashes).')
-        if not 1 <= self.port <= 65535 - 100:
-            raise ValueError(f'port must be between 1 and 65435, not {self.port}.')
-
-
-_DNS_LABEL = re.compile(r'[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?')
-
-
-def _slug(text: str, limit: int) -> str:
-    """`text` as a DNS label fragment: lowercase letters, digits and inner dashes."""
-    slug = re.sub(r'[^a-z0-9]+', '-', text.lower()).strip('-')[:limit].strip('-')
-    return slug or 'x'
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,169 +392,7 @@ def to_yaml(documents: Sequence[Mapping[str, Any]]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The thin layer that calls the Kubernetes API: plain dicts in and out, errors made readable.
-
-
-def _import_kubernetes():
-    try:
-        import kubernetes  # pylint: disable=import-outside-toplevel
-    except ImportError as e:
-        raise ImportError('The kubernetes launcher needs the official Kubernetes Python client: '
-                          f'{INSTALL_HINT}') from e
-    return kubernetes
-
-
-class NotFound(KubernetesError):
-    """The object does not exist."""
-
-
-class KubernetesApi:
-    """The calls the launcher makes (create, list pods, logs, events, delete), in one namespace.
-
-    Everything goes in and comes out as plain dicts shaped like the API's JSON, so that tests can
-    replace this class with a fake that records calls and plays back pod states.
-    """
-
-    _CREATE = {'ConfigMap': 'create_namespaced_config_map', 'Secret': 'create_namespaced_secret',
-               'Service': 'create_namespaced_service', 'Pod': 'create_namespaced_pod',
-               'ServiceAccount': 'create_namespaced_service_account',
-               'Role': 'create_namespaced_role', 'RoleBinding': 'create_namespaced_role_binding'}
-    _TIMEOUT = 30.0
-
-    def __init__(self, namespace: str, *, kubeconfig: Optional[str] = None,
-                 context: Optional[str] = None, in_cluster: bool = False):
-        k8s = _import_kubernetes()
-        # KUBECONFIG is read here, not when the client was imported (it may list several files).
-        kubeconfig = kubeconfig or os.environ.get('KUBECONFIG') or '~/.kube/config'
-        configuration = k8s.client.Configuration()  # this launch's, not the client's global one
-        try:
-            if in_cluster:
-                k8s.config.load_incluster_config(client_configuration=configuration)
-            else:
-                k8s.config.load_kube_config(config_file=kubeconfig, context=context,
-                                            client_configuration=configuration)
-        except (k8s.config.ConfigException, OSError) as e:
-            where = 'in this pod' if in_cluster else f'in kubeconfig {kubeconfig}'
-            raise KubernetesError(
-                f'No usable Kubernetes configuration {where}: {str(e).rstrip(".")}. Set '
-                'KUBECONFIG or kubeconfig= to your cluster\'s kubeconfig file (and choose its '
-                'context with `kubectl config use-context NAME` or context=).') from e
-        self.namespace = namespace
-        self._exception = k8s.client.exceptions.ApiException
-        self._client = k8s.client.ApiClient(configuration)
-        self._core = k8s.client.CoreV1Api(self._client)
-        self._rbac = k8s.client.RbacAuthorizationV1Api(self._client)
-        self._host = self._client.configuration.host
-
-    def _call(self, action: str, method: Callable, *args, **kwargs):
-        try:
-            kwargs.setdefault('_request_timeout', self._TIMEOUT)
-            return method(*args, **kwargs)
-        except self._exception as e:
-            raise _api_error(e.status, _reason(e.body) or e.reason, action, self.namespace) from e
-        except Exception as e:  # urllib3 connection errors: the server cannot be reached
-            if type(e).__module__.startswith(('urllib3', 'socket', 'ssl')) or isinstance(e, OSError):
-                raise KubernetesError(
-                    f'Cannot reach the Kubernetes API server at {self._host} to {action}: {e}. '
-                    'Check that the cluster is up, that this machine can reach it (network, '
-                    'VPN), and that the kubeconfig context is the right one.') from e
-            raise
-
-    def _dict(self, obj) -> Dict[str, Any]:
-        return self._client.sanitize_for_serialization(obj)
-
-    def check_namespace(self) -> None:
-        """Raises KubernetesError if the namespace does not exist or the server is unreachable."""
-        try:
-            self._call(f'read namespace {self.namespace}', self._core.read_namespace,
-                       self.namespace)
-        except NotFound:
-            raise KubernetesError(
-                f'Namespace {self.namespace!r} does not exist. Create it with `kubectl create '
-                f'namespace {self.namespace}` or pass namespace= an existing one.') from None
-        except KubernetesError as e:
-            if 'forbidden' not in str(e).lower():  # many users may not read namespaces: fine
-                raise
-
-    def create(self, document: Mapping[str, Any]) -> Dict[str, Any]:
-        kind, name = document['kind'], document['metadata']['name']
-        api = self._rbac if kind in ('Role', 'RoleBinding') else self._core
-        created = self._call(f'create {kind} {name}', getattr(api, self._CREATE[kind]),
-                             self.namespace, document)
-        return self._dict(created)
-
-    def delete(self, kind: str, name: str, grace_period_seconds: Optional[int] = None) -> None:
-        """Deletes an object (its dependents follow); an object already gone is fine."""
-        method = re.sub(r'(?<!^)([A-Z])', r'_\1', kind).lower()
-        api = self._rbac if kind in ('Role', 'RoleBinding') else self._core
-        try:
-            self._call(f'delete {kind} {name}', getattr(api, f'delete_namespaced_{method}'), name,
-                       self.namespace, grace_period_seconds=grace_period_seconds,
-                       propagation_policy='Background')
-        except NotFound:
-            pass
-
-    def list_pods(self, selector: str) -> List[Dict[str, Any]]:
-        result = self._call('list pods', self._core.list_namespaced_pod, self.namespace,
-                            label_selector=selector)
-        return self._dict(result).get('items') or []
-
-    def read_log(self, pod: str, container: str, tail_lines: Optional[int] = None) -> str:
-        try:
-            return self._call(f'read the log of pod {pod}', self._core.read_namespaced_pod_log,
-                              pod, self.namespace, container=container, tail_lines=tail_lines)
-        except KubernetesError:
-            return ''  # no log (yet): the caller reports what it has
-
-    def open_log(self, pod: str, container: str) -> BinaryIO:
-        """A stream of the container's log that follows it until the container ends."""
-        response = self._call(f'follow the log of pod {pod}', self._core.read_namespaced_pod_log,
-                              pod, self.namespace, container=container, follow=True,
-                              _preload_content=False, _request_timeout=None)  # no read timeout
-        response.auto_close = False  # EOF reads as b'' rather than a closed file
-        return io.BufferedReader(response)
-
-    def events(self, pod: str) -> List[Dict[str, Any]]:
-        result = self._call(f'list events of pod {pod}', self._core.list_namespaced_event,
-                            self.namespace, field_selector=f'involvedObject.name={pod}')
-        return self._dict(result).get('items') or []
-
-
-def _reason(body) -> str:
-    try:
-        return json.loads(body).get('message', '')
-    except (TypeError, ValueError, AttributeError):
-        return ''
-
-
-def _api_error(status: int, reason: str, action: str, namespace: str) -> KubernetesError:
-    if status == 404:
-        return NotFound(f'Cannot {action}: not found ({reason}).')
-    if status == 401:
-        return KubernetesError(f'Cannot {action}: the API server does not accept your '
-                               f'credentials ({reason}). Log in to the cluster again.')
-    if status == 403:
-        return KubernetesError(
-            f'Cannot {action} in namespace {namespace!r}: forbidden by RBAC ({reason}). Ask a '
-            'cluster admin for a Role allowing it (see the RBAC section of the kubernetes '
-            'launcher\'s documentation), or use a namespace where you have it.')
-    if status == 409:
-        return KubernetesError(f'Cannot {action}: it already exists ({reason}). Choose another '
-                               'name= or delete the old launch.')
-    return KubernetesError(f'Cannot {action}: the API server answered {status} ({reason}).')
-
-
-# ---------------------------------------------------------------------------------------------
 # The launcher side: create the objects, follow the pods, stop and delete.
-
-
-def _terminated(pod: Mapping[str, Any], container: str, init: bool = False
-                ) -> Optional[Dict[str, Any]]:
-    key = 'initContainerStatuses' if init else 'containerStatuses'
-    for status in (pod.get('status') or {}).get(key) or []:
-        if status.get('name') == container:
-            return (status.get('state') or {}).get('terminated')
-    return None
 
 
 class _PodRunner:
