@@ -16,7 +16,6 @@ A detached launch starts no log thread and deletes nothing when the launcher end
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import sys
 import threading
@@ -26,7 +25,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 from launchpad.launch.controller import Controller
 from launchpad.launch.kubernetes.api import KubernetesApi, terminated
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
-from launchpad.launch.kubernetes.manifests import LaunchPlan, plan_launch, to_yaml
+from launchpad.launch.kubernetes.manifests import LaunchPlan, grace_period, plan_launch, to_yaml
 from launchpad.launch.kubernetes.names import COORDINATOR_CONTAINER, NODE_CONTAINER
 from launchpad.launch.launcher import LaunchOptions, Launcher
 from launchpad.process.coordinator import Coordinator
@@ -106,8 +105,7 @@ def program_to_manifests(program: Program, *, image: str, path: Optional[str] = 
     config = launch_options.settings
     plan = plan_launch(program, launch_options)
     header = (f'# launchpad program {program.name!r}, launch {plan.run}.\n'
-              f'# Follow: kubectl -n {plan.namespace} logs -f --prefix -l {plan.selector()} '
-              f'--max-log-requests {len(plan.node_pods) + 1}\n'
+              f'# Follow: {plan.logs_command()}\n'
               f'# Delete: kubectl -n {plan.namespace} delete pods,services,configmaps,secrets'
               f'{",serviceaccounts,roles,rolebindings" if config.create_rbac else ""} '
               f'-l {plan.selector()}\n')
@@ -129,7 +127,7 @@ class PodRunner:
         self._plan = plan
         self._mirror = mirror
         self._config = config
-        self._grace = int(math.ceil(notice_period)) + 5
+        self._grace = grace_period(notice_period)
         self._clock = clock
         self._codes: Dict[str, Optional[int]] = {name: None for name in plan.node_pods}
         self._listed_at: Optional[float] = None
@@ -304,6 +302,5 @@ def _detached_summary(plan: LaunchPlan) -> str:
     created = ', '.join(f'{count} {kind}' for kind, count in kinds.items())
     return (f'Launched {plan.run} in namespace {plan.namespace} ({created}).\n'
             f'  Follow: kubectl -n {plan.namespace} get pods -l {plan.selector()} --watch\n'
-            f'  Logs:   kubectl -n {plan.namespace} logs -f --prefix -l {plan.selector()} '
-            f'--max-log-requests {len(plan.node_pods) + 1}\n'
+            f'  Logs:   {plan.logs_command()}\n'
             f'  Delete: {_delete_command(plan)}   (every other object is owned by it)')

@@ -30,6 +30,7 @@ MAX_SPEC_CHUNKS = 16
 
 @dataclasses.dataclass
 class _PodPlan:
+    """One node pod of a launch, before its documents are made."""
     name: str            # pod name and hostname
     node_name: str       # the executable's name, 'group/index'
     label: str
@@ -58,6 +59,17 @@ class LaunchPlan:
         """The label selector of every object of the launch."""
         return names.selector(self.run)
 
+    def logs_command(self) -> str:
+        """The kubectl command that follows the logs of every pod of the launch."""
+        return (f'kubectl -n {self.namespace} logs -f --prefix -l {self.selector()} '
+                f'--max-log-requests {len(self.node_pods) + 1}')
+
+
+def grace_period(notice_period: float) -> int:
+    """Seconds a pod being deleted gets between SIGTERM and SIGKILL: the notice period (rounded
+    up) and 5 s more, so that the coordinator pod outlives the nodes it gave the notice period."""
+    return int(math.ceil(notice_period)) + 5
+
 
 def plan_launch(program: Program, options: LaunchOptions) -> LaunchPlan:
     """Builds (without creating) the objects that run `program`; packs every executable first.
@@ -77,7 +89,8 @@ def plan_launch(program: Program, options: LaunchOptions) -> LaunchPlan:
                          'starting with a letter (lowercase letters, digits, dashes).')
     domain = f'{run}.{config.namespace}.svc.{config.cluster_domain}'
     coordinator_pod = f'{run}-coordinator'
-    coordinator_address = f'{coordinator_pod}.{domain}:{config.port}'
+    coordinator_host = f'{coordinator_pod}.{domain}'
+    coordinator_address = f'{coordinator_host}:{config.port}'
 
     pods: List[_PodPlan] = []
     per_label: Dict[str, int] = {}
@@ -121,7 +134,7 @@ def plan_launch(program: Program, options: LaunchOptions) -> LaunchPlan:
         configmaps = builder.spec_configmaps(plan)
         documents += configmaps
         documents.append(builder.node_pod(plan, group, [c['metadata']['name'] for c in configmaps],
-                                          coordinator_pod))
+                                          coordinator_host))
     return LaunchPlan(run=run, namespace=config.namespace, documents=documents,
                       node_pods={p.node_name: p.name for p in pods},
                       coordinator_pod=coordinator_pod)
@@ -150,7 +163,7 @@ class _ManifestBuilder:
         self._program = program
         self._config = config
         self._run = run
-        self._grace = int(math.ceil(notice_period)) + 5
+        self._grace = grace_period(notice_period)
         self._coordinator_account = run if config.create_rbac else config.service_account
 
     def _meta(self, name: str, role: str, node: Optional[str] = None) -> Dict[str, Any]:
@@ -170,12 +183,14 @@ class _ManifestBuilder:
                          'pods': json.dumps(dict(pods), indent=1)}}
 
     def secret(self) -> Dict[str, Any]:
+        """The program's courier auth token, random, for every pod's COURIER_AUTH_TOKEN."""
         token = secrets.token_hex(16)
         return {'apiVersion': 'v1', 'kind': 'Secret', 'type': 'Opaque', 'immutable': True,
                 'metadata': self._meta(f'{self._run}-token', 'token'),
                 'data': {'token': base64.b64encode(token.encode()).decode()}}
 
     def service(self) -> Dict[str, Any]:
+        """The headless Service that gives every pod of the program a stable DNS name."""
         return {'apiVersion': 'v1', 'kind': 'Service', 'metadata': self._meta(self._run, 'dns'),
                 'spec': {'clusterIP': 'None', 'publishNotReadyAddresses': True,
                          'selector': {names.PROGRAM_LABEL: self._run},
@@ -183,6 +198,7 @@ class _ManifestBuilder:
                                     'protocol': 'TCP'}]}}
 
     def spec_configmaps(self, plan: _PodPlan) -> List[Dict[str, Any]]:
+        """The node's packed spec, in ConfigMaps of at most SPEC_CHUNK_BYTES each."""
         chunks = [plan.spec[i:i + SPEC_CHUNK_BYTES]
                   for i in range(0, len(plan.spec), SPEC_CHUNK_BYTES)] or [b'']
         return [{'apiVersion': 'v1', 'kind': 'ConfigMap', 'immutable': True,
@@ -223,6 +239,7 @@ class _ManifestBuilder:
         return spec
 
     def coordinator_pod(self, name: str, node_names: List[str]) -> Dict[str, Any]:
+        """The pod that serves the program's coordinator (`pod.py coordinator`)."""
         settings = names.CoordinatorSettings(
             run=self._run, namespace=self._config.namespace, nodes=node_names,
             port=self._config.port, notice_period=self._grace - 5)
@@ -239,11 +256,12 @@ class _ManifestBuilder:
                 'metadata': self._meta(name, 'coordinator'), 'spec': spec}
 
     def node_pod(self, plan: _PodPlan, group: KubernetesResources, configmaps: List[str],
-                 coordinator_pod: str) -> Dict[str, Any]:
+                 coordinator_host: str) -> Dict[str, Any]:
+        """A node's pod: init containers wait for the coordinator (and join the spec's parts),
+        then the worker runs the spec."""
         python = self._config.python
-        domain = f'{self._run}.{self._config.namespace}.svc.{self._config.cluster_domain}'
         wait = self._container(names.WAIT_CONTAINER, names.pod_command(
-            python, names.WAIT_FOR_COMMAND, f'{coordinator_pod}.{domain}', str(self._config.port),
+            python, names.WAIT_FOR_COMMAND, coordinator_host, str(self._config.port),
             str(self._config.coordinator_wait)), [])
         init = [wait]
         if len(configmaps) == 1:
