@@ -5,7 +5,7 @@ writes the objects as YAML instead.
 Runs on the launching machine and needs nothing there but the API server (see the package
 docstring). Threads, in an attached launch:
 
-  * the controller's monitor thread calls `PodRunner.poll` every 0.2 s; at most once a second
+  * the controller's monitor thread calls `PodRunner.poll` about every 0.2 s; at most once a second
     (`POLL_SECONDS`) it lists the program's pods, turns ended containers into exit codes and
     failures (reading log tails and events), and sends the stop by deleting the coordinator pod;
   * one daemon thread per started pod (`lp-log-POD`) copies its container's log to stdout behind
@@ -117,7 +117,11 @@ def program_to_manifests(program: Program, *, image: str, path: Optional[str] = 
 
 
 class PodRunner:
-    """Follows the program's pods through the API for the controller (a `controller.Runner`)."""
+    """Follows the program's pods through the API for the controller (a `controller.Runner`).
+
+    It reports what the pods show to `mirror`, the launcher's own view of the program's state: the
+    program's coordinator runs in its pod, which the launcher may not be able to reach.
+    """
 
     POLL_SECONDS = 1.0
 
@@ -138,6 +142,7 @@ class PodRunner:
                                                        + list(plan.node_pods.values()))}
 
     def poll(self) -> Dict[str, Optional[int]]:
+        """Node name -> its pod's exit code (None while it runs); sends the stop once asked."""
         now = self._clock()
         if self._listed_at is None or now - self._listed_at >= self.POLL_SECONDS:
             self._listed_at = now
@@ -150,11 +155,13 @@ class PodRunner:
         return dict(self._codes)
 
     def kill(self, names: Sequence[str]) -> None:
+        """Deletes the named nodes' pods and the coordinator pod at once."""
         for name in names:
             self._api.delete('Pod', self._plan.node_pods[name], grace_period_seconds=0)
         self._api.delete('Pod', self._plan.coordinator_pod, grace_period_seconds=0)
 
     def release(self) -> None:
+        """Deletes every object of the launch, unless it is detached."""
         if self._config.detach:
             return
         problems = []

@@ -1,5 +1,6 @@
 """The names the launching machine and the pods agree on: labels, annotations, container names,
-paths inside pods, the pod module's commands and the coordinator pod's settings.
+paths inside pods, the pod module's commands, the coordinator pod's settings and the rules for DNS
+names.
 
 Imported on both sides (the manifests and the launcher on the launching machine, `pod.py` inside the
 pods); it imports nothing of launchpad.
@@ -13,8 +14,8 @@ from typing import List, Optional
 
 INSTALL_HINT = "pip install 'launchpad[kubernetes]'"
 
-# Labels and annotations. Every object carries the program label (value: the launch name) and a
-# role label (program, token, dns, spec, coordinator or node).
+# Labels and annotations. Every object carries the program label (value: the launch name); all
+# but the RBAC objects also a role label (program, token, dns, spec, coordinator or node).
 PROGRAM_LABEL = 'launchpad.dev/program'
 ROLE_LABEL = 'launchpad.dev/role'
 NODE_LABEL = 'launchpad.dev/node'                # a node's name made a label value: 'group-index'
