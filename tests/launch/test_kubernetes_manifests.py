@@ -198,7 +198,7 @@ def test_any_program_and_group_names_make_valid_distinct_names():
     assert pods[0].startswith('lp-2-very-long-program-names')
 
 
-def _run_wait_script(port: int, limit: float) -> subprocess.CompletedProcess:
+def _run_wait_for(port: int, limit: float) -> subprocess.CompletedProcess:
     return subprocess.run(names.pod_command(sys.executable, names.WAIT_FOR_COMMAND, '127.0.0.1',
                                             str(port), str(limit)),
                           capture_output=True, text=True, timeout=30)
@@ -206,9 +206,9 @@ def _run_wait_script(port: int, limit: float) -> subprocess.CompletedProcess:
 
 def test_the_wait_for_coordinator_command_waits_for_a_listening_port():
     with socket.create_server(('127.0.0.1', 0)) as server:
-        assert _run_wait_script(server.getsockname()[1], 5).returncode == 0
+        assert _run_wait_for(server.getsockname()[1], 5).returncode == 0
         port = server.getsockname()[1]
-    result = _run_wait_script(port, 0.3)  # nothing listens any more
+    result = _run_wait_for(port, 0.3)  # nothing listens any more
     assert result.returncode == 1
     assert f'the coordinator 127.0.0.1:{port} was not reachable within 0.3 s' in result.stderr
     assert 'RuntimeWarning' not in result.stderr  # the package does not import the pod module
