@@ -20,6 +20,9 @@ import pytest
 import courier
 import launchpad as lp
 from launchpad.launch import kubernetes
+from launchpad.launch.kubernetes import api as kubernetes_api
+from launchpad.launch.kubernetes import launcher as kubernetes_launcher
+from launchpad.launch.kubernetes import pod
 from tests.launch import kubernetes_programs
 
 pytestmark = pytest.mark.timeout(60)
@@ -102,7 +105,7 @@ class FakeApi:
 @pytest.fixture
 def fake(monkeypatch):
     api = FakeApi()
-    monkeypatch.setattr(kubernetes._PodRunner, 'POLL_SECONDS', 0.0)
+    monkeypatch.setattr(kubernetes_launcher.PodRunner, 'POLL_SECONDS', 0.0)
     lp.register_launcher('kubernetes_fake', lambda: kubernetes.KubernetesLauncher(lambda _: api))
     return api
 
@@ -395,7 +398,7 @@ def test_the_api_layer_sends_plain_dicts_and_reads_pods_back(canned):
     api = kubernetes.KubernetesApi('default')
     pods = api.list_pods('launchpad.dev/program=x')
     assert pods[0]['metadata']['name'] == 'p'
-    assert kubernetes._terminated(pods[0], 'node')['exitCode'] == 3  # pylint: disable=protected-access
+    assert kubernetes_api.terminated(pods[0], 'node')['exitCode'] == 3
     api.delete('Pod', 'p', grace_period_seconds=0)
     api.delete('Pod', 'gone')  # already gone: fine
     log = api.open_log('p', 'node')
@@ -433,9 +436,8 @@ def test_a_missing_client_names_the_extra_to_install(monkeypatch):
 
 
 def test_the_coordinator_pod_notices_a_node_pod_that_died_without_reporting(fake, capsys):
-    coordinator = kubernetes._PodCoordinator(['queue/0', 'consumer/0'])  # pylint: disable=protected-access
-    watcher = kubernetes._PodWatcher(  # pylint: disable=protected-access
-        {'run': 't1', 'namespace': 'default'}, coordinator)
+    coordinator = pod.PodCoordinator(['queue/0', 'consumer/0'])
+    watcher = pod.PodWatcher('t1', 'default', coordinator)
     assert 'not watching the node pods' in capsys.readouterr().out  # no cluster here
     watcher._api = fake  # pylint: disable=protected-access
     fake.objects[('Pod', 't1-queue-0')] = {'metadata': {
