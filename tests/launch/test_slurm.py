@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import launchpad as lp
-from launchpad.launch import slurm
+from launchpad.launch.slurm import launcher as slurm
 
 from tests.core.conftest import script_env, wait_until
 

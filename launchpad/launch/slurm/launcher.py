@@ -622,7 +622,7 @@ class SlurmLauncher(launcher.Launcher):
             coordinator_address = functools.partial(
                 _read_endpoint, os.path.join(run_dir, 'coordinator'))
             driver = [sys.executable, '-c',
-                      'from launchpad.launch.slurm import _serve_detached; _serve_detached()', run_dir]
+                      'from launchpad.launch.slurm.launcher import _serve_detached; _serve_detached()', run_dir]
             with open(os.open(os.path.join(run_dir, 'tls.pickle'), os.O_WRONLY | os.O_CREAT,
                               0o600), 'wb') as f:
                 pickle.dump(options.tls, f)  # the in-job coordinator serves with it
