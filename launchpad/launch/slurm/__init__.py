@@ -3,11 +3,7 @@
 The public names below load on first use, from the module that defines them.
 """
 import importlib
-from typing import TYPE_CHECKING, Any, List
-
-if TYPE_CHECKING:
-    from launchpad.launch.slurm.launcher import (JOB_DIR_ENV, SlurmController, SlurmError,
-                                                 SlurmLauncher, SlurmOptions, SlurmResources)
+from typing import Any, List
 
 # Public name -> the module of this package that defines it.
 _DEFINED_IN = {
@@ -16,7 +12,7 @@ _DEFINED_IN = {
     'SlurmError': 'launcher',
     'SlurmLauncher': 'launcher',
     'SlurmOptions': 'launcher',
-    'SlurmResources': 'launcher',
+    'SlurmResources': 'resources',
 }
 
 __all__ = sorted(_DEFINED_IN)

@@ -24,7 +24,6 @@ import dataclasses
 import functools
 import json
 import logging
-import math
 import os
 import pickle
 import re
@@ -43,6 +42,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from launchpad.address import Address, AddressTable
 from launchpad.launch import launcher
 from launchpad.launch.controller import Controller
+from launchpad.launch.slurm.resources import SlurmResources
 from launchpad.nodes.base import Executable
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import Coordinator, NodeFailedError, serve_coordinator
@@ -59,94 +59,10 @@ _JOB_POLL = 1.0  # seconds between squeue calls while the program runs
 _HOPELESS_REASONS = frozenset({
     'AccountNotAllowed', 'BadConstraints', 'DependencyNeverSatisfied', 'InvalidAccount',
     'InvalidQOS', 'PartitionConfig', 'PartitionNodeLimit', 'PartitionTimeLimit', 'QOSNotAllowed'})
-_MEM_UNITS = {'K': 1 / 1024, 'M': 1, 'G': 1024, 'T': 1024 * 1024}
 
 
 class SlurmError(RuntimeError):
     """Slurm refused or lost the program's job; the message includes what Slurm said."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SlurmResources:
-    """What each node (executable) of a group gets on a Slurm cluster, and where it runs.
-
-    Attributes:
-      cpus: CPUs per executable (`--cpus-per-task`).
-      mem: memory per executable in Slurm's notation ('500M', '32G'); sent as `--mem-per-cpu`.
-      gpus: GPUs per executable (`--gpus-per-task`), optionally of `gpu_type` ('a100' gives
-        `--gpus-per-task=a100:1`). For clusters that only know generic resources, pass
-        `extra_args=['--gres=gpu:1']` instead.
-      gpu_type: the GPU model to ask for, or None for any.
-      nodes: spread the group's executables over this many nodes (`--nodes`); such a group always
-        gets a job component of its own.
-      partition: the partition (`--partition`), or None for the cluster's default.
-      time: the time limit (`--time`, e.g. '2:00:00'), or None for the partition's default.
-      extra_args: more sbatch options for the group's component, e.g. ['--qos=high'].
-      args: absl flag values for the group's processes, as {name: value} or ['--name=value'].
-      env: environment variables for the group's processes.
-      interpreter: the Python the steps run (default: the launcher's; it must exist on the nodes).
-    """
-    cpus: int = 1
-    mem: Optional[str] = None
-    gpus: int = 0
-    gpu_type: Optional[str] = None
-    nodes: Optional[int] = None
-    partition: Optional[str] = None
-    time: Optional[str] = None
-    extra_args: Sequence[str] = ()
-    args: Union[Mapping[str, object], Sequence[str], None] = None
-    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    interpreter: Optional[str] = None
-
-    def __post_init__(self):
-        for name in ('cpus', 'gpus', 'nodes'):
-            value = getattr(self, name)
-            minimum = 0 if name == 'gpus' else 1
-            if value is None and name == 'nodes':
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                raise ValueError(f'SlurmResources({name}={value!r}): expected an int >= {minimum}.')
-        if self.mem is not None:
-            _megabytes(self.mem)
-        if isinstance(self.extra_args, str):
-            raise TypeError(f'SlurmResources(extra_args={self.extra_args!r}): pass a list of '
-                            'options, e.g. ["--qos=high"].')
-        object.__setattr__(self, 'extra_args', tuple(self.extra_args))
-        for option in self._sbatch_options():
-            if not option.startswith('-') or any(c.isspace() for c in option):
-                raise ValueError(f'SlurmResources: {option!r} is not a valid sbatch option here: '
-                                 'options start with "-" and contain no spaces or newlines '
-                                 '(write "--qos=high", not "--qos high").')
-        if self.gpu_type is not None and not self.gpus:
-            raise ValueError(f'SlurmResources(gpu_type={self.gpu_type!r}) needs gpus >= 1.')
-
-    def _per_task_options(self) -> List[str]:
-        """Options that size one executable, for both its job component and its step."""
-        options = [f'--cpus-per-task={self.cpus}']
-        if self.mem is not None:
-            options.append(f'--mem-per-cpu={math.ceil(_megabytes(self.mem) / self.cpus)}M')
-        if self.gpus:
-            kind = f'{self.gpu_type}:' if self.gpu_type else ''
-            options.append(f'--gpus-per-task={kind}{self.gpus}')
-        return options
-
-    def _sbatch_options(self) -> List[str]:
-        """Options of a job component made of this group's executables (without `--ntasks`)."""
-        options = self._per_task_options()
-        if self.nodes is not None:
-            options.append(f'--nodes={self.nodes}')
-        if self.partition is not None:
-            options.append(f'--partition={self.partition}')
-        if self.time is not None:
-            options.append(f'--time={self.time}')
-        return options + list(self.extra_args)
-
-
-def _megabytes(mem: str) -> float:
-    match = re.fullmatch(r'(\d+(?:\.\d+)?)([KMGT]?)B?', str(mem).strip(), re.IGNORECASE)
-    if match is None:
-        raise ValueError(f'SlurmResources(mem={mem!r}): write memory like "500M" or "32G".')
-    return float(match[1]) * _MEM_UNITS[(match[2] or 'M').upper()]
 
 
 # --- the job: components, steps and the batch script -------------------------------------------
@@ -173,7 +89,7 @@ def _plan(executables: Sequence[Tuple[str, Executable]], resources: Mapping[str,
     used_logs = set()
     for index, (label, executable) in enumerate(executables):
         group = resources.get(label) or SlurmResources()
-        key = (tuple(group._sbatch_options()) if group.nodes is None  # pylint: disable=protected-access
+        key = (tuple(group.sbatch_options()) if group.nodes is None
                else ('own component', label))
         log = re.sub(r'[^A-Za-z0-9_.-]', '_', executable.name)
         if log in used_logs:
@@ -196,7 +112,7 @@ def _batch_script(program_name: str, components: Sequence[_Component], run_dir: 
         if number:
             lines.append('#SBATCH hetjob')
         lines.append(f'#SBATCH --ntasks={len(component.steps)}')
-        lines += [f'#SBATCH {option}' for option in component.resources._sbatch_options()]  # pylint: disable=protected-access
+        lines += [f'#SBATCH {option}' for option in component.resources.sbatch_options()]
     lines += [
         f'# Program {program_name!r}, written by the launchpad slurm launcher: every node runs as',
         '# a job step; each step writes its exit code to the run directory.',
@@ -226,7 +142,7 @@ def _batch_script(program_name: str, components: Sequence[_Component], run_dir: 
             python = step.resources.interpreter or sys.executable
             srun = ([f'--het-group={number}'] if heterogeneous else []) + [
                 '--exact', '--ntasks=1', '--nodes=1',
-                *step.resources._per_task_options(),  # pylint: disable=protected-access
+                *step.resources.per_task_options(),
                 f'--job-name={step.executable.name}', f'--output={step.log}', '--input=none',
                 *specs.worker_argv(spec_paths[step.index], python)]
             lines.append(f'step {step.index} {shlex.join(srun)} &')
