@@ -9,7 +9,7 @@ from typing import Any, List
 _DEFINED_IN = {
     'JOB_DIR_ENV': 'launcher',
     'SlurmController': 'launcher',
-    'SlurmError': 'launcher',
+    'SlurmError': 'job',
     'SlurmLauncher': 'launcher',
     'SlurmOptions': 'launcher',
     'SlurmResources': 'resources',

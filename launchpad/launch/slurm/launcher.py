@@ -32,7 +32,6 @@ import shlex
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,6 +41,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from launchpad.address import Address, AddressTable
 from launchpad.launch import launcher
 from launchpad.launch.controller import Controller
+from launchpad.launch.slurm import job
 from launchpad.launch.slurm.resources import SlurmResources
 from launchpad.nodes.base import Executable
 from launchpad.process import spec as specs
@@ -50,19 +50,7 @@ from launchpad.process.output import prefix_for
 from launchpad.program import Program
 
 JOB_DIR_ENV = 'LAUNCHPAD_SLURM_DIR'
-_COMMANDS = ('sbatch', 'squeue', 'scancel', 'scontrol')
-_ENDED_STATES = frozenset({
-    'BOOT_FAIL', 'CANCELLED', 'COMPLETED', 'DEADLINE', 'FAILED', 'NODE_FAIL', 'OUT_OF_MEMORY',
-    'PREEMPTED', 'REVOKED', 'TIMEOUT'})
 _JOB_POLL = 1.0  # seconds between squeue calls while the program runs
-# Pending reasons that waiting does not cure: the request does not fit the partition or account.
-_HOPELESS_REASONS = frozenset({
-    'AccountNotAllowed', 'BadConstraints', 'DependencyNeverSatisfied', 'InvalidAccount',
-    'InvalidQOS', 'PartitionConfig', 'PartitionNodeLimit', 'PartitionTimeLimit', 'QOSNotAllowed'})
-
-
-class SlurmError(RuntimeError):
-    """Slurm refused or lost the program's job; the message includes what Slurm said."""
 
 
 # --- the job: components, steps and the batch script -------------------------------------------
@@ -153,41 +141,6 @@ def _batch_script(program_name: str, components: Sequence[_Component], run_dir: 
     return '\n'.join(lines) + '\n'
 
 
-# --- talking to Slurm ----------------------------------------------------------------------------
-
-def _require_commands() -> None:
-    missing = [command for command in _COMMANDS if shutil.which(command) is None]
-    if missing:
-        raise SlurmError(
-            f'The slurm launch type needs Slurm\'s commands on PATH; {", ".join(missing)} not '
-            'found. Launch from a Slurm login node, or add Slurm\'s bin directory to PATH.')
-
-
-def _slurm(argv: Sequence[str], what: str, *, env: Optional[Mapping[str, str]] = None,
-           timeout: float = 60.0) -> str:
-    """Runs a Slurm command and returns its output; SlurmError with Slurm's message if it fails."""
-    try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, env=env, timeout=timeout,
-                              stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired as e:
-        raise SlurmError(f'{what}: `{shlex.join(argv)}` did not answer within {timeout:g} s; is '
-                         'the Slurm controller up?') from e
-    if done.returncode != 0:
-        message = (done.stderr or done.stdout).strip() or f'exit code {done.returncode}'
-        raise SlurmError(f'{what}: {message}')
-    return done.stdout
-
-
-def _controller_host() -> str:
-    """The address of the Slurm controller, from `scontrol show config`."""
-    config = _slurm(['scontrol', 'show', 'config'], 'Cannot read the Slurm configuration')
-    match = re.search(r'^SlurmctldHost\[0\]\s*=\s*([^\s(]+)(?:\(([^)]+)\))?', config, re.MULTILINE)
-    if match is None:
-        raise SlurmError('Cannot find SlurmctldHost in `scontrol show config`; pass '
-                         'coordinator_host= to lp.launch.')
-    return match[2] or match[1]
-
-
 def _local_address(peer: str) -> str:
     """The address of this host on its route to `peer` (no packet is sent)."""
     family, _, _, _, sockaddr = socket.getaddrinfo(peer, 9, type=socket.SOCK_DGRAM)[0]
@@ -198,81 +151,6 @@ def _local_address(peer: str) -> str:
 
 def _endpoint(host: str, port: int) -> str:
     return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'
-
-
-def _job_states(job_id: str) -> Optional[List[Tuple[str, str]]]:
-    """(state, reason) of each component of the job; None once Slurm has forgotten it."""
-    try:
-        out = _slurm(['squeue', '--noheader', f'--jobs={job_id}', '--states=all',
-                      '--format=%T|%r'], f'Cannot read the state of Slurm job {job_id}', timeout=30)
-    except SlurmError as e:
-        if 'Invalid job id' in str(e):
-            return None
-        raise
-    states = [tuple(line.split('|', 1)) for line in out.splitlines() if '|' in line]
-    return states or None
-
-
-def _ended(states: Optional[List[Tuple[str, str]]]) -> bool:
-    return states is None or all(state in _ENDED_STATES for state, _ in states)
-
-
-def _describe(states: Optional[List[Tuple[str, str]]]) -> str:
-    if states is None:
-        return 'no longer known to Slurm'
-    return ', '.join(state + (f' ({reason})' if reason not in ('', 'None') else '')
-                     for state, reason in dict.fromkeys(states))
-
-
-def _cancel(job_id: str) -> None:
-    subprocess.run(['scancel', '--quiet', job_id], capture_output=True, check=False,
-                   stdin=subprocess.DEVNULL, timeout=60)
-
-
-def _wait_for_end(job_id: str, timeout: float) -> bool:
-    """Waits until every step of the job has ended (the job left RUNNING and COMPLETING)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if _ended(_job_states(job_id)):
-                return True
-        except SlurmError as e:
-            logging.warning('%s', e)
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-
-
-def _wait_for_start(job_id: str, timeout: Optional[float], ran: Callable[[], bool]) -> None:
-    """Blocks until the job runs (or `ran()` says its steps already ran); SlurmError (after
-    cancelling it) if it ends first or does not start within `timeout` seconds."""
-    start = time.monotonic()
-    interval, told = 0.05, False
-    while True:
-        states = _job_states(job_id)
-        if states is not None and all(state == 'RUNNING' for state, _ in states):
-            return
-        if _ended(states):
-            if ran():
-                return
-            raise SlurmError(f'Slurm job {job_id} ended before it started: {_describe(states)}.')
-        if any(reason in _HOPELESS_REASONS for _, reason in states):
-            _cancel(job_id)
-            raise SlurmError(f'Slurm job {job_id} cannot start: {_describe(states)}; the request '
-                             'does not fit the partition or account. Cancelled it.')
-        waited = time.monotonic() - start
-        if timeout is not None and waited > timeout:
-            _cancel(job_id)
-            raise SlurmError(
-                f'Slurm job {job_id} did not start within {timeout:g} s (start_timeout); Slurm '
-                f'says: {_describe(states)}. Cancelled it. Ask for fewer resources, another '
-                'partition, or a longer start_timeout (None waits for ever).')
-        if not told and waited > 5:
-            told = True
-            print(f'Waiting for Slurm job {job_id} to start: {_describe(states)}.',
-                  file=sys.stderr, flush=True)
-        time.sleep(interval)
-        interval = min(interval * 2, 0.2 if waited < 10 else 1.0)
 
 
 @contextlib.contextmanager
@@ -403,18 +281,18 @@ class _StepRunner:
         if running and self._watch_job and time.monotonic() - self._checked >= _JOB_POLL:
             self._checked = time.monotonic()
             try:
-                states = _job_states(self._job_id)
-            except SlurmError as e:
+                states = job.states(self._job_id)
+            except job.SlurmError as e:
                 logging.warning('%s', e)
                 return dict(self._codes)
-            if _ended(states):
+            if job.ended(states):
                 self._read_exit_codes()  # the batch script writes them before the job ends
                 for _, name, log in running:
                     if self._codes[name] is None:
                         if not self._coordinator.stopping:
                             self._coordinator.node_failed(
                                 name, f'Slurm job {self._job_id} ended while this node ran: '
-                                      f'{_describe(states)}. Its log: {log}')
+                                      f'{job.describe(states)}. Its log: {log}')
                         self._codes[name] = -signal.SIGKILL
         return dict(self._codes)
 
@@ -438,13 +316,13 @@ class _StepRunner:
         del names  # one job: cancelling it ends every step
         if self._run_dir is not None and not self._watch_job:
             shutil.rmtree(self._run_dir, ignore_errors=True)  # inside the job, scancel ends us too
-        _cancel(self._job_id)
+        job.cancel(self._job_id)
 
     def release(self) -> None:
         try:
-            if self._watch_job and not _wait_for_end(self._job_id, timeout=3.0):
-                _cancel(self._job_id)
-                if not _wait_for_end(self._job_id, timeout=60.0):
+            if self._watch_job and not job.wait_for_end(self._job_id, timeout=3.0):
+                job.cancel(self._job_id)
+                if not job.wait_for_end(self._job_id, timeout=60.0):
                     logging.error('Slurm job %s is still running 60 s after scancel; check it with '
                                   '`squeue -j %s`.', self._job_id, self._job_id)
         finally:
@@ -517,7 +395,7 @@ class SlurmLauncher(launcher.Launcher):
     def launch(self, program: Program, options: launcher.LaunchOptions) -> SlurmController:
         settings, terminal = options.settings, options.terminal
         executables = launcher.executables_of(program, options)
-        _require_commands()
+        job.require_commands()
         job_dir = _make_job_dir(settings.job_dir, program.name)
         try:
             return self._launch(program, options, settings, terminal, executables, job_dir)
@@ -547,7 +425,7 @@ class SlurmLauncher(launcher.Launcher):
                            'notice_period': options.notice_period, 'batch_log': batch_log,
                            'steps': [[s.index, s.executable.name, s.log] for s in steps]}, f)
         else:
-            host = settings.coordinator_host or _local_address(_controller_host())
+            host = settings.coordinator_host or _local_address(job.controller_host())
             coordinator = Coordinator(names)
             server = serve_coordinator(coordinator, _endpoint(host, 0), auth_token=token,
                                         tls=options.tls)
@@ -568,11 +446,7 @@ class SlurmLauncher(launcher.Launcher):
             script = os.path.join(run_dir, 'job.sh')
             with open(script, 'w') as f:
                 f.write(_batch_script(program.name, components, run_dir, spec_paths, driver))
-            job_id = _slurm(
-                ['sbatch', '--parsable', '--export=ALL', f'--job-name={program.name}',
-                 f'--output={batch_log}', f'--chdir={os.getcwd()}', script],
-                f'Slurm rejected the job of program {program.name!r}',
-                env=_job_environment(token)).strip().split(';')[0]
+            job_id = job.submit(script, program.name, batch_log, _job_environment(token))
         except BaseException:
             if server is not None:
                 server.Stop()
@@ -591,10 +465,10 @@ class SlurmLauncher(launcher.Launcher):
               f'{log_dir}; cancel with scancel {job_id}.', file=sys.stderr, flush=True)
         try:
             with _sigterm_interrupts():
-                _wait_for_start(job_id, settings.start_timeout, ran=lambda: any(
+                job.wait_for_start(job_id, settings.start_timeout, ran=lambda: any(
                     name.endswith('.exit') for name in os.listdir(run_dir)))
         except BaseException:
-            _cancel(job_id)
+            job.cancel(job_id)
             server.Stop()
             raise
         follower = None
@@ -622,7 +496,7 @@ def _serve_detached() -> None:
     coordinator = Coordinator(info['nodes'])
     with open(os.path.join(run_dir, 'tls.pickle'), 'rb') as f:
         tls = pickle.load(f)
-    server = serve_coordinator(coordinator, _endpoint(_local_address(_controller_host()), 0),
+    server = serve_coordinator(coordinator, _endpoint(_local_address(job.controller_host()), 0),
                                 tls=tls)
     partial = os.path.join(run_dir, 'coordinator.tmp')
     with open(partial, 'w') as f:
