@@ -22,26 +22,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
 import os
-import pickle
 import re
 import secrets
 import shlex
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from launchpad.address import Address, AddressTable
 from launchpad.launch import launcher
 from launchpad.launch.controller import Controller
-from launchpad.launch.slurm import job
+from launchpad.launch.slurm import addresses, job, shared
 from launchpad.launch.slurm.resources import SlurmResources
 from launchpad.nodes.base import Executable
 from launchpad.process import spec as specs
@@ -110,15 +106,15 @@ def _batch_script(program_name: str, components: Sequence[_Component], run_dir: 
         '  shift',
         '  srun "$@"',
         '  code=$?',
-        '  { echo "$code" >"$run/$index.exit.tmp" && mv "$run/$index.exit.tmp" "$run/$index.exit"; '
-        '} 2>/dev/null',
+        f'  {{ echo "$code" >"$run/$index{shared.EXIT_SUFFIX}.tmp" && '
+        f'mv "$run/$index{shared.EXIT_SUFFIX}.tmp" "$run/$index{shared.EXIT_SUFFIX}"; }} 2>/dev/null',
         '}',
     ]
     if driver is not None:
         lines += [
             f'{shlex.join(driver)} &',
             'driver=$!',
-            'until [ -s "$run/coordinator" ]; do',
+            f'until [ -s "$run/{shared.COORDINATOR_FILE}" ]; do',
             '  kill -0 "$driver" 2>/dev/null || { echo "launchpad: the coordinator did not start" >&2; '
             'exit 1; }',
             '  sleep 0.1',
@@ -139,18 +135,6 @@ def _batch_script(program_name: str, components: Sequence[_Component], run_dir: 
     else:
         lines.append('wait')
     return '\n'.join(lines) + '\n'
-
-
-def _local_address(peer: str) -> str:
-    """The address of this host on its route to `peer` (no packet is sent)."""
-    family, _, _, _, sockaddr = socket.getaddrinfo(peer, 9, type=socket.SOCK_DGRAM)[0]
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect(sockaddr)
-        return probe.getsockname()[0]
-
-
-def _endpoint(host: str, port: int) -> str:
-    return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'
 
 
 @contextlib.contextmanager
@@ -178,26 +162,6 @@ def _job_environment(token: str) -> Dict[str, str]:
     return specs.node_environment(token, base={
         key: value for key, value in os.environ.items()
         if not key.startswith('SLURM_') or key == 'SLURM_CONF'})
-
-
-# --- addresses ----------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class _NodeAddressTable(AddressTable):
-    """An address table whose published addresses bind, on whichever node the step runs, the
-    address that node uses to reach the coordinator."""
-    coordinator: Union[str, Callable[[], str], None] = None
-
-    def bind_target(self, address: Address) -> str:
-        if address.id in self.published:
-            endpoint = self.coordinator() if callable(self.coordinator) else self.coordinator
-            return _endpoint(_local_address(endpoint.rsplit(':', 1)[0].strip('[]')), 0)
-        return super().bind_target(address)
-
-
-def _read_endpoint(path: str) -> str:
-    with open(path) as f:
-        return f.read().strip()
 
 
 # --- following the job --------------------------------------------------------------------------
@@ -301,7 +265,7 @@ class _StepRunner:
             if self._codes[name] is not None or self._run_dir is None:
                 continue
             try:
-                with open(os.path.join(self._run_dir, f'{index}.exit')) as f:
+                with open(shared.exit_file(self._run_dir, index)) as f:
                     code = int(f.read().strip() or 1)
             except (OSError, ValueError):
                 continue
@@ -410,28 +374,23 @@ class SlurmLauncher(launcher.Launcher):
         components = _plan(executables, options.resources, log_dir)
         steps = sorted((s for c in components for s in c.steps), key=lambda s: s.index)
         names = [step.executable.name for step in steps]
+        watched = [shared.WatchedStep(s.index, s.executable.name, s.log) for s in steps]
         token = secrets.token_hex(16)
         server = coordinator = None
         if settings.detach:
-            coordinator_address = functools.partial(
-                _read_endpoint, os.path.join(run_dir, 'coordinator'))
+            coordinator_address = functools.partial(shared.read_coordinator_endpoint, run_dir)
             driver = [sys.executable, '-c',
                       'from launchpad.launch.slurm.launcher import _serve_detached; _serve_detached()', run_dir]
-            with open(os.open(os.path.join(run_dir, 'tls.pickle'), os.O_WRONLY | os.O_CREAT,
-                              0o600), 'wb') as f:
-                pickle.dump(options.tls, f)  # the in-job coordinator serves with it
-            with open(os.path.join(run_dir, 'job.json'), 'w') as f:
-                json.dump({'program': program.name, 'nodes': names,
-                           'notice_period': options.notice_period, 'batch_log': batch_log,
-                           'steps': [[s.index, s.executable.name, s.log] for s in steps]}, f)
+            shared.JobDescription(program.name, names, options.notice_period, batch_log, watched,
+                                  tls=options.tls).write(run_dir)
         else:
-            host = settings.coordinator_host or _local_address(job.controller_host())
             coordinator = Coordinator(names)
-            server = serve_coordinator(coordinator, _endpoint(host, 0), auth_token=token,
-                                        tls=options.tls)
+            server = serve_coordinator(
+                coordinator, job.coordinator_bind_endpoint(settings.coordinator_host),
+                auth_token=token, tls=options.tls)
             coordinator_address, driver = server.address, None
         try:
-            table = _NodeAddressTable(
+            table = addresses.NodeAddressTable(
                 published={address.id: '<node address>:0'
                            for _, executable in executables for address in executable.addresses},
                 coordinator=coordinator_address)
@@ -466,7 +425,7 @@ class SlurmLauncher(launcher.Launcher):
         try:
             with _sigterm_interrupts():
                 job.wait_for_start(job_id, settings.start_timeout, ran=lambda: any(
-                    name.endswith('.exit') for name in os.listdir(run_dir)))
+                    name.endswith(shared.EXIT_SUFFIX) for name in os.listdir(run_dir)))
         except BaseException:
             job.cancel(job_id)
             server.Stop()
@@ -475,7 +434,6 @@ class SlurmLauncher(launcher.Launcher):
         if terminal == 'current_terminal':
             follower = _LogFollower([('slurm', batch_log)] + [(s.executable.name, s.log)
                                                               for s in steps])
-        watched = [(s.index, s.executable.name, s.log) for s in steps]
         runner = _StepRunner(job_id, run_dir, watched, coordinator, watch_job=True, server=server,
                              follower=follower, batch_log=batch_log)
         return SlurmController(program.name, coordinator, runner, launch_type=options.launch_type,
@@ -490,26 +448,19 @@ def _serve_detached() -> None:
     """
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
     run_dir = sys.argv[-1]
-    with open(os.path.join(run_dir, 'job.json')) as f:
-        info = json.load(f)
+    info = shared.JobDescription.read(run_dir)
     job_id = os.environ['SLURM_JOB_ID']
-    coordinator = Coordinator(info['nodes'])
-    with open(os.path.join(run_dir, 'tls.pickle'), 'rb') as f:
-        tls = pickle.load(f)
-    server = serve_coordinator(coordinator, _endpoint(_local_address(job.controller_host()), 0),
-                                tls=tls)
-    partial = os.path.join(run_dir, 'coordinator.tmp')
-    with open(partial, 'w') as f:
-        f.write(server.address)
-    os.replace(partial, os.path.join(run_dir, 'coordinator'))
-    runner = _StepRunner(job_id, run_dir, [tuple(step) for step in info['steps']], coordinator, watch_job=False, server=server,
-                         batch_log=info['batch_log'])
-    controller = Controller(info['program'], coordinator, runner,
-                                     launch_type='slurm', notice_period=info['notice_period'])
+    coordinator = Coordinator(info.nodes)
+    server = serve_coordinator(coordinator, job.coordinator_bind_endpoint(), tls=info.tls)
+    shared.write_coordinator_endpoint(run_dir, server.address)
+    runner = _StepRunner(job_id, run_dir, info.steps, coordinator, watch_job=False, server=server,
+                         batch_log=info.batch_log)
+    controller = Controller(info.program, coordinator, runner,
+                            launch_type='slurm', notice_period=info.notice_period)
     try:
         controller.wait()
     except NodeFailedError as e:
-        print(f'Program {info["program"]!r} failed. {e}', flush=True)
+        print(f'Program {info.program!r} failed. {e}', flush=True)
         sys.exit(1)
     states = {name: status.state.value for name, status in controller.status().items()}
-    print(f'Program {info["program"]!r} ended: {states}', flush=True)
+    print(f'Program {info.program!r} ended: {states}', flush=True)
