@@ -33,13 +33,12 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from launchpad.launch import launcher
 from launchpad.launch.controller import Controller
-from launchpad.launch.slurm import addresses, job, shared
+from launchpad.launch.slurm import addresses, job, script, shared
 from launchpad.launch.slurm.resources import SlurmResources
-from launchpad.nodes.base import Executable
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import Coordinator, NodeFailedError, serve_coordinator
 from launchpad.process.output import prefix_for
@@ -47,94 +46,6 @@ from launchpad.program import Program
 
 JOB_DIR_ENV = 'LAUNCHPAD_SLURM_DIR'
 _JOB_POLL = 1.0  # seconds between squeue calls while the program runs
-
-
-# --- the job: components, steps and the batch script -------------------------------------------
-
-@dataclasses.dataclass
-class _Step:
-    index: int
-    executable: Executable
-    resources: SlurmResources
-    log: str  # the step's output file
-
-
-@dataclasses.dataclass
-class _Component:
-    resources: SlurmResources
-    steps: List[_Step]
-
-
-def _plan(executables: Sequence[Tuple[str, Executable]], resources: Mapping[str, Any],
-          log_dir: str) -> List[_Component]:
-    """Job components in order of first appearance; groups asking for the same job-level
-    resources share a component."""
-    components: Dict[Any, _Component] = {}
-    used_logs = set()
-    for index, (label, executable) in enumerate(executables):
-        group = resources.get(label) or SlurmResources()
-        key = (tuple(group.sbatch_options()) if group.nodes is None
-               else ('own component', label))
-        log = re.sub(r'[^A-Za-z0-9_.-]', '_', executable.name)
-        if log in used_logs:
-            log = f'{log}-{index}'
-        used_logs.add(log)
-        step = _Step(index, executable, group, os.path.join(log_dir, log + '.out'))
-        components.setdefault(key, _Component(group, [])).steps.append(step)
-    return list(components.values())
-
-
-def _batch_script(program_name: str, components: Sequence[_Component], run_dir: str,
-                  spec_paths: Mapping[int, str], driver: Optional[List[str]] = None) -> str:
-    """The sbatch script: one component per `components`, one `srun` step per executable.
-
-    Every step records its exit code in `run_dir` for the launcher. With `driver` (detached mode),
-    the script first starts the program's coordinator and waits until it has written its address.
-    """
-    lines = ['#!/bin/bash']
-    for number, component in enumerate(components):
-        if number:
-            lines.append('#SBATCH hetjob')
-        lines.append(f'#SBATCH --ntasks={len(component.steps)}')
-        lines += [f'#SBATCH {option}' for option in component.resources.sbatch_options()]
-    lines += [
-        f'# Program {program_name!r}, written by the launchpad slurm launcher: every node runs as',
-        '# a job step; each step writes its exit code to the run directory.',
-        f'run={shlex.quote(run_dir)}',
-        'step() {  # INDEX SRUN_ARGUMENTS...',
-        '  local index=$1 code',
-        '  shift',
-        '  srun "$@"',
-        '  code=$?',
-        f'  {{ echo "$code" >"$run/$index{shared.EXIT_SUFFIX}.tmp" && '
-        f'mv "$run/$index{shared.EXIT_SUFFIX}.tmp" "$run/$index{shared.EXIT_SUFFIX}"; }} 2>/dev/null',
-        '}',
-    ]
-    if driver is not None:
-        lines += [
-            f'{shlex.join(driver)} &',
-            'driver=$!',
-            f'until [ -s "$run/{shared.COORDINATOR_FILE}" ]; do',
-            '  kill -0 "$driver" 2>/dev/null || { echo "launchpad: the coordinator did not start" >&2; '
-            'exit 1; }',
-            '  sleep 0.1',
-            'done',
-        ]
-    heterogeneous = len(components) > 1
-    for number, component in enumerate(components):
-        for step in component.steps:
-            python = step.resources.interpreter or sys.executable
-            srun = ([f'--het-group={number}'] if heterogeneous else []) + [
-                '--exact', '--ntasks=1', '--nodes=1',
-                *step.resources.per_task_options(),
-                f'--job-name={step.executable.name}', f'--output={step.log}', '--input=none',
-                *specs.worker_argv(spec_paths[step.index], python)]
-            lines.append(f'step {step.index} {shlex.join(srun)} &')
-    if driver is not None:
-        lines += ['wait "$driver"', 'status=$?', 'wait', 'exit "$status"']
-    else:
-        lines.append('wait')
-    return '\n'.join(lines) + '\n'
 
 
 @contextlib.contextmanager
@@ -371,10 +282,10 @@ class SlurmLauncher(launcher.Launcher):
         run_dir = os.path.join(job_dir, 'run')
         log_dir = os.path.join(job_dir, 'logs')
         batch_log = os.path.join(log_dir, 'job.out')
-        components = _plan(executables, options.resources, log_dir)
+        components = script.plan(executables, options.resources, log_dir)
         steps = sorted((s for c in components for s in c.steps), key=lambda s: s.index)
         names = [step.executable.name for step in steps]
-        watched = [shared.WatchedStep(s.index, s.executable.name, s.log) for s in steps]
+        watched = [step.watched() for step in steps]
         token = secrets.token_hex(16)
         server = coordinator = None
         if settings.detach:
@@ -402,10 +313,10 @@ class SlurmLauncher(launcher.Launcher):
                 specs.write(packer.spec(step.executable.name, step.executable.run,
                                         args=step.resources.args, env=step.resources.env),
                             spec_paths[step.index])
-            script = os.path.join(run_dir, 'job.sh')
-            with open(script, 'w') as f:
-                f.write(_batch_script(program.name, components, run_dir, spec_paths, driver))
-            job_id = job.submit(script, program.name, batch_log, _job_environment(token))
+            script_path = os.path.join(run_dir, 'job.sh')
+            with open(script_path, 'w') as f:
+                f.write(script.batch_script(program.name, components, run_dir, spec_paths, driver))
+            job_id = job.submit(script_path, program.name, batch_log, _job_environment(token))
         except BaseException:
             if server is not None:
                 server.Stop()
