@@ -38,6 +38,7 @@ from typing import Dict, Optional, Sequence, Tuple
 from launchpad.launch import launcher
 from launchpad.launch.controller import Controller
 from launchpad.launch.slurm import addresses, job, script, shared
+from launchpad.launch.slurm.steps import StepRunner
 from launchpad.launch.slurm.resources import SlurmResources
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import Coordinator, NodeFailedError, serve_coordinator
@@ -45,7 +46,6 @@ from launchpad.process.output import prefix_for
 from launchpad.program import Program
 
 JOB_DIR_ENV = 'LAUNCHPAD_SLURM_DIR'
-_JOB_POLL = 1.0  # seconds between squeue calls while the program runs
 
 
 @contextlib.contextmanager
@@ -120,93 +120,6 @@ class _LogFollower:
         self._closed.set()
         self._thread.join()
         self._copy(final=True)
-
-
-def _tail(path: str, lines: int = 10) -> str:
-    try:
-        with open(path, 'rb') as f:
-            f.seek(max(0, os.path.getsize(path) - 4096))
-            text = f.read().decode(errors='replace')
-    except OSError:
-        return ''
-    return '\n'.join(text.splitlines()[-lines:])
-
-
-class _StepRunner:
-    """The controller's view of the job's steps: their exit codes come from the files the batch
-    script writes; the job's state comes from squeue (when `job_id` is watched)."""
-
-    def __init__(self, job_id: str, run_dir: Optional[str], steps: Sequence[Tuple[int, str, str]],
-                 coordinator: Coordinator, *, watch_job: bool, server=None,
-                 follower: Optional[_LogFollower] = None, batch_log: str = ''):
-        self._job_id = job_id
-        self._run_dir = run_dir
-        self._steps = list(steps)  # (index, executable name, log file)
-        self._coordinator = coordinator
-        self._watch_job = watch_job
-        self._server = server
-        self._follower = follower
-        self._batch_log = batch_log
-        self._codes: Dict[str, Optional[int]] = {name: None for _, name, _ in self._steps}
-        self._checked = time.monotonic()
-
-    def poll(self) -> Dict[str, Optional[int]]:
-        self._read_exit_codes()
-        running = [step for step in self._steps if self._codes[step[1]] is None]
-        if running and self._watch_job and time.monotonic() - self._checked >= _JOB_POLL:
-            self._checked = time.monotonic()
-            try:
-                states = job.states(self._job_id)
-            except job.SlurmError as e:
-                logging.warning('%s', e)
-                return dict(self._codes)
-            if job.ended(states):
-                self._read_exit_codes()  # the batch script writes them before the job ends
-                for _, name, log in running:
-                    if self._codes[name] is None:
-                        if not self._coordinator.stopping:
-                            self._coordinator.node_failed(
-                                name, f'Slurm job {self._job_id} ended while this node ran: '
-                                      f'{job.describe(states)}. Its log: {log}')
-                        self._codes[name] = -signal.SIGKILL
-        return dict(self._codes)
-
-    def _read_exit_codes(self) -> None:
-        for index, name, log in self._steps:
-            if self._codes[name] is not None or self._run_dir is None:
-                continue
-            try:
-                with open(shared.exit_file(self._run_dir, index)) as f:
-                    code = int(f.read().strip() or 1)
-            except (OSError, ValueError):
-                continue
-            if (code != 0 and not self._coordinator.stopping
-                    and not self._coordinator.status()[name].state.ended):
-                self._coordinator.node_failed(
-                    name, f'its Slurm step ended with exit code {code} without reporting an error. '
-                          f'Its log, {log}, ends with:\n{_tail(log) or _tail(self._batch_log)}')
-            self._codes[name] = code
-
-    def kill(self, names: Sequence[str]) -> None:
-        del names  # one job: cancelling it ends every step
-        if self._run_dir is not None and not self._watch_job:
-            shutil.rmtree(self._run_dir, ignore_errors=True)  # inside the job, scancel ends us too
-        job.cancel(self._job_id)
-
-    def release(self) -> None:
-        try:
-            if self._watch_job and not job.wait_for_end(self._job_id, timeout=3.0):
-                job.cancel(self._job_id)
-                if not job.wait_for_end(self._job_id, timeout=60.0):
-                    logging.error('Slurm job %s is still running 60 s after scancel; check it with '
-                                  '`squeue -j %s`.', self._job_id, self._job_id)
-        finally:
-            if self._follower is not None:
-                self._follower.close()
-            if self._server is not None:
-                self._server.Stop()
-            if self._run_dir is not None:
-                shutil.rmtree(self._run_dir, ignore_errors=True)
 
 
 class SlurmController(Controller):
@@ -327,7 +240,7 @@ class SlurmLauncher(launcher.Launcher):
                   f'({len(names)} nodes).\n  Follow it: {follow}\n  Its state: squeue -j {job_id}\n'
                   f'  Cancel it: scancel {job_id}', flush=True)
             nothing = Coordinator([])  # the job's own coordinator follows its nodes
-            runner = _StepRunner(job_id, None, [], nothing, watch_job=False)
+            runner = StepRunner(job_id, None, [], nothing, watch_job=False)
             return SlurmController(program.name, nothing, runner,
                                    launch_type=options.launch_type, job_id=job_id, log_dir=log_dir,
                                    detached=True)
@@ -341,12 +254,13 @@ class SlurmLauncher(launcher.Launcher):
             job.cancel(job_id)
             server.Stop()
             raise
-        follower = None
+        closing = [server.Stop]
         if terminal == 'current_terminal':
             follower = _LogFollower([('slurm', batch_log)] + [(s.executable.name, s.log)
                                                               for s in steps])
-        runner = _StepRunner(job_id, run_dir, watched, coordinator, watch_job=True, server=server,
-                             follower=follower, batch_log=batch_log)
+            closing = [follower.close, server.Stop]
+        runner = StepRunner(job_id, run_dir, watched, coordinator, watch_job=True,
+                            closing=closing, batch_log=batch_log)
         return SlurmController(program.name, coordinator, runner, launch_type=options.launch_type,
                                notice_period=options.notice_period, job_id=job_id, log_dir=log_dir)
 
@@ -364,8 +278,8 @@ def _serve_detached() -> None:
     coordinator = Coordinator(info.nodes)
     server = serve_coordinator(coordinator, job.coordinator_bind_endpoint(), tls=info.tls)
     shared.write_coordinator_endpoint(run_dir, server.address)
-    runner = _StepRunner(job_id, run_dir, info.steps, coordinator, watch_job=False, server=server,
-                         batch_log=info.batch_log)
+    runner = StepRunner(job_id, run_dir, info.steps, coordinator, watch_job=False,
+                        closing=[server.Stop], batch_log=info.batch_log)
     controller = Controller(info.program, coordinator, runner,
                             launch_type='slurm', notice_period=info.notice_period)
     try:
