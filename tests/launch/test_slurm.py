@@ -194,6 +194,32 @@ def test_groups_with_equal_resources_share_one_component(tmp_path):
     assert 'COURIER_AUTH_TOKEN' not in script
 
 
+def test_detached_script_starts_the_driver_as_a_module(tmp_path):
+    program = producer_consumer('unused')
+    options = lp.LaunchOptions('slurm', resources={})
+    components = plan(lp.executables_of(program, options), {}, str(tmp_path))
+    script = batch_script('pc', components, str(tmp_path), {i: f'{i}.spec' for i in range(3)},
+                          detached=True)
+    assert f'-m launchpad.launch.slurm.driver {tmp_path} &' in script
+    # Without a job description the driver fails at once, but only after starting as a module
+    # that nothing imported before (which Python would warn about).
+    done = subprocess.run([sys.executable, '-W', 'error::RuntimeWarning', '-m',
+                           'launchpad.launch.slurm.driver', str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env=script_env())
+    assert done.returncode != 0
+    assert 'job.json' in done.stderr and 'RuntimeWarning' not in done.stderr
+
+
+def test_a_step_loads_nothing_of_the_launchers_side():
+    code = ('import sys, launchpad.launch.slurm.addresses, launchpad.launch.slurm.shared; '
+            'print(" ".join(m for m in sys.modules if m.startswith("launchpad.launch.slurm")))')
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          timeout=60, env=script_env(), check=True)
+    assert sorted(done.stdout.split()) == [
+        'launchpad.launch.slurm', 'launchpad.launch.slurm.addresses',
+        'launchpad.launch.slurm.shared']
+
+
 def test_resources_are_checked_when_written():
     with pytest.raises(ValueError, match='mem'):
         lp.SlurmResources(mem='lots')

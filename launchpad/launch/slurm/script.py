@@ -11,7 +11,7 @@ import os
 import re
 import shlex
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from launchpad.launch.slurm import shared
 from launchpad.launch.slurm.resources import SlurmResources
@@ -67,12 +67,12 @@ def plan(executables: Sequence[Tuple[str, Executable]], resources: Mapping[str, 
 
 
 def batch_script(program_name: str, components: Sequence[Component], run_dir: str,
-                 spec_paths: Mapping[int, str], driver: Optional[List[str]] = None) -> str:
+                 spec_paths: Mapping[int, str], detached: bool = False) -> str:
     """The sbatch script: one component per `components`, one `srun` step per executable.
 
-    Every step records its exit code in `run_dir` for the step runner. With `driver` (detached
-    mode), the script first starts the program's coordinator and waits until it has written its
-    address.
+    Every step records its exit code in `run_dir` for the step runner. A `detached` program's
+    script first starts the in-job driver (driver.py), which serves the program's coordinator, and
+    waits until it has written its address; the job then ends with the driver's exit code.
     """
     lines = ['#!/bin/bash']
     for number, component in enumerate(components):
@@ -93,9 +93,9 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
         f'  {{ echo "$code" >"{exit_file}.tmp" && mv "{exit_file}.tmp" "{exit_file}"; }} 2>/dev/null',
         '}',
     ]
-    if driver is not None:
+    if detached:
         lines += [
-            f'{shlex.join(driver)} &',
+            f'{shlex.join(shared.driver_argv(run_dir))} &',
             'driver=$!',
             f'until [ -s "$run/{shared.COORDINATOR_FILE}" ]; do',
             '  kill -0 "$driver" 2>/dev/null || { echo "launchpad: the coordinator did not start" >&2; '
@@ -113,7 +113,7 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
                 f'--job-name={step.executable.name}', f'--output={step.log}', '--input=none',
                 *specs.worker_argv(spec_paths[step.index], python)]
             lines.append(f'step {step.index} {shlex.join(srun)} &')
-    if driver is not None:
+    if detached:
         lines += ['wait "$driver"', 'status=$?', 'wait', 'exit "$status"']
     else:
         lines.append('wait')
