@@ -1,8 +1,8 @@
 """Talking to Slurm about the program's job: `sbatch`, `squeue`, `scancel` and `scontrol`.
 
 Runs wherever the job is watched: on the launching machine (submitting it, waiting for it to start,
-following it, cancelling it), and inside a detached job (its driver asks for the controller's address
-and cancels the job when the program ends).
+following it, cancelling it), and inside a detached job (its driver asks where the Slurm controller
+is, and cancels the job to end nodes that outlive a stop).
 """
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ A program launched in the foreground lives in these threads of the launching pro
     controller thread    StepRunner (steps.py): reads the steps' exit code files, and squeue
     lp-slurm-logs        _LogFollower: copies the steps' output files to stdout
 
-A detached program (detach=True) needs none of them: the coordinator and the step runner run inside
-the job, in the driver (driver.py), and lp.launch returns once the job is submitted.
+A detached program (detach=True) has its coordinator and step runner inside the job, in the driver
+(driver.py); lp.launch returns once the job is submitted, and no thread of ours follows it.
 """
 from __future__ import annotations
 
