@@ -5,8 +5,8 @@ The launching machine and the compute nodes share a filesystem; they talk throug
 directory. The launcher writes the job description there (detached mode); the in-job driver reads
 it and writes the coordinator's endpoint, which the batch script and the steps read; the batch
 script writes each step's exit code, which the step runner reads on either side. This module is
-imported on both sides and in every job step (`read_coordinator_endpoint` is pickled into the
-nodes' specs in detached mode), so it needs nothing but the standard library.
+imported on both sides, and in the steps of a detached program (their specs hold
+`read_coordinator_endpoint`), so it needs nothing but the standard library.
 """
 from __future__ import annotations
 
