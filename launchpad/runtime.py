@@ -11,10 +11,7 @@ import dataclasses
 import functools
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional
-
-if TYPE_CHECKING:  # the address table refers to this module to resolve addresses
-    from launchpad.address import AddressTable
+from typing import Any, Callable, Optional
 
 
 class StopSignal:
@@ -75,7 +72,7 @@ class NodeContext:
     program_name: str
     label: str
     index: int
-    address_table: 'AddressTable'
+    address_table: Any  # a launchpad.address.AddressTable (which imports this module)
     stop: StopSignal
     coordinator: Any = None
     notice_period: float = 10.0
