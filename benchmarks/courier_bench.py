@@ -53,8 +53,9 @@ def _serve_bare_grpc(address: str, ready, stop) -> None:
     """Server process: a grpcio server echoing raw bytes, as courier configures gRPC."""
     import grpc  # pylint: disable=import-outside-toplevel
     from courier import transport  # pylint: disable=import-outside-toplevel
+    from courier.transport import grpc as grpc_transport  # pylint: disable=import-outside-toplevel
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(16),
-                         options=transport.SERVER_OPTIONS)
+                         options=grpc_transport.SERVER_OPTIONS)
     service, method = _BARE_METHOD.strip('/').split('/')
     server.add_registered_method_handlers(
         service, {method: grpc.unary_unary_rpc_method_handler(lambda request, context: request)})
@@ -71,7 +72,7 @@ class _BareGrpcClient:
 
     def __init__(self, address: str):
         import grpc  # pylint: disable=import-outside-toplevel
-        from courier import transport  # pylint: disable=import-outside-toplevel
+        from courier.transport import grpc as transport  # pylint: disable=import-outside-toplevel
         channel = grpc.insecure_channel(
             address, options=transport.CHANNEL_OPTIONS)
         self._call = channel.unary_unary(_BARE_METHOD, _registered_method=True)

@@ -8,8 +8,10 @@
     client.futures.add(4, 5).result()         # a concurrent.futures.Future
     server.Stop()
 
-Calls travel over gRPC (TCP ``host:port`` or Unix socket ``unix:/path``) with
-arguments and results pickled (protocol 5, large buffers out-of-band).
+Calls to a Unix socket (``unix:/path``) travel in courier's own frames (or
+without a socket when the server is in the same process); calls to TCP
+``host:port`` travel over gRPC, which is imported only then. Arguments and
+results are pickled (protocol 5, large buffers out-of-band).
 """
 
 from courier.batching import batched_handler

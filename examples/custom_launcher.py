@@ -11,13 +11,13 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 
 import launchpad as lp
-from launchpad.address import AddressTable
-from launchpad.launch.coordinator import Coordinator, serve_coordinator
-from launchpad.launch.worker import WORKER_ARGV, WorkerSpec, write_spec
+from launchpad.address import local_address_table
+from launchpad.launch.controller import ProcessRunner
+from launchpad.process import spec
+from launchpad.process.coordinator import Coordinator, serve_coordinator
 
 
 class PrefixLauncher(lp.Launcher):
@@ -31,37 +31,34 @@ class PrefixLauncher(lp.Launcher):
         workdir = tempfile.mkdtemp(prefix='launchpad-')
         token = secrets.token_hex(16)
         addresses = [address for executable in executables for address in executable.addresses]
-        table = AddressTable(static={a.id: f'unix:{workdir}/{i}.sock'
-                                     for i, a in enumerate(addresses)})
         coordinator = Coordinator([executable.name for executable in executables])
         server = serve_coordinator(coordinator, f'unix:{workdir}/coordinator.sock',
-                                    auth_token=token)
-        processes = {}
+                                   auth_token=token)
+        packer = spec.Packer(program.name, options.launch_type,
+                             local_address_table(addresses, workdir), server.address,
+                             notice_period=options.notice_period)
+        runner = _Runner(server, workdir)
         for i, executable in enumerate(executables):
-            spec_path = os.path.join(workdir, f'{i}.spec')
-            write_spec(WorkerSpec(program.name, options.launch_type, executable.name,
-                                  executable.run, table, server.address,
-                                  notice_period=options.notice_period), spec_path)
-            processes[executable.name] = subprocess.Popen(
-                self.prefix + [sys.executable] + WORKER_ARGV + [spec_path],
-                env={**os.environ, 'COURIER_AUTH_TOKEN': token}, start_new_session=True)
-        return lp.Controller(program.name, coordinator, _Runner(processes, server, workdir),
+            path = os.path.join(workdir, f'{i}.spec')
+            spec.write(packer.spec(executable.name, executable.run), path)
+            runner.processes[executable.name] = subprocess.Popen(
+                self.prefix + spec.worker_argv(path), env=spec.node_environment(token),
+                start_new_session=True)
+        return lp.Controller(program.name, coordinator, runner,
                              launch_type=options.launch_type, notice_period=options.notice_period)
 
 
-class _Runner:
-    """What the common controller needs: poll, kill, release."""
+class _Runner(ProcessRunner):
+    """What the common controller needs: poll and kill the processes, and release the rest."""
 
-    def __init__(self, processes, server, workdir):
-        self.processes, self.server, self.workdir = processes, server, workdir
-
-    def poll(self):
-        return {name: process.poll() for name, process in self.processes.items()}
+    def __init__(self, server, workdir):
+        super().__init__()
+        self.server, self.workdir = server, workdir
 
     def kill(self, names):
+        super().kill(names)
         for name in names:
-            self.processes[name].kill()
-            self.processes[name].wait()
+            self.processes[name].wait()  # reaped: no zombie is left
 
     def release(self):
         self.server.Stop()

@@ -6,20 +6,19 @@
     server = program.add_node(lp.CourierNode(Server), label='server')
     program.add_node(lp.PyNode(client_main, server), label='client')
     lp.launch(program, launch_type='local_mp')
+
+Platform modules (processes, ssh, slurm, kubernetes) load when one of their names is first used.
 """
+import importlib
+from typing import Any, List
+
 from courier import batched_handler
 
 from launchpad.address import Address
-from launchpad.launch.coordinator import NodeFailedError, NodeState, NodeStatus
-from launchpad.launch.launcher import (LAUNCH_TYPE, Controller, LaunchOptions, LaunchType,
-                                       Launcher, executables_of, is_local_launch,
-                                       is_local_launch_or_test, launch, make_program_stopper,
-                                       register_launcher)
-from launchpad.launch.kubernetes import KubernetesResources, program_to_manifests
-from launchpad.launch.processes import PythonProcess
-from launchpad.launch.slurm import SlurmController, SlurmError, SlurmResources
-from launchpad.launch.ssh import SshHost, SshHosts
-from launchpad.launch.worker import NodePicklingError
+from launchpad.launch.controller import Controller
+from launchpad.launch.launcher import (LAUNCH_TYPE, LaunchOptions, LaunchType, Launcher,
+                                       executables_of, is_local_launch, is_local_launch_or_test,
+                                       launch, make_program_stopper, register_launcher)
 from launchpad.nodes.base import Executable, Handle, LaunchInfo, Node
 from launchpad.nodes.cacher import CacherNode
 from launchpad.nodes.colocation import (ColocationNode, MultiProcessingColocation,
@@ -27,9 +26,23 @@ from launchpad.nodes.colocation import (ColocationNode, MultiProcessingColocatio
 from launchpad.nodes.courier import CourierClient, CourierHandle, CourierNode
 from launchpad.nodes.python import PyClassNode, PyNode
 from launchpad.nodes.reverb import ReverbHandle, ReverbNode
+from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus
+from launchpad.process.spec import NodePicklingError
 from launchpad.program import Program, ProgramError, make_program
 from launchpad.runtime import (get_context, register_stop_handler, stop, stop_event,
                                unregister_stop_handler, wait_for_stop)
+
+# Public names of the platform modules, imported on first use (see __getattr__).
+_PLATFORM_NAMES = {
+    'PythonProcess': 'launchpad.launch.processes',
+    'SshHost': 'launchpad.launch.ssh',
+    'SshHosts': 'launchpad.launch.ssh',
+    'SlurmController': 'launchpad.launch.slurm',
+    'SlurmError': 'launchpad.launch.slurm',
+    'SlurmResources': 'launchpad.launch.slurm',
+    'KubernetesResources': 'launchpad.launch.kubernetes',
+    'program_to_manifests': 'launchpad.launch.kubernetes',
+}
 
 __all__ = [
     'Address', 'CacherNode', 'ColocationNode', 'Controller', 'CourierClient', 'CourierHandle',
@@ -43,3 +56,16 @@ __all__ = [
     'program_to_manifests', 'register_launcher', 'register_stop_handler', 'stop', 'stop_event',
     'unregister_stop_handler', 'wait_for_stop',
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _PLATFORM_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(__all__))

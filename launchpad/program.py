@@ -50,8 +50,8 @@ class Program:
             raise ProgramError(f'add_node(label={label!r}) inside group({self._current_group!r}): '
                                'use one or the other.')
         _check_label(label)
-        if node._colocated_in is not None:  # pylint: disable=protected-access
-            raise ProgramError(f'{node!r} is already part of {node._colocated_in!r}; add only the '  # pylint: disable=protected-access
+        if node.colocated_in is not None:
+            raise ProgramError(f'{node!r} is already part of {node.colocated_in!r}; add only the '
                                'colocation node to the program, not the nodes inside it.')
         if node.name is not None:
             raise ProgramError(f'{node!r} was already added to a program; create a new node instead.')

@@ -13,8 +13,6 @@ import logging
 import threading
 from typing import Any, Callable, Optional
 
-from launchpad.address import AddressTable
-
 
 class StopSignal:
     """The program's stop event and stop handlers, as seen by one process."""
@@ -74,7 +72,7 @@ class NodeContext:
     program_name: str
     label: str
     index: int
-    address_table: AddressTable
+    address_table: Any  # a launchpad.address.AddressTable (which imports this module)
     stop: StopSignal
     coordinator: Any = None
     notice_period: float = 10.0

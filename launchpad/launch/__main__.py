@@ -14,11 +14,10 @@ import sys
 from typing import List, Optional
 
 from launchpad.launch import launcher
-from launchpad.launch.coordinator import NodeFailedError
+from launchpad.process.coordinator import NodeFailedError
 
 
 def _parser() -> argparse.ArgumentParser:
-    launcher._load_builtin_launchers()  # pylint: disable=protected-access
     parser = argparse.ArgumentParser(
         prog='python -m launchpad.launch',
         description='Run a launchpad program script with the given launch type.')
@@ -37,18 +36,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     known = launcher.registered_launch_types()
     if args.type not in known:
         parser.error(f'unknown launch type {args.type!r}; known launch types: {", ".join(known)}')
-    launcher._override_launch_type = args.type  # pylint: disable=protected-access
-    launcher._cli_waits = True  # pylint: disable=protected-access
+    launcher.run_as_script(args.type)
     sys.argv = [args.script] + args.script_args
     try:
         runpy.run_path(args.script, run_name='__main__')
     except SystemExit as e:
         if e.code not in (None, 0):
-            for controller in launcher._launched:  # pylint: disable=protected-access
+            for controller in launcher.launched():
                 controller.stop()
             raise
     status = 0
-    for controller in launcher._launched:  # pylint: disable=protected-access
+    for controller in launcher.launched():
         try:
             controller.wait()
         except NodeFailedError as e:

@@ -1,41 +1,36 @@
-"""The launcher interface, the registry of launch types, `lp.launch`, and the program controller.
+"""The launcher interface, the registry of launch types and `lp.launch`.
 
 A launcher knows its platform and nothing about node internals. To add a platform, subclass
-`Launcher`, implement `launch`, and register it:
+`Launcher`, declare what it accepts, implement `launch`, and register it:
 
     class MyLauncher(lp.Launcher):
+        resource_types = (MyResources,)
         def launch(self, program, options):
             ...  # start every executable of `lp.executables_of(program, options)`
-            return lp.Controller(program_name, coordinator, runner)
+            return lp.Controller(program.name, coordinator, runner, launch_type=...)
 
     lp.register_launcher('my_platform', MyLauncher)
     lp.launch(program, launch_type='my_platform')
 
-`examples/custom_launcher.py` is a complete one in forty lines.
+`lp.launch` validates what a launcher declares (resource types, terminals, options) before it
+calls `launch`. `examples/custom_launcher.py` is a complete launcher in forty lines.
 """
 from __future__ import annotations
 
 import abc
-import atexit
-import concurrent.futures.thread  # pylint: disable=unused-import (see _run_until_done_at_exit)
 import dataclasses
 import enum
 import functools
 import importlib
-import logging
-import os
-import signal
-import sys
-import threading
-import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import flags
 
 import courier
 
-from launchpad.launch.coordinator import Coordinator, NodeStatus
+from launchpad.launch.controller import Controller
 from launchpad.nodes.base import Executable, LaunchInfo
+from launchpad.process.output import TERMINALS
 from launchpad.program import Program
 
 
@@ -59,7 +54,6 @@ _TEST_TYPES = ('test_mt', 'test_mp')
 flags.DEFINE_string('lp_launch_type', 'local_mt',
                     'How to launch a launchpad program: local_mt, local_mp, test_mt, test_mp, ssh, '
                     'slurm, kubernetes, or any registered launch type.')
-_override_launch_type: Optional[str] = None  # set by `python -m launchpad.launch --type=...`
 
 
 class _LaunchTypeFlag:
@@ -67,8 +61,8 @@ class _LaunchTypeFlag:
 
     @property
     def value(self) -> str:
-        if _override_launch_type is not None:
-            return _override_launch_type
+        if _script_mode.launch_type is not None:
+            return _script_mode.launch_type
         return flags.FLAGS['lp_launch_type'].value
 
 
@@ -103,12 +97,13 @@ class LaunchOptions:
     Attributes:
       launch_type: the launch type name.
       resources: group label -> platform resources (e.g. `lp.PythonProcess` for local_mp).
-      terminal: where node output goes (launcher-specific names, e.g. 'current_terminal').
+      terminal: where node output goes (one of the launcher's `terminals`, its first by default).
       test_case: a unittest.TestCase for test launch types, or None.
       serialize_py_nodes: round-trip executables through pickling even where not needed.
       notice_period: seconds nodes get to end after a stop before they are killed.
       tls: TLS credentials for the program's traffic between hosts (TCP), or None.
       extra: launcher-specific keyword arguments given to `lp.launch`.
+      settings: `extra` as the launcher's `options` dataclass, if it declares one.
     """
     launch_type: str
     resources: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -118,22 +113,71 @@ class LaunchOptions:
     notice_period: float = 10.0
     tls: Optional[courier.TLSConfig] = None
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    settings: Any = None
 
 
 class Launcher(abc.ABC):
     """A platform that can run programs.
 
+    The class attributes declare what the platform accepts; `lp.launch` checks them once, before
+    `launch` is called, so a launcher never validates them itself.
+
     Attributes:
       foreground: True if launched programs need this process (their coordinator runs here):
         `lp.launch` then keeps the script alive until the program ends and turns Ctrl-C into a
-        stop, as for the local launch types.
+        stop, unless the returned controller is `detached`.
+      resource_types: the types a group's resources may have (empty: anything).
+      terminals: the `terminal=` values it supports, its default first (None: anything).
+      options: a dataclass whose fields are its own keyword arguments of `lp.launch`; None
+        accepts any and leaves them in `LaunchOptions.extra`.
+      tls_refusal: why it refuses `tls=` (None: it supports TLS).
     """
 
     foreground: bool = False
+    resource_types: Tuple[type, ...] = ()
+    terminals: Optional[Tuple[str, ...]] = None
+    options: Optional[type] = None
+    tls_refusal: Optional[str] = None
 
     @abc.abstractmethod
-    def launch(self, program: Program, options: LaunchOptions) -> 'Controller':
+    def launch(self, program: Program, options: LaunchOptions) -> Controller:
         """Starts every executable of `program` and returns its controller."""
+
+    def check(self, program: Program, options: LaunchOptions) -> None:
+        """Checks `options` for `program` against the declarations; fills in the terminal and
+        the settings."""
+        launch_type = options.launch_type
+        unknown_groups = set(options.resources) - set(program.groups)
+        if unknown_groups:
+            raise ValueError(f'Resources given for groups {sorted(unknown_groups)} that the program '
+                             f'does not have; its groups are {sorted(program.groups)}.')
+        if self.resource_types:
+            for label, resources in options.resources.items():
+                if not isinstance(resources, self.resource_types):
+                    raise TypeError(f'The {launch_type} launch type takes '
+                                    f'{_type_names(self.resource_types)}; group {label!r} got '
+                                    f'{resources!r}.')
+        if self.terminals is not None:
+            options.terminal = options.terminal or self.terminals[0]
+            if options.terminal not in self.terminals:
+                raise ValueError(f'Unknown terminal {options.terminal!r} for launch type '
+                                 f'{launch_type}; it supports {", ".join(self.terminals)}.')
+        if options.tls is not None and self.tls_refusal is not None:
+            raise ValueError(f'tls= is not supported by the {launch_type} launcher: '
+                             f'{self.tls_refusal}')
+        if self.options is not None:
+            known = [field.name for field in dataclasses.fields(self.options)]
+            unknown = sorted(set(options.extra) - set(known))
+            if unknown:
+                raise TypeError(f'Unknown option(s) {unknown} for launch type {launch_type}; it '
+                                f'takes {", ".join(known) or "none"}.')
+            options.settings = self.options(**options.extra)
+
+
+def _type_names(types: Sequence[type]) -> str:
+    names = [f'lp.{t.__name__}' if t.__module__.startswith('launchpad.') else t.__name__
+             for t in types]
+    return names[0] if len(names) == 1 else f'{", ".join(names[:-1])} or {names[-1]}'
 
 
 _registry: Dict[str, Callable[[], Launcher]] = {}
@@ -145,6 +189,8 @@ def register_launcher(launch_type: str, factory: Callable[[], Launcher]) -> None
 
 
 def registered_launch_types() -> List[str]:
+    """Every launch type `lp.launch` accepts, the built-in ones included."""
+    load_builtin_launchers()
     return sorted(_registry)
 
 
@@ -160,175 +206,6 @@ def executables_of(program: Program, options: LaunchOptions) -> List[Tuple[str, 
             for executable in same_type[0].to_executables(same_type, label, info):
                 result.append((label, executable))
     return result
-
-
-class Runner(Protocol):
-    """The platform side of a controller: the executables it started."""
-
-    def poll(self) -> Dict[str, Optional[int]]:
-        """Executable name -> exit code, or None while it runs."""
-
-    def kill(self, names: Sequence[str]) -> None:
-        """Ends the named executables at once."""
-
-    def release(self) -> None:
-        """Frees what the launch holds (temporary directories, servers); called once at the end."""
-
-
-class Controller:
-    """A launched program: wait for it to end, stop it, and see how each node is doing."""
-
-    def __init__(self, program_name: str, coordinator: Coordinator, runner: Runner, *,
-                 launch_type: str, notice_period: float = 10.0, poll_interval: float = 0.05):
-        self.program_name = program_name
-        self.launch_type = launch_type
-        self._coordinator = coordinator
-        self._runner = runner
-        self._notice_period = notice_period
-        self._poll_interval = poll_interval
-        self._kill_now = threading.Event()
-        self._done = threading.Event()
-        self._failure_reported = False
-        self._monitor = threading.Thread(target=self._monitor_loop, name=f'lp-{program_name}',
-                                         daemon=True)
-        self._monitor.start()
-
-    def wait(self, labels: Optional[Sequence[str]] = None, timeout: Optional[float] = None) -> bool:
-        """Blocks until the program (or the nodes of groups `labels`) ends.
-
-        Returns False if `timeout` seconds passed first. Raises NodeFailedError naming the node if a
-        node failed.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        names = None
-        if labels is not None:
-            wanted = [labels] if isinstance(labels, str) else list(labels)
-            names = [name for name in self._coordinator.status()
-                     if any(name.startswith(label + '/') for label in wanted)]
-        while True:
-            if names is None:
-                ended = self._done.is_set()
-            else:
-                ended = (not self._coordinator.running(names)) or self._done.is_set()
-            failure = self._coordinator.failure
-            if failure is not None and (ended or self._done.is_set()):
-                self._failure_reported = True
-                raise failure
-            if ended:
-                return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            self._coordinator.wait_for_change(0.1 if deadline is None
-                                              else min(0.1, max(0.0, deadline - time.monotonic())))
-
-    def stop(self, timeout: Optional[float] = None) -> None:
-        """Stops the program: nodes get the stop signal and the notice period, then are killed.
-
-        Blocks until every node has ended (or `timeout` passes). A node failure is not raised here;
-        `wait()` raises it.
-        """
-        self._coordinator.request_stop('stopped by the launcher')
-        self._done.wait(timeout)
-
-    def kill(self) -> None:
-        """Ends every node at once, without a notice period."""
-        self._coordinator.request_stop('killed by the launcher')
-        self._kill_now.set()
-        self._done.wait()
-
-    def status(self) -> Dict[str, NodeStatus]:
-        """Node name -> its status."""
-        return self._coordinator.status()
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def _monitor_loop(self) -> None:
-        try:
-            while True:
-                running = []
-                for name, code in self._runner.poll().items():
-                    if code is None:
-                        running.append(name)
-                    else:
-                        self._coordinator.executable_exited(name, code)
-                if not running:
-                    break
-                stop_time = self._coordinator.stop_time
-                if self._kill_now.is_set() or (
-                        stop_time is not None
-                        and time.monotonic() - stop_time > self._notice_period):
-                    if stop_time is not None and not self._kill_now.is_set():
-                        logging.warning('Killing %s: still running %g s after the stop.',
-                                        ', '.join(running), self._notice_period)
-                    self._runner.kill(running)
-                    self._coordinator.mark_killed(running)
-                    break
-                self._coordinator.wait_for_change(self._poll_interval)
-        except Exception:  # pylint: disable=broad-except
-            logging.exception('The controller of %s failed; killing the program.', self.program_name)
-            self._runner.kill([name for name, code in self._runner.poll().items() if code is None])
-        finally:
-            try:
-                self._runner.release()
-            finally:
-                self._done.set()
-
-    # Local launches run to the end when the script ends, and handle Ctrl-C / SIGTERM.
-
-    def _run_until_done_at_exit(self) -> None:
-        """Makes the interpreter wait at exit until the program ends, like a foreground program.
-
-        The wait runs in the main thread at the start of interpreter shutdown, before
-        concurrent.futures stops its executors (which servers in this process still need): hooks
-        registered with threading's exit hook run newest first, and ours is newer.
-        """
-        def wait_at_exit():
-            while not self._done.wait(0.1):  # short waits let signal handlers run
-                pass
-            failure = self._coordinator.failure
-            if failure is not None and not self._failure_reported:
-                self._failure_reported = True
-                print(f'\n{failure}', file=sys.stderr, flush=True)
-                sys.stdout.flush()
-                os._exit(1)  # pylint: disable=protected-access
-
-        register = getattr(threading, '_register_atexit', None) or atexit.register
-        register(wait_at_exit)
-
-    def _handle_signals(self) -> None:
-        """First Ctrl-C or SIGTERM stops gracefully, the second kills; only from the main thread."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        received = []
-
-        def handler(signum, frame):
-            del frame
-            received.append(signum)
-            if len(received) == 1:
-                print(f'\nStopping program {self.program_name!r} (notice period '
-                      f'{self._notice_period:g} s); press Ctrl-C again to kill it now.',
-                      file=sys.stderr, flush=True)
-                self._coordinator.request_stop(f'{signal.Signals(signum).name} in the launcher')
-            else:
-                self._kill_now.set()
-                self._coordinator.request_stop('killed from the launcher')
-
-        for sig in previous:
-            signal.signal(sig, handler)
-
-        def restore():
-            self._done.wait()
-            try:
-                for sig, old in previous.items():
-                    if signal.getsignal(sig) is handler:
-                        signal.signal(sig, old)
-            except ValueError:  # signal.signal only works in the main thread
-                pass
-
-        threading.Thread(target=restore, daemon=True).start()
 
 
 def launch(program: Program, launch_type=None, local_resources: Optional[Mapping[str, Any]] = None,
@@ -360,7 +237,7 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
     launch types return at once and register `stop` as a cleanup of `test_case`.
     """
     launch_type = str(launch_type if launch_type is not None else LAUNCH_TYPE.value)
-    _load_builtin_launchers()
+    load_builtin_launchers()
     if launch_type not in _registry:
         raise ValueError(f'Unknown launch type {launch_type!r}; known launch types: '
                          f'{", ".join(registered_launch_types())}.')
@@ -372,36 +249,55 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
                             terminal=terminal, test_case=test_case,
                             serialize_py_nodes=serialize_py_nodes, notice_period=notice_period,
                             tls=tls, extra=launcher_options)
-    unknown_groups = set(options.resources) - set(program.groups)
-    if unknown_groups:
-        raise ValueError(f'Resources given for groups {sorted(unknown_groups)} that the program does '
-                         f'not have; its groups are {sorted(program.groups)}.')
     platform = _registry[launch_type]()
+    platform.check(program, options)
     controller = platform.launch(program, options)
     _launched.append(controller)
     if launch_type in _TEST_TYPES and test_case is not None:
         test_case.addCleanup(controller.stop)
-    if launch_type not in _TEST_TYPES and getattr(platform, 'foreground', False):
-        controller._handle_signals()  # pylint: disable=protected-access
-        if not _cli_waits:
-            controller._run_until_done_at_exit()  # pylint: disable=protected-access
+    if launch_type not in _TEST_TYPES and platform.foreground and not controller.detached:
+        controller.handle_signals()
+        if not _script_mode.caller_waits:
+            controller.run_until_done_at_exit()
     return controller
 
 
+class _ScriptMode:
+    """Set by `python -m launchpad.launch`: the default launch type, and who waits for programs."""
+    launch_type: Optional[str] = None
+    caller_waits = False
+
+
+_script_mode = _ScriptMode()
 _launched: List[Controller] = []
-_cli_waits = False  # `python -m launchpad.launch` waits for controllers itself
 
 
-def _load_builtin_launchers() -> None:
+def run_as_script(launch_type: str) -> None:
+    """Makes later `lp.launch` calls without a launch type use `launch_type`, and leaves waiting
+    for their programs to the caller (`python -m launchpad.launch` does both)."""
+    _script_mode.launch_type = launch_type
+    _script_mode.caller_waits = True
+
+
+def launched() -> List[Controller]:
+    """The controllers of every program this process launched, in order."""
+    return list(_launched)
+
+
+_BUILTIN_LAUNCHERS = (
+    (('local_mt', 'test_mt'), 'threads', 'ThreadLauncher'),
+    (('local_mp', 'test_mp'), 'processes', 'ProcessLauncher'),
+    (('ssh',), 'ssh', 'SshLauncher'),
+    (('slurm',), 'slurm', 'SlurmLauncher'),
+    (('kubernetes',), 'kubernetes', 'KubernetesLauncher'),
+)
+
+
+def load_builtin_launchers() -> None:
     """Registers the launchers shipped with launchpad (each module is imported when first used)."""
     if 'local_mt' in _registry:
         return
-    for launch_types, module, name in [
-            (('local_mt', 'test_mt'), 'threads', 'ThreadLauncher'),
-            (('local_mp', 'test_mp'), 'processes', 'ProcessLauncher'),
-            (('ssh',), 'ssh', 'SshLauncher'),
-            (('slurm',), 'slurm', 'SlurmLauncher'),
-            (('kubernetes',), 'kubernetes', 'KubernetesLauncher')]:
+    for launch_types, module, name in _BUILTIN_LAUNCHERS:
         for launch_type in launch_types:
             register_launcher(launch_type, functools.partial(_builtin, module, name))
 

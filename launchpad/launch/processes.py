@@ -6,7 +6,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 from typing import Dict, List, Mapping, Optional, Sequence, Union
@@ -15,11 +14,13 @@ import courier
 
 from launchpad.address import local_address_table
 from launchpad.launch import launcher
-from launchpad.launch.coordinator import Coordinator, serve_coordinator
-from launchpad.launch import forkserver
-from launchpad.launch.forkserver import ForkServer
-from launchpad.launch.output import Output, kill_group
-from launchpad.launch.worker import WORKER_ARGV, WorkerSpec, flags_snapshot, write_spec
+from launchpad.launch.controller import Controller, ProcessRunner
+from launchpad.process import flags
+from launchpad.process import forkserver
+from launchpad.process import spec as specs
+from launchpad.process.coordinator import Coordinator, serve_coordinator
+from launchpad.process.forkserver import ForkServer
+from launchpad.process.output import TERMINALS, Output, kill_group
 from launchpad.program import Program
 
 
@@ -37,15 +38,12 @@ class PythonProcess:
     interpreter: Optional[str] = None
 
     def flag_overrides(self) -> List[str]:
-        if not self.args:
-            return []
-        if isinstance(self.args, Mapping):
-            return [f'--{name}={value}' for name, value in self.args.items()]
-        return list(self.args)
+        """`args` as '--name=value' strings."""
+        return flags.overrides(self.args)
 
 
 class _NodeProcess:
-    """A node's process and the thread copying its output (`poll` and `kill` like Popen)."""
+    """A node's process and the thread copying its output (a `NodeProcess`)."""
 
     def __init__(self, process, reader: Optional[threading.Thread]):
         self.process = process
@@ -63,25 +61,19 @@ class _NodeProcess:
             self.process.wait()  # reap it, so that nothing lingers as a zombie
 
 
-class _ProcessRunner:
-    def __init__(self, workdir: str, server: courier.Server, output: Output):
+class _ProcessRunner(ProcessRunner):
+    def __init__(self, workdir: str, server: courier.Server, output: Output,
+                 fork_server: Optional[ForkServer]):
+        super().__init__()
         self._workdir = workdir
         self._server = server
         self._output = output
-        self.fork_server: Optional[ForkServer] = None
-        self.processes: Dict[str, object] = {}
-
-    def poll(self) -> Dict[str, Optional[int]]:
-        return {name: process.poll() for name, process in self.processes.items()}
-
-    def kill(self, names: Sequence[str]) -> None:
-        for name in names:
-            self.processes[name].kill()
+        self._fork_server = fork_server
 
     def release(self) -> None:
         self._server.Stop()
-        if self.fork_server is not None:
-            self.fork_server.close()
+        if self._fork_server is not None:
+            self._fork_server.close()
         self._output.close()
         shutil.rmtree(self._workdir, ignore_errors=True)
 
@@ -92,8 +84,8 @@ class _ProcessRunner:
             return
         stdout_fd, reader = self._output.open_for(name)
         try:
-            if forkable and self.fork_server is not None:
-                process = self.fork_server.spawn(name, argv[1:], env, os.getcwd(), stdout_fd)
+            if forkable and self._fork_server is not None:
+                process = self._fork_server.spawn(name, argv[1:], env, os.getcwd(), stdout_fd)
             else:
                 process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                            stdout=stdout_fd, stderr=subprocess.STDOUT,
@@ -108,13 +100,11 @@ class ProcessLauncher(launcher.Launcher):
     directory that only this user can open, and calls carry the program's auth token."""
 
     foreground = True
+    resource_types = (PythonProcess,)
+    terminals = TERMINALS
 
-    def launch(self, program: Program, options: launcher.LaunchOptions) -> launcher.Controller:
+    def launch(self, program: Program, options: launcher.LaunchOptions) -> Controller:
         executables = launcher.executables_of(program, options)
-        for label, resources in options.resources.items():
-            if not isinstance(resources, PythonProcess):
-                raise TypeError(f'{options.launch_type} takes lp.PythonProcess resources; group '
-                                f'{label!r} got {resources!r}.')
         workdir = tempfile.mkdtemp(prefix='launchpad-')
         try:
             return self._launch(program, options, executables, workdir)
@@ -122,11 +112,13 @@ class ProcessLauncher(launcher.Launcher):
             shutil.rmtree(workdir, ignore_errors=True)
             raise
 
-    def _launch(self, program, options, executables, workdir) -> launcher.Controller:
+    def _launch(self, program, options, executables, workdir) -> Controller:
         addresses = [address for _, executable in executables for address in executable.addresses]
-        table = local_address_table(addresses, workdir)
         token = secrets.token_hex(16)
         coordinator_address = f'unix:{workdir}/coordinator.sock'
+        packer = specs.Packer(program.name, options.launch_type,
+                              local_address_table(addresses, workdir), coordinator_address,
+                              notice_period=options.notice_period, tls=options.tls)
         output = Output(options.terminal, program.name, workdir)
         groups = [options.resources.get(label) or PythonProcess() for label, _ in executables]
         fork_server = None
@@ -134,8 +126,17 @@ class ProcessLauncher(launcher.Launcher):
                                             for r in groups):
             fork_server = ForkServer(workdir)  # starts importing while the specs are packed
         try:
-            starts = self._pack(program, options, executables, groups, table, token,
-                                coordinator_address, fork_server, workdir, output.runs_commands)
+            starts = []
+            for i, ((_, executable), resources) in enumerate(zip(executables, groups)):
+                forkable = fork_server is not None and forkserver.usable_for(
+                    resources.env, resources.interpreter)
+                parent = None if output.runs_commands else (  # tmux starts those
+                    fork_server.pid if forkable else os.getpid())
+                path = os.path.join(workdir, f'{i}.spec')
+                specs.write(packer.spec(executable.name, executable.run, args=resources.args,
+                                        parent_pid=parent, cleanup_dir=workdir), path)
+                starts.append((executable.name, specs.worker_argv(path, resources.interpreter),
+                               specs.node_environment(token, extra=resources.env), forkable))
         except BaseException:
             if fork_server is not None:
                 fork_server.close()
@@ -143,46 +144,13 @@ class ProcessLauncher(launcher.Launcher):
             raise
         coordinator = Coordinator([name for name, _, _, _ in starts])
         server = serve_coordinator(coordinator, coordinator_address, auth_token=token)
-        runner = _ProcessRunner(workdir, server, output)
-        runner.fork_server = fork_server
+        runner = _ProcessRunner(workdir, server, output, fork_server)
         try:
-            for name, argv, env, forkable in starts:
+            for name, argv, env, forkable in starts:  # every node was packed before any starts
                 runner.start(name, argv, env, forkable)
         except BaseException:
             runner.kill(list(runner.processes))
             runner.release()
             raise
-        return launcher.Controller(program.name, coordinator, runner,
-                                   launch_type=options.launch_type,
-                                   notice_period=options.notice_period)
-
-    @staticmethod
-    def _pack(program, options, executables, groups, table, token, coordinator_address,
-              fork_server, workdir, runs_commands) -> List[tuple]:
-        """Writes every node's spec (before any process starts) and says how to start it."""
-        flags = flags_snapshot()
-        starts = []
-        for i, ((_, executable), resources) in enumerate(zip(executables, groups)):
-            forkable = fork_server is not None and forkserver.usable_for(resources.env,
-                                                                         resources.interpreter)
-            spec = WorkerSpec(
-                program_name=program.name, launch_type=options.launch_type,
-                node_name=executable.name, run=executable.run, address_table=table,
-                coordinator_address=coordinator_address,
-                parent_pid=_parent_pid(fork_server if forkable else None, runs_commands),
-                notice_period=options.notice_period, flags=flags,
-                flag_overrides=resources.flag_overrides(), cleanup_dir=workdir, tls=options.tls)
-            path = os.path.join(workdir, f'{i}.spec')
-            write_spec(spec, path)  # every node is packed before any process starts
-            env = {'GRPC_VERBOSITY': 'ERROR', **os.environ, **resources.env,
-                   courier.AUTH_TOKEN_ENV: token, 'PYTHONUNBUFFERED': '1'}
-            argv = [resources.interpreter or sys.executable] + WORKER_ARGV + [path]
-            starts.append((executable.name, argv, env, forkable))
-        return starts
-
-
-def _parent_pid(fork_server: Optional[ForkServer], runs_commands: bool) -> Optional[int]:
-    """The pid a node's process should see as its parent, if it is a child of ours at all."""
-    if runs_commands:
-        return None  # tmux starts it; it notices a dead launcher through the coordinator
-    return fork_server.pid if fork_server is not None else os.getpid()
+        return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
+                          notice_period=options.notice_period)

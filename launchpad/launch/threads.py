@@ -10,8 +10,10 @@ from typing import Dict, Optional, Sequence
 from launchpad import runtime
 from launchpad.address import local_address_table
 from launchpad.launch import launcher
-from launchpad.launch.coordinator import Coordinator
-from launchpad.launch.worker import pickle_node, run_reporting
+from launchpad.launch.controller import Controller
+from launchpad.process.coordinator import Coordinator, run_reporting
+from launchpad.process.output import TERMINALS
+from launchpad.process.spec import pickle_node
 from launchpad.program import Program
 
 
@@ -37,11 +39,16 @@ class _ThreadRunner:
 
 
 class ThreadLauncher(launcher.Launcher):
-    """Runs every executable as a thread; servers listen on Unix sockets in a private directory."""
+    """Runs every executable as a thread; servers listen on Unix sockets in a private directory.
+
+    Threads print to this process's own output whatever the terminal, and take any resources
+    (those of another launch type are ignored), so one program runs unchanged here and elsewhere.
+    """
 
     foreground = True
+    terminals = TERMINALS
 
-    def launch(self, program: Program, options: launcher.LaunchOptions) -> launcher.Controller:
+    def launch(self, program: Program, options: launcher.LaunchOptions) -> Controller:
         executables = launcher.executables_of(program, options)
         if options.serialize_py_nodes:  # nodes get copies, as they would in processes
             for _, executable in executables:
@@ -77,6 +84,5 @@ class ThreadLauncher(launcher.Launcher):
         runtime.set_process_context(runner.context)
         for thread in runner.threads.values():
             thread.start()
-        return launcher.Controller(program.name, coordinator, runner,
-                                   launch_type=options.launch_type,
-                                   notice_period=options.notice_period)
+        return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
+                          notice_period=options.notice_period)

@@ -77,7 +77,7 @@ class Node(abc.ABC):
         self.node_id = f'{type(self).__name__}-{Node._next_id}'
         self.name: Optional[str] = None  # 'group/index', set when added to a program
         self._addresses: List[Address] = []
-        self._colocated_in: Optional['Node'] = None
+        self.colocated_in: Optional['Node'] = None  # the colocation node running it, if any
 
     @property
     def addresses(self) -> List[Address]:

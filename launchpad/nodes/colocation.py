@@ -19,7 +19,6 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,9 +26,9 @@ from typing import Dict, List, Optional, Sequence
 
 from launchpad import runtime
 from launchpad.address import Address
-from launchpad.launch.worker import WORKER_ARGV, WorkerSpec, flags_snapshot, write_spec
 from launchpad.nodes.base import Handle, Node
 from launchpad.nodes.python import NoServiceHandle
+from launchpad.process import spec as specs
 
 MODES = ('threads', 'processes')
 _POLL = 0.05
@@ -77,7 +76,7 @@ class ColocationNode(Node):
             if node.name is not None:
                 raise ValueError(f'{node!r} was already added to a program; colocate nodes instead '
                                  'of adding them, and add only the colocation node.')
-            owner = node._colocated_in  # pylint: disable=protected-access
+            owner = node.colocated_in
             if owner is not None:
                 raise ValueError(f'{node!r} is already part of {owner!r}; a node can be in one '
                                  'colocation only.')
@@ -89,7 +88,7 @@ class ColocationNode(Node):
         self.num_retries_on_failure = num_retries_on_failure
         self.return_on_first_completed = return_on_first_completed
         for node in nodes:
-            node._colocated_in = self  # pylint: disable=protected-access
+            node.colocated_in = self
 
     @property
     def name(self) -> Optional[str]:
@@ -256,17 +255,15 @@ class _Supervisor:
     def _write_specs(self, nodes: List[Node], coordinator_address: str,
                      workdir: str) -> List[List[str]]:
         context = self._context
-        table = dataclasses.replace(context.address_table, registry=None)
-        flags = flags_snapshot()
+        packer = specs.Packer(context.program_name, context.launch_type,
+                              dataclasses.replace(context.address_table, registry=None),
+                              coordinator_address, notice_period=context.notice_period,
+                              tls=context.tls)
         argvs = []
         for index, node in enumerate(nodes):
             path = os.path.join(workdir, f'{index}.spec')
-            write_spec(WorkerSpec(
-                program_name=context.program_name, launch_type=context.launch_type,
-                node_name=node.name, run=node.run_in_context, address_table=table,
-                coordinator_address=coordinator_address, parent_pid=os.getpid(),
-                notice_period=context.notice_period, flags=flags, tls=context.tls), path)
-            argvs.append([sys.executable] + WORKER_ARGV + [path])
+            specs.write(packer.spec(node.name, node.run_in_context, parent_pid=os.getpid()), path)
+            argvs.append(specs.worker_argv(path))
         return argvs
 
     @staticmethod

@@ -18,7 +18,7 @@ import time
 import pytest
 
 import courier
-from courier import local_transport
+from courier.transport import _here
 from tests.leftovers import no_new_children
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ def transport_kind(request, monkeypatch) -> str:
     """Which transport the ``server`` fixture's clients use (see TRANSPORTS)."""
     kind = getattr(request, 'param', 'grpc')
     if kind == 'unix':
-        monkeypatch.setattr(local_transport, '_servers_here', _NoServersHere())
+        monkeypatch.setattr(_here, 'servers', _NoServersHere())
     return kind
 
 

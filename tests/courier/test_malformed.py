@@ -10,17 +10,17 @@ import grpc
 import pytest
 
 import courier
-from courier import transport
+from courier.transport import grpc as grpc_transport
 from courier import wire
 
-pytestmark = pytest.mark.grpc_only  # These tests speak gRPC (tests/courier/test_local.py: the rest).
+pytestmark = pytest.mark.grpc_only  # These tests speak gRPC (tests/courier/test_framed.py: the rest).
 
 
 @pytest.fixture
 def raw_call(server):
     """Calls the server's Call RPC with raw bytes, as a foreign client would."""
     channel = grpc.insecure_channel(server.address)
-    call = channel.unary_unary(transport.CALL)
+    call = channel.unary_unary(grpc_transport.CALL)
     yield lambda data: call(data, timeout=10)
     channel.close()
 
@@ -74,7 +74,7 @@ def test_unknown_grpc_method_and_garbage_method_list_request(server):
             channel.unary_unary('/courier.Courier/Nope')(b'x', timeout=10)
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
         # ListMethodsRequest has no fields; whatever is sent is ignored.
-        reply = channel.unary_unary(transport.LIST_METHODS)(b'\xff\x00garbage', timeout=10)
+        reply = channel.unary_unary(grpc_transport.LIST_METHODS)(b'\xff\x00garbage', timeout=10)
         assert wire.decode_method_list(reply) == ['add', 'echo', 'sleep']
     finally:
         channel.close()

@@ -12,15 +12,15 @@ import pytest
 
 import courier
 from courier import serialization
-from courier import transport
+from courier.transport import grpc as grpc_transport
 from courier import wire
 
 
 @pytest.fixture(autouse=True)
 def small_streaming_sizes(monkeypatch):
     """Streams anything above 64 KiB, in 16 KiB chunks, so tests stay small and fast."""
-    monkeypatch.setattr(transport, 'STREAM_THRESHOLD', 64 * 1024)
-    monkeypatch.setattr(transport, 'CHUNK_SIZE', 16 * 1024)
+    monkeypatch.setattr(grpc_transport, 'STREAM_THRESHOLD', 64 * 1024)
+    monkeypatch.setattr(grpc_transport, 'CHUNK_SIZE', 16 * 1024)
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def _raw_stream(server, messages, token=None):
     channel = grpc.insecure_channel(server.address)
     try:
         metadata = (('authorization', 'Bearer ' + token),) if token else None
-        reply = channel.stream_unary(transport.CALL_STREAM)(iter(messages), timeout=20,
+        reply = channel.stream_unary(grpc_transport.CALL_STREAM)(iter(messages), timeout=20,
                                                             metadata=metadata)
         return wire.decode_response(reply)
     finally:
@@ -144,8 +144,8 @@ def test_announced_sizes_cost_no_memory_until_data_arrives(streaming_server):
 def _call_raw(server, method, argument):
     channel = grpc.insecure_channel(server.address)
     data, buffers = serialization.dumps(((argument,), {}), 'x')
-    reply = channel.unary_unary(transport.CALL)(wire.encode_request(method, data, buffers),
-                                                timeout=20)
+    reply = channel.unary_unary(grpc_transport.CALL)(wire.encode_request(method, data, buffers),
+                                                     timeout=20)
     return channel, wire.decode_response(reply)
 
 
@@ -153,7 +153,7 @@ def test_a_result_is_fetched_once(streaming_server):
     channel, response = _call_raw(streaming_server, 'make', 100_000)
     try:
         assert response.result_id and response.buffer_sizes == [800_000]
-        fetch = channel.unary_stream(transport.FETCH)
+        fetch = channel.unary_stream(grpc_transport.FETCH)
         chunks = list(fetch(wire.encode_fetch_request(response.result_id), timeout=20))
         assert sum(wire.decode_chunk(chunk).nbytes for chunk in chunks) == 800_000
         with pytest.raises(grpc.RpcError) as info:
@@ -164,7 +164,7 @@ def test_a_result_is_fetched_once(streaming_server):
 
 
 def test_unfetched_results_expire(streaming_server, monkeypatch):
-    monkeypatch.setattr(transport, 'RESULT_TTL', 0.2)
+    monkeypatch.setattr(grpc_transport, 'RESULT_TTL', 0.2)
     channel, response = _call_raw(streaming_server, 'make', 100_000)
     channel.close()
     assert _pending_results(streaming_server) == 1
@@ -187,7 +187,8 @@ def test_streaming_rpcs_require_the_token(make_server):
     channel = grpc.insecure_channel(server.address)
     try:
         with pytest.raises(grpc.RpcError) as info:
-            list(channel.unary_stream(transport.FETCH)(wire.encode_fetch_request(1), timeout=20))
+            fetch = channel.unary_stream(grpc_transport.FETCH)
+            list(fetch(wire.encode_fetch_request(1), timeout=20))
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     finally:
         channel.close()

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from courier import courier_pb2
-from courier import transport
+from courier.transport import grpc as grpc_transport
 from courier import wire
 
 
@@ -132,9 +132,10 @@ def test_random_garbage_only_ever_raises_value_error():
 
 def test_service_names_match_the_proto():
     service = courier_pb2.DESCRIPTOR.services_by_name['Courier']
-    assert service.full_name == transport.SERVICE
+    assert service.full_name == grpc_transport.SERVICE
     assert {f'/{service.full_name}/{m.name}' for m in service.methods} == {
-        transport.CALL, transport.CALL_STREAM, transport.FETCH, transport.LIST_METHODS}
+        grpc_transport.CALL, grpc_transport.CALL_STREAM, grpc_transport.FETCH,
+        grpc_transport.LIST_METHODS}
     status = courier_pb2.CallResponse.Status
     assert (status.OK, status.EXCEPTION, status.UNKNOWN_METHOD, status.SERIALIZATION_ERROR) == (
         wire.OK, wire.EXCEPTION, wire.UNKNOWN_METHOD, wire.SERIALIZATION_ERROR)

@@ -20,6 +20,9 @@ import pytest
 import courier
 import launchpad as lp
 from launchpad.launch import kubernetes
+from launchpad.launch.kubernetes import api as kubernetes_api
+from launchpad.launch.kubernetes import launcher as kubernetes_launcher
+from launchpad.launch.kubernetes import pod
 from tests.launch import kubernetes_programs
 
 pytestmark = pytest.mark.timeout(60)
@@ -102,7 +105,7 @@ class FakeApi:
 @pytest.fixture
 def fake(monkeypatch):
     api = FakeApi()
-    monkeypatch.setattr(kubernetes._PodRunner, 'POLL_SECONDS', 0.0)
+    monkeypatch.setattr(kubernetes_launcher.PodRunner, 'POLL_SECONDS', 0.0)
     lp.register_launcher('kubernetes_fake', lambda: kubernetes.KubernetesLauncher(lambda _: api))
     return api
 
@@ -263,7 +266,7 @@ def test_detached_launch_prints_how_to_follow_and_delete_and_keeps_the_objects(f
 
 
 def test_other_terminals_are_refused(fake):
-    with pytest.raises(ValueError, match='streams pod logs'):
+    with pytest.raises(ValueError, match="Unknown terminal 'tmux_session' for launch type kubernetes"):
         launch(kubernetes_programs.producer_consumer(), terminal='tmux_session')
 
 
@@ -395,7 +398,7 @@ def test_the_api_layer_sends_plain_dicts_and_reads_pods_back(canned):
     api = kubernetes.KubernetesApi('default')
     pods = api.list_pods('launchpad.dev/program=x')
     assert pods[0]['metadata']['name'] == 'p'
-    assert kubernetes._terminated(pods[0], 'node')['exitCode'] == 3  # pylint: disable=protected-access
+    assert kubernetes_api.terminated(pods[0], 'node')['exitCode'] == 3
     api.delete('Pod', 'p', grace_period_seconds=0)
     api.delete('Pod', 'gone')  # already gone: fine
     log = api.open_log('p', 'node')
@@ -420,7 +423,7 @@ def test_the_api_layer_sends_plain_dicts_and_reads_pods_back(canned):
 
 def test_importing_launchpad_does_not_import_the_kubernetes_client():
     code = ('import sys, launchpad as lp; from launchpad.launch import launcher; '
-            'launcher._load_builtin_launchers(); '
+            'launcher.load_builtin_launchers(); '
             'assert "kubernetes" in launcher.registered_launch_types(); '
             'assert "kubernetes" not in sys.modules, "imported"')
     subprocess.run([sys.executable, '-c', code], check=True, timeout=60)
@@ -433,9 +436,8 @@ def test_a_missing_client_names_the_extra_to_install(monkeypatch):
 
 
 def test_the_coordinator_pod_notices_a_node_pod_that_died_without_reporting(fake, capsys):
-    coordinator = kubernetes._PodCoordinator(['queue/0', 'consumer/0'])  # pylint: disable=protected-access
-    watcher = kubernetes._PodWatcher(  # pylint: disable=protected-access
-        {'run': 't1', 'namespace': 'default'}, coordinator)
+    coordinator = pod.PodCoordinator(['queue/0', 'consumer/0'])
+    watcher = pod.PodWatcher('t1', 'default', coordinator)
     assert 'not watching the node pods' in capsys.readouterr().out  # no cluster here
     watcher._api = fake  # pylint: disable=protected-access
     fake.objects[('Pod', 't1-queue-0')] = {'metadata': {
@@ -450,6 +452,6 @@ def test_the_coordinator_pod_notices_a_node_pod_that_died_without_reporting(fake
 
 
 def test_tls_is_refused_before_anything_is_created(fake):
-    with pytest.raises(ValueError, match='tls= is not supported by the kubernetes launcher'):
+    with pytest.raises(ValueError, match='tls= is not supported by the kubernetes'):
         launch(kubernetes_programs.producer_consumer(), tls=courier.TLSConfig())
     assert fake.calls == []

@@ -14,7 +14,8 @@ import yaml
 
 import launchpad as lp
 from launchpad.launch import kubernetes
-from launchpad.launch.worker import WORKER_ARGV
+from launchpad.launch.kubernetes import manifests, names
+from launchpad.process import spec as specs
 from tests.launch import kubernetes_programs
 
 _LOADER = getattr(yaml, 'CSafeLoader', yaml.SafeLoader)
@@ -106,7 +107,7 @@ def test_node_pods_run_the_worker_on_their_spec_with_a_static_address_table():
     documents = _documents(kubernetes_programs.producer_consumer(), name='pc', port=9000)
     pod = next(d for d in documents if d['metadata']['name'] == 'pc-producer-0')
     container = pod['spec']['containers'][0]
-    assert container['command'] == ['python3'] + WORKER_ARGV + ['/launchpad/spec/spec']
+    assert container['command'] == specs.worker_argv('/launchpad/spec/spec', 'python3')
     token = {'name': 'COURIER_AUTH_TOKEN',
              'valueFrom': {'secretKeyRef': {'name': 'pc-token', 'key': 'token'}}}
     assert token in container['env']
@@ -138,15 +139,16 @@ def test_a_large_executable_is_split_over_configmaps_under_the_limit_and_joined(
         directory.mkdir(parents=True)
         (directory / 'spec').write_bytes(base64.b64decode(part['binaryData']['spec']))
     target = tmp_path / 'spec'
-    subprocess.run([sys.executable, '-c', join['command'][2],
-                    str(tmp_path / kubernetes.PARTS_DIR.lstrip('/')), str(target)],
+    assert join['command'][-2:] == [kubernetes.PARTS_DIR, f'{kubernetes.SPEC_DIR}/spec']
+    subprocess.run([sys.executable] + join['command'][1:-2]
+                   + [str(tmp_path / kubernetes.PARTS_DIR.lstrip('/')), str(target)],
                    check=True, timeout=30)
     assert target.read_bytes() == b''.join(base64.b64decode(d['binaryData']['spec'])
                                            for d in parts)
 
 
 def test_an_executable_too_large_for_configmaps_is_refused_with_the_fix(monkeypatch):
-    monkeypatch.setattr(kubernetes, 'SPEC_CHUNK_BYTES', 1000)
+    monkeypatch.setattr(manifests, 'SPEC_CHUNK_BYTES', 1000)
     with pytest.raises(ValueError, match=r'Node checker/0 is .* MiB.*build large data into '
                                          r'the image'):
         kubernetes.program_to_manifests(kubernetes_programs.checksum(b'x' * 20000), image='i')
@@ -196,15 +198,17 @@ def test_any_program_and_group_names_make_valid_distinct_names():
     assert pods[0].startswith('lp-2-very-long-program-names')
 
 
-def _run_wait_script(port: int, limit: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, '-c', kubernetes.WAIT_FOR_PORT_SCRIPT, '127.0.0.1',
-                           str(port), str(limit)], capture_output=True, text=True, timeout=30)
+def _run_wait_for(port: int, limit: float) -> subprocess.CompletedProcess:
+    return subprocess.run(names.pod_command(sys.executable, names.WAIT_FOR_COMMAND, '127.0.0.1',
+                                            str(port), str(limit)),
+                          capture_output=True, text=True, timeout=30)
 
 
-def test_the_wait_for_coordinator_script_waits_for_a_listening_port():
+def test_the_wait_for_coordinator_command_waits_for_a_listening_port():
     with socket.create_server(('127.0.0.1', 0)) as server:
-        assert _run_wait_script(server.getsockname()[1], 5).returncode == 0
+        assert _run_wait_for(server.getsockname()[1], 5).returncode == 0
         port = server.getsockname()[1]
-    result = _run_wait_script(port, 0.3)  # nothing listens any more
+    result = _run_wait_for(port, 0.3)  # nothing listens any more
     assert result.returncode == 1
     assert f'the coordinator 127.0.0.1:{port} was not reachable within 0.3 s' in result.stderr
+    assert 'RuntimeWarning' not in result.stderr  # the package does not import the pod module

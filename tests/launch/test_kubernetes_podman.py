@@ -26,6 +26,7 @@ import pytest
 import launchpad as lp
 from tests.leftovers import no_new_children
 from launchpad.launch import kubernetes
+from launchpad.launch.kubernetes import launcher as kubernetes_launcher
 from tests.launch import kubernetes_programs
 
 pytestmark = pytest.mark.timeout(120)
@@ -180,7 +181,7 @@ def _podman(*args: str, check: bool = True) -> str:
 @pytest.fixture
 def podman_launch(podman_testbed, tmp_path, monkeypatch):
     apis = []
-    monkeypatch.setattr(kubernetes._PodRunner, 'POLL_SECONDS', 0.3)
+    monkeypatch.setattr(kubernetes_launcher.PodRunner, 'POLL_SECONDS', 0.3)
 
     def launch(program, **options):
         apis.append(PodmanApi(podman_testbed, tmp_path))

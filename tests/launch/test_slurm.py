@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import launchpad as lp
-from launchpad.launch import slurm
+from launchpad.launch.slurm.script import batch_script, plan
 
 from tests.core.conftest import script_env, wait_until
 
@@ -165,9 +165,9 @@ def test_gpus_memory_and_partition_map_to_sbatch_and_srun_options(tmp_path):
                                      time='1:00:00', extra_args=['--qos=high']),
         'actor': lp.SlurmResources(cpus=1, mem='500M')}
     options = lp.LaunchOptions('slurm', resources=resources)
-    components = slurm._plan(lp.executables_of(program, options), resources, str(tmp_path))
+    components = plan(lp.executables_of(program, options), resources, str(tmp_path))
     paths = {index: f'{tmp_path}/{index}.spec' for index in range(4)}
-    script = slurm._batch_script('actor-learner', components, str(tmp_path), paths)
+    script = batch_script('actor-learner', components, str(tmp_path), paths)
     header = [line for line in script.splitlines() if line.startswith('#SBATCH')]
     assert header == [
         '#SBATCH --ntasks=1', '#SBATCH --cpus-per-task=4', '#SBATCH --mem-per-cpu=2048M',
@@ -186,12 +186,38 @@ def test_gpus_memory_and_partition_map_to_sbatch_and_srun_options(tmp_path):
 def test_groups_with_equal_resources_share_one_component(tmp_path):
     program = producer_consumer('unused', producers=3)
     options = lp.LaunchOptions('slurm', resources={})
-    components = slurm._plan(lp.executables_of(program, options), {}, str(tmp_path))
+    components = plan(lp.executables_of(program, options), {}, str(tmp_path))
     assert [len(component.steps) for component in components] == [4]
-    script = slurm._batch_script('pc', components, str(tmp_path),
-                                 {i: f'{i}.spec' for i in range(4)})
+    script = batch_script('pc', components, str(tmp_path),
+                          {i: f'{i}.spec' for i in range(4)})
     assert 'hetjob' not in script and '--het-group' not in script
     assert 'COURIER_AUTH_TOKEN' not in script
+
+
+def test_detached_script_starts_the_driver_as_a_module(tmp_path):
+    program = producer_consumer('unused')
+    options = lp.LaunchOptions('slurm', resources={})
+    components = plan(lp.executables_of(program, options), {}, str(tmp_path))
+    script = batch_script('pc', components, str(tmp_path), {i: f'{i}.spec' for i in range(3)},
+                          detached=True)
+    assert f'-m launchpad.launch.slurm.driver {tmp_path} &' in script
+    # Without a job description the driver fails at once, but only after starting as a module
+    # that nothing imported before (which Python would warn about).
+    done = subprocess.run([sys.executable, '-W', 'error::RuntimeWarning', '-m',
+                           'launchpad.launch.slurm.driver', str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env=script_env())
+    assert done.returncode != 0
+    assert 'job.json' in done.stderr and 'RuntimeWarning' not in done.stderr
+
+
+def test_a_step_loads_nothing_of_the_launchers_side():
+    code = ('import sys, launchpad.launch.slurm.addresses, launchpad.launch.slurm.shared; '
+            'print(" ".join(m for m in sys.modules if m.startswith("launchpad.launch.slurm")))')
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          timeout=60, env=script_env(), check=True)
+    assert sorted(done.stdout.split()) == [
+        'launchpad.launch.slurm', 'launchpad.launch.slurm.addresses',
+        'launchpad.launch.slurm.shared']
 
 
 def test_resources_are_checked_when_written():
@@ -209,7 +235,7 @@ def test_wrong_resources_type_and_unknown_options_are_named(tmp_path):
     program = two_groups(serve_until_stopped)
     with pytest.raises(TypeError, match="SlurmResources; group 'worker' got PythonProcess"):
         launch(program, tmp_path, resources={'worker': lp.PythonProcess()})
-    with pytest.raises(TypeError, match="unknown options \\['partition'\\]"):
+    with pytest.raises(TypeError, match="Unknown option\\(s\\) \\['partition'\\]"):
         launch(program, tmp_path, partition='debug')
 
 

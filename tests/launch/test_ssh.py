@@ -25,6 +25,7 @@ import pytest
 import courier
 import launchpad as lp
 from launchpad.launch.ssh import SshPreflightError
+from launchpad.launch.ssh.protocol import AGENT_MODULE
 from tests.pki import Pki
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -69,7 +70,7 @@ def program_processes(ssh_testbed, since: float = 0.0) -> list:
         uts = _uts(process.pid)
         if uts is not None and uts in listeners.values():
             found.append(f'{process.pid} on the bed: {command}')
-        elif 'launchpad-ssh-' in command or '_serve_host' in command:
+        elif 'launchpad-ssh-' in command or AGENT_MODULE in command:
             found.append(f'{process.pid} here: {command}')
     return found
 
@@ -273,7 +274,7 @@ def test_ctrl_c_on_the_launcher_stops_every_host(ssh_testbed, hosts, tmp_path):
     commands = program_processes(ssh_testbed)
     remote = [psutil.Process(int(command.split()[0])) for command in commands
               if ' on the bed: ' in command]
-    forked = [p for p in remote if '_serve_host' in ' '.join(p.parent().cmdline())]
+    forked = [p for p in remote if AGENT_MODULE in ' '.join(p.parent().cmdline())]
     assert len(forked) == 3, commands  # every node was forked by its host's agent
     assert not any('COURIER_AUTH_TOKEN' in command for command in commands)
     process.send_signal(signal.SIGINT)

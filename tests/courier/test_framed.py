@@ -1,4 +1,4 @@
-"""The same-host transport (unix: addresses): what differs from gRPC, and what must not.
+"""The framed transport (unix: addresses): what differs from gRPC, and what must not.
 
 Tests taking the ``server`` fixture elsewhere already run on this transport; these
 cover its own ground: waiting for and losing servers, raw bytes on its socket,
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import courier
-from courier import local_transport
-from courier import local_wire
+from courier.transport import _here
+from courier.transport import frames
 from courier import wire
 
 
@@ -27,7 +27,7 @@ from courier import wire
 def kind(request, monkeypatch):
     """Runs a test through the socket and through the in-process path."""
     if request.param == 'unix':
-        monkeypatch.setattr(local_transport, '_servers_here', _NoServersHere())
+        monkeypatch.setattr(_here, 'servers', _NoServersHere())
     return request.param
 
 
@@ -144,7 +144,7 @@ def test_socket_that_is_not_a_courier_server(socket_dir):
     def answer_nonsense():
         connection, _ = listener.accept()
         connection.recv(1000)
-        connection.sendall(local_wire.HEADER.pack(42, 0, 0, 0, 0, 0))
+        connection.sendall(frames.HEADER.pack(42, 0, 0, 0, 0, 0))
         connection.close()
 
     thread = threading.Thread(target=answer_nonsense)
@@ -193,9 +193,9 @@ def _raw(path: str, data: bytes) -> bytes:
             received += chunk
 
 
-def _hello(token: bytes = b'', mode: int = local_wire.SYNC) -> bytes:
-    return b''.join(local_wire.encode(local_wire.HELLO, mode, local_wire.VERSION, token,
-                                      local_wire.MAGIC))
+def _hello(token: bytes = b'', mode: int = frames.SYNC) -> bytes:
+    return b''.join(frames.encode(frames.HELLO, mode, frames.VERSION, token,
+                                  frames.MAGIC))
 
 
 def _frames(data: bytes):
@@ -203,13 +203,13 @@ def _frames(data: bytes):
     with left, right:
         left.sendall(data)
         left.shutdown(socket.SHUT_WR)
-        reader = local_wire.FrameReader(right)
-        frames = []
+        reader = frames.FrameReader(right)
+        received = []
         while True:
             try:
-                frames.append(reader.read_frame())
+                received.append(reader.read_frame())
             except EOFError:
-                return frames
+                return received
 
 
 def test_garbage_never_hurts_the_server(make_server, address):
@@ -220,14 +220,14 @@ def test_garbage_never_hurts_the_server(make_server, address):
     for size in (0, 1, 27, 28, 100, 5000):
         _raw(path, rng.randbytes(size))
     # Well-framed, but claiming far more than an unauthenticated peer may send.
-    _raw(path, local_wire.HEADER.pack(local_wire.HELLO, 0, 1 << 30, 0, 1, 1 << 40))
+    _raw(path, frames.HEADER.pack(frames.HELLO, 0, 1 << 30, 0, 1, 1 << 40))
     # A good hello, then garbage, a huge claim, an unknown kind, a truncated frame.
     for tail in (rng.randbytes(200),
-                 local_wire.HEADER.pack(local_wire.CALL, 0, 3, 0, 0, 1 << 61) + b'add',
-                 local_wire.HEADER.pack(77, 0, 0, 0, 0, 0),
-                 b''.join(local_wire.encode(local_wire.CALL, 0, 0, b'add', b'x' * 100))[:60],
-                 local_wire.HEADER.pack(local_wire.CALL, 0, 2, 0, 0, 0) + b'\xff\xfe'):
-        for mode in (local_wire.SYNC, local_wire.PIPELINED):
+                 frames.HEADER.pack(frames.CALL, 0, 3, 0, 0, 1 << 61) + b'add',
+                 frames.HEADER.pack(77, 0, 0, 0, 0, 0),
+                 b''.join(frames.encode(frames.CALL, 0, 0, b'add', b'x' * 100))[:60],
+                 frames.HEADER.pack(frames.CALL, 0, 2, 0, 0, 0) + b'\xff\xfe'):
+        for mode in (frames.SYNC, frames.PIPELINED):
             _raw(path, _hello(mode=mode) + tail)
     assert courier.Client(address, call_timeout=10).add(20, 22) == 42
     assert courier.Client(address, call_timeout=10).futures.add(1, 1).result() == 2
@@ -236,18 +236,18 @@ def test_garbage_never_hurts_the_server(make_server, address):
 def test_bad_hello_is_refused_with_a_reason(make_server, address):
     _serve(make_server, address)
     path = address[len('unix:'):]
-    wrong_version = b''.join(local_wire.encode(local_wire.HELLO, 0, 99, b'', local_wire.MAGIC))
-    frames = _frames(_raw(path, wrong_version))
-    assert [frame.kind for frame in frames] == [local_wire.REFUSED]
-    assert b'version' in frames[0].text
+    wrong_version = b''.join(frames.encode(frames.HELLO, 0, 99, b'', frames.MAGIC))
+    received = _frames(_raw(path, wrong_version))
+    assert [frame.kind for frame in received] == [frames.REFUSED]
+    assert b'version' in received[0].text
 
 
 def test_protocol_fault_is_explained_to_the_peer(make_server, address):
     _serve(make_server, address)
     path = address[len('unix:'):]
-    frames = _frames(_raw(path, _hello() + local_wire.HEADER.pack(77, 0, 0, 0, 0, 0)))
-    assert [frame.kind for frame in frames] == [local_wire.WELCOME, local_wire.FAULT]
-    assert b'kind 77' in frames[1].text
+    received = _frames(_raw(path, _hello() + frames.HEADER.pack(77, 0, 0, 0, 0, 0)))
+    assert [frame.kind for frame in received] == [frames.WELCOME, frames.FAULT]
+    assert b'kind 77' in received[1].text
 
 
 @pytest.mark.parametrize('payload', [
@@ -257,11 +257,11 @@ def test_protocol_fault_is_explained_to_the_peer(make_server, address):
 ])
 def test_well_framed_bad_pickles_get_a_serialization_error(make_server, address, payload):
     _serve(make_server, address)
-    call = b''.join(local_wire.encode(local_wire.CALL, 0, 0, b'add', payload))
-    frames = _frames(_raw(address[len('unix:'):], _hello() + call))
-    assert [frame.kind for frame in frames] == [local_wire.WELCOME, local_wire.RESPONSE]
-    assert frames[1].status == wire.SERIALIZATION_ERROR
-    assert "arguments of 'add'" in wire.decode_response(frames[1].payload).message
+    call = b''.join(frames.encode(frames.CALL, 0, 0, b'add', payload))
+    received = _frames(_raw(address[len('unix:'):], _hello() + call))
+    assert [frame.kind for frame in received] == [frames.WELCOME, frames.RESPONSE]
+    assert received[1].status == wire.SERIALIZATION_ERROR
+    assert "arguments of 'add'" in wire.decode_response(received[1].payload).message
 
 
 # ----- concurrency ------------------------------------------------------------------------------
@@ -375,7 +375,7 @@ def test_large_arrays_both_ways(make_server, address, kind):
 
 
 def test_one_gib_round_trip(make_server, address, monkeypatch):
-    monkeypatch.setattr(local_transport, '_servers_here', _NoServersHere())
+    monkeypatch.setattr(_here, 'servers', _NoServersHere())
     server = make_server(address=address)
     server.Bind('echo', lambda x: x)
     server.Start()
@@ -409,13 +409,13 @@ def test_a_client_used_before_fork_works_in_the_child(make_server, address):
 
 
 def test_large_receive_buffers_are_reused_only_once_released():
-    first = local_wire.allocate(4 << 20)
+    first = frames.allocate(4 << 20)
     first_id = id(first)
     array = np.frombuffer(first, dtype=np.uint8)  # As an unpickled array holds it.
     array[:3] = (1, 2, 3)
     del first
-    others = [local_wire.allocate(4 << 20) for _ in range(3)]
+    others = [frames.allocate(4 << 20) for _ in range(3)]
     assert first_id not in {id(other) for other in others}  # In use: never handed out.
     assert list(array[:3]) == [1, 2, 3]
     del array
-    assert id(local_wire.allocate(4 << 20)) == first_id  # Released: reused.
+    assert id(frames.allocate(4 << 20)) == first_id  # Released: reused.

@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
+import socket
 import threading
 import time
-from typing import Dict, Iterable, List, Optional
+import traceback
+from typing import Callable, Dict, Iterable, List, Optional
+
+# Seconds a node keeps running without reaching its coordinator before it decides that the
+# launcher is gone and stops itself.
+COORDINATOR_LOSS_TIMEOUT = 5.0
 
 
 class NodeState(str, enum.Enum):
@@ -192,7 +199,7 @@ class Coordinator:
 
 
 def serve_coordinator(coordinator: Coordinator, address: str, *, auth_token: Optional[str] = None,
-          tls=None):
+                      tls=None):
     """Serves `coordinator` with courier on `address` and returns the started courier.Server.
 
     Every node keeps a call to `wait_for_stop` open, so the server gets two threads per node and
@@ -204,3 +211,24 @@ def serve_coordinator(coordinator: Coordinator, address: str, *, auth_token: Opt
     server.bind_object(coordinator)
     server.Start()
     return server
+
+
+def run_reporting(run: Callable[[], None], name: str, coordinator, *, starting=None) -> int:
+    """Runs an executable, reporting to the coordinator how it ended; returns an exit code.
+
+    `starting` (default: `coordinator`) reports the start; a worker passes a client that waits for
+    a busy coordinator there, and reports the end through one that fails at once when it is gone.
+    """
+    (starting or coordinator).node_started(name, os.getpid(), socket.gethostname())
+    try:
+        run()
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            coordinator.node_failed(name, f'SystemExit({e.code!r})', traceback.format_exc())
+            return 1
+    except BaseException as e:  # pylint: disable=broad-except
+        traceback.print_exc()
+        coordinator.node_failed(name, f'{type(e).__name__}: {e}', traceback.format_exc())
+        return 1
+    coordinator.node_finished(name)
+    return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import selectors
 import signal
 import socket
@@ -24,9 +25,12 @@ import threading
 import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
-_PRELOAD = ('launchpad', 'courier', 'courier.client', 'courier.server', 'courier.transport',
-            'courier.local_transport',
-            'grpc', 'cloudpickle', 'numpy', 'absl.flags', 'absl.logging')
+from launchpad.process import spec
+
+_PRELOAD = ('launchpad', 'launchpad.process.coordinator', 'courier', 'courier.client',
+            'courier.server', 'courier.transport', 'courier.transport.framed_client',
+            'courier.transport.framed_server', 'courier.transport.grpc', 'grpc', 'cloudpickle',
+            'numpy', 'absl.flags', 'absl.logging')
 _MAX_MESSAGE = 1 << 20
 
 
@@ -49,9 +53,8 @@ class ForkServer:
         listener.bind(path)
         listener.listen(1)
         self.process = subprocess.Popen(
-            [sys.executable, '-c', 'from launchpad.launch.forkserver import main; main()', path],
-            stdin=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+            [sys.executable, '-m', __name__, path], stdin=subprocess.DEVNULL,
+            start_new_session=True, env=spec.node_environment())
         listener.settimeout(0.1)
         try:
             self._conn = self._accept(listener)
@@ -158,7 +161,7 @@ def fork_worker(request: dict, stdout_fd: int, close_fds: Sequence[int] = ()) ->
     """Forks a child of this (single-threaded) process that runs a node as a fresh process
     would, and returns its pid.
 
-    `request` holds the Python arguments after the interpreter (`argv`, a `-c CODE ARGS`
+    `request` holds the Python arguments after the interpreter (`argv`, a `-m MODULE ARGS`
     command), the environment (`env`) and the working directory (`cwd`); the child writes to
     `stdout_fd`, reads nothing, and closes `close_fds` (descriptors of ours it must not hold).
     """
@@ -245,10 +248,10 @@ def _become_worker(request: dict, stdout_fd: int, close_fds: Sequence[int]) -> N
         if numpy is not None:
             numpy.random.seed()  # forked children must not share the fork server's random state
         argv = request['argv']
-        if argv[:1] != ['-c']:
-            raise ValueError(f'The fork server runs `-c CODE ARGS` commands, got {argv!r}.')
-        sys.argv = ['-c'] + argv[2:]
-        exec(compile(argv[1], '<launchpad worker>', 'exec'), {'__name__': '__main__'})  # pylint: disable=exec-used
+        if argv[:1] != ['-m'] or len(argv) < 2:
+            raise ValueError(f'The fork server runs `-m MODULE ARGS` commands, got {argv!r}.')
+        sys.argv = argv[1:]
+        runpy.run_module(argv[1], run_name='__main__', alter_sys=True)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -259,3 +262,7 @@ def _become_worker(request: dict, stdout_fd: int, close_fds: Sequence[int]) -> N
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # pylint: disable=protected-access
+
+
+if __name__ == '__main__':
+    main()

@@ -1,23 +1,17 @@
-"""Maps an address to the transport that carries courier calls to it.
+"""Courier calls over gRPC: between hosts (TCP), and on Unix sockets when TLS is asked for.
 
-This module is the single place that knows how bytes move: ``host:port``
-addresses use gRPC over TCP, and ``unix:/path`` addresses use courier's own
-same-host protocol (:mod:`courier.local_transport`), which also serves clients in
-the server's own process without a socket. With TLS, ``unix:`` addresses use
-gRPC over the Unix socket instead. Clients talk to the small :class:`ClientTransport` interface and
-servers hand :func:`listen` two plain callables, so a faster transport can be
-added here without touching either. It is also the only module importing grpc;
-the rest of courier imports it lazily so that ``import courier`` stays fast.
+A call is one ``Call`` message, or a ``CallStream`` of chunks when its buffers are
+large; a large result stays on the server until its client ``Fetch``es it in
+chunks. Tokens travel as metadata and are checked by an interceptor. This is the
+only courier module importing grpc, so that processes that only use the framed
+transport never load it.
 """
 
 from __future__ import annotations
 
-import abc
 import concurrent.futures
-import dataclasses
 import errno
 import hmac
-import ipaddress
 import itertools
 import mmap
 import os
@@ -32,6 +26,8 @@ import grpc
 from courier import errors
 from courier import security
 from courier import wire
+from courier.transport import _base
+
 
 SERVICE = 'courier.Courier'
 CALL = f'/{SERVICE}/Call'
@@ -49,8 +45,6 @@ RESULT_TTL = 300.0
 
 _AUTH_METADATA_KEY = 'authorization'
 _AUTH_SCHEME = 'Bearer '
-_UNIX_PREFIX = 'unix:'
-_MAX_UNIX_PATH_BYTES = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux.
 _WILDCARD_HOSTS = ('', '0.0.0.0', '::', '[::]')
 
 # No gRPC message-size limit: courier carries whatever the caller passes.
@@ -72,159 +66,10 @@ SERVER_OPTIONS = MESSAGE_SIZE_OPTIONS + (
     ('grpc.so_reuseport', 0),
 )
 
-# handle_call(method, pickle, buffers): the buffers are writable and owned by the call.
-HandleCall = Callable[[str, memoryview, List[Any]], wire.Response]
-
-
-@dataclasses.dataclass(frozen=True)
-class Endpoint:
-    """A parsed address: ``kind`` is 'tcp' (with host, port) or 'unix' (with path)."""
-
-    kind: str
-    host: str = ''
-    port: int = 0
-    path: str = ''
-
-    @property
-    def is_local(self) -> bool:
-        """Whether only this machine can connect (Unix socket or loopback host)."""
-        if self.kind == 'unix' or self.host == 'localhost':
-            return True
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return False
-
-    @property
-    def grpc_target(self) -> str:
-        if self.kind == 'unix':
-            return _UNIX_PREFIX + self.path
-        return tcp_address(self.host, self.port)
-
-
-def parse_address(address: str) -> Endpoint:
-    """Parses ``'host:port'``, ``'[ipv6]:port'`` or ``'unix:/path'``.
-
-    Raises:
-      ValueError: the address has neither form.
-    """
-    if not isinstance(address, str):
-        raise TypeError(f'a courier address must be a str, got {type(address).__name__}')
-    if address.startswith(_UNIX_PREFIX):
-        path = address[len(_UNIX_PREFIX):]
-        if path.startswith('//'):  # gRPC's 'unix:///abs/path' spelling.
-            path = path[2:]
-        if not path:
-            raise ValueError(f'courier address {address!r} has no socket path; '
-                             f"use 'unix:/path/to/socket'")
-        return Endpoint('unix', path=path)
-    host, sep, port = address.rpartition(':')
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"courier address {address!r} is not 'host:port' or 'unix:/path'")
-    if host.startswith('[') and host.endswith(']'):
-        host = host[1:-1]
-    return Endpoint('tcp', host=host, port=int(port))
-
-
-class ClientTransport(abc.ABC):
-    """Carries calls from a client to one server address."""
-
-    address: str
-
-    @abc.abstractmethod
-    def call(self, method: str, pickle: bytes, buffers: Sequence[memoryview],
-             timeout: Optional[float]) -> wire.Response:
-        """Calls ``method`` and returns the server's response.
-
-        Raises:
-          errors.CourierError: the call did not reach the server or no response
-            came back (timeout, server unavailable, permission denied, ...).
-        """
-
-    @abc.abstractmethod
-    def call_async(self, method: str, pickle: bytes, buffers: Sequence[memoryview],
-                   timeout: Optional[float],
-                   finish: Callable[[wire.Response], Any]) -> concurrent.futures.Future:
-        """Starts a call; the returned future resolves to ``finish(response)``.
-
-        Cancelling the future cancels the call.
-        """
-
-    @abc.abstractmethod
-    def list_methods(self, timeout: Optional[float]) -> List[str]:
-        """Returns the names of the methods bound on the server."""
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Releases the connection; calls in flight fail."""
-
-
-class ServerTransport(abc.ABC):
-    """Accepts calls on one address and hands them to the server's callables."""
-
-    address: str
-
-    @abc.abstractmethod
-    def start(self) -> None:
-        """Starts accepting calls."""
-
-    @abc.abstractmethod
-    def stop(self, grace: Optional[float]) -> None:
-        """Stops accepting calls, waits up to ``grace`` seconds for calls in flight."""
-
-
-def connect(address: str, *, auth_token: Optional[str] = None,
-            tls: Optional[security.TLSConfig] = None,
-            wait_for_ready: bool = True) -> ClientTransport:
-    """Returns a transport that calls the server at ``address``."""
-    endpoint = parse_address(address)
-    if endpoint.kind == 'unix' and tls is None:
-        from courier import local_transport  # pylint: disable=import-outside-toplevel
-        return local_transport.connect(address, endpoint.path, auth_token=auth_token,
-                                       wait_for_ready=wait_for_ready)
-    return _GrpcClientTransport(address, endpoint, auth_token=auth_token,
-                                tls=tls, wait_for_ready=wait_for_ready)
-
-
-def listen(address: str, handle_call: HandleCall, list_methods: Callable[[], List[str]],
-           *, thread_pool_size: int, auth_token: Optional[str] = None,
-           tls: Optional[security.TLSConfig] = None) -> ServerTransport:
-    """Binds ``address`` (port 0 picks a free port) and returns the unstarted transport.
-
-    ``handle_call(method, pickle, buffers)`` runs in one of ``thread_pool_size``
-    threads per call; the buffers it receives are writable and its own.
-
-    Raises:
-      OSError: the address cannot be bound (e.g. it is in use).
-    """
-    endpoint = parse_address(address)
-    if endpoint.kind == 'unix' and tls is None:
-        from courier import local_transport  # pylint: disable=import-outside-toplevel
-        return local_transport.listen(endpoint.path, handle_call, list_methods,
-                                      thread_pool_size=thread_pool_size, auth_token=auth_token)
-    return _GrpcServerTransport(address, endpoint, handle_call, list_methods,
-                                thread_pool_size=thread_pool_size, auth_token=auth_token,
-                                tls=tls)
-
-
-def tcp_address(host: str, port: int) -> str:
-    """Returns the ``host:port`` address, bracketing IPv6 hosts."""
-    return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'
-
 
 def _writable(buffers: Sequence[memoryview]) -> List[bytearray]:
     # Received bytes are immutable; a copy makes unpickled arrays writable, like local ones.
     return [bytearray(buffer) for buffer in buffers]
-
-
-def _decode_response(reply: bytes, address: str) -> wire.Response:
-    try:
-        response = wire.decode_response(reply)
-    except ValueError as error:
-        raise errors.ProtocolError(
-            f'malformed response from courier server {address}: {error}') from None
-    response.buffers = _writable(response.buffers)
-    return response
 
 
 def _streams(buffers: Sequence[memoryview]) -> bool:
@@ -276,49 +121,10 @@ def _remaining(deadline: Optional[float]) -> Optional[float]:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-class _CallFuture(concurrent.futures.Future):
-    """A future whose cancellation also cancels the underlying gRPC call."""
-
-    def __init__(self):
-        super().__init__()
-        self._rpc = None
-
-    def cancel(self) -> bool:
-        if not super().cancel():
-            return False
-        if self._rpc is not None:
-            self._rpc.cancel()
-        return True
-
-    def _track(self, rpc) -> None:
-        """Makes cancelling this future cancel ``rpc`` (the call's current gRPC call)."""
-        self._rpc = rpc
-        if self.cancelled():
-            rpc.cancel()
-
-    def _resolve(self, compute: Callable[[], Any]) -> None:
-        """Completes the future with what ``compute`` returns or raises."""
-        try:
-            result = compute()
-        except BaseException as error:  # pylint: disable=broad-except
-            self._fail(error)
-        else:
-            try:
-                self.set_result(result)
-            except concurrent.futures.InvalidStateError:  # Cancelled meanwhile.
-                pass
-
-    def _fail(self, error: BaseException) -> None:
-        try:
-            self.set_exception(error)
-        except concurrent.futures.InvalidStateError:  # Cancelled meanwhile.
-            pass
-
-
-class _GrpcClientTransport(ClientTransport):
+class GrpcClientTransport(_base.ClientTransport):
     """gRPC channel to one courier server (TCP or Unix socket)."""
 
-    def __init__(self, address: str, endpoint: Endpoint, *, auth_token: Optional[str],
+    def __init__(self, address: str, endpoint: _base.Endpoint, *, auth_token: Optional[str],
                  tls: Optional[security.TLSConfig], wait_for_ready: bool):
         self.address = address
         self._wait_for_ready = wait_for_ready
@@ -350,7 +156,7 @@ class _GrpcClientTransport(ClientTransport):
                          wait_for_ready=self._wait_for_ready)
         except grpc.RpcError as error:
             raise self._translate(error, method, timeout) from None
-        response = _decode_response(reply, self.address)
+        response = _base.decode_response(reply, self.address)
         if response.result_id:
             self._fetch_result(method, response, deadline, timeout)
         return response
@@ -358,36 +164,34 @@ class _GrpcClientTransport(ClientTransport):
     def call_async(self, method, pickle, buffers, timeout, finish):
         deadline = None if timeout is None else time.monotonic() + timeout
         send, request = self._request(method, pickle, buffers)
-        future = _CallFuture()
-        future._track(send.future(  # pylint: disable=protected-access
-            request, timeout=timeout, metadata=self._metadata,
-            wait_for_ready=self._wait_for_ready))
+        future = _base.CallFuture()
+        rpc = send.future(request, timeout=timeout, metadata=self._metadata,
+                          wait_for_ready=self._wait_for_ready)
+        future.track(rpc.cancel)
 
         def on_done(rpc_future):
             if future.cancelled():
                 return
             try:
-                response = _decode_response(rpc_future.result(), self.address)
+                response = _base.decode_response(rpc_future.result(), self.address)
             except grpc.RpcError as error:
-                future._fail(self._translate(error, method, timeout))  # pylint: disable=protected-access
+                future.fail(self._translate(error, method, timeout))
                 return
             except BaseException as error:  # pylint: disable=broad-except
-                future._fail(error)  # pylint: disable=protected-access
+                future.fail(error)
                 return
             if not response.result_id:
-                future._resolve(lambda: finish(response))  # pylint: disable=protected-access
+                future.resolve(finish, response)
                 return
 
-            def fetch_and_finish():
-                self._fetch_result(method, response, deadline, timeout,
-                                   track=future._track)  # pylint: disable=protected-access
+            def fetch_and_finish(response):
+                self._fetch_result(method, response, deadline, timeout, track=future.track)
                 return finish(response)
 
             # Fetching blocks; gRPC's callback thread must not.
-            self._fetcher_pool().submit(
-                future._resolve, fetch_and_finish)  # pylint: disable=protected-access
+            self._fetcher_pool().submit(future.resolve, fetch_and_finish, response)
 
-        future._rpc.add_done_callback(on_done)  # pylint: disable=protected-access
+        rpc.add_done_callback(on_done)
         return future
 
     def _request(self, method: str, pickle: bytes, buffers: Sequence[memoryview]):
@@ -405,7 +209,7 @@ class _GrpcClientTransport(ClientTransport):
                              timeout=_remaining(deadline), metadata=self._metadata,
                              wait_for_ready=self._wait_for_ready)
         if track is not None:
-            track(stream)
+            track(stream.cancel)
         try:
             response.buffers = _assemble(response.buffer_sizes, iter(stream))
         except grpc.RpcError as error:
@@ -427,11 +231,7 @@ class _GrpcClientTransport(ClientTransport):
                                        wait_for_ready=self._wait_for_ready)
         except grpc.RpcError as error:
             raise self._translate(error, 'ListMethods', timeout) from None
-        try:
-            return wire.decode_method_list(reply)
-        except ValueError as error:
-            raise errors.ProtocolError(
-                f'malformed method list from courier server {self.address}: {error}') from None
+        return _base.decode_method_list(reply, self.address)
 
     def close(self):
         self._channel.close()
@@ -450,39 +250,32 @@ class _GrpcClientTransport(ClientTransport):
         codes = grpc.StatusCode
         code = error.code()
         details = error.details() or code.name
-        call = f'call to {method!r} on courier server {self.address}'
+        address = self.address
         if code == codes.DEADLINE_EXCEEDED:
-            after = f' after {timeout:g}s' if timeout is not None else ''
             if self._wait_for_ready and not self._connected():
-                return errors.ServerUnreachableTimeoutError(
-                    f'{call} timed out{after}: the server was not reachable '
-                    f'(wait_for_ready=True waited for it to come up). Is it running, and '
-                    f'is the address right?')
-            return errors.CallTimeoutError(
-                f'{call} timed out{after} (call_timeout); '
-                f'pass a larger call_timeout if the method needs longer')
+                return _base.unreachable_timeout(method, address, timeout)
+            return _base.call_timeout(method, address, timeout)
         if code == codes.UNAVAILABLE:
-            hint = ('' if self._wait_for_ready else
-                    ' Is it running? Pass wait_for_ready=True to wait for it to come up.')
-            return errors.ServerUnavailableError(
-                f'{call} failed: the server is unavailable ({details}).{hint}')
+            return _base.unavailable(method, address, details, self._wait_for_ready)
         if code in (codes.UNAUTHENTICATED, codes.PERMISSION_DENIED):
-            return errors.PermissionDeniedError(f'{call} was refused: {details}')
+            return _base.refused(method, address, details)
         if code == codes.CANCELLED:
-            return errors.ServerUnavailableError(f'{call} was cancelled: {details}')
+            return _base.call_error(errors.ServerUnavailableError, method, address,
+                                    f'was cancelled: {details}')
         if code == codes.UNIMPLEMENTED:
-            return errors.ProtocolError(
-                f'{call} failed: {self.address} does not serve the courier protocol '
-                f'({details})')
+            return _base.call_error(errors.ProtocolError, method, address,
+                                    f'failed: {address} does not serve the courier protocol '
+                                    f'({details})')
         if code == codes.INVALID_ARGUMENT:
-            return errors.ProtocolError(f'{call} was rejected as malformed: {details}')
-        return errors.RemoteError(f'{call} failed with gRPC status {code.name}: {details}')
+            return _base.rejected_as_malformed(method, address, details)
+        return _base.call_error(errors.RemoteError, method, address,
+                                f'failed with gRPC status {code.name}: {details}')
 
 
-class _GrpcServerTransport(ServerTransport):
+class GrpcServerTransport(_base.ServerTransport):
     """gRPC server on one address, running calls in a thread pool."""
 
-    def __init__(self, address: str, endpoint: Endpoint, handle_call: HandleCall,
+    def __init__(self, address: str, endpoint: _base.Endpoint, handle_call: _base.HandleCall,
                  list_methods: Callable[[], List[str]], *, thread_pool_size: int,
                  auth_token: Optional[str], tls: Optional[security.TLSConfig]):
         if tls is not None and tls.certificate_chain is None:
@@ -512,12 +305,12 @@ class _GrpcServerTransport(ServerTransport):
             self._executor.shutdown(wait=False)
             raise
 
-    def _bind(self, address: str, endpoint: Endpoint,
+    def _bind(self, address: str, endpoint: _base.Endpoint,
               tls: Optional[security.TLSConfig]) -> str:
         if endpoint.kind == 'unix':
             # Absolute, so that the address means the same in a process with another cwd.
-            endpoint = Endpoint('unix', path=os.path.abspath(endpoint.path))
-            _check_unix_path_free(endpoint.path)
+            endpoint = _base.Endpoint('unix', path=os.path.abspath(endpoint.path))
+            _base.check_unix_path_free(endpoint.path)
         if tls is None:
             add_port = self._server.add_insecure_port
             args = ()
@@ -537,8 +330,8 @@ class _GrpcServerTransport(ServerTransport):
                           f'not available on this machine')
         if endpoint.kind == 'unix':
             self._unix_path = endpoint.path
-            return _UNIX_PREFIX + endpoint.path
-        return tcp_address(_connectable_host(endpoint.host), port)
+            return _base.UNIX_PREFIX + endpoint.path
+        return _base.tcp_address(_connectable_host(endpoint.host), port)
 
     def start(self):
         self._server.start()
@@ -629,12 +422,8 @@ class _TokenCheck(grpc.ServerInterceptor):
 
     def __init__(self, token: str):
         self._expected = (_AUTH_SCHEME + token).encode()
-        self._refuse_missing = _refusals(
-            'the server requires an auth token and the call carried none; pass '
-            f'auth_token= to courier.Client or set {security.AUTH_TOKEN_ENV}')
-        self._refuse_wrong = _refusals(
-            'the call carried the wrong auth token; client and server must use the same '
-            f'auth_token (or {security.AUTH_TOKEN_ENV})')
+        self._refuse_missing = _refusals(_base.NO_TOKEN)
+        self._refuse_wrong = _refusals(_base.WRONG_TOKEN)
 
     def intercept_service(self, continuation, handler_call_details):
         refusals = self._refuse_missing
@@ -666,27 +455,6 @@ def _refusals(reason: str) -> Dict[str, Any]:
             LIST_METHODS: grpc.unary_unary_rpc_method_handler(refuse)}
 
 
-def _check_unix_path_free(path: str) -> None:
-    """Refuses a socket path that is too long or where a live server listens.
-
-    gRPC would silently unlink a live server's socket and take over its path.
-    """
-    if len(os.fsencode(path)) > _MAX_UNIX_PATH_BYTES:
-        raise OSError(errno.ENAMETOOLONG,
-                      f'unix socket path {path!r} is longer than {_MAX_UNIX_PATH_BYTES} '
-                      f'bytes; use a shorter path')
-    if not os.path.exists(path):
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError:
-        return  # Stale socket file; gRPC replaces it.
-    finally:
-        probe.close()
-    raise OSError(errno.EADDRINUSE, f'another server is listening on unix socket {path!r}')
-
-
 def _connectable_host(host: str) -> str:
     """Returns the host clients should dial for a server bound on ``host``."""
     if host not in _WILDCARD_HOSTS:
@@ -698,4 +466,3 @@ def _connectable_host(host: str) -> str:
     except OSError:
         return '127.0.0.1'
     return hostname
-

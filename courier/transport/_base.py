@@ -1,0 +1,263 @@
+"""What every courier transport shares: its interfaces, addresses, futures and errors.
+
+The transports (:mod:`.grpc`, :mod:`.framed_client`, :mod:`.framed_server`)
+import this module and never each other, as in :mod:`concurrent.futures`. Each
+error message a caller may see is written once here, so that a call fails the
+same way whichever transport carried it.
+"""
+
+from __future__ import annotations
+
+import abc
+import concurrent.futures
+import dataclasses
+import errno
+import ipaddress
+import os
+import socket
+from typing import Any, Callable, List, Optional, Sequence, Type
+
+from courier import errors
+from courier import security
+from courier import wire
+
+UNIX_PREFIX = 'unix:'
+_MAX_UNIX_PATH_BYTES = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux.
+
+# handle_call(method, pickle, buffers): the buffers are writable and owned by the call.
+HandleCall = Callable[[str, memoryview, List[Any]], wire.Response]
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """A parsed address: ``kind`` is 'tcp' (with host, port) or 'unix' (with path)."""
+
+    kind: str
+    host: str = ''
+    port: int = 0
+    path: str = ''
+
+    @property
+    def is_local(self) -> bool:
+        """Whether only this machine can connect (Unix socket or loopback host)."""
+        if self.kind == 'unix' or self.host == 'localhost':
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    @property
+    def grpc_target(self) -> str:
+        if self.kind == 'unix':
+            return UNIX_PREFIX + self.path
+        return tcp_address(self.host, self.port)
+
+
+def parse_address(address: str) -> Endpoint:
+    """Parses ``'host:port'``, ``'[ipv6]:port'`` or ``'unix:/path'``.
+
+    Raises:
+      ValueError: the address has neither form.
+    """
+    if not isinstance(address, str):
+        raise TypeError(f'a courier address must be a str, got {type(address).__name__}')
+    if address.startswith(UNIX_PREFIX):
+        path = address[len(UNIX_PREFIX):]
+        if path.startswith('//'):  # gRPC's 'unix:///abs/path' spelling.
+            path = path[2:]
+        if not path:
+            raise ValueError(f'courier address {address!r} has no socket path; '
+                             f"use 'unix:/path/to/socket'")
+        return Endpoint('unix', path=path)
+    host, sep, port = address.rpartition(':')
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"courier address {address!r} is not 'host:port' or 'unix:/path'")
+    if host.startswith('[') and host.endswith(']'):
+        host = host[1:-1]
+    return Endpoint('tcp', host=host, port=int(port))
+
+
+def tcp_address(host: str, port: int) -> str:
+    """Returns the ``host:port`` address, bracketing IPv6 hosts."""
+    return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'
+
+
+def check_unix_path_free(path: str) -> None:
+    """Refuses a socket path that is too long or where a live server listens.
+
+    gRPC would silently unlink a live server's socket and take over its path.
+    """
+    if len(os.fsencode(path)) > _MAX_UNIX_PATH_BYTES:
+        raise OSError(errno.ENAMETOOLONG,
+                      f'unix socket path {path!r} is longer than {_MAX_UNIX_PATH_BYTES} '
+                      f'bytes; use a shorter path')
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        return  # Stale socket file; the server replaces it.
+    finally:
+        probe.close()
+    raise OSError(errno.EADDRINUSE, f'another server is listening on unix socket {path!r}')
+
+
+class ClientTransport(abc.ABC):
+    """Carries calls from a client to one server address."""
+
+    address: str
+
+    @abc.abstractmethod
+    def call(self, method: str, pickle: bytes, buffers: Sequence[memoryview],
+             timeout: Optional[float]) -> wire.Response:
+        """Calls ``method`` and returns the server's response.
+
+        Raises:
+          errors.CourierError: the call did not reach the server or no response
+            came back (timeout, server unavailable, permission denied, ...).
+        """
+
+    @abc.abstractmethod
+    def call_async(self, method: str, pickle: bytes, buffers: Sequence[memoryview],
+                   timeout: Optional[float],
+                   finish: Callable[[wire.Response], Any]) -> concurrent.futures.Future:
+        """Starts a call; the returned future resolves to ``finish(response)``.
+
+        Cancelling the future cancels the call.
+        """
+
+    @abc.abstractmethod
+    def list_methods(self, timeout: Optional[float]) -> List[str]:
+        """Returns the names of the methods bound on the server."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Releases the connection; calls in flight fail."""
+
+
+class ServerTransport(abc.ABC):
+    """Accepts calls on one address and hands them to the server's callables."""
+
+    address: str
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Starts accepting calls."""
+
+    @abc.abstractmethod
+    def stop(self, grace: Optional[float]) -> None:
+        """Stops accepting calls, waits up to ``grace`` seconds for calls in flight."""
+
+
+class CallFuture(concurrent.futures.Future):
+    """The future of a call; cancelling it also cancels the call, through ``on_cancel``."""
+
+    def __init__(self):
+        super().__init__()
+        self.on_cancel: Optional[Callable[[], Any]] = None
+
+    def cancel(self) -> bool:
+        if not super().cancel():
+            return False
+        on_cancel = self.on_cancel
+        if on_cancel is not None:
+            on_cancel()
+        return True
+
+    def track(self, cancel: Callable[[], Any]) -> None:
+        """Makes ``cancel`` the cancel hook, and calls it if the future is cancelled already."""
+        self.on_cancel = cancel
+        if self.cancelled():
+            cancel()
+
+    def fail(self, error: BaseException) -> None:
+        try:
+            self.set_exception(error)
+        except concurrent.futures.InvalidStateError:  # Cancelled or completed meanwhile.
+            pass
+
+    def resolve(self, finish: Callable[[Any], Any], response: Any) -> None:
+        """Completes the future with what ``finish(response)`` returns or raises."""
+        try:
+            result = finish(response)
+        except BaseException as error:  # pylint: disable=broad-except
+            self.fail(error)
+            return
+        try:
+            self.set_result(result)
+        except concurrent.futures.InvalidStateError:
+            pass
+
+
+def decode_response(data: Any, address: str) -> wire.Response:
+    """Decodes an encoded ``wire.Response``; its buffers come out writable, like local arrays."""
+    try:
+        response = wire.decode_response(data)
+    except ValueError as error:
+        raise errors.ProtocolError(
+            f'malformed response from courier server {address}: {error}') from None
+    response.buffers = [bytearray(buffer) for buffer in response.buffers]
+    return response
+
+
+def decode_method_list(data: Any, address: str) -> List[str]:
+    try:
+        return wire.decode_method_list(data)
+    except ValueError as error:
+        raise errors.ProtocolError(
+            f'malformed method list from courier server {address}: {error}') from None
+
+
+# Why a server refuses a call, by the token the call carried.
+NO_TOKEN = ('the server requires an auth token and the call carried none; pass '
+            f'auth_token= to courier.Client or set {security.AUTH_TOKEN_ENV}')
+WRONG_TOKEN = ('the call carried the wrong auth token; client and server must use the same '
+               f'auth_token (or {security.AUTH_TOKEN_ENV})')
+
+
+def call_error(kind: Type[errors.CourierError], method: str, address: str,
+               what: str) -> errors.CourierError:
+    """Returns ``kind('call to <method> on courier server <address> <what>')``."""
+    return kind(f'call to {method!r} on courier server {address} {what}')
+
+
+def call_timeout(method: str, address: str, timeout: Optional[float]) -> errors.CourierError:
+    return call_error(errors.CallTimeoutError, method, address,
+                      f'timed out{_after(timeout)} (call_timeout); pass a larger call_timeout '
+                      f'if the method needs longer')
+
+
+def unreachable_timeout(method: str, address: str,
+                        timeout: Optional[float]) -> errors.CourierError:
+    return call_error(errors.ServerUnreachableTimeoutError, method, address,
+                      f'timed out{_after(timeout)}: the server was not reachable '
+                      f'(wait_for_ready=True waited for it to come up). Is it running, and '
+                      f'is the address right?')
+
+
+def unavailable(method: str, address: str, details: str,
+                wait_for_ready: bool) -> errors.CourierError:
+    hint = ('' if wait_for_ready else
+            ' Is it running? Pass wait_for_ready=True to wait for it to come up.')
+    return call_error(errors.ServerUnavailableError, method, address,
+                      f'failed: the server is unavailable ({details}).{hint}')
+
+
+def refused(method: str, address: str, reason: str) -> errors.CourierError:
+    return call_error(errors.PermissionDeniedError, method, address, f'was refused: {reason}')
+
+
+def rejected_as_malformed(method: str, address: str, details: str) -> errors.CourierError:
+    return call_error(errors.ProtocolError, method, address,
+                      f'was rejected as malformed: {details}')
+
+
+def stopped_during_call(method: str, address: str) -> errors.CourierError:
+    return call_error(errors.ServerUnavailableError, method, address,
+                      'failed: the server stopped during the call')
+
+
+def _after(timeout: Optional[float]) -> str:
+    return f' after {timeout:g}s' if timeout is not None else ''

@@ -1,0 +1,514 @@
+"""The client half of courier's framed protocol: blocking calls, futures, deadlines.
+
+The framed protocol (:mod:`.frames`) carries same-host calls today, over Unix
+sockets; it is named for its frames, not its host, because it is to carry calls
+between hosts over TCP too. A blocking call uses a connection of its calling
+thread, so the caller sends and receives on its own thread. Futures share one
+pipelined connection: callers send, a reader thread completes them. Calls carry
+the auth token (checked once per connection), and errors, timeouts and
+cancellation behave as with gRPC.
+
+When the server runs in this process (local_mt, colocated nodes), calls skip the
+socket and go to the server object found in :mod:`._here`, where
+:mod:`.framed_server` registers it: neither half imports the other.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import os
+import socket
+import threading
+import time
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence, Type
+
+from courier import errors
+from courier import wire
+from courier.transport import _base
+from courier.transport import _here
+from courier.transport import frames
+
+_RETRY_FIRST = 0.001  # Seconds between connection attempts to a server not yet up: doubling...
+_RETRY_MAX = 0.02     # ... up to this, so that a node notices a new server within 20 ms.
+
+
+def connect(address: str, path: str, *, auth_token: Optional[str],
+            wait_for_ready: bool) -> 'FramedClientTransport':
+    """Returns a client transport for the server on Unix socket ``path``."""
+    return FramedClientTransport(address, os.path.abspath(path), auth_token=auth_token,
+                                 wait_for_ready=wait_for_ready)
+
+
+class _ServerHere(Exception):
+    """The server turned out to run in this process: call it there."""
+
+
+class _Unreachable(Exception):
+    """No connection could be made: ``error(method, address)`` is what each call raises."""
+
+    def __init__(self, error: Callable[[str, str], errors.CourierError]):
+        super().__init__()
+        self.error = error
+
+
+def _unreachable(what: str,
+                 kind: Type[errors.CourierError] = errors.ServerUnavailableError) -> _Unreachable:
+    """Returns the _Unreachable whose calls raise ``kind('call to ... <what>')``."""
+    return _Unreachable(functools.partial(_base.call_error, kind, what=what))
+
+
+class _Connection:
+    """One socket to the server, after a successful hello."""
+
+    __slots__ = ('sock', 'reader', '__weakref__')
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        frames.enlarge_send_buffer(sock)
+        self.reader = frames.FrameReader(sock)
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # Wakes a thread blocked reading it.
+        except OSError:
+            pass
+        self.sock.close()
+
+    def __del__(self):  # The connection of a thread that ended.
+        self.sock.close()
+
+
+class FramedClientTransport(_base.ClientTransport):
+    """Calls one server over its Unix socket, or directly when it runs in this process."""
+
+    def __init__(self, address: str, path: str, *, auth_token: Optional[str],
+                 wait_for_ready: bool):
+        self.address = address
+        self._path = path
+        self._token = auth_token
+        self._wait_for_ready = wait_for_ready
+        self._local = threading.local()  # .connection: this thread's blocking connection.
+        self._connections: 'weakref.WeakSet[_Connection]' = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._pipeline: Optional[_Pipeline] = None
+        self._deadlines: Optional[_Deadlines] = None
+        self._closed = False
+
+    # Blocking calls.
+
+    def call(self, method, pickle, buffers, timeout):
+        server = _here.servers.get(self._path)
+        if server is None:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            parts = frames.encode(frames.CALL, 0, 0, method.encode(), pickle, buffers)
+            try:
+                frame = self._exchange(parts, method, timeout, deadline)
+            except _ServerHere:
+                server = _stopped_meanwhile(self._path, method, self.address)
+                if deadline is not None:
+                    timeout = max(0.0, deadline - time.monotonic())
+            else:
+                return _response(frame, method, self.address)
+        return server.call_here(self._token, method, pickle, buffers, timeout, self.address)
+
+    def list_methods(self, timeout):
+        server = _here.servers.get(self._path)
+        if server is None:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            try:
+                frame = self._exchange(frames.encode(frames.LIST), 'ListMethods',
+                                       timeout, deadline)
+            except _ServerHere:
+                server = _stopped_meanwhile(self._path, 'ListMethods', self.address)
+        if server is not None:
+            server.check_token_here(self._token, 'ListMethods', self.address)
+            return server.method_names()
+        if frame.kind != frames.METHODS:
+            raise _unexpected(frame, 'ListMethods', self.address)
+        return _base.decode_method_list(frame.payload, self.address)
+
+    def _exchange(self, parts: List[Any], method: str, timeout: Optional[float],
+                  deadline: Optional[float]) -> frames.Frame:
+        """Sends a request on this thread's connection and reads the answer to it."""
+        connection = getattr(self._local, 'connection', None)
+        for attempt in range(2):
+            if connection is None:
+                connection = self._connect_blocking(method, timeout, deadline)
+            sock = connection.sock
+            try:
+                if deadline is not None:
+                    _time_out_at(sock, deadline)
+                elif sock.gettimeout() is not None:
+                    sock.settimeout(None)
+                try:
+                    frames.send(sock, parts)
+                except (BrokenPipeError, ConnectionResetError):
+                    # The server closed this connection while it sat idle (it stopped or
+                    # restarted); the request never arrived, so a new connection may carry it.
+                    self._drop(connection)
+                    connection = None
+                    if attempt:
+                        raise
+                    continue
+                return connection.reader.read_frame()
+            except socket.timeout:
+                self._drop(connection)
+                raise _base.call_timeout(method, self.address, timeout) from None
+            except (EOFError, OSError) as error:
+                self._drop(connection)
+                raise _base.call_error(errors.ServerUnavailableError, method, self.address,
+                                       _went_away(error)) from None
+            except frames.ProtocolViolation as error:
+                self._drop(connection)
+                raise _base.call_error(errors.ProtocolError, method, self.address,
+                                       f'got a malformed answer: {error}') from None
+            except BaseException:  # e.g. KeyboardInterrupt: the answer would come out of turn.
+                self._drop(connection)
+                raise
+        raise AssertionError('unreachable')
+
+    def _connect_blocking(self, method: str, timeout: Optional[float],
+                          deadline: Optional[float]) -> _Connection:
+        try:
+            connection = _open(self._path, self._token, frames.SYNC, self._wait_for_ready,
+                               deadline, here=True)
+        except _Unreachable as unreachable:
+            raise unreachable.error(method, self.address) from None
+        except socket.timeout:
+            raise _base.unreachable_timeout(method, self.address, timeout) from None
+        if self._path in _here.servers:  # It started here while this thread waited for it.
+            connection.close()
+            raise _ServerHere
+        with self._lock:
+            if self._closed:
+                connection.close()
+                raise _closed(method, self.address)
+            self._connections.add(connection)
+        self._local.connection = connection
+        return connection
+
+    def _drop(self, connection: _Connection) -> None:
+        if getattr(self._local, 'connection', None) is connection:
+            self._local.connection = None
+        connection.close()
+
+    # Futures.
+
+    def call_async(self, method, pickle, buffers, timeout, finish):
+        future = _base.CallFuture()
+        server = _here.servers.get(self._path)
+        pipeline = None
+        if server is not None:
+            server.call_here_async(future, self._token, method, pickle, buffers, self.address,
+                                   finish)
+        else:
+            pipeline = self._pipeline
+            if pipeline is None or pipeline.broken:
+                try:
+                    pipeline = self._new_pipeline(method)
+                except errors.CourierError as error:
+                    future.fail(error)
+                    return future
+            pipeline.start(future, method, pickle, buffers, finish)
+        if timeout is not None and not future.done():
+            address = self.address
+
+            def timed_out() -> errors.CourierError:
+                if pipeline is not None and not pipeline.connected:
+                    return _base.unreachable_timeout(method, address, timeout)
+                return _base.call_timeout(method, address, timeout)
+
+            self._deadline_watcher().add(time.monotonic() + timeout, future, timed_out)
+        return future
+
+    def _new_pipeline(self, method: str) -> '_Pipeline':
+        with self._lock:
+            if self._pipeline is None or self._pipeline.broken:
+                if self._closed:
+                    raise _closed(method, self.address)
+                self._pipeline = _Pipeline(self._path, self._token, self._wait_for_ready,
+                                           self.address)
+            return self._pipeline
+
+    def _deadline_watcher(self) -> '_Deadlines':
+        with self._lock:
+            if self._deadlines is None:
+                self._deadlines = _Deadlines()
+            return self._deadlines
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+            connections = list(self._connections)
+            pipeline, self._pipeline = self._pipeline, None
+            deadlines, self._deadlines = self._deadlines, None
+        for connection in connections:
+            connection.close()
+        if pipeline is not None:
+            pipeline.close()
+        if deadlines is not None:
+            deadlines.close()
+
+
+def _stopped_meanwhile(path: str, method: str, address: str) -> _here.ServerHere:
+    """Returns the server of this process at ``path``, which just started (and may have stopped)."""
+    server = _here.servers.get(path)
+    if server is None:
+        raise _base.call_error(errors.ServerUnavailableError, method, address,
+                               'failed: the server stopped')
+    return server
+
+
+def _closed(method: str, address: str) -> errors.CourierError:
+    return _base.call_error(errors.ServerUnavailableError, method, address,
+                            'failed: the client transport is closed')
+
+
+def _open(path: str, token: Optional[str], mode: int, wait_for_ready: bool,
+          deadline: Optional[float], here: bool = False) -> _Connection:
+    """Connects and says hello, waiting for the server to come up if asked to.
+
+    Raises:
+      _Unreachable: no server (and no waiting), or it refused the hello.
+      _ServerHere: ``here`` is true and the server started in this process meanwhile.
+      socket.timeout: the deadline passed first.
+    """
+    delay = _RETRY_FIRST
+    while True:
+        if here and path in _here.servers:
+            raise _ServerHere
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if deadline is not None:
+                _time_out_at(sock, deadline)
+            sock.connect(path)
+            break
+        except (FileNotFoundError, ConnectionRefusedError) as error:
+            sock.close()
+            if not wait_for_ready:
+                raise _Unreachable(functools.partial(
+                    _base.unavailable, details=_describe(error), wait_for_ready=False)) from None
+        except socket.timeout:
+            sock.close()
+            raise
+        except OSError as error:
+            sock.close()
+            raise _unreachable(f'failed: cannot connect to its socket ({_describe(error)})'
+                               ) from None
+        pause = delay if deadline is None else min(delay, deadline - time.monotonic())
+        if pause <= 0:
+            raise socket.timeout
+        time.sleep(pause)
+        delay = min(2 * delay, _RETRY_MAX)
+    connection = _Connection(sock)
+    try:
+        frames.send(sock, frames.encode(
+            frames.HELLO, mode, frames.VERSION, (token or '').encode(), frames.MAGIC))
+        answer = connection.reader.read_frame()
+    except socket.timeout:
+        connection.close()
+        raise
+    except (EOFError, OSError, frames.ProtocolViolation) as error:
+        connection.close()
+        if not wait_for_ready:
+            raise _unreachable(f'failed: the server closed the connection ({_describe(error)})'
+                               ) from None
+        return _open(path, token, mode, wait_for_ready, deadline, here)
+    if answer.kind == frames.WELCOME:
+        return connection
+    connection.close()
+    if answer.kind == frames.REFUSED and answer.status in frames.REFUSALS:
+        raise _Unreachable(functools.partial(_base.refused, reason=frames.REFUSALS[answer.status]))
+    raise _unreachable(f'failed: the socket does not serve the courier protocol '
+                       f'({answer.text.decode(errors="replace")})', errors.ProtocolError)
+
+
+class _Pipeline:
+    """One connection carrying many calls at once; a reader thread completes them.
+
+    The reader thread also makes the connection, so starting a call never blocks
+    on a server that is not up yet. Once the connection breaks, every call on it
+    fails and the transport makes a new pipeline for later calls.
+    """
+
+    def __init__(self, path: str, token: Optional[str], wait_for_ready: bool, address: str):
+        self._path = path
+        self._token = token
+        self._wait_for_ready = wait_for_ready
+        self._address = address
+        self._ids = itertools.count(1)
+        self._pending: Dict[int, tuple] = {}  # call id -> (future, method, finish)
+        self._outbox = frames.Outbox()
+        self._lock = threading.Lock()
+        self._connection: Optional[_Connection] = None
+        # Set before the pending calls are failed, so a call started meanwhile sees it.
+        self.broken: Optional[_Unreachable] = None
+        self._closed = False
+        threading.Thread(target=self._run, daemon=True, name=f'courier-client {address}').start()
+
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None
+
+    def start(self, future: _base.CallFuture, method: str, pickle: bytes,
+              buffers: Sequence[memoryview], finish) -> None:
+        call_id = next(self._ids)
+        self._pending[call_id] = (future, method, finish)
+        if self.broken:  # Checked after registering: see _break.
+            self._pending.pop(call_id, None)
+            future.fail(self.broken.error(method, self._address))
+            return
+        future.on_cancel = functools.partial(self._cancel, call_id)
+        self._put(call_id, frames.encode(frames.CALL, 0, call_id, method.encode(),
+                                         pickle, buffers))
+
+    def _cancel(self, call_id: int) -> None:
+        if self._pending.pop(call_id, None) is None or self.broken:
+            return
+        if self._connection is None:
+            self._outbox.skip.add(call_id)  # Not sent yet: the server never sees it.
+        self._put(0, frames.encode(frames.CANCEL, 0, call_id))
+
+    def _put(self, call_id: int, parts: List[Any]) -> None:
+        try:
+            self._outbox.put(call_id, parts)
+        except OSError as error:
+            self._break(_unreachable(f'failed: sending failed ({_describe(error)})'))
+
+    def _run(self) -> None:
+        try:
+            connection = _open(self._path, self._token, frames.PIPELINED,
+                               self._wait_for_ready, None)
+        except _Unreachable as unreachable:
+            self._break(unreachable)
+            return
+        except BaseException as error:  # pylint: disable=broad-except
+            self._break(_unreachable(f'failed: cannot connect ({_describe(error)})'))
+            return
+        with self._lock:
+            if self._closed:
+                connection.close()
+                return
+            self._connection = connection
+        try:
+            self._outbox.sock = connection.sock
+            self._outbox.flush()  # What was started while connecting.
+            self._outbox.skip.clear()
+            pending = self._pending
+            read_frame = connection.reader.read_frame
+            while True:
+                frame = read_frame()
+                entry = pending.pop(frame.call_id, None)
+                if entry is None:
+                    continue  # Cancelled or timed out: nobody waits for it.
+                future, method, finish = entry
+                try:
+                    response = _response(frame, method, self._address)
+                except errors.CourierError as error:
+                    future.fail(error)
+                    continue
+                future.resolve(finish, response)
+        except (EOFError, OSError, frames.ProtocolViolation) as error:
+            self._break(_unreachable(_went_away(error)))
+        finally:
+            connection.close()
+
+    def _break(self, reason: _Unreachable) -> None:
+        """Fails every pending call, and the calls started later on this pipeline."""
+        self.broken = reason
+        pending, self._pending = self._pending, {}
+        self._outbox.clear()
+        for future, method, _ in list(pending.values()):
+            future.fail(reason.error(method, self._address))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            connection = self._connection
+        self._break(_unreachable('failed: the client transport was closed'))
+        if connection is not None:
+            connection.close()
+
+
+class _Deadlines:
+    """Fails futures whose call_timeout passes; one thread, started on first use."""
+
+    def __init__(self):
+        self._heap: List[tuple] = []
+        self._order = itertools.count()
+        self._compact_at = 1024
+        self._condition = threading.Condition()
+        self._closed = False
+        threading.Thread(target=self._run, daemon=True, name='courier-deadlines').start()
+
+    def add(self, deadline: float, future: _base.CallFuture,
+            timed_out: Callable[[], errors.CourierError]) -> None:
+        """At ``deadline``, fails ``future`` with ``timed_out()`` unless it is done."""
+        with self._condition:
+            heap = self._heap
+            if len(heap) >= self._compact_at:  # Drop the entries of calls that completed.
+                heap[:] = [entry for entry in heap if not entry[2].done()]
+                heapq.heapify(heap)
+                self._compact_at = 2 * len(heap) + 1024
+            heapq.heappush(heap, (deadline, next(self._order), future, timed_out))
+            if heap[0][2] is future:
+                self._condition.notify()
+
+    def _run(self) -> None:
+        with self._condition:
+            while not self._closed:
+                heap = self._heap
+                if not heap:
+                    self._condition.wait()
+                    continue
+                now = time.monotonic()
+                if heap[0][0] > now:
+                    self._condition.wait(heap[0][0] - now)
+                    continue
+                _, _, future, timed_out = heapq.heappop(heap)
+                if not future.done():
+                    future.fail(timed_out())
+                    on_cancel = future.on_cancel
+                    if on_cancel is not None:
+                        on_cancel()
+
+    def close(self) -> None:
+        with self._condition:
+            self._closed = True
+            self._heap = []
+            self._condition.notify()
+
+
+def _response(frame: frames.Frame, method: str, address: str) -> wire.Response:
+    if frame.kind != frames.RESPONSE:
+        raise _unexpected(frame, method, address)
+    if frame.status == wire.OK:
+        return wire.Response(wire.OK, frame.payload, frame.buffers)
+    return _base.decode_response(frame.payload, address)
+
+
+def _unexpected(frame: frames.Frame, method: str, address: str) -> errors.CourierError:
+    if frame.kind == frames.FAULT:
+        return _base.rejected_as_malformed(method, address,
+                                           frame.text.decode(errors='replace'))
+    return _base.call_error(errors.ProtocolError, method, address,
+                            f'got a frame of kind {frame.kind} instead of its answer')
+
+
+def _time_out_at(sock: socket.socket, deadline: float) -> None:
+    """Makes ``sock``'s operations time out at ``deadline``; raises socket.timeout if it passed."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise socket.timeout
+    sock.settimeout(remaining)
+
+
+def _describe(error: BaseException) -> str:
+    return f'{type(error).__name__}: {error}' if str(error) else type(error).__name__
+
+
+def _went_away(error: BaseException) -> str:
+    return f'failed: the server went away during the call ({_describe(error)})'

@@ -1,0 +1,184 @@
+"""The thin layer over the official `kubernetes` client: plain dicts in and out, errors made
+readable (`KubernetesError` says how to fix them).
+
+Runs on the launching machine (the launcher creates, follows and deletes a program's objects) and in
+the coordinator pod (it lists the program's pods). The client is an optional dependency, imported
+when a `KubernetesApi` is made.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+from typing import Any, BinaryIO, Callable, Dict, List, Mapping, Optional
+
+from launchpad.launch.kubernetes.names import INSTALL_HINT
+
+
+class KubernetesError(RuntimeError):
+    """The cluster refused or could not do what the launcher asked; the message says how to fix it."""
+
+
+class NotFound(KubernetesError):
+    """The object does not exist."""
+
+
+def _import_kubernetes():
+    try:
+        import kubernetes  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        raise ImportError('The kubernetes launcher needs the official Kubernetes Python client: '
+                          f'{INSTALL_HINT}') from e
+    return kubernetes
+
+
+class KubernetesApi:
+    """The calls the launcher makes (create, list pods, logs, events, delete), in one namespace.
+
+    Everything goes in and comes out as plain dicts shaped like the API's JSON, so that tests can
+    replace this class with a fake that records calls and plays back pod states.
+    """
+
+    _CREATE = {'ConfigMap': 'create_namespaced_config_map', 'Secret': 'create_namespaced_secret',
+               'Service': 'create_namespaced_service', 'Pod': 'create_namespaced_pod',
+               'ServiceAccount': 'create_namespaced_service_account',
+               'Role': 'create_namespaced_role', 'RoleBinding': 'create_namespaced_role_binding'}
+    _TIMEOUT = 30.0
+
+    def __init__(self, namespace: str, *, kubeconfig: Optional[str] = None,
+                 context: Optional[str] = None, in_cluster: bool = False):
+        k8s = _import_kubernetes()
+        # KUBECONFIG is read here, not when the client was imported (it may list several files).
+        kubeconfig = kubeconfig or os.environ.get('KUBECONFIG') or '~/.kube/config'
+        configuration = k8s.client.Configuration()  # this launch's, not the client's global one
+        try:
+            if in_cluster:
+                k8s.config.load_incluster_config(client_configuration=configuration)
+            else:
+                k8s.config.load_kube_config(config_file=kubeconfig, context=context,
+                                            client_configuration=configuration)
+        except (k8s.config.ConfigException, OSError) as e:
+            where = 'in this pod' if in_cluster else f'in kubeconfig {kubeconfig}'
+            raise KubernetesError(
+                f'No usable Kubernetes configuration {where}: {str(e).rstrip(".")}. Set '
+                'KUBECONFIG or kubeconfig= to your cluster\'s kubeconfig file (and choose its '
+                'context with `kubectl config use-context NAME` or context=).') from e
+        self.namespace = namespace
+        self._exception = k8s.client.exceptions.ApiException
+        self._client = k8s.client.ApiClient(configuration)
+        self._core = k8s.client.CoreV1Api(self._client)
+        self._rbac = k8s.client.RbacAuthorizationV1Api(self._client)
+        self._host = self._client.configuration.host
+
+    def _call(self, action: str, method: Callable, *args, **kwargs):
+        try:
+            kwargs.setdefault('_request_timeout', self._TIMEOUT)
+            return method(*args, **kwargs)
+        except self._exception as e:
+            raise _api_error(e.status, _reason(e.body) or e.reason, action, self.namespace) from e
+        except Exception as e:  # urllib3 connection errors: the server cannot be reached
+            if type(e).__module__.startswith(('urllib3', 'socket', 'ssl')) or isinstance(e, OSError):
+                raise KubernetesError(
+                    f'Cannot reach the Kubernetes API server at {self._host} to {action}: {e}. '
+                    'Check that the cluster is up, that this machine can reach it (network, '
+                    'VPN), and that the kubeconfig context is the right one.') from e
+            raise
+
+    def _dict(self, obj) -> Dict[str, Any]:
+        return self._client.sanitize_for_serialization(obj)
+
+    def check_namespace(self) -> None:
+        """Raises KubernetesError if the namespace does not exist or the server is unreachable."""
+        try:
+            self._call(f'read namespace {self.namespace}', self._core.read_namespace,
+                       self.namespace)
+        except NotFound:
+            raise KubernetesError(
+                f'Namespace {self.namespace!r} does not exist. Create it with `kubectl create '
+                f'namespace {self.namespace}` or pass namespace= an existing one.') from None
+        except KubernetesError as e:
+            if 'forbidden' not in str(e).lower():  # many users may not read namespaces: fine
+                raise
+
+    def create(self, document: Mapping[str, Any]) -> Dict[str, Any]:
+        """Creates the object `document` describes; returns it as created (with its uid)."""
+        kind, name = document['kind'], document['metadata']['name']
+        api = self._rbac if kind in ('Role', 'RoleBinding') else self._core
+        created = self._call(f'create {kind} {name}', getattr(api, self._CREATE[kind]),
+                             self.namespace, document)
+        return self._dict(created)
+
+    def delete(self, kind: str, name: str, grace_period_seconds: Optional[int] = None) -> None:
+        """Deletes an object (its dependents follow); an object already gone is fine."""
+        method = re.sub(r'(?<!^)([A-Z])', r'_\1', kind).lower()
+        api = self._rbac if kind in ('Role', 'RoleBinding') else self._core
+        try:
+            self._call(f'delete {kind} {name}', getattr(api, f'delete_namespaced_{method}'), name,
+                       self.namespace, grace_period_seconds=grace_period_seconds,
+                       propagation_policy='Background')
+        except NotFound:
+            pass
+
+    def list_pods(self, selector: str) -> List[Dict[str, Any]]:
+        """The pods matching the label `selector`, with their status."""
+        result = self._call('list pods', self._core.list_namespaced_pod, self.namespace,
+                            label_selector=selector)
+        return self._dict(result).get('items') or []
+
+    def read_log(self, pod: str, container: str, tail_lines: Optional[int] = None) -> str:
+        """The container's log so far (its last `tail_lines` lines if given), '' if none."""
+        try:
+            return self._call(f'read the log of pod {pod}', self._core.read_namespaced_pod_log,
+                              pod, self.namespace, container=container, tail_lines=tail_lines)
+        except KubernetesError:
+            return ''  # no log (yet): the caller reports what it has
+
+    def open_log(self, pod: str, container: str) -> BinaryIO:
+        """A stream of the container's log that follows it until the container ends."""
+        response = self._call(f'follow the log of pod {pod}', self._core.read_namespaced_pod_log,
+                              pod, self.namespace, container=container, follow=True,
+                              _preload_content=False, _request_timeout=None)  # no read timeout
+        response.auto_close = False  # EOF reads as b'' rather than a closed file
+        return io.BufferedReader(response)
+
+    def events(self, pod: str) -> List[Dict[str, Any]]:
+        """The events about `pod` (e.g. why its image cannot be pulled)."""
+        result = self._call(f'list events of pod {pod}', self._core.list_namespaced_event,
+                            self.namespace, field_selector=f'involvedObject.name={pod}')
+        return self._dict(result).get('items') or []
+
+
+def _reason(body) -> str:
+    try:
+        return json.loads(body).get('message', '')
+    except (TypeError, ValueError, AttributeError):
+        return ''
+
+
+def _api_error(status: int, reason: str, action: str, namespace: str) -> KubernetesError:
+    if status == 404:
+        return NotFound(f'Cannot {action}: not found ({reason}).')
+    if status == 401:
+        return KubernetesError(f'Cannot {action}: the API server does not accept your '
+                               f'credentials ({reason}). Log in to the cluster again.')
+    if status == 403:
+        return KubernetesError(
+            f'Cannot {action} in namespace {namespace!r}: forbidden by RBAC ({reason}). Ask a '
+            'cluster admin for a Role allowing it (see the RBAC section of the kubernetes '
+            'launcher\'s documentation), or use a namespace where you have it.')
+    if status == 409:
+        return KubernetesError(f'Cannot {action}: it already exists ({reason}). Choose another '
+                               'name= or delete the old launch.')
+    return KubernetesError(f'Cannot {action}: the API server answered {status} ({reason}).')
+
+
+def terminated(pod: Mapping[str, Any], container: str, init: bool = False
+               ) -> Optional[Dict[str, Any]]:
+    """The `terminated` state of a container (an init container if `init`) in a pod as the API
+    returns it, or None while it has not ended."""
+    key = 'initContainerStatuses' if init else 'containerStatuses'
+    for status in (pod.get('status') or {}).get(key) or []:
+        if status.get('name') == container:
+            return (status.get('state') or {}).get('terminated')
+    return None

@@ -1,0 +1,313 @@
+"""The launching machine's side of the kubernetes platform: `KubernetesLauncher` creates a launch's
+objects through the API, `PodRunner` follows its pods for the controller, and `program_to_manifests`
+writes the objects as YAML instead.
+
+Runs on the launching machine and needs nothing there but the API server (see the package
+docstring). Threads, in an attached launch:
+
+  * the controller's monitor thread calls `PodRunner.poll` about every 0.2 s; at most once a second
+    (`POLL_SECONDS`) it lists the program's pods, turns ended containers into exit codes and
+    failures (reading log tails and events), and sends the stop by deleting the coordinator pod;
+  * one daemon thread per started pod (`lp-log-POD`) copies its container's log to stdout behind
+    the pod's name until the container ends.
+
+A detached launch starts no log thread and deletes nothing when the launcher ends.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from launchpad.launch.controller import Controller
+from launchpad.launch.kubernetes.api import KubernetesApi, terminated
+from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
+from launchpad.launch.kubernetes.manifests import LaunchPlan, grace_period, plan_launch, to_yaml
+from launchpad.launch.kubernetes.names import COORDINATOR_CONTAINER, NODE_CONTAINER
+from launchpad.launch.launcher import LaunchOptions, Launcher
+from launchpad.process.coordinator import Coordinator
+from launchpad.process.output import copy_lines, prefix_for
+from launchpad.program import Program
+
+_IMAGE_PULL_FAILURES = ('ErrImagePull', 'ImagePullBackOff', 'InvalidImageName',
+                        'ErrImageNeverPull')
+_CONFIG_FAILURES = ('CreateContainerConfigError', 'CreateContainerError', 'RunContainerError')
+
+
+class KubernetesLauncher(Launcher):
+    """Runs every executable in a pod of a Kubernetes cluster (see the package docstring)."""
+
+    foreground = True
+    resource_types = (KubernetesResources,)
+    terminals = ('current_terminal',)  # pod logs stream here; read them with kubectl otherwise
+    options = KubernetesConfig
+    tls_refusal = ('encrypt pod-to-pod traffic with your cluster\'s network policy or service mesh '
+                   '(calls still carry the program\'s auth token).')
+
+    def __init__(self, api_factory: Optional[Callable[[KubernetesConfig], Any]] = None):
+        self._api_factory = api_factory or (
+            lambda config: KubernetesApi(config.namespace, kubeconfig=config.kubeconfig,
+                                         context=config.context))
+
+    def launch(self, program: Program, options: LaunchOptions) -> Controller:
+        config = options.settings
+        api = self._api_factory(config)
+        api.check_namespace()
+        plan = plan_launch(program, options)
+        _create(api, plan)
+        mirror = Coordinator(list(plan.node_pods))
+        runner = PodRunner(api, plan, mirror, config, options.notice_period)
+        if config.detach:
+            print(_detached_summary(plan), flush=True)
+        # Attached, the script stays alive until the program ends (streaming logs, deleting
+        # the objects at the end) and Ctrl-C stops the program; detached, it returns at once.
+        return Controller(program.name, mirror, runner, launch_type=options.launch_type,
+                          notice_period=options.notice_period, poll_interval=0.2,
+                          detached=config.detach)
+
+
+def _create(api, plan: LaunchPlan) -> None:
+    """Creates the root object, then everything else owned by it; undoes it all on an error."""
+    created: List[Mapping[str, Any]] = []
+    try:
+        root = api.create(plan.documents[0])
+        created.append(plan.documents[0])
+        owner = {'apiVersion': 'v1', 'kind': 'ConfigMap', 'name': plan.run,
+                 'uid': root['metadata']['uid']}
+        for document in plan.documents[1:]:
+            document['metadata']['ownerReferences'] = [owner]
+            api.create(document)
+            created.append(document)
+    except BaseException:
+        for document in reversed(created):
+            try:
+                api.delete(document['kind'], document['metadata']['name'], grace_period_seconds=0)
+            except Exception as e:  # pylint: disable=broad-except
+                logging.error('Could not delete %s %s after the failed launch: %s',
+                              document['kind'], document['metadata']['name'], e)
+        raise
+
+
+def program_to_manifests(program: Program, *, image: str, path: Optional[str] = None,
+                         resources: Optional[Mapping[str, KubernetesResources]] = None,
+                         notice_period: float = 10.0, **options) -> str:
+    """The YAML of the objects that run `program` on Kubernetes (written to `path` if given).
+
+    Takes the keyword arguments of `lp.launch(..., launch_type='kubernetes')`. Apply the result
+    with `kubectl apply -f FILE`; delete it with the command in its first comment.
+    """
+    launch_options = LaunchOptions('kubernetes', dict(resources or {}),
+                                   notice_period=notice_period, extra={'image': image, **options})
+    KubernetesLauncher().check(program, launch_options)
+    config = launch_options.settings
+    plan = plan_launch(program, launch_options)
+    header = (f'# launchpad program {program.name!r}, launch {plan.run}.\n'
+              f'# Follow: {plan.logs_command()}\n'
+              f'# Delete: kubectl -n {plan.namespace} delete pods,services,configmaps,secrets'
+              f'{",serviceaccounts,roles,rolebindings" if config.create_rbac else ""} '
+              f'-l {plan.selector()}\n')
+    text = header + to_yaml(plan.documents)
+    if path is not None:
+        with open(path, 'w') as f:
+            f.write(text)
+    return text
+
+
+class PodRunner:
+    """Follows the program's pods through the API for the controller (a `controller.Runner`).
+
+    It reports what the pods show to `mirror`, the launcher's own view of the program's state: the
+    program's coordinator runs in its pod, which the launcher may not be able to reach.
+    """
+
+    POLL_SECONDS = 1.0
+
+    def __init__(self, api, plan: LaunchPlan, mirror: Coordinator, config: KubernetesConfig,
+                 notice_period: float, *, clock: Callable[[], float] = time.monotonic):
+        self._api = api
+        self._plan = plan
+        self._mirror = mirror
+        self._config = config
+        self._grace = grace_period(notice_period)
+        self._clock = clock
+        self._codes: Dict[str, Optional[int]] = {name: None for name in plan.node_pods}
+        self._listed_at: Optional[float] = None
+        self._stop_sent = False
+        self._unschedulable_since: Dict[str, float] = {}
+        self._followers: Dict[str, threading.Thread] = {}
+        self._colors = {pod: i for i, pod in enumerate([plan.coordinator_pod]
+                                                       + list(plan.node_pods.values()))}
+
+    def poll(self) -> Dict[str, Optional[int]]:
+        """Node name -> its pod's exit code (None while it runs); sends the stop once asked."""
+        now = self._clock()
+        if self._listed_at is None or now - self._listed_at >= self.POLL_SECONDS:
+            self._listed_at = now
+            self._refresh(now)
+        if self._mirror.stopping and not self._stop_sent:
+            self._stop_sent = True
+            # The coordinator turns SIGTERM into the program's stop signal and keeps serving
+            # until the nodes have ended or the grace period is over.
+            self._api.delete('Pod', self._plan.coordinator_pod, grace_period_seconds=self._grace)
+        return dict(self._codes)
+
+    def kill(self, names: Sequence[str]) -> None:
+        """Deletes the named nodes' pods and the coordinator pod at once."""
+        for name in names:
+            self._api.delete('Pod', self._plan.node_pods[name], grace_period_seconds=0)
+        self._api.delete('Pod', self._plan.coordinator_pod, grace_period_seconds=0)
+
+    def release(self) -> None:
+        """Deletes every object of the launch, unless it is detached."""
+        if self._config.detach:
+            return
+        problems = []
+        for document in reversed(self._plan.documents):
+            kind, name = document['kind'], document['metadata']['name']
+            try:
+                self._api.delete(kind, name, grace_period_seconds=0 if kind == 'Pod' else None)
+            except Exception as e:  # pylint: disable=broad-except
+                problems.append(f'{kind} {name}: {e}')
+        if problems:
+            logging.error('Could not delete every object of %s:\n  %s\nDelete them with: %s',
+                          self._plan.run, '\n  '.join(problems), _delete_command(self._plan))
+
+    def _refresh(self, now: float) -> None:
+        pods = {pod['metadata']['name']: pod for pod in self._api.list_pods(self._plan.selector())}
+        self._follow(self._plan.coordinator_pod, COORDINATOR_CONTAINER,
+                     pods.get(self._plan.coordinator_pod))
+        for name, pod_name in self._plan.node_pods.items():
+            if self._codes[name] is None:
+                self._codes[name] = self._inspect(name, pod_name, pods.get(pod_name), now)
+        coordinator = pods.get(self._plan.coordinator_pod)
+        if ((coordinator is None or terminated(coordinator, COORDINATOR_CONTAINER))
+                and not self._mirror.stopping and None in self._codes.values()):
+            self._mirror.request_stop(f'the coordinator pod {self._plan.coordinator_pod} ended')
+
+    def _inspect(self, name: str, pod_name: str, pod: Optional[Mapping[str, Any]],
+                 now: float) -> Optional[int]:
+        """The node's exit code once its pod has ended (failing the program if it failed)."""
+        if pod is None:
+            self._fail(name, f'its pod {pod_name} was deleted')
+            return -signal.SIGKILL
+        self._follow(pod_name, NODE_CONTAINER, pod)
+        status = pod.get('status') or {}
+        ended = terminated(pod, NODE_CONTAINER)
+        if ended is not None:
+            self._join_follower(pod_name)
+            code = int(ended.get('exitCode', 1))
+            if code != 0:
+                detail = ended.get('reason') or 'Error'
+                if ended.get('message'):
+                    detail += f': {ended["message"].strip()}'
+                self._fail(name, f'its pod {pod_name} exited with code {code} ({detail})',
+                           self._api.read_log(pod_name, NODE_CONTAINER, tail_lines=30))
+            return code
+        if status.get('phase') in ('Failed', 'Succeeded'):
+            return self._failed_before_start(name, pod_name, pod)
+        if status.get('phase') == 'Running':
+            self._mirror.node_started(name, None, pod_name)
+        problem = self._waiting_problem(pod_name, pod)
+        if problem is None:
+            problem = self._unschedulable(name, pod_name, status, now)
+        if problem is not None:
+            self._fail(name, problem)
+            self._api.delete('Pod', pod_name, grace_period_seconds=0)
+            return 1
+        return None
+
+    def _failed_before_start(self, name: str, pod_name: str, pod: Mapping[str, Any]) -> int:
+        status = pod.get('status') or {}
+        for init in (pod.get('spec') or {}).get('initContainers') or []:
+            ended = terminated(pod, init['name'], init=True)
+            if ended is not None and ended.get('exitCode', 0) != 0:
+                self._fail(name, f'init container {init["name"]} of pod {pod_name} exited with '
+                                 f'code {ended.get("exitCode")} ({ended.get("reason", "Error")})',
+                           self._api.read_log(pod_name, init['name'], tail_lines=30))
+                return int(ended['exitCode'])
+        self._fail(name, f'its pod {pod_name} ended before the node started: '
+                         f'{status.get("reason", "")} {status.get("message", "")}'.strip())
+        return 1
+
+    def _waiting_problem(self, pod_name: str, pod: Mapping[str, Any]) -> Optional[str]:
+        status = pod.get('status') or {}
+        for container in ((status.get('initContainerStatuses') or [])
+                          + (status.get('containerStatuses') or [])):
+            waiting = (container.get('state') or {}).get('waiting') or {}
+            reason = waiting.get('reason')
+            if reason in _IMAGE_PULL_FAILURES:
+                events = [e.get('message', '') for e in self._api.events(pod_name)
+                          if e.get('type') == 'Warning']
+                detail = events[-1] if events else waiting.get('message', reason)
+                return (f'pod {pod_name} cannot pull image {container.get("image")!r} ({reason}: '
+                        f'{detail}). Check the image name and tag, that the cluster can reach '
+                        'its registry, and the namespace\'s imagePullSecrets.')
+            if reason in _CONFIG_FAILURES:
+                return (f'pod {pod_name} cannot start container {container.get("name")} '
+                        f'({reason}: {waiting.get("message", "")}).')
+        return None
+
+    def _unschedulable(self, name: str, pod_name: str, status: Mapping[str, Any],
+                       now: float) -> Optional[str]:
+        for condition in status.get('conditions') or []:
+            if (condition.get('type') == 'PodScheduled' and condition.get('status') == 'False'
+                    and condition.get('reason') == 'Unschedulable'):
+                since = self._unschedulable_since.setdefault(name, now)
+                message = condition.get('message', '')
+                if since == now:
+                    logging.warning('%s: pod %s cannot be scheduled yet: %s', name, pod_name,
+                                    message)
+                if now - since >= self._config.pending_timeout:
+                    return (f'pod {pod_name} could not be scheduled for '
+                            f'{self._config.pending_timeout:g} s: {message}. Ask for fewer '
+                            'resources (lp.KubernetesResources), fix its node_selector or '
+                            'tolerations, or add nodes to the cluster.')
+                return None
+        self._unschedulable_since.pop(name, None)
+        return None
+
+    def _fail(self, name: str, message: str, log_tail: str = '') -> None:
+        if not self._mirror.stopping:
+            self._mirror.node_failed(name, message, log_tail)
+
+    def _follow(self, pod_name: str, container: str, pod: Optional[Mapping[str, Any]]) -> None:
+        """Copies the container's log to our stdout behind the pod's name, once it has started."""
+        if self._config.detach or pod_name in self._followers or pod is None:
+            return
+        if (pod.get('status') or {}).get('phase') == 'Pending':
+            return
+        prefix = prefix_for(pod_name[len(self._plan.run) + 1:], self._colors[pod_name],
+                            color=sys.stdout.isatty()).encode()
+
+        def copy():
+            try:
+                copy_lines(self._api.open_log(pod_name, container), prefix)
+            except Exception as e:  # pylint: disable=broad-except
+                logging.debug('Stopped following the log of %s: %s', pod_name, e)
+
+        thread = threading.Thread(target=copy, name=f'lp-log-{pod_name}', daemon=True)
+        self._followers[pod_name] = thread
+        thread.start()
+
+    def _join_follower(self, pod_name: str) -> None:
+        thread = self._followers.get(pod_name)
+        if thread is not None:
+            thread.join(2.0)  # its last lines are printed before it counts as ended
+
+
+def _delete_command(plan: LaunchPlan) -> str:
+    return f'kubectl -n {plan.namespace} delete configmap {plan.run}'
+
+
+def _detached_summary(plan: LaunchPlan) -> str:
+    kinds: Dict[str, int] = {}
+    for document in plan.documents:
+        kinds[document['kind']] = kinds.get(document['kind'], 0) + 1
+    created = ', '.join(f'{count} {kind}' for kind, count in kinds.items())
+    return (f'Launched {plan.run} in namespace {plan.namespace} ({created}).\n'
+            f'  Follow: kubectl -n {plan.namespace} get pods -l {plan.selector()} --watch\n'
+            f'  Logs:   {plan.logs_command()}\n'
+            f'  Delete: {_delete_command(plan)}   (every other object is owned by it)')

@@ -1,0 +1,320 @@
+"""The objects of a launch on Kubernetes, built before anything is created: `plan_launch` packs
+every executable and makes the root ConfigMap, the token Secret, the headless Service, the RBAC
+objects, the coordinator pod and each node's spec ConfigMaps and pod (as plain dicts);
+`to_yaml` writes them for `kubectl apply`.
+
+Runs on the launching machine (the launcher, and `program_to_manifests` without a cluster). What
+the pods run is in `pod.py`; the names both share are in `names.py`.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import math
+import secrets
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import courier
+
+from launchpad.address import AddressTable
+from launchpad.launch.kubernetes import names
+from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
+from launchpad.launch.launcher import LaunchOptions, executables_of
+from launchpad.process import spec as specs
+from launchpad.program import Program
+
+SPEC_CHUNK_BYTES = 1_000_000  # under the 1 MiB ConfigMap limit, leaving room for metadata
+MAX_SPEC_CHUNKS = 16
+
+
+@dataclasses.dataclass
+class _PodPlan:
+    """One node pod of a launch, before its documents are made."""
+    name: str            # pod name and hostname
+    node_name: str       # the executable's name, 'group/index'
+    label: str
+    ports: int           # how many addresses its servers bind
+    spec: bytes = b''
+
+
+@dataclasses.dataclass
+class LaunchPlan:
+    """Everything a launch creates, built before anything is created.
+
+    Attributes:
+      run: the launch name, the value of the program label.
+      namespace: where everything goes.
+      documents: the objects, root ConfigMap first, coordinator pod before node pods.
+      node_pods: executable name -> its pod name.
+      coordinator_pod: the coordinator's pod name.
+    """
+    run: str
+    namespace: str
+    documents: List[Dict[str, Any]]
+    node_pods: Dict[str, str]
+    coordinator_pod: str
+
+    def selector(self) -> str:
+        """The label selector of every object of the launch."""
+        return names.selector(self.run)
+
+    def logs_command(self) -> str:
+        """The kubectl command that follows the logs of every pod of the launch."""
+        return (f'kubectl -n {self.namespace} logs -f --prefix -l {self.selector()} '
+                f'--max-log-requests {len(self.node_pods) + 1}')
+
+
+def grace_period(notice_period: float) -> int:
+    """Seconds a pod being deleted gets between SIGTERM and SIGKILL: the notice period (rounded
+    up) and 5 s more, so that the coordinator pod outlives the nodes it gave the notice period."""
+    return int(math.ceil(notice_period)) + 5
+
+
+def plan_launch(program: Program, options: LaunchOptions) -> LaunchPlan:
+    """Builds (without creating) the objects that run `program`; packs every executable first.
+
+    `options` were checked by `KubernetesLauncher.check` (their settings are a KubernetesConfig).
+    """
+    config: KubernetesConfig = options.settings
+    resources = options.resources
+    notice_period = options.notice_period
+    executables = executables_of(program, options)
+    run = config.name
+    if run is None:
+        run = names.slug(program.name, 40)
+        run = f'{run if run[0].isalpha() else "lp-" + run[:37]}-{secrets.token_hex(3)}'
+    if not names.DNS_LABEL.fullmatch(run) or not run[0].isalpha() or len(run) > 47:
+        raise ValueError(f'The launch name {run!r} must be a DNS label of at most 47 characters '
+                         'starting with a letter (lowercase letters, digits, dashes).')
+    domain = f'{run}.{config.namespace}.svc.{config.cluster_domain}'
+    coordinator_pod = f'{run}-coordinator'
+    coordinator_host = f'{coordinator_pod}.{domain}'
+    coordinator_address = f'{coordinator_host}:{config.port}'
+
+    pods: List[_PodPlan] = []
+    per_label: Dict[str, int] = {}
+    slugs: Dict[str, str] = {}  # group label -> its part of pod names, distinct per group
+    static = {}
+    for label, executable in executables:
+        index = per_label.get(label, 0)
+        per_label[label] = index + 1
+        if label not in slugs:
+            base = names.slug(label, 55 - len(run) - len(str(len(program.groups[label]))))
+            slug, k = base, 1
+            while slug in slugs.values():  # 'Replay_A' and 'replay-a' would give one name
+                k += 1
+                slug = f'{base[:max(1, len(base) - len(str(k)))]}{k}'
+            slugs[label] = slug
+        pod = f'{run}-{slugs[label]}-{index}'
+        for j, address in enumerate(executable.addresses):
+            static[address.id] = f'{pod}.{domain}:{config.port + j}'
+        pods.append(_PodPlan(pod, executable.name, label, len(executable.addresses)))
+    packer = specs.Packer(program.name, options.launch_type, AddressTable(static=static),
+                          coordinator_address, notice_period=notice_period)
+    for plan, (label, executable) in zip(pods, executables):
+        group = resources.get(label) or KubernetesResources()
+        plan.spec = specs.pack(packer.spec(executable.name, executable.run, args=group.args))
+        chunks = math.ceil(len(plan.spec) / SPEC_CHUNK_BYTES)
+        if chunks > MAX_SPEC_CHUNKS:
+            raise ValueError(
+                f'Node {executable.name} is {len(plan.spec) / 2**20:.1f} MiB once pickled; '
+                f'Kubernetes keeps executables in ConfigMaps of at most 1 MiB, {MAX_SPEC_CHUNKS} '
+                f'per node. Pass less data as node arguments: build large data into the image, or '
+                f'load it inside the node from a volume or a store.')
+
+    builder = _ManifestBuilder(program, config, run, notice_period)
+    pod_of = {'coordinator': coordinator_pod, **{p.node_name: p.name for p in pods}}
+    documents = [builder.root(pod_of), builder.secret(), builder.service()]
+    if config.create_rbac:
+        documents += coordinator_rbac_manifests(run, config.namespace)
+    documents.append(builder.coordinator_pod(coordinator_pod, [p.node_name for p in pods]))
+    for plan in pods:
+        group = resources.get(plan.label) or KubernetesResources()
+        configmaps = builder.spec_configmaps(plan)
+        documents += configmaps
+        documents.append(builder.node_pod(plan, group, [c['metadata']['name'] for c in configmaps],
+                                          coordinator_host))
+    return LaunchPlan(run=run, namespace=config.namespace, documents=documents,
+                      node_pods={p.node_name: p.name for p in pods},
+                      coordinator_pod=coordinator_pod)
+
+
+def coordinator_rbac_manifests(run: str, namespace: str) -> List[Dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding that let the coordinator pod list the program's pods."""
+    labels = {names.PROGRAM_LABEL: run, **names.MANAGED_BY}
+    meta = {'name': run, 'namespace': namespace, 'labels': labels}
+    return [
+        {'apiVersion': 'v1', 'kind': 'ServiceAccount', 'metadata': dict(meta)},
+        {'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'Role', 'metadata': dict(meta),
+         'rules': [{'apiGroups': [''], 'resources': ['pods'], 'verbs': ['get', 'list']}]},
+        {'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'RoleBinding',
+         'metadata': dict(meta),
+         'roleRef': {'apiGroup': 'rbac.authorization.k8s.io', 'kind': 'Role', 'name': run},
+         'subjects': [{'kind': 'ServiceAccount', 'name': run, 'namespace': namespace}]},
+    ]
+
+
+class _ManifestBuilder:
+    """Makes the documents of one launch; every object is labelled with the program."""
+
+    def __init__(self, program: Program, config: KubernetesConfig, run: str,
+                 notice_period: float):
+        self._program = program
+        self._config = config
+        self._run = run
+        self._grace = grace_period(notice_period)
+        self._coordinator_account = run if config.create_rbac else config.service_account
+
+    def _meta(self, name: str, role: str, node: Optional[str] = None) -> Dict[str, Any]:
+        labels = {names.PROGRAM_LABEL: self._run, names.ROLE_LABEL: role, **names.MANAGED_BY}
+        meta: Dict[str, Any] = {'name': name, 'namespace': self._config.namespace,
+                                'labels': labels}
+        if node is not None:
+            labels[names.NODE_LABEL] = names.slug(node, 63)
+            meta['annotations'] = {names.NODE_NAME_ANNOTATION: node}
+        return meta
+
+    def root(self, pods: Mapping[str, str]) -> Dict[str, Any]:
+        """The program's root object: what it is and which pod runs each node."""
+        meta = self._meta(self._run, 'program')
+        return {'apiVersion': 'v1', 'kind': 'ConfigMap', 'metadata': meta, 'immutable': True,
+                'data': {'program': self._program.name, 'image': self._config.image,
+                         'pods': json.dumps(dict(pods), indent=1)}}
+
+    def secret(self) -> Dict[str, Any]:
+        """The program's courier auth token, random, for every pod's COURIER_AUTH_TOKEN."""
+        token = secrets.token_hex(16)
+        return {'apiVersion': 'v1', 'kind': 'Secret', 'type': 'Opaque', 'immutable': True,
+                'metadata': self._meta(f'{self._run}-token', 'token'),
+                'data': {'token': base64.b64encode(token.encode()).decode()}}
+
+    def service(self) -> Dict[str, Any]:
+        """The headless Service that gives every pod of the program a stable DNS name."""
+        return {'apiVersion': 'v1', 'kind': 'Service', 'metadata': self._meta(self._run, 'dns'),
+                'spec': {'clusterIP': 'None', 'publishNotReadyAddresses': True,
+                         'selector': {names.PROGRAM_LABEL: self._run},
+                         'ports': [{'name': 'courier', 'port': self._config.port,
+                                    'protocol': 'TCP'}]}}
+
+    def spec_configmaps(self, plan: _PodPlan) -> List[Dict[str, Any]]:
+        """The node's packed spec, in ConfigMaps of at most SPEC_CHUNK_BYTES each."""
+        chunks = [plan.spec[i:i + SPEC_CHUNK_BYTES]
+                  for i in range(0, len(plan.spec), SPEC_CHUNK_BYTES)] or [b'']
+        return [{'apiVersion': 'v1', 'kind': 'ConfigMap', 'immutable': True,
+                 'metadata': self._meta(f'{plan.name}-spec-{k}', 'spec', plan.node_name),
+                 'binaryData': {'spec': base64.b64encode(chunk).decode()}}
+                for k, chunk in enumerate(chunks)]
+
+    def _env(self, extra: Mapping[str, str]) -> List[Dict[str, Any]]:
+        env = [{'name': courier.AUTH_TOKEN_ENV, 'valueFrom': {'secretKeyRef': {
+                   'name': f'{self._run}-token', 'key': 'token'}}}]
+        env += [{'name': key, 'value': value}
+                for key, value in specs.node_environment(base={}).items()]
+        env += [{'name': str(key), 'valueFrom': dict(value)} if isinstance(value, Mapping)
+                else {'name': str(key), 'value': str(value)} for key, value in extra.items()]
+        return env
+
+    def _container(self, name: str, command: List[str], env: List[Dict[str, Any]]
+                   ) -> Dict[str, Any]:
+        container = {'name': name, 'image': self._config.image,
+                     'imagePullPolicy': self._config.image_pull_policy, 'command': command}
+        if env:
+            container['env'] = env
+        return container
+
+    def _pod_spec(self, containers, init_containers=(), volumes=(), *,
+                  service_account: Optional[str]) -> Dict[str, Any]:
+        spec: Dict[str, Any] = {
+            'restartPolicy': 'Never', 'subdomain': self._run, 'enableServiceLinks': False,
+            'terminationGracePeriodSeconds': self._grace, 'containers': list(containers)}
+        if init_containers:
+            spec['initContainers'] = list(init_containers)
+        if volumes:
+            spec['volumes'] = list(volumes)
+        if service_account:
+            spec['serviceAccountName'] = service_account
+        else:  # the namespace's default account: no API token unless the user asks for one
+            spec['automountServiceAccountToken'] = False
+        return spec
+
+    def coordinator_pod(self, name: str, node_names: List[str]) -> Dict[str, Any]:
+        """The pod that serves the program's coordinator (`pod.py coordinator`)."""
+        settings = names.CoordinatorSettings(
+            run=self._run, namespace=self._config.namespace, nodes=node_names,
+            port=self._config.port, notice_period=self._grace - 5)
+        command = names.pod_command(self._config.python, names.COORDINATOR_COMMAND,
+                                    settings.to_json())
+        container = self._container(names.COORDINATOR_CONTAINER, command, self._env({}))
+        container['ports'] = [{'name': 'courier', 'containerPort': self._config.port}]
+        container['readinessProbe'] = {'tcpSocket': {'port': self._config.port},
+                                       'periodSeconds': 2}
+        container['resources'] = {'requests': {'cpu': '100m', 'memory': '256Mi'}}
+        spec = self._pod_spec([container], service_account=self._coordinator_account)
+        spec['hostname'] = name
+        return {'apiVersion': 'v1', 'kind': 'Pod',
+                'metadata': self._meta(name, 'coordinator'), 'spec': spec}
+
+    def node_pod(self, plan: _PodPlan, group: KubernetesResources, configmaps: List[str],
+                 coordinator_host: str) -> Dict[str, Any]:
+        """A node's pod: init containers wait for the coordinator (and join the spec's parts),
+        then the worker runs the spec."""
+        python = self._config.python
+        wait = self._container(names.WAIT_CONTAINER, names.pod_command(
+            python, names.WAIT_FOR_COMMAND, coordinator_host, str(self._config.port),
+            str(self._config.coordinator_wait)), [])
+        init = [wait]
+        if len(configmaps) == 1:
+            volumes = [{'name': 'spec', 'configMap': {'name': configmaps[0]}}]
+            mounts = [{'name': 'spec', 'mountPath': names.SPEC_DIR, 'readOnly': True}]
+        else:
+            parts = [f'part-{k:03d}' for k in range(len(configmaps))]
+            volumes = [{'name': part, 'configMap': {'name': cm}}
+                       for part, cm in zip(parts, configmaps)]
+            volumes.append({'name': 'spec', 'emptyDir': {}})
+            join = self._container(names.JOIN_CONTAINER, names.pod_command(
+                python, names.JOIN_PARTS_COMMAND, names.PARTS_DIR, f'{names.SPEC_DIR}/spec'), [])
+            join['volumeMounts'] = [{'name': part, 'mountPath': f'{names.PARTS_DIR}/{part}',
+                                     'readOnly': True} for part in parts]
+            join['volumeMounts'].append({'name': 'spec', 'mountPath': names.SPEC_DIR})
+            init.append(join)
+            mounts = [{'name': 'spec', 'mountPath': names.SPEC_DIR, 'readOnly': True}]
+        container = self._container(names.NODE_CONTAINER,
+                                    specs.worker_argv(f'{names.SPEC_DIR}/spec', python),
+                                    self._env(group.env))
+        container['volumeMounts'] = mounts
+        ports = [{'containerPort': self._config.port + j}
+                 for j in range(plan.ports)]
+        if ports:
+            container['ports'] = ports
+        container_resources = group.to_container_resources()
+        if container_resources:
+            container['resources'] = container_resources
+        spec = self._pod_spec([container], init, volumes,
+                              service_account=self._config.service_account)
+        spec['hostname'] = plan.name
+        if group.node_selector:
+            spec['nodeSelector'] = dict(group.node_selector)
+        if group.tolerations:
+            spec['tolerations'] = [dict(t) for t in group.tolerations]
+        return {'apiVersion': 'v1', 'kind': 'Pod',
+                'metadata': self._meta(plan.name, 'node', plan.node_name), 'spec': spec}
+
+
+def to_yaml(documents: Sequence[Mapping[str, Any]]) -> str:
+    """`documents` as multi-document YAML, multi-line strings (the root's pod table) as literal
+    blocks."""
+    try:
+        import yaml  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        raise ImportError(f'Kubernetes manifests need PyYAML: {names.INSTALL_HINT}') from e
+
+    class Dumper(getattr(yaml, 'CSafeDumper', yaml.SafeDumper)):  # libyaml's is 50x faster
+        pass
+
+    def represent_str(dumper, text):
+        style = '|' if '\n' in text else None
+        return dumper.represent_scalar('tag:yaml.org,2002:str', text, style=style)
+
+    Dumper.add_representer(str, represent_str)
+    return yaml.dump_all(documents, Dumper=Dumper, sort_keys=False)

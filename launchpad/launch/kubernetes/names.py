@@ -1,0 +1,80 @@
+"""The names the launching machine and the pods agree on: labels, annotations, container names,
+paths inside pods, the pod module's commands, the coordinator pod's settings and the rules for DNS
+names.
+
+Imported on both sides (the manifests and the launcher on the launching machine, `pod.py` inside the
+pods); it imports nothing of launchpad.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import List, Optional
+
+INSTALL_HINT = "pip install 'launchpad[kubernetes]'"
+
+# Labels and annotations. Every object carries the program label (value: the launch name); all
+# but the RBAC objects also a role label (program, token, dns, spec, coordinator or node).
+PROGRAM_LABEL = 'launchpad.dev/program'
+ROLE_LABEL = 'launchpad.dev/role'
+NODE_LABEL = 'launchpad.dev/node'                # a node's name made a label value: 'group-index'
+NODE_NAME_ANNOTATION = 'launchpad.dev/node-name'  # a node's name as it is: 'group/index'
+MANAGED_BY = {'app.kubernetes.io/managed-by': 'launchpad'}
+
+# Containers, and where the executable is mounted (SPEC_DIR/spec) or its parts joined from.
+NODE_CONTAINER = 'node'
+COORDINATOR_CONTAINER = 'coordinator'
+WAIT_CONTAINER = 'wait-for-coordinator'
+JOIN_CONTAINER = 'join-spec'
+SPEC_DIR = '/launchpad/spec'
+PARTS_DIR = '/launchpad/parts'
+
+# The commands of the pod module (`python -m POD_MODULE COMMAND ARGS`, see `pod_command`).
+POD_MODULE = 'launchpad.launch.kubernetes.pod'
+COORDINATOR_COMMAND = 'coordinator'  # SETTINGS (CoordinatorSettings as JSON)
+JOIN_PARTS_COMMAND = 'join-parts'    # DIR FILE
+WAIT_FOR_COMMAND = 'wait-for'        # HOST PORT LIMIT
+
+DNS_LABEL = re.compile(r'[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?')
+
+
+def pod_command(python: str, command: str, *args: str) -> List[str]:
+    """The command line that runs `command` of the pod module with `python` inside a pod."""
+    return [python, '-m', POD_MODULE, command, *args]
+
+
+def selector(run: str, role: Optional[str] = None) -> str:
+    """The label selector of a launch's objects (only those of `role` if given)."""
+    return f'{PROGRAM_LABEL}={run}' + (f',{ROLE_LABEL}={role}' if role else '')
+
+
+def slug(text: str, limit: int) -> str:
+    """`text` as a DNS label fragment: lowercase letters, digits and inner dashes."""
+    slug_text = re.sub(r'[^a-z0-9]+', '-', text.lower()).strip('-')[:limit].strip('-')
+    return slug_text or 'x'
+
+
+@dataclasses.dataclass
+class CoordinatorSettings:
+    """What the coordinator pod is told on its command line (as JSON).
+
+    Attributes:
+      run: the launch name.
+      namespace: the program's namespace.
+      nodes: the names of the program's executables.
+      port: the port to serve on.
+      notice_period: seconds nodes get to end after the stop signal.
+    """
+    run: str
+    namespace: str
+    nodes: List[str]
+    port: int
+    notice_period: float
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> CoordinatorSettings:
+        return cls(**json.loads(text))

@@ -1,0 +1,160 @@
+"""What runs inside a program's pods besides the nodes: `python -m launchpad.launch.kubernetes.pod`.
+
+    coordinator SETTINGS      the coordinator pod's main: serves the program's coordinator until
+                              the program ends (SETTINGS: `names.CoordinatorSettings` as JSON);
+    wait-for HOST PORT LIMIT  a node pod's first init container: waits until the coordinator
+                              accepts connections, and fails after LIMIT seconds;
+    join-parts DIR FILE       a node pod's second init container when its executable is split over
+                              several ConfigMaps: joins DIR/part-*/spec into FILE.
+
+`manifests.py` writes these commands (`names.pod_command`). The package does not import this
+module, so that `-m` runs it as a fresh main module.
+
+Threads of the coordinator pod:
+
+  * the main thread runs `run_coordinator`: it announces the stop, gives up waiting for the nodes
+    once the notice period is over, and every `PodWatcher.INTERVAL` seconds asks the API for node
+    pods that ended without reporting (when the pod's service account may list pods);
+  * courier's server threads answer the nodes (each node keeps a `wait_for_stop` call open);
+  * deleting the pod sends SIGTERM; its handler raises the stop signal from a new thread rather
+    than take the coordinator's lock inside a signal handler.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Optional, Sequence
+
+from launchpad.launch.kubernetes import names
+from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, terminated
+from launchpad.process import coordinator as coordination
+from launchpad.process.coordinator import Coordinator
+
+
+def wait_for(host: str, port: int, limit: float) -> None:
+    """Returns once HOST:PORT accepts connections; exits with code 1 after `limit` seconds."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=2.0).close()
+            return
+        except OSError as e:
+            if time.monotonic() > deadline:
+                sys.exit(f'launchpad: the coordinator {host}:{port} was not reachable within '
+                         f'{limit:g} s ({e}); is its pod running?')
+            time.sleep(0.2)
+
+
+def join_parts(source: str, target: str) -> None:
+    """Writes the files `source`/part-*/spec, in the order of their names, into file `target`."""
+    with open(target, 'wb') as out:
+        for part in sorted(p for p in os.listdir(source) if p.startswith('part-')):
+            with open(os.path.join(source, part, 'spec'), 'rb') as f:
+                out.write(f.read())
+
+
+class PodCoordinator(Coordinator):
+    """The coordinator of a program on Kubernetes: says in its log which node failed and why."""
+
+    def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
+        print(f'node {name} failed: {message}', flush=True)
+        super().node_failed(name, message, traceback_text)
+
+
+def run_coordinator(settings: names.CoordinatorSettings) -> None:
+    """The coordinator pod's main: serves the coordinator until every node has ended."""
+    logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
+    coordinator = PodCoordinator(settings.nodes)
+    server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}')
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(
+        target=coordinator.request_stop, args=('the coordinator pod was deleted',)).start())
+    print(f'serving the coordinator of {len(settings.nodes)} nodes on port {settings.port}',
+          flush=True)
+    watcher = PodWatcher(settings.run, settings.namespace, coordinator)
+    announced = False
+    while coordinator.running():
+        if coordinator.stopping and not announced:
+            announced = True
+            print(f'stopping the program: {coordinator.stop_reason}', flush=True)
+        if (coordinator.stopping
+                and time.monotonic() - coordinator.stop_time > settings.notice_period + 2):
+            break
+        watcher.check()
+        coordinator.wait_for_change(1.0)
+    time.sleep(1.0)  # the last answers reach their nodes
+    server.Stop()
+    failure = coordinator.failure
+    print(f'the program ended{": " + str(failure).splitlines()[0] if failure else ""}', flush=True)
+
+
+class PodWatcher:
+    """In the coordinator pod: notices node pods that died without reporting (needs RBAC).
+
+    Without a Kubernetes client or an in-cluster configuration it says so once and watches
+    nothing; an attached launcher still notices such pods.
+    """
+
+    INTERVAL = 2.0
+
+    def __init__(self, run: str, namespace: str, coordinator: Coordinator):
+        self._coordinator = coordinator
+        self._selector = names.selector(run, role='node')
+        self._checked_at = 0.0
+        self._api = None
+        try:
+            self._api = KubernetesApi(namespace, in_cluster=True)
+        except (ImportError, KubernetesError) as e:
+            print(f'not watching the node pods ({e}); a pod that dies without reporting is '
+                  'noticed by an attached launcher only.', flush=True)
+
+    def check(self) -> None:
+        """Reports every node whose pod has ended while the coordinator thinks it runs (at most
+        once per INTERVAL); stops watching for good if the API refuses."""
+        if self._api is None or time.monotonic() - self._checked_at < self.INTERVAL:
+            return
+        self._checked_at = time.monotonic()
+        try:
+            pods = self._api.list_pods(self._selector)
+        except KubernetesError as e:
+            print(f'not watching the node pods any more: {e}', flush=True)
+            self._api = None
+            return
+        for pod in pods:
+            name = ((pod.get('metadata') or {}).get('annotations') or {}).get(
+                names.NODE_NAME_ANNOTATION)
+            ended = terminated(pod, names.NODE_CONTAINER)
+            if name in self._coordinator.running() and ended is not None:
+                print(f'node {name}: its pod ended ({ended.get("reason", "")}, exit code '
+                      f'{ended.get("exitCode")}) without reporting', flush=True)
+                self._coordinator.executable_exited(name, int(ended.get('exitCode', 1)))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Runs the pod command of `argv` (default: the command line)."""
+    parser = argparse.ArgumentParser(prog=f'python -m {names.POD_MODULE}',
+                                     description='What runs in the pods of a launchpad program.')
+    commands = parser.add_subparsers(dest='command', required=True)
+    command = commands.add_parser(names.COORDINATOR_COMMAND, help='serve the coordinator')
+    command.add_argument('settings', type=names.CoordinatorSettings.from_json)
+    command.set_defaults(run=lambda args: run_coordinator(args.settings))
+    command = commands.add_parser(names.WAIT_FOR_COMMAND, help='wait for the coordinator')
+    command.add_argument('host')
+    command.add_argument('port', type=int)
+    command.add_argument('limit', type=float, help='seconds')
+    command.set_defaults(run=lambda args: wait_for(args.host, args.port, args.limit))
+    command = commands.add_parser(names.JOIN_PARTS_COMMAND, help='join an executable\'s parts')
+    command.add_argument('source', help='the directory holding part-*/spec')
+    command.add_argument('target', help='the file to write')
+    command.set_defaults(run=lambda args: join_parts(args.source, args.target))
+    args = parser.parse_args(argv)
+    args.run(args)
+
+
+if __name__ == '__main__':
+    main()

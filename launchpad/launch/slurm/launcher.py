@@ -1,0 +1,273 @@
+"""The slurm launcher: runs a program as one Slurm job in which every node is a job step.
+
+    lp.launch(program, launch_type='slurm', resources={
+        'learner': lp.SlurmResources(cpus=8, mem='32G', gpus=1),
+        'actor': lp.SlurmResources(cpus=1)})
+
+Runs on the launching machine (a Slurm login node, say). Groups that ask for the same resources
+share one job component; groups that ask for different ones become the components of a
+heterogeneous job. Each executable runs as its own job step (`srun --exact`, so steps run side by
+side). The launcher serves the program's coordinator on the address this host uses to reach the
+Slurm controller; a node's servers bind the address its host uses to reach the coordinator, on a
+port the kernel picks, and publish the endpoint to the coordinator, so ports never collide. The
+program's auth token reaches the steps through the job's environment, never a command line.
+
+The launching host and the compute nodes must share a filesystem, as the home directories of most
+clusters are: the job directory (`job_dir=`, or $LAUNCHPAD_SLURM_DIR, default ~/launchpad_slurm)
+holds the batch script, the nodes' specs and exit codes (removed when the program ends) and the
+nodes' logs (kept), and the steps run the launcher's Python interpreter.
+
+A program launched in the foreground lives in these threads of the launching process:
+
+    main thread          lp.launch: writes the run directory, serves the coordinator, submits the
+                         job, waits until it starts, returns the SlurmController
+    courier threads      the program's coordinator, which every step calls
+    controller thread    StepRunner (steps.py): reads the steps' exit code files, and squeue
+    lp-slurm-logs        _LogFollower: copies the steps' output files to stdout
+
+A detached program (detach=True) has its coordinator and step runner inside the job, in the driver
+(driver.py); lp.launch returns once the job is submitted, and no thread of ours follows it.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, Iterator, Optional, Sequence, Tuple
+
+from launchpad.launch.controller import Controller
+from launchpad.launch.launcher import Launcher, LaunchOptions, executables_of
+from launchpad.launch.slurm import addresses, job, script, shared
+from launchpad.launch.slurm.resources import SlurmResources
+from launchpad.launch.slurm.steps import StepRunner
+from launchpad.process import spec as specs
+from launchpad.process.coordinator import Coordinator, serve_coordinator
+from launchpad.process.output import prefix_for
+from launchpad.program import Program
+
+JOB_DIR_ENV = 'LAUNCHPAD_SLURM_DIR'
+
+
+@dataclasses.dataclass
+class SlurmOptions:
+    """The slurm launcher's keyword arguments of `lp.launch`.
+
+    Attributes:
+      detach: submit the job and return; it runs on its own.
+      job_dir: where the job's files go, on a filesystem the compute nodes share.
+      start_timeout: seconds to wait for the job to start; None waits for ever.
+      coordinator_host: the address compute nodes reach this host at.
+    """
+    detach: bool = False
+    job_dir: Optional[str] = None
+    start_timeout: Optional[float] = 600.0
+    coordinator_host: Optional[str] = None
+
+
+class SlurmController(Controller):
+    """The controller of a program launched on Slurm.
+
+    Attributes:
+      job_id: the Slurm job that runs the program.
+      log_dir: where each node's output file (and the batch script's, job.out) is.
+      detached: True if the job runs on its own (lp.launch(..., detach=True)); this controller
+        then only describes it: `wait()` returns at once and `stop()` does nothing (use
+        `scancel job_id`).
+    """
+
+    def __init__(self, *args, job_id: str, log_dir: str, **kwargs):
+        self.job_id = job_id
+        self.log_dir = log_dir
+        super().__init__(*args, **kwargs)
+
+
+class SlurmLauncher(Launcher):
+    """Runs a program as one Slurm job (see the module docstring; options: `SlurmOptions`)."""
+
+    foreground = True
+    resource_types = (SlurmResources,)
+    # Node output goes to files, streamed here (current_terminal) or not (output_to_files).
+    terminals = ('current_terminal', 'output_to_files')
+    options = SlurmOptions
+
+    def launch(self, program: Program, options: LaunchOptions) -> SlurmController:
+        settings, terminal = options.settings, options.terminal
+        executables = executables_of(program, options)
+        job.require_commands()
+        job_dir = _make_job_dir(settings.job_dir, program.name)
+        try:
+            return self._launch(program, options, settings, terminal, executables, job_dir)
+        except BaseException:
+            shutil.rmtree(job_dir, ignore_errors=True)
+            raise
+
+    def _launch(self, program, options, settings, terminal, executables, job_dir):
+        run_dir = os.path.join(job_dir, 'run')
+        log_dir = os.path.join(job_dir, 'logs')
+        batch_log = os.path.join(log_dir, 'job.out')
+        components = script.plan(executables, options.resources, log_dir)
+        steps = sorted((s for c in components for s in c.steps), key=lambda s: s.index)
+        names = [step.executable.name for step in steps]
+        watched = [step.watched() for step in steps]
+        token = secrets.token_hex(16)
+        server = coordinator = None
+        if settings.detach:
+            coordinator_address = functools.partial(shared.read_coordinator_endpoint, run_dir)
+            shared.JobDescription(program.name, names, options.notice_period, batch_log, watched,
+                                  tls=options.tls).write(run_dir)
+        else:
+            coordinator = Coordinator(names)
+            server = serve_coordinator(
+                coordinator, job.coordinator_bind_endpoint(settings.coordinator_host),
+                auth_token=token, tls=options.tls)
+            coordinator_address = server.address
+        try:
+            table = addresses.NodeAddressTable(
+                published={address.id: '<node address>:0'
+                           for _, executable in executables for address in executable.addresses},
+                coordinator=coordinator_address)
+            packer = specs.Packer(program.name, options.launch_type, table, coordinator_address,
+                                  notice_period=options.notice_period, tls=options.tls)
+            spec_paths = {}
+            for step in steps:
+                spec_paths[step.index] = os.path.join(run_dir, f'{step.index}.spec')
+                specs.write(packer.spec(step.executable.name, step.executable.run,
+                                        args=step.resources.args, env=step.resources.env),
+                            spec_paths[step.index])
+            script_path = os.path.join(run_dir, 'job.sh')
+            with open(script_path, 'w') as f:
+                f.write(script.batch_script(program.name, components, run_dir, spec_paths,
+                                            detached=settings.detach))
+            job_id = job.submit(script_path, program.name, batch_log, _job_environment(token))
+        except BaseException:
+            if server is not None:
+                server.Stop()
+            raise
+        follow = f'tail -f {shlex.quote(log_dir)}/*.out'
+        if settings.detach:
+            print(f'Program {program.name!r} runs detached as Slurm job {job_id} '
+                  f'({len(names)} nodes).\n  Follow it: {follow}\n  Its state: squeue -j {job_id}\n'
+                  f'  Cancel it: scancel {job_id}', flush=True)
+            nothing = Coordinator([])  # the job's own coordinator follows its nodes
+            runner = StepRunner(job_id, None, [], nothing, watch_job=False)
+            return SlurmController(program.name, nothing, runner,
+                                   launch_type=options.launch_type, job_id=job_id, log_dir=log_dir,
+                                   detached=True)
+        print(f'Program {program.name!r} is Slurm job {job_id} ({len(names)} nodes); node logs in '
+              f'{log_dir}; cancel with scancel {job_id}.', file=sys.stderr, flush=True)
+        try:
+            with _sigterm_interrupts():
+                job.wait_for_start(job_id, settings.start_timeout, ran=lambda: any(
+                    name.endswith(shared.EXIT_SUFFIX) for name in os.listdir(run_dir)))
+        except BaseException:
+            job.cancel(job_id)
+            server.Stop()
+            raise
+        closing = [server.Stop]
+        if terminal == 'current_terminal':
+            follower = _LogFollower([('slurm', batch_log)] + [(s.executable.name, s.log)
+                                                              for s in steps])
+            closing = [follower.close, server.Stop]
+        runner = StepRunner(job_id, run_dir, watched, coordinator, watch_job=True,
+                            closing=closing, batch_log=batch_log)
+        return SlurmController(program.name, coordinator, runner, launch_type=options.launch_type,
+                               notice_period=options.notice_period, job_id=job_id, log_dir=log_dir)
+
+
+def _make_job_dir(base: Optional[str], program_name: str) -> str:
+    """Makes a new job directory for `program_name` under `base` (or its default), with its
+    private run/ and logs/ directories, and returns its path."""
+    base = os.path.abspath(os.path.expanduser(
+        base or os.environ.get(JOB_DIR_ENV) or os.path.join('~', 'launchpad_slurm')))
+    if '%' in base:
+        raise ValueError(f'The Slurm job directory {base!r} contains "%", which Slurm reads as a '
+                         'file name pattern; choose another job_dir.')
+    os.makedirs(base, exist_ok=True)
+    stem = re.sub(r'[^A-Za-z0-9_.-]', '_', program_name) or 'program'
+    job_dir = tempfile.mkdtemp(prefix=f'{stem}-{time.strftime("%Y%m%d-%H%M%S")}-', dir=base)
+    os.mkdir(os.path.join(job_dir, 'run'), 0o700)
+    os.mkdir(os.path.join(job_dir, 'logs'), 0o700)
+    return job_dir
+
+
+def _job_environment(token: str) -> Dict[str, str]:
+    """The environment sbatch passes to the job: ours (without a surrounding job's SLURM_
+    variables), the program's auth token, and unbuffered Python output."""
+    return specs.node_environment(token, base={
+        key: value for key, value in os.environ.items()
+        if not key.startswith('SLURM_') or key == 'SLURM_CONF'})
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Turns SIGTERM into KeyboardInterrupt (in the main thread), so that a launch being killed
+    still cancels the job it submitted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        del frame
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _LogFollower:
+    """Copies new lines of the nodes' output files to our stdout, each behind its node's name."""
+
+    def __init__(self, files: Sequence[Tuple[str, str]], interval: float = 0.2):
+        color = sys.stdout.isatty()
+        self._files = [[prefix_for(name, i, color=color).encode(), path, 0, b'']
+                       for i, (name, path) in enumerate(files)]
+        self._interval = interval
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name='lp-slurm-logs')
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._closed.wait(self._interval):
+            self._copy(final=False)
+
+    def _copy(self, final: bool) -> None:
+        out = getattr(sys.stdout, 'buffer', None)
+        for entry in self._files:
+            prefix, path, offset, partial = entry
+            try:
+                with open(path, 'rb') as f:
+                    f.seek(offset)
+                    data = f.read()
+            except OSError:
+                continue
+            entry[2] = offset + len(data)
+            lines = (partial + data).split(b'\n')
+            entry[3] = lines.pop()
+            if final and entry[3]:
+                lines.append(entry[3])
+            for line in lines:
+                text = prefix + line + b'\n'
+                if out is not None:
+                    out.write(text)
+                else:
+                    sys.stdout.write(text.decode(errors='replace'))
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        """Stops following and copies what is left, the last unfinished lines included."""
+        self._closed.set()
+        self._thread.join()
+        self._copy(final=True)

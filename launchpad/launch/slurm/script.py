@@ -1,0 +1,120 @@
+"""The job's plan (its components and steps) and the batch script that runs it.
+
+Runs on the launching machine, which writes the script to the run directory; the script itself
+runs inside the job, on its first node, where it starts every step with `srun` (and, for a
+detached program, the in-job driver first).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import sys
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+from launchpad.launch.slurm import shared
+from launchpad.launch.slurm.resources import SlurmResources
+from launchpad.nodes.base import Executable
+from launchpad.process import spec as specs
+
+
+@dataclasses.dataclass
+class Step:
+    """One executable, run as one job step.
+
+    Attributes:
+      index: its place in the program's executables; names its spec and exit code files.
+      executable: what it runs.
+      resources: its group's resources.
+      log: its output file.
+    """
+    index: int
+    executable: Executable
+    resources: SlurmResources
+    log: str
+
+    def watched(self) -> shared.WatchedStep:
+        """The step as the step runner follows it."""
+        return shared.WatchedStep(self.index, self.executable.name, self.log)
+
+
+@dataclasses.dataclass
+class Component:
+    """One component of the job (of a heterogeneous job if there are several): steps that share
+    the same job-level resources."""
+    resources: SlurmResources
+    steps: List[Step]
+
+
+def plan(executables: Sequence[Tuple[str, Executable]], resources: Mapping[str, Any],
+         log_dir: str) -> List[Component]:
+    """Job components in order of first appearance; groups asking for the same job-level
+    resources share a component."""
+    components: Dict[Any, Component] = {}
+    used_logs = set()
+    for index, (label, executable) in enumerate(executables):
+        group = resources.get(label) or SlurmResources()
+        key = (tuple(group.sbatch_options()) if group.nodes is None
+               else ('own component', label))
+        log = re.sub(r'[^A-Za-z0-9_.-]', '_', executable.name)
+        if log in used_logs:
+            log = f'{log}-{index}'
+        used_logs.add(log)
+        step = Step(index, executable, group, os.path.join(log_dir, log + '.out'))
+        components.setdefault(key, Component(group, [])).steps.append(step)
+    return list(components.values())
+
+
+def batch_script(program_name: str, components: Sequence[Component], run_dir: str,
+                 spec_paths: Mapping[int, str], detached: bool = False) -> str:
+    """The sbatch script: one component per `components`, one `srun` step per executable.
+
+    Every step records its exit code in `run_dir` for the step runner. A `detached` program's
+    script first starts the in-job driver (driver.py), which serves the program's coordinator, and
+    waits until it has written its address; the job then ends with the driver's exit code.
+    """
+    lines = ['#!/bin/bash']
+    for number, component in enumerate(components):
+        if number:
+            lines.append('#SBATCH hetjob')
+        lines.append(f'#SBATCH --ntasks={len(component.steps)}')
+        lines += [f'#SBATCH {option}' for option in component.resources.sbatch_options()]
+    exit_file = f'$run/$index{shared.EXIT_SUFFIX}'
+    lines += [
+        f'# Program {program_name!r}, written by the launchpad slurm launcher: every node runs as',
+        '# a job step; each step writes its exit code to the run directory.',
+        f'run={shlex.quote(run_dir)}',
+        'step() {  # INDEX SRUN_ARGUMENTS...',
+        '  local index=$1 code',
+        '  shift',
+        '  srun "$@"',
+        '  code=$?',
+        f'  {{ echo "$code" >"{exit_file}.tmp" && mv "{exit_file}.tmp" "{exit_file}"; }} 2>/dev/null',
+        '}',
+    ]
+    if detached:
+        lines += [
+            f'{shlex.join(shared.driver_argv(run_dir))} &',
+            'driver=$!',
+            f'until [ -s "$run/{shared.COORDINATOR_FILE}" ]; do',
+            '  kill -0 "$driver" 2>/dev/null || { echo "launchpad: the coordinator did not start" >&2; '
+            'exit 1; }',
+            '  sleep 0.1',
+            'done',
+        ]
+    heterogeneous = len(components) > 1
+    for number, component in enumerate(components):
+        for step in component.steps:
+            python = step.resources.interpreter or sys.executable
+            srun = ([f'--het-group={number}'] if heterogeneous else []) + [
+                '--exact', '--ntasks=1', '--nodes=1',
+                *step.resources.per_task_options(),
+                f'--job-name={step.executable.name}', f'--output={step.log}', '--input=none',
+                *specs.worker_argv(spec_paths[step.index], python)]
+            lines.append(f'step {step.index} {shlex.join(srun)} &')
+    if detached:
+        lines += ['wait "$driver"', 'status=$?', 'wait', 'exit "$status"']
+    else:
+        lines.append('wait')
+    return '\n'.join(lines) + '\n'

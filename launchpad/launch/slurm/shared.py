@@ -1,0 +1,99 @@
+"""The names the launching machine and the job share: the files of the run directory, what they
+hold, and the module of the in-job driver.
+
+The launching machine and the compute nodes share a filesystem; they talk through the job's run
+directory. The launcher writes the job description there (detached mode); the in-job driver reads
+it and writes the coordinator's endpoint, which the batch script and the steps read; the batch
+script writes each step's exit code, which the step runner reads on either side. This module is
+imported on both sides, and in the steps of a detached program (their specs hold
+`read_coordinator_endpoint`), so it needs nothing but the standard library.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import sys
+from typing import Any, List, NamedTuple
+
+# `python -m DRIVER_MODULE RUN_DIR` serves a detached program's coordinator inside its job.
+DRIVER_MODULE = 'launchpad.launch.slurm.driver'
+# The coordinator's endpoint, written (whole, by a rename) by the in-job driver.
+COORDINATOR_FILE = 'coordinator'
+# The batch script writes step INDEX's exit code to INDEX + EXIT_SUFFIX (whole, by a rename).
+EXIT_SUFFIX = '.exit'
+_DESCRIPTION_FILE = 'job.json'
+_TLS_FILE = 'tls.pickle'
+
+
+def driver_argv(run_dir: str) -> List[str]:
+    """The command line that runs the in-job driver of the program whose run directory is
+    `run_dir`, with our Python."""
+    return [sys.executable, '-m', DRIVER_MODULE, run_dir]
+
+
+def exit_file(run_dir: str, index: int) -> str:
+    """Where the batch script writes the exit code of step `index`."""
+    return os.path.join(run_dir, f'{index}{EXIT_SUFFIX}')
+
+
+def write_coordinator_endpoint(run_dir: str, endpoint: str) -> None:
+    """Publishes the coordinator's endpoint; readers never see a partial file."""
+    partial = os.path.join(run_dir, COORDINATOR_FILE + '.tmp')
+    with open(partial, 'w') as f:
+        f.write(endpoint)
+    os.replace(partial, os.path.join(run_dir, COORDINATOR_FILE))
+
+
+def read_coordinator_endpoint(run_dir: str) -> str:
+    """The coordinator's endpoint, once the driver has written it."""
+    with open(os.path.join(run_dir, COORDINATOR_FILE)) as f:
+        return f.read().strip()
+
+
+class WatchedStep(NamedTuple):
+    """A job step as the step runner follows it."""
+    index: int  # its place in the batch script, which names its exit code file
+    name: str   # its node's name
+    log: str    # its output file
+
+
+@dataclasses.dataclass
+class JobDescription:
+    """What the in-job driver of a detached program needs to know, written by the launcher.
+
+    Attributes:
+      program: the program's name.
+      nodes: the names of its nodes.
+      notice_period: seconds nodes get to end after a stop.
+      batch_log: the batch script's output file.
+      steps: the job's steps.
+      tls: the program's TLS credentials (a courier.TLSConfig), or None.
+    """
+    program: str
+    nodes: List[str]
+    notice_period: float
+    batch_log: str
+    steps: List[WatchedStep]
+    tls: Any = None
+
+    def write(self, run_dir: str) -> None:
+        """Writes the description to `run_dir`; the credentials go to a file only we can read."""
+        with open(os.open(os.path.join(run_dir, _TLS_FILE), os.O_WRONLY | os.O_CREAT, 0o600),
+                  'wb') as f:
+            pickle.dump(self.tls, f)
+        with open(os.path.join(run_dir, _DESCRIPTION_FILE), 'w') as f:
+            json.dump({'program': self.program, 'nodes': self.nodes,
+                       'notice_period': self.notice_period, 'batch_log': self.batch_log,
+                       'steps': [list(step) for step in self.steps]}, f)
+
+    @classmethod
+    def read(cls, run_dir: str) -> JobDescription:
+        """The description the launcher wrote to `run_dir`."""
+        with open(os.path.join(run_dir, _DESCRIPTION_FILE)) as f:
+            info = json.load(f)
+        with open(os.path.join(run_dir, _TLS_FILE), 'rb') as f:
+            tls = pickle.load(f)
+        return cls(info['program'], info['nodes'], info['notice_period'], info['batch_log'],
+                   [WatchedStep(*step) for step in info['steps']], tls)

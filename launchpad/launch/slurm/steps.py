@@ -1,0 +1,125 @@
+"""`StepRunner`: a controller's view of the job's steps, from the exit code files the batch script
+writes and from squeue.
+
+Runs wherever the program's coordinator runs: on the launching machine for a program launched in
+the foreground, inside the job (in the driver) for a detached one.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import time
+from typing import Callable, Dict, Optional, Sequence
+
+from launchpad.launch.slurm import job, shared
+from launchpad.process.coordinator import Coordinator
+
+_JOB_POLL = 1.0  # seconds between squeue calls while the program runs
+
+
+class StepRunner:
+    """The controller's `Runner` for the steps of one Slurm job.
+
+    A step's exit code comes from the file the batch script writes when its `srun` returns; a step
+    that ends with a non-zero code without having reported a failure fails with the end of its
+    log. With `watch_job` (on the launching machine) squeue also says when the whole job ended, for
+    instance cancelled by hand or out of time, which fails the steps still running. Inside the job
+    the runner does not watch it: when the job ends, the runner ends too.
+
+    Args:
+      job_id: the Slurm job.
+      run_dir: the job's run directory, removed on release (None: no step to follow).
+      steps: the steps to follow.
+      coordinator: the program's coordinator, told about failures.
+      watch_job: follow the job's state with squeue, and on release wait for the job to end
+        (cancelling it if it does not).
+      closing: called in this order on release, once the job has ended (e.g. the log follower's
+        close, the coordinator server's Stop).
+      batch_log: the batch script's output file, shown when a failed step's own log is empty.
+    """
+
+    def __init__(self, job_id: str, run_dir: Optional[str], steps: Sequence[shared.WatchedStep],
+                 coordinator: Coordinator, *, watch_job: bool,
+                 closing: Sequence[Callable[[], None]] = (), batch_log: str = ''):
+        self._job_id = job_id
+        self._run_dir = run_dir
+        self._steps = list(steps)
+        self._coordinator = coordinator
+        self._watch_job = watch_job
+        self._closing = list(closing)
+        self._batch_log = batch_log
+        self._codes: Dict[str, Optional[int]] = {step.name: None for step in self._steps}
+        self._checked = time.monotonic()
+
+    def poll(self) -> Dict[str, Optional[int]]:
+        """Node name -> its step's exit code, or None while it runs."""
+        self._read_exit_codes()
+        running = [step for step in self._steps if self._codes[step.name] is None]
+        if running and self._watch_job and time.monotonic() - self._checked >= _JOB_POLL:
+            self._checked = time.monotonic()
+            try:
+                states = job.states(self._job_id)
+            except job.SlurmError as e:
+                logging.warning('%s', e)
+                return dict(self._codes)
+            if job.ended(states):
+                self._read_exit_codes()  # the batch script writes them before the job ends
+                for step in running:
+                    if self._codes[step.name] is None:
+                        if not self._coordinator.stopping:
+                            self._coordinator.node_failed(
+                                step.name, f'Slurm job {self._job_id} ended while this node ran: '
+                                           f'{job.describe(states)}. Its log: {step.log}')
+                        self._codes[step.name] = -signal.SIGKILL
+        return dict(self._codes)
+
+    def _read_exit_codes(self) -> None:
+        for index, name, log in self._steps:
+            if self._codes[name] is not None or self._run_dir is None:
+                continue
+            try:
+                with open(shared.exit_file(self._run_dir, index)) as f:
+                    code = int(f.read().strip() or 1)
+            except (OSError, ValueError):
+                continue
+            if (code != 0 and not self._coordinator.stopping
+                    and not self._coordinator.status()[name].state.ended):
+                self._coordinator.node_failed(
+                    name, f'its Slurm step ended with exit code {code} without reporting an error. '
+                          f'Its log, {log}, ends with:\n{_tail(log) or _tail(self._batch_log)}')
+            self._codes[name] = code
+
+    def kill(self, names: Sequence[str]) -> None:
+        """Cancels the job, which ends every step."""
+        del names
+        if self._run_dir is not None and not self._watch_job:
+            shutil.rmtree(self._run_dir, ignore_errors=True)  # inside the job, scancel ends us too
+        job.cancel(self._job_id)
+
+    def release(self) -> None:
+        """Makes sure the job has ended (when watched), then closes what it was given and removes
+        the run directory."""
+        try:
+            if self._watch_job and not job.wait_for_end(self._job_id, timeout=3.0):
+                job.cancel(self._job_id)
+                if not job.wait_for_end(self._job_id, timeout=60.0):
+                    logging.error('Slurm job %s is still running 60 s after scancel; check it with '
+                                  '`squeue -j %s`.', self._job_id, self._job_id)
+        finally:
+            for close in self._closing:
+                close()
+            if self._run_dir is not None:
+                shutil.rmtree(self._run_dir, ignore_errors=True)
+
+
+def _tail(path: str, lines: int = 10) -> str:
+    """The last `lines` lines of the file at `path` ('' if it cannot be read)."""
+    try:
+        with open(path, 'rb') as f:
+            f.seek(max(0, os.path.getsize(path) - 4096))
+            text = f.read().decode(errors='replace')
+    except OSError:
+        return ''
+    return '\n'.join(text.splitlines()[-lines:])

@@ -1,0 +1,273 @@
+"""The host agent: runs on each ssh host, as `python -m launchpad.launch.ssh.agent WORKDIR`.
+
+The launcher starts one agent per ssh connection, as the connection's primary session. The agent
+says hello (the preflight facts), keeps a private directory for the node specs, forks the nodes
+from itself and sends their output and exit codes back; when the launcher is done or gone it
+ends what is left of the program on its host and removes the directory. It imports nothing of
+the launcher side: what the two share is in `protocol`.
+
+One single-threaded process per connection, and one forked child per node:
+
+    launcher ==ssh==> agent stdin:  commands (specs, start, kill) and heartbeats
+    launcher <==ssh== agent stdout: events (hello, ready, exited...) and node output
+                        |
+                        +-- fork --> node (a session of its own, marked with NODE_ENV)
+                        <-- pipe --- its stdout and stderr
+
+The agent's loop `select`s on its stdin and the nodes' pipes: it forwards output as it comes,
+reports a node's exit code once its last output is forwarded, and handles a command whenever a
+complete one has arrived.
+"""
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from typing import Any, Dict, Optional, Sequence
+
+from launchpad.launch.ssh import protocol
+from launchpad.process import forkserver
+from launchpad.process import spec as specs
+
+
+def main() -> None:
+    """Runs the agent of one connection until the launcher is done or gone.
+
+    Says hello (the preflight facts), creates the private directory, writes the node specs it
+    is sent, forks the nodes and sends their output and exit codes back, and kills nodes on
+    request. When its input ends or falls silent (the launcher is done or dead, or the network
+    is gone) it gives the nodes still running a grace period to notice and stop, kills the rest
+    and removes the directory.
+    """
+    import cloudpickle  # pylint: disable=import-outside-toplevel,unused-import
+    import psutil  # pylint: disable=import-outside-toplevel,unused-import
+
+    def end(signum, frame):
+        del frame
+        sys.exit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, end)
+    workdir = sys.argv[1] if len(sys.argv) > 1 else ''
+    agent = _HostAgent(tempfile.mkdtemp(prefix=protocol.DIR_PREFIX), workdir or os.getcwd())
+    try:
+        agent.announce(event='hello', hostname=socket.gethostname(), python=sys.version_info[:2],
+                       spec_fields=protocol.spec_fields(), launchpad=_launchpad_directory(),
+                       directory=agent.directory, workdir_ok=not workdir or os.path.isdir(workdir),
+                       ssh_connection=os.environ.get('SSH_CONNECTION', ''))
+        agent.serve()
+    finally:
+        agent.close()
+
+
+def _launchpad_directory() -> str:
+    """Where this host's launchpad package is (the hello names it when the versions differ)."""
+    return os.path.dirname(os.path.dirname(specs.__file__))
+
+
+class _HostAgent:
+    """The agent's state: the nodes it forked, and the stream of messages to the launcher.
+
+    The agent forks the nodes itself, as launchpad's fork server does, having imported what
+    nodes need once: a node costs milliseconds instead of an ssh session (with the login
+    shell's start-up files) and a fresh interpreter. Each node writes to a pipe that the agent
+    forwards to the launcher.
+    """
+
+    def __init__(self, directory: str, workdir: str):
+        self.directory = directory
+        self.workdir = workdir
+        # Our stdout carries the protocol; anything else printed here goes to stderr instead.
+        self._out = os.fdopen(os.dup(1), 'wb')
+        os.dup2(2, 1)
+        self._nodes: Dict[int, _Child] = {}  # by index
+        self._grace = 0.0
+        self._preloaded = False
+
+    def announce(self, data: bytes = b'', **message: Any) -> None:
+        """Sends `message` to the launcher, followed by `data` if the message gives its size."""
+        try:
+            self._out.write(protocol.pack_event(message, data))
+            self._out.flush()
+        except OSError:  # the launcher is gone; nobody is listening
+            pass
+
+    def serve(self) -> None:
+        """Handles the launcher's messages until its input ends or stays silent."""
+        stdin = sys.stdin.fileno()
+        buffer = bytearray()
+        heard = time.monotonic()
+        while True:
+            if not self._preloaded:  # while the launcher packs the program
+                forkserver.preload()
+                self._preloaded = True
+            if stdin not in self._pump(0.1 if self._nodes else 1.0, stdin):
+                if time.monotonic() - heard > protocol.LAUNCHER_SILENCE_TIMEOUT:
+                    return
+                continue
+            chunk = os.read(stdin, 1 << 20)
+            if not chunk:
+                return
+            heard = time.monotonic()
+            buffer += chunk
+            for kind, body in protocol.unpack_commands(buffer):
+                self._handle(kind, body)
+
+    def _handle(self, kind: str, body: Any) -> None:
+        if kind == 'files':
+            for name, data in body['files'].items():
+                path = os.path.join(self.directory, name)
+                with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 'wb') as f:
+                    f.write(data)
+            self._grace = body['grace']
+            for index in body['start']:
+                self._start(index)
+            self.announce(event='ready')
+        elif kind == 'kill':
+            self._kill(body)
+            self.announce(event='killed')
+
+    def _start(self, index: int) -> None:
+        argv, env = protocol.node_command(self.directory, index)
+        request = {'argv': argv[1:], 'cwd': self.workdir, 'env': env}
+        read_fd, write_fd = os.pipe()
+        ours = [self._out.fileno(), sys.stdin.fileno(), read_fd] + [
+            node.pipe for node in self._nodes.values() if node.pipe is not None]
+        try:
+            pid = forkserver.fork_worker(request, write_fd, ours)
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        os.set_blocking(read_fd, False)
+        self._nodes[index] = _Child(pid, read_fd)
+
+    def _pump(self, timeout: float, *fds: int) -> list:
+        """Forwards the nodes' output and exit codes for up to `timeout` s, or until one of
+        `fds` can be read; returns those that can."""
+        pipes = {node.pipe: index for index, node in self._nodes.items() if node.pipe is not None}
+        ready = select.select([*fds, *pipes], [], [], timeout)[0]
+        for fd in ready:
+            if fd in pipes:
+                self._forward(pipes[fd])
+        for index, node in self._nodes.items():
+            if not node.reported and node.poll() is not None:
+                for _ in range(64):  # what it wrote before it ended
+                    if node.pipe is None:
+                        break
+                    self._forward(index)
+                node.close_pipe()
+                node.reported = True
+                self.announce(event='exited', node=index, code=node.poll())
+        return [fd for fd in ready if fd in fds]
+
+    def _forward(self, index: int) -> None:
+        node = self._nodes[index]
+        try:
+            data = os.read(node.pipe, 1 << 16)
+        except BlockingIOError:
+            if node.poll() is None:
+                return
+            data = b''  # it ended, and whatever holds the pipe open now is not the node
+        if data:
+            self.announce(data, event='output', node=index, size=len(data))
+        else:
+            node.close_pipe()
+
+    def _running(self) -> bool:
+        return (any(node.poll() is None for node in self._nodes.values())
+                or bool(_node_processes(self.directory)))
+
+    def _kill(self, indices: Optional[Sequence[int]]) -> None:
+        for index, node in self._nodes.items():
+            if indices is None or index in indices:
+                node.kill()
+        markers = None if indices is None else {
+            protocol.node_marker(self.directory, i) for i in indices}
+        _kill_nodes(markers, self.directory)
+
+    def close(self) -> None:
+        """Ends what is left of the program on this host after the grace period."""
+        deadline = time.monotonic() + self._grace
+        while self._running() and time.monotonic() < deadline:
+            self._pump(0.2)
+        self._kill(None)
+        for node in self._nodes.values():
+            node.wait()
+            node.close_pipe()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.announce(event='closed')
+
+
+class _Child:
+    """A node the agent forked, in a session of its own (`poll` and `kill` like Popen), and
+    the pipe its output comes out of."""
+
+    def __init__(self, pid: int, pipe: int):
+        self.pid = pid
+        self.pipe: Optional[int] = pipe
+        self.reported = False  # whether the launcher was told its exit code
+        self._code: Optional[int] = None
+
+    def close_pipe(self) -> None:
+        if self.pipe is not None:
+            os.close(self.pipe)
+            self.pipe = None
+
+    def poll(self, flags: int = os.WNOHANG) -> Optional[int]:
+        if self._code is None:
+            pid, status = os.waitpid(self.pid, flags)
+            if pid:
+                self._code = os.waitstatus_to_exitcode(status)
+        return self._code
+
+    def wait(self) -> int:
+        return self.poll(0)
+
+    def kill(self) -> None:
+        if self.poll() is None:  # not reaped, so the pid is still its own
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(self.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+
+def _node_processes(directory: str, markers: Optional[set] = None) -> list:
+    """This host's processes of the nodes `markers` (default: every node of `directory`)."""
+    import psutil  # pylint: disable=import-outside-toplevel
+    found = []
+    for process in psutil.process_iter():
+        try:
+            marker = process.environ().get(protocol.NODE_ENV)
+        except (psutil.Error, OSError):
+            continue
+        if marker and (marker in markers if markers is not None
+                       else marker.startswith(directory + '/')):
+            found.append(process)
+    return found
+
+
+def _kill_nodes(markers: Optional[set], directory: str = '') -> None:
+    """Kills the processes of the given nodes, children included, until none is left."""
+    import psutil  # pylint: disable=import-outside-toplevel
+    for _ in range(10):
+        processes = _node_processes(directory, markers)
+        if not processes:
+            return
+        for process in processes:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(processes, timeout=2.0)
+
+
+if __name__ == '__main__':
+    main()

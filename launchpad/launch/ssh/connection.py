@@ -1,0 +1,224 @@
+"""One multiplexed ssh connection from the launcher to a host, which runs the host agent there.
+
+Runs on the launching machine. The agent at the other end is `agent`; what the two say to each
+other is in `protocol`.
+
+Each connection is a local `ssh -M` master (under `sh`, in a session of its own) and two threads:
+
+    send() from any thread (launch, kill, the runner's heartbeat) --lock--> ssh stdin
+    ssh stdout --> thread lp-ssh-HOST: node output and exit codes straight to the node's
+                   ForkedNode; every other event to a queue that `expect` reads
+    ssh stderr --> thread lp-ssh-HOST-err: kept in `stderr_lines` for the preflight's
+                   diagnosis, and logged once the agent said hello
+
+When the agent's output ends (the agent is done, or the connection died), every forked node
+still running counts as ended with 255, as ssh reports a session that ended with its connection.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from launchpad.launch.ssh import protocol
+from launchpad.launch.ssh.hosts import SshHost
+
+
+class Connection:
+    """One multiplexed ssh connection to a host; its primary session runs the host agent.
+
+    Attributes:
+      host: the host it reaches.
+      control_path: its control socket, which the ssh sessions of nodes in tmux windows share.
+      nodes: the indices of the executables it runs.
+      hello: the agent's hello (the preflight facts), once the preflight has it.
+      forked: the nodes the agent forks, by index.
+      process: the local ssh process (in a session of its own).
+      stderr_lines: what ssh and the agent wrote to stderr, line by line (the preflight
+        diagnoses a host from it).
+    """
+
+    def __init__(self, host: SshHost, control_path: str):
+        self.host = host
+        self.control_path = control_path
+        self.nodes: List[int] = []
+        self.hello: Optional[dict] = None
+        self._events: 'queue.Queue[Optional[dict]]' = queue.Queue()
+        self.stderr_lines: List[str] = []
+        self.forked: Dict[int, ForkedNode] = {}
+        self._send_lock = threading.Lock()
+        env = ' '.join(shlex.quote(f'{k}={v}') for k, v in host.env.items())
+        command = (f'exec env {env} {shlex.join(protocol.agent_argv(host.python))} '
+                   f'{shlex.quote(host.workdir or "")}')
+        argv = host.ssh_argv() + [
+            '-M', '-S', control_path, '-o', 'ControlPersist=no',
+            '-o', 'ServerAliveInterval=5', '-o', 'ServerAliveCountMax=3', host.host, command]
+        # The master ends when the agent does, also after the launcher died; the last one to end
+        # removes the launch's local directory, which holds nothing but the control sockets.
+        self.process = subprocess.Popen(
+            ['sh', '-c', 'ssh "$@"; code=$?; rm -f "$0"; rmdir "${0%/*}" 2>/dev/null; exit $code',
+             control_path] + argv[1:],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True)
+        self._readers = [
+            threading.Thread(target=self._read_events, daemon=True, name=f'lp-ssh-{host}'),
+            threading.Thread(target=self._read_errors, daemon=True, name=f'lp-ssh-{host}-err')]
+        for reader in self._readers:
+            reader.start()
+
+    def _read_events(self) -> None:
+        stream = self.process.stdout
+        for line in iter(stream.readline, b''):
+            message = protocol.unpack_event(line)
+            if message is None:
+                logging.info('ssh host %s: %s', self.host, line.decode(errors='replace').rstrip())
+                continue
+            if message['event'] == 'output':
+                data = stream.read(message['size'])
+                if message['node'] in self.forked:
+                    self.forked[message['node']].write(data)
+            elif message['event'] == 'exited':
+                if message['node'] in self.forked:
+                    self.forked[message['node']].end(message['code'])
+            else:
+                self._events.put(message)
+        for node in self.forked.values():
+            node.end(255)  # as ssh reports a session that ended with its connection
+        self._events.put(None)
+
+    def _read_errors(self) -> None:
+        for line in iter(self.process.stderr.readline, b''):
+            text = line.decode(errors='replace').rstrip()
+            self.stderr_lines.append(text)
+            if self.hello is not None and text:
+                logging.warning('ssh host %s: %s', self.host, text)
+
+    def expect(self, event: str, timeout: float) -> Optional[dict]:
+        """The next message of the agent if it is `event`; None if the connection ended first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                message = self._events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            if message is None:
+                self._events.put(None)  # the connection stays ended for later calls
+                return None
+            if message.get('event') == event:
+                return message
+
+    def send(self, kind: str, body: Any) -> bool:
+        """Sends a message to the agent; False if the connection is gone."""
+        data = protocol.pack_command(kind, body)
+        with self._send_lock:
+            try:
+                self.process.stdin.write(data)
+                self.process.stdin.flush()
+                return True
+            except (OSError, ValueError):
+                return False
+
+    @property
+    def directory(self) -> str:
+        """The agent's private directory on the host."""
+        return self.hello['directory']
+
+    def node_argv(self, index: int) -> List[str]:
+        """The ssh command that runs node `index` in a session of its own on this connection."""
+        argv, env = protocol.node_command(self.directory, index, self.host.python, self.host.env)
+        command = shlex.join(['env'] + [f'{k}={v}' for k, v in env.items()] + argv)
+        if self.host.workdir:
+            command = f'cd {shlex.quote(self.host.workdir)} && exec {command}'
+        else:
+            command = f'exec {command}'
+        return self.host.ssh_argv() + ['-S', self.control_path, '-o', 'ControlMaster=no',
+                                       self.host.host, command]
+
+    def kill(self, indices: Sequence[int]) -> None:
+        """Has the agent kill nodes `indices` on the host, and waits for it to confirm."""
+        if self.send('kill', list(indices)) and self.expect('killed', 10.0) is None:
+            logging.warning('Could not confirm that nodes %s on %s were killed.', list(indices),
+                            self.host)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Ends the agent's session: it ends the rest of the program there and removes its files."""
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait()
+        for reader in self._readers:
+            reader.join(2.0)
+        if self.hello is not None and self.expect('closed', 0) is None:
+            logging.warning('Could not confirm that %s on %s was removed (the connection ended '
+                            'early); remove it by hand if it is still there.', self.directory,
+                            self.host)
+
+    def wait_ended(self, timeout: float) -> None:
+        """Waits up to `timeout` s for the connection to end, then briefly for the rest of
+        what it wrote (its last errors explain why it ended)."""
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        for reader in self._readers:
+            reader.join(1.0)
+
+    @property
+    def launcher_address(self) -> str:
+        """The launcher's address as the host sees it."""
+        return self.hello['ssh_connection'].split()[0]
+
+    @property
+    def bind_host(self) -> str:
+        """Where servers on this host listen."""
+        return self.host.address or self.hello['ssh_connection'].split()[2]
+
+
+class ForkedNode:
+    """A node the host agent forked (`poll` and `kill` like Popen): its output arrives through
+    the agent's connection and goes to `fd`, which `Output` gave it."""
+
+    def __init__(self, fd: int, reader: Optional[threading.Thread]):
+        self._fd: Optional[int] = fd
+        self._reader = reader
+        self._code: Optional[int] = None
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        """Passes on output of the node that arrived through the connection."""
+        with self._lock:
+            view = memoryview(data)
+            while view and self._fd is not None:
+                view = view[os.write(self._fd, view):]
+
+    def end(self, code: int) -> None:
+        """Records its exit code (the first one counts) and closes its output."""
+        with self._lock:
+            if self._code is None:
+                self._code = code
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def poll(self) -> Optional[int]:
+        if self._code is not None and self._reader is not None:
+            self._reader.join(2.0)  # its output is printed before it counts as ended
+        return self._code
+
+    def kill(self) -> None:
+        """Gives up on it here; the agent kills it on its host."""
+        self.end(-signal.SIGKILL)

@@ -1,0 +1,245 @@
+"""The ssh launcher: places a program's nodes on its hosts and runs them there through their agents.
+
+Runs on the launching machine. `lp.launch(..., launch_type='ssh')` places every node on a host of
+its group, opens the connections (`connection`), checks every host (`preflight`), serves the
+program's coordinator, ships each host its node specs and has its agent (`agent`, on the host)
+fork the nodes; nodes shown in tmux windows run in ssh sessions of their own instead.
+
+Threads of one launch, all on the launching machine:
+
+    caller of lp.launch:  place -> connect -> preflight -> serve the coordinator -> ship the
+                          specs -> wait for every agent's 'ready' -> return the Controller
+    lp-ssh-heartbeat:     a ping to every agent each HEARTBEAT_INTERVAL s, until release
+    the Controller's:     poll, kill and release of the runner; kill and release talk to the
+                          connections in parallel, a short-lived thread each
+    per connection:       its ssh process and two reader threads (see `connection`)
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import courier
+
+from launchpad.address import AddressTable
+from launchpad.launch.controller import Controller, ProcessRunner
+from launchpad.launch.launcher import Launcher, LaunchOptions, executables_of
+from launchpad.launch.ssh import protocol
+from launchpad.launch.ssh.connection import Connection, ForkedNode
+from launchpad.launch.ssh.hosts import SshHost, SshHosts, connection_key, hosts_of
+from launchpad.launch.ssh.preflight import preflight
+from launchpad.process import spec as specs
+from launchpad.process.coordinator import COORDINATOR_LOSS_TIMEOUT, Coordinator, serve_coordinator
+from launchpad.process.output import TERMINALS, Output
+from launchpad.program import Program
+
+# sshd refuses more sessions per connection than MaxSessions (10 by default). Nodes in tmux windows
+# run in sessions of their own: a connection then carries the agent's session and at most this
+# many nodes, and a host with more nodes gets more connections. Forked nodes need no session.
+NODES_PER_CONNECTION = 8
+
+
+class _SshRunner(ProcessRunner):
+    """The nodes of one launch (a `NodeProcess` each), and the connections that carry them.
+
+    Attributes:
+      connections: the connections to the hosts, in the order they were opened.
+      local_dir: the launch's local directory (the control sockets, tmux's files).
+      server: the coordinator's server, once it serves.
+      output: where the nodes' output goes, once the launch has it.
+      placement: node name -> (its connection, its index in the launch).
+    """
+
+    def __init__(self, connections: List[Connection], local_dir: str):
+        super().__init__()
+        self.connections = connections
+        self.local_dir = local_dir
+        self.server: Optional[courier.Server] = None
+        self.output: Optional[Output] = None
+        self.placement: Dict[str, Tuple[Connection, int]] = {}
+        self._released = threading.Event()
+        threading.Thread(target=self._heartbeat, daemon=True, name='lp-ssh-heartbeat').start()
+
+    def _heartbeat(self) -> None:
+        while not self._released.wait(protocol.HEARTBEAT_INTERVAL):
+            for connection in list(self.connections):
+                connection.send('ping', None)
+
+    def expect_fork(self, name: str, connection: Connection, index: int) -> None:
+        """Gets ready for a node that the agent forks, its output going to the terminal."""
+        stdout_fd, reader = self.output.open_for(name, title=f'{connection.host.host} {name}')
+        self.processes[name] = connection.forked[index] = ForkedNode(stdout_fd, reader)
+
+    def start_session(self, name: str, connection: Connection, index: int) -> None:
+        """Starts a node in an ssh session of its own, in a tmux window."""
+        self.processes[name] = self.output.start_command(name, connection.node_argv(index),
+                                                         dict(os.environ), os.getcwd())
+
+    def kill(self, names: Sequence[str]) -> None:
+        """Has the agents kill the named nodes on their hosts, then ends what is left of them
+        here."""
+        by_connection: Dict[int, List[int]] = {}
+        for name in names:
+            connection, index = self.placement[name]
+            by_connection.setdefault(id(connection), []).append(index)
+        _in_parallel([lambda c=c: c.kill(by_connection[id(c)]) for c in self.connections
+                      if id(c) in by_connection])
+        deadline = time.monotonic() + 2.0
+        for name in names:  # their sessions end now; make sure the local clients do too
+            process = self.processes.get(name)
+            if process is None:
+                continue
+            while process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if process.poll() is None:
+                process.kill()
+
+    def release(self) -> None:
+        """Stops the heartbeat and the coordinator, closes the connections (each agent ends what is
+        left on its host) and removes the local directory."""
+        self._released.set()
+        try:
+            if self.server is not None:
+                self.server.Stop()
+            _in_parallel([connection.close for connection in self.connections])
+            if self.output is not None:
+                self.output.close()
+        finally:
+            shutil.rmtree(self.local_dir, ignore_errors=True)
+
+
+def _in_parallel(calls: Sequence[Callable[[], None]]) -> None:
+    """Makes every call, each in a thread of its own, and returns when all returned."""
+    threads = [threading.Thread(target=call, daemon=True) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+@dataclasses.dataclass
+class SshOptions:
+    """The ssh launcher's keyword arguments of `lp.launch`.
+
+    Attributes:
+      coordinator_host: the address the launcher serves the program's coordinator on (default:
+        the address the hosts see the launcher at).
+    """
+    coordinator_host: Optional[str] = None
+
+
+class SshLauncher(Launcher):
+    """Runs every executable in a Python process on an SSH host of its group (options:
+    `SshOptions`)."""
+
+    foreground = True
+    resource_types = (SshHost, SshHosts, str, list, tuple)
+    terminals = TERMINALS
+    options = SshOptions
+
+    def launch(self, program: Program, options: LaunchOptions) -> Controller:
+        if shutil.which('ssh') is None:
+            raise FileNotFoundError('The ssh launcher runs the OpenSSH client, and `ssh` is not on '
+                                    'PATH; install it (e.g. apt-get install openssh-client).')
+        missing = sorted(set(program.groups) - set(options.resources))
+        if missing:
+            raise ValueError(
+                f'Groups {missing} have no hosts; give every group its hosts, e.g. '
+                f"resources={{{missing[0]!r}: lp.SshHost('hostname')}}.")
+        hosts = {label: hosts_of(label, resources)
+                 for label, resources in options.resources.items()}
+        executables = executables_of(program, options)
+        local_dir = tempfile.mkdtemp(prefix=protocol.DIR_PREFIX)
+        runner = _SshRunner([], local_dir)
+        try:
+            return self._launch(program, options, executables, hosts, runner)
+        except BaseException:
+            runner.kill([name for name, code in runner.poll().items() if code is None])
+            runner.release()
+            raise
+
+    def _launch(self, program, options, executables, hosts, runner) -> Controller:
+        # Place the executables round-robin over their group's hosts. In tmux windows every
+        # node runs in an ssh session, at most NODES_PER_CONNECTION to a connection.
+        in_sessions = options.terminal == 'tmux_session'
+        per_connection = NODES_PER_CONNECTION if in_sessions else len(executables)
+        connections: Dict[tuple, List[Connection]] = {}
+        placed: List[Tuple[Connection, int]] = []
+        turn: Dict[str, int] = {}
+        for i, (label, _) in enumerate(executables):
+            group_hosts = hosts[label]
+            host = group_hosts[turn.get(label, 0) % len(group_hosts)]
+            turn[label] = turn.get(label, 0) + 1
+            pool = connections.setdefault(connection_key(host), [])
+            if not pool or len(pool[-1].nodes) >= per_connection:
+                pool.append(Connection(host, os.path.join(runner.local_dir,
+                                                          f'c{len(runner.connections)}')))
+                runner.connections.append(pool[-1])
+            pool[-1].nodes.append(i)
+            placed.append((pool[-1], i))
+        preflight(runner.connections)
+
+        token = secrets.token_hex(16)
+        coordinator = Coordinator([executable.name for _, executable in executables])
+        bind_host = options.settings.coordinator_host or _coordinator_host(runner.connections)
+        try:
+            runner.server = serve_coordinator(coordinator, _endpoint(bind_host, 0),
+                                               auth_token=token, tls=options.tls)
+        except OSError as e:
+            raise OSError(f'Cannot serve the program\'s coordinator on {bind_host}: {e}. Pass '
+                          "lp.launch(..., coordinator_host='<an address of this machine that "
+                          "every host reaches>').") from e
+        port = int(runner.server.address.rsplit(':', 1)[1])
+
+        table = AddressTable(published={
+            address.id: _endpoint(connection.bind_host, 0)
+            for (connection, _), (_, executable) in zip(placed, executables)
+            for address in executable.addresses})
+        packer = specs.Packer(program.name, options.launch_type, table, '',
+                              notice_period=options.notice_period, tls=options.tls)
+        files: Dict[int, Dict[str, bytes]] = {id(c): {} for c in runner.connections}
+        for (connection, i), (_, executable) in zip(placed, executables):
+            # Each host reaches the coordinator at the address it sees the launcher at.
+            coordinator_host = options.settings.coordinator_host or connection.launcher_address
+            packer.coordinator_address = _endpoint(coordinator_host, port)
+            files[id(connection)][protocol.spec_name(i)] = specs.pack(packer.spec(
+                executable.name, executable.run, env={courier.AUTH_TOKEN_ENV: token},
+                cleanup_dir=connection.directory))
+        runner.output = Output(options.terminal, program.name, runner.local_dir)
+        for (connection, i), (_, executable) in zip(placed, executables):
+            runner.placement[executable.name] = (connection, i)
+            if not in_sessions:
+                runner.expect_fork(executable.name, connection, i)
+        for connection in runner.connections:
+            connection.send('files', {
+                'files': files[id(connection)], 'start': [] if in_sessions else connection.nodes,
+                'grace': COORDINATOR_LOSS_TIMEOUT + options.notice_period})
+        for connection in runner.connections:
+            if connection.expect('ready', protocol.AGENT_START_TIMEOUT) is None:
+                raise RuntimeError(f'The connection to {connection.host} ended while starting the '
+                                   f'program: {" ".join(connection.stderr_lines[-3:])}')
+        if in_sessions:
+            for (connection, i), (_, executable) in zip(placed, executables):
+                runner.start_session(executable.name, connection, i)
+        return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
+                          notice_period=options.notice_period)
+
+
+def _coordinator_host(connections: List[Connection]) -> str:
+    """Where to serve the coordinator: the address the hosts see the launcher at, or every
+    address if they see it at different ones."""
+    seen = {connection.launcher_address for connection in connections}
+    if len(seen) == 1:
+        return seen.pop()
+    return '::' if any(':' in address for address in seen) else '0.0.0.0'
+
+
+def _endpoint(host: str, port: int) -> str:
+    """`host:port`, an IPv6 host in brackets."""
+    return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'

@@ -1,0 +1,104 @@
+"""What the launcher and the host agent share: names, timeouts and the framing of their messages.
+
+Imported on both sides: by the launcher on the launching machine and by the agent
+(`launchpad.launch.ssh.agent`) on each host. It imports neither side.
+
+The agent runs as the primary session of the launch's ssh connection to a host, and the two talk
+over that session's standard streams:
+
+- launcher -> agent (the agent's stdin): commands, each an 8-byte big-endian length and a pickle
+  of `(kind, body)`: `('files', {'files': {name: bytes}, 'start': [index, ...], 'grace': s})`
+  writes the node specs and forks the nodes listed in `start`; `('kill', [index, ...] or None)`
+  kills nodes; `('ping', None)` is the heartbeat.
+- agent -> launcher (the agent's stdout): events, each a line `AGENT_LINE + json`, followed by
+  `size` bytes of node output for an `output` event. Events: `hello` (the preflight facts, see
+  `agent.main`), `ready` (specs written and nodes forked), `output` (`node`, `size`), `exited`
+  (`node`, `code`), `killed` and `closed` (the agent is done and removed its directory). Lines
+  without the prefix are not ours (e.g. printed by a login script) and are only logged.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import struct
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from launchpad.process import spec as specs
+
+# The module the agent runs as: `python -m AGENT_MODULE WORKDIR`.
+AGENT_MODULE = 'launchpad.launch.ssh.agent'
+
+# Seconds a host gets, after ssh connected, to start the agent and answer the preflight.
+AGENT_START_TIMEOUT = 30.0
+
+# The launcher writes to every agent at least this often; an agent that hears nothing for
+# LAUNCHER_SILENCE_TIMEOUT seconds takes the launcher for gone (as when its input ends), which
+# also covers a network that went away without closing the connection.
+HEARTBEAT_INTERVAL = 2.0
+LAUNCHER_SILENCE_TIMEOUT = 15.0
+
+AGENT_LINE = b'LPAGENT '
+NODE_ENV = 'LAUNCHPAD_SSH_NODE'  # marks every process of a node (and its children) on a host
+DIR_PREFIX = 'launchpad-ssh-'  # of the private directory on each host and the launcher's own
+
+_LENGTH = struct.Struct('>Q')
+
+
+def agent_argv(python: str) -> List[str]:
+    """The command line that starts the agent with `python` (the working directory follows)."""
+    return [python, '-m', AGENT_MODULE]
+
+
+def spec_name(index: int) -> str:
+    """The file name of node `index`'s spec in the private directory."""
+    return f'{index}.spec'
+
+
+def node_marker(directory: str, index: int) -> str:
+    """The value of NODE_ENV in every process of node `index` of the private `directory`."""
+    return f'{directory}/{index}'
+
+
+def node_command(directory: str, index: int, python: Optional[str] = None,
+                 base_env: Optional[Mapping[str, str]] = None) -> Tuple[List[str], Dict[str, str]]:
+    """The command line and environment of node `index` on a host: the worker on its spec in
+    the private `directory`, the node marked with NODE_ENV (`base_env`, default ours, below)."""
+    argv = specs.worker_argv(f'{directory}/{spec_name(index)}', python)
+    env = specs.node_environment(base=base_env, extra={NODE_ENV: node_marker(directory, index)})
+    return argv, env
+
+
+def spec_fields() -> List[str]:
+    """The fields of a node spec: the two sides' launchpad versions match if theirs do."""
+    return [field.name for field in dataclasses.fields(specs.WorkerSpec)]
+
+
+def pack_command(kind: str, body: Any) -> bytes:
+    """A launcher -> agent command, framed."""
+    data = pickle.dumps((kind, body), protocol=pickle.HIGHEST_PROTOCOL)
+    return _LENGTH.pack(len(data)) + data
+
+
+def unpack_commands(buffer: bytearray) -> Iterator[Tuple[str, Any]]:
+    """Takes each complete command off the front of `buffer` (what the agent read so far)."""
+    while len(buffer) >= _LENGTH.size:
+        (size,) = _LENGTH.unpack(buffer[:_LENGTH.size])
+        end = _LENGTH.size + size
+        if len(buffer) < end:
+            return
+        kind, body = pickle.loads(buffer[_LENGTH.size:end])
+        del buffer[:end]
+        yield kind, body
+
+
+def pack_event(message: Mapping[str, Any], data: bytes = b'') -> bytes:
+    """An agent -> launcher event line, followed by `data` (whose size the message gives)."""
+    return AGENT_LINE + json.dumps(message).encode() + b'\n' + data
+
+
+def unpack_event(line: bytes) -> Optional[dict]:
+    """The event of a line the agent wrote, or None if the line is not an event."""
+    if not line.startswith(AGENT_LINE):
+        return None
+    return json.loads(line[len(AGENT_LINE):])

@@ -1,0 +1,159 @@
+"""What a node process is started with: its spec file, its environment and its command line.
+
+Every process-based launcher (local processes, SSH, Slurm, Kubernetes, process colocation) ships
+an executable the same way: a `Packer` builds each node's `WorkerSpec` from what the launch shares,
+`pack` turns it into the bytes of a spec file, `node_environment` gives the process's
+environment and `worker_argv` its command line, which runs `launchpad.process.worker` on the file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import sys
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+
+import courier
+
+from launchpad.address import AddressTable
+from launchpad.process import flags
+
+WORKER_MODULE = 'launchpad.process.worker'
+
+_UNBUFFERED = {'PYTHONUNBUFFERED': '1'}
+_QUIET_GRPC = {'GRPC_VERBOSITY': 'ERROR'}
+
+
+class NodePicklingError(pickle.PicklingError):
+    """An executable could not be packed for another process."""
+
+
+@dataclasses.dataclass
+class WorkerSpec:
+    """Everything a worker process needs to run one executable.
+
+    Attributes:
+      program_name, launch_type, node_name: identify the executable ('group/index' node name).
+      run: the executable's callable.
+      address_table: the program's address table (its registry is filled in by the worker).
+      coordinator_address: the courier address of the program's coordinator, or a picklable
+        callable returning it.
+      parent_pid: the launcher's pid when the worker is its direct child; the worker stops if its
+        parent changes (the launcher died).
+      notice_period: seconds to end after a stop before the worker exits by itself.
+      flags: absl flags of the launching process (see `flags.snapshot`), so node code reads them.
+      flag_overrides: flag values for this process ('--name=value' strings).
+      env: environment variables to set before anything is unpickled.
+      cleanup_dir: a directory of the launch that the worker removes if the launcher dies, since
+        the launcher cannot.
+      tls: the program's TLS credentials (a courier.TLSConfig) for TCP traffic, or None.
+    """
+    program_name: str
+    launch_type: str
+    node_name: str
+    run: Callable[[], None]
+    address_table: AddressTable
+    coordinator_address: Union[str, Callable[[], str]]
+    parent_pid: Optional[int] = None
+    notice_period: float = 10.0
+    flags: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    flag_overrides: List[str] = dataclasses.field(default_factory=list)
+    env: Dict[str, str] = dataclasses.field(default_factory=dict)
+    cleanup_dir: Optional[str] = None
+    tls: Any = None
+
+
+@dataclasses.dataclass
+class Packer:
+    """What every node of one launch shares; `spec` builds one node's `WorkerSpec` from it.
+
+    Attributes:
+      program_name, launch_type: the launch.
+      address_table: the program's address table, as nodes see it.
+      coordinator_address: where nodes reach the coordinator (a str or a picklable callable).
+      notice_period: seconds nodes get to end after a stop.
+      tls: the program's TLS credentials for TCP traffic, or None.
+      flags: the launching process's absl flags (taken when the packer is made).
+    """
+    program_name: str
+    launch_type: str
+    address_table: AddressTable
+    coordinator_address: Union[str, Callable[[], str]]
+    notice_period: float = 10.0
+    tls: Any = None
+    flags: Dict[str, Any] = dataclasses.field(default_factory=flags.snapshot)
+
+    def spec(self, node_name: str, run: Callable[[], None], *, args: flags.FlagArgs = None,
+             env: Optional[Mapping[str, str]] = None, parent_pid: Optional[int] = None,
+             cleanup_dir: Optional[str] = None) -> WorkerSpec:
+        """The spec of node `node_name` running `run`.
+
+        Args:
+          args: absl flag values for this node, as {name: value} or ['--name=value'].
+          env: variables the worker sets before it unpickles the node (e.g. secrets that must
+            not appear on a command line).
+          parent_pid: the pid the node process is a child of, if it is one of ours.
+          cleanup_dir: a directory the worker removes if the launcher dies.
+        """
+        return WorkerSpec(
+            program_name=self.program_name, launch_type=self.launch_type, node_name=node_name,
+            run=run, address_table=self.address_table,
+            coordinator_address=self.coordinator_address, parent_pid=parent_pid,
+            notice_period=self.notice_period, flags=self.flags,
+            flag_overrides=flags.overrides(args), env=dict(env or {}), cleanup_dir=cleanup_dir,
+            tls=self.tls)
+
+
+def pickle_node(node_name: str, value: Any) -> bytes:
+    """cloudpickle of `value`, or a NodePicklingError naming the node and what cannot be pickled."""
+    import cloudpickle  # pylint: disable=import-outside-toplevel
+    flags.pickle_by_reference()
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as e:  # pylint: disable=broad-except
+        raise NodePicklingError(
+            f'Cannot send node {node_name} to where it runs: its arguments cannot be pickled '
+            f'({type(e).__name__}: {e}). Pass picklable arguments (build objects such as locks, '
+            f'sockets or open files inside the node instead).') from e
+
+
+def pack(spec: WorkerSpec) -> bytes:
+    """The bytes of a spec file, or a NodePicklingError naming the node and what cannot be pickled."""
+    payload = pickle_node(spec.node_name, spec)
+    header = {'sys_path': [p for p in sys.path if p], 'env': spec.env}
+    return pickle.dumps((header, payload), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def write(spec: WorkerSpec, path: str) -> None:
+    """Packs `spec` into a file only this user can read."""
+    data = pack(spec)
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 'wb') as f:
+        f.write(data)
+
+
+def load(path: str) -> WorkerSpec:
+    """Reads a spec file in the worker: sets its environment and sys.path, then unpickles it."""
+    with open(path, 'rb') as f:
+        header, payload = pickle.load(f)
+    os.environ.update(header['env'])
+    for entry in reversed(header['sys_path']):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    import cloudpickle  # pylint: disable=import-outside-toplevel
+    return cloudpickle.loads(payload)
+
+
+def worker_argv(spec_path: str, python: Optional[str] = None) -> List[str]:
+    """The command line that runs the node of the spec file `spec_path` with `python`."""
+    return [python or sys.executable, '-m', WORKER_MODULE, spec_path]
+
+
+def node_environment(token: Optional[str] = None, *, base: Optional[Mapping[str, str]] = None,
+                     extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The environment of a node process: `base` (default: ours) with `extra` on top, quiet gRPC
+    logs unless asked otherwise, unbuffered output, and the program's auth token if given."""
+    env = {**_QUIET_GRPC, **(os.environ if base is None else base), **(extra or {}),
+           **_UNBUFFERED}
+    if token is not None:
+        env[courier.AUTH_TOKEN_ENV] = token
+    return env

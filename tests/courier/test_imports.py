@@ -1,0 +1,36 @@
+"""`import courier` stays light: grpc is imported only once a TCP address is used.
+
+(tests/test_layout.py checks how courier's modules import each other.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+_GRPC_SCRIPT = '''
+import os, shutil, sys, tempfile
+import courier
+print('grpc' in sys.modules)
+directory = tempfile.mkdtemp(prefix='courier-')
+server = courier.Server(address=f'unix:{directory}/s')
+server.Bind('add', lambda x, y: x + y)
+server.Start()
+client = courier.Client(server.address, call_timeout=30)
+assert client.add(1, 2) == 3 and client.futures.add(3, 4).result() == 7
+assert courier.list_methods(client) == ['add']
+server.Stop()
+shutil.rmtree(directory)
+print('grpc' in sys.modules)
+server = courier.Server()
+server.Stop()
+print('grpc' in sys.modules)
+'''
+
+
+def test_grpc_is_imported_only_for_tcp_addresses(subprocess_env):
+    result = subprocess.run([sys.executable, '-c', _GRPC_SCRIPT], capture_output=True,
+                            text=True, timeout=60, check=False, env=subprocess_env)
+    assert result.returncode == 0, result.stderr
+    # After `import courier`, after a unix: server and its clients, after a TCP server.
+    assert result.stdout.split() == ['False', 'False', 'True']

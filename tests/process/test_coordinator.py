@@ -1,0 +1,134 @@
+"""The coordinator's state machine, without any process: how reports move a node through its
+states, which failure ends the program, and how stop, exits and kills are recorded."""
+import threading
+import time
+
+import pytest
+
+from launchpad.process.coordinator import (Coordinator, NodeFailedError, NodeState,
+                                           run_reporting)
+
+
+def test_a_node_goes_from_pending_to_running_to_finished():
+    coordinator = Coordinator(['a/0', 'b/0'])
+    assert coordinator.status()['a/0'].state is NodeState.PENDING
+    coordinator.node_started('a/0', 123, 'host-1')
+    status = coordinator.status()['a/0']
+    assert (status.state, status.pid, status.host) == (NodeState.RUNNING, 123, 'host-1')
+    coordinator.node_finished('a/0')
+    assert coordinator.status()['a/0'].state is NodeState.FINISHED
+    assert coordinator.running() == ['b/0']
+    assert not coordinator.stopping and coordinator.failure is None
+
+
+def test_the_first_failure_stops_the_program_and_is_the_one_reported():
+    coordinator = Coordinator(['a/0', 'b/0'])
+    coordinator.node_failed('a/0', 'ValueError: bad', 'Traceback: a')
+    coordinator.node_failed('b/0', 'KeyError: worse', 'Traceback: b')
+    assert coordinator.stopping
+    assert coordinator.stop_reason == 'node a/0 failed'
+    assert isinstance(coordinator.failure, NodeFailedError)
+    assert coordinator.failure.node_name == 'a/0'
+    assert 'Traceback: a' in str(coordinator.failure)
+    assert {name: s.state for name, s in coordinator.status().items()} == {
+        'a/0': NodeState.FAILED, 'b/0': NodeState.FAILED}
+    assert coordinator.status()['b/0'].error == 'KeyError: worse'
+
+
+def test_a_failure_after_a_stop_is_recorded_but_does_not_fail_the_program():
+    coordinator = Coordinator(['a/0'])
+    coordinator.request_stop('user asked')
+    coordinator.node_failed('a/0', 'RuntimeError: while stopping')
+    assert coordinator.failure is None
+    assert coordinator.status()['a/0'].state is NodeState.FAILED
+    assert coordinator.stop_reason == 'user asked'
+
+
+def test_the_stop_reason_and_time_are_set_once():
+    coordinator = Coordinator(['a/0'])
+    assert coordinator.stop_time is None
+    coordinator.request_stop('first')
+    first_time = coordinator.stop_time
+    coordinator.request_stop('second')
+    assert (coordinator.stop_reason, coordinator.stop_time) == ('first', first_time)
+
+
+def test_wait_for_stop_returns_when_another_thread_stops_the_program():
+    coordinator = Coordinator(['a/0'])
+    assert coordinator.wait_for_stop(0.01) is False
+    threading.Timer(0.05, coordinator.request_stop, ('later',)).start()
+    assert coordinator.wait_for_stop(5.0) is True
+
+
+@pytest.mark.parametrize('exit_code, stopping, state', [
+    (0, False, NodeState.FINISHED),
+    (1, False, NodeState.FAILED),
+    (-9, False, NodeState.FAILED),
+    (-9, True, NodeState.KILLED),
+    (0, True, NodeState.FINISHED),
+])
+def test_an_exit_without_a_report_is_judged_by_its_code(exit_code, stopping, state):
+    coordinator = Coordinator(['a/0'])
+    coordinator.node_started('a/0', 1, 'h')
+    if stopping:
+        coordinator.request_stop('stop')
+    coordinator.executable_exited('a/0', exit_code)
+    status = coordinator.status()['a/0']
+    assert (status.state, status.exit_code) == (state, exit_code)
+    if state is NodeState.FAILED:
+        detail = 'killed by signal 9' if exit_code < 0 else f'exit code {exit_code}'
+        assert detail in coordinator.failure.message
+
+
+def test_an_exit_after_a_report_keeps_the_reported_state():
+    coordinator = Coordinator(['a/0'])
+    coordinator.node_failed('a/0', 'ValueError: x')
+    coordinator.executable_exited('a/0', 1)
+    assert coordinator.status()['a/0'].state is NodeState.FAILED
+    assert coordinator.failure.message == 'ValueError: x'
+
+
+def test_mark_killed_only_touches_nodes_that_have_not_ended():
+    coordinator = Coordinator(['a/0', 'b/0'])
+    coordinator.node_finished('a/0')
+    coordinator.mark_killed(['a/0', 'b/0'])
+    states = {name: s.state for name, s in coordinator.status().items()}
+    assert states == {'a/0': NodeState.FINISHED, 'b/0': NodeState.KILLED}
+
+
+def test_published_addresses_are_found_and_missing_ones_time_out():
+    coordinator = Coordinator(['a/0'])
+    threading.Timer(0.05, coordinator.publish_address, ('id1', '10.0.0.2:4000')).start()
+    assert coordinator.lookup_address('id1', 5.0) == '10.0.0.2:4000'
+    started = time.monotonic()
+    assert coordinator.lookup_address('id2', 0.05) is None
+    assert time.monotonic() - started >= 0.05
+
+
+def test_status_is_a_copy_and_unknown_nodes_are_refused():
+    coordinator = Coordinator(['a/0'])
+    coordinator.status()['a/0'].state = NodeState.FINISHED
+    assert coordinator.status()['a/0'].state is NodeState.PENDING
+    with pytest.raises(KeyError, match="'x/0' is not a node of this program"):
+        coordinator.node_started('x/0', 1, 'h')
+
+
+def test_run_reporting_reports_how_the_executable_ended():
+    coordinator = Coordinator(['ok/0', 'raises/0', 'exit0/0', 'exit2/0'])
+
+    def raises():
+        raise ValueError('broken')
+
+    def exits(code):
+        raise SystemExit(code)
+
+    assert run_reporting(lambda: None, 'ok/0', coordinator) == 0
+    assert run_reporting(raises, 'raises/0', coordinator) == 1
+    assert run_reporting(lambda: exits(0), 'exit0/0', coordinator) == 0
+    assert run_reporting(lambda: exits(2), 'exit2/0', coordinator) == 1
+    status = coordinator.status()
+    assert status['ok/0'].state is NodeState.FINISHED
+    assert status['exit0/0'].state is NodeState.FINISHED
+    assert status['raises/0'].error == 'ValueError: broken'
+    assert 'raise ValueError' in coordinator.failure.remote_traceback
+    assert status['exit2/0'].error == 'SystemExit(2)'
