@@ -16,10 +16,15 @@ class Program:
 
     Build it with `add_node` (inside `with program.group(label):` or with an explicit label), then
     hand it to `lp.launch`. Building a program has no side effects: objects are built where nodes run.
+
+    Attributes:
+      name: the program's name.
+      launched: True once `lp.launch` has started it; nodes cannot be added after that.
     """
 
     def __init__(self, name: str = 'launchpad'):
         self.name = name
+        self.launched = False
         self._groups: Dict[str, List[Node]] = {}
         self._current_group: Optional[str] = None
 
@@ -38,6 +43,11 @@ class Program:
 
     def add_node(self, node: Node, label: Optional[str] = None) -> Handle:
         """Adds `node` to the group `label` (or the current group) and returns a handle to it."""
+        if self.launched:
+            raise ProgramError(
+                f'Program {self.name!r} was already launched: nodes cannot be added to a running '
+                f'program, so {node!r} would never run. Add every node before lp.launch, or build '
+                'and launch another program for it.')
         if not isinstance(node, Node):
             raise ProgramError(f'add_node takes a launchpad node (lp.PyNode, lp.CourierNode, ...), '
                                f'got {node!r}.')
