@@ -70,7 +70,7 @@ class LaunchOptions:
     """What `lp.launch` passes to a launcher.
 
     Attributes:
-      launch_type: the launch type name.
+      launch_type: the launch type: an `lp.LaunchType` member, or the name of one of your own.
       resources: group label -> platform resources (e.g. `lp.PythonProcess` for local_mp).
       terminal: where node output goes (one of the launcher's `terminals`, its first by default).
       test_case: a unittest.TestCase for test launch types, or None.

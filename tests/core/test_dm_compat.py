@@ -16,6 +16,7 @@ import courier
 import launchpad as lp
 
 from tests.core.conftest import run_script
+from tests.core.test_launch import fail_loudly
 
 LAUNCH_TYPES = ['test_mt', 'test_mp']
 
@@ -89,10 +90,6 @@ def block():
     lp.wait_for_stop()
 
 
-def fail():
-    raise ValueError('this node fails')
-
-
 @pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
 def test_wait_takes_dm_launchpads_keywords(launch_type):
     program = lp.Program('waiting')
@@ -112,10 +109,10 @@ def test_wait_takes_dm_launchpads_keywords(launch_type):
 @pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
 def test_wait_can_leave_a_failure_unraised(launch_type):
     program = lp.Program('failing')
-    program.add_node(lp.PyNode(fail), label='failing')
+    program.add_node(lp.PyNode(fail_loudly), label='failing')
     controller = lp.launch(program, launch_type=launch_type)
     assert controller.wait(raise_error=False)
-    with pytest.raises(lp.NodeFailedError, match='this node fails'):
+    with pytest.raises(lp.NodeFailedError, match='the answer is not 42'):
         controller.wait()
     controller.stop_and_wait()  # a failed program stops and waits without raising
 
