@@ -43,29 +43,43 @@ class Client:
     otherwise each process reads ``COURIER_AUTH_TOKEN`` when it first calls.
 
     Args:
-      address: The server's address (``'host:port'``, ``'unix:/path'``), or a
-        picklable zero-argument callable returning it, called at the first call.
+      server_address: The server's address (``'host:port'``, ``'unix:/path'``), or a
+        picklable zero-argument callable returning it, called at the first call. It is
+        checked at the first call too (as dm-launchpad does): a malformed one fails there.
+      compress: Send every call and its result compressed (zlib, done in
+        serialization: it helps large compressible arguments and results between
+        hosts, and costs CPU between the processes of one machine).
       call_timeout: Seconds (or a ``datetime.timedelta``) each call may take;
-        None waits forever.
+        None or 0 waits forever.
       wait_for_ready: If the server is not reachable, wait for it (until the
         call's deadline) instead of failing at once.
+      chunk_tensors: Accepted for dm-launchpad's signature, without effect: large
+        arrays already travel as out-of-band buffers, never as one copied chunk.
+      load_balancing_policy: Accepted for dm-launchpad's signature (None or a gRPC
+        policy name), without effect: a client calls the one server its address names.
+      propagate_deadline: Accepted for dm-launchpad's signature, without effect (as there).
       auth_token: Secret the server requires; defaults to ``COURIER_AUTH_TOKEN``.
       tls: ``courier.TLSConfig`` to connect with TLS (None: plaintext).
     """
 
-    def __init__(self, address: Address, call_timeout: Optional[durations.Duration] = None,
-                 wait_for_ready: bool = True, *, auth_token: Optional[str] = None,
+    def __init__(self, server_address: Address, compress: bool = False,
+                 call_timeout: Optional[durations.Duration] = None, wait_for_ready: bool = True,
+                 chunk_tensors: bool = False, *, load_balancing_policy: Optional[str] = None,
+                 propagate_deadline: bool = True, auth_token: Optional[str] = None,
                  tls: Optional[security.TLSConfig] = None):
-        if isinstance(address, str):
-            from courier import transport  # pylint: disable=import-outside-toplevel
-            transport.parse_address(address)  # Fail now on a malformed address.
-        elif not callable(address):
+        if not isinstance(server_address, str) and not callable(server_address):
             raise TypeError('address must be a str or a callable returning one, got '
-                            f'{type(address).__name__}')
+                            f'{type(server_address).__name__}')
+        if load_balancing_policy is not None and not isinstance(load_balancing_policy, str):
+            raise TypeError('load_balancing_policy must be None or a policy name, got '
+                            f'{load_balancing_policy!r}')
         if auth_token is not None:
             security.resolve_auth_token(auth_token)  # Validate now.
-        self._address = address
-        self._call_timeout = durations.to_seconds(call_timeout, 'call_timeout')
+        del chunk_tensors, propagate_deadline  # See the docstring.
+        self._address = server_address
+        self._compress = bool(compress)
+        # dm-launchpad's clients read a zero timeout as none.
+        self._call_timeout = durations.to_seconds(call_timeout, 'call_timeout') or None
         self._wait_for_ready = bool(wait_for_ready)
         self._auth_token = auth_token
         self._tls = tls
@@ -73,6 +87,11 @@ class Client:
         self._transport_generation = -1
         self._lock = threading.Lock()
         self._lock_generation = _fork_generation
+
+    @property
+    def address(self) -> Address:
+        """The server's address (as given, or as resolved once connected)."""
+        return self._transport.address if self._transport is not None else self._address
 
     def __getattr__(self, name: str) -> '_Method':
         if name.startswith('__'):
@@ -97,20 +116,19 @@ class Client:
         address = self._address
         if self._transport is not None:
             address = self._transport.address  # Resolved: send the string.
-        return {'address': address, 'call_timeout': self._call_timeout,
-                'wait_for_ready': self._wait_for_ready, 'auth_token': self._auth_token,
-                'tls': self._tls}
+        return {'server_address': address, 'compress': self._compress,
+                'call_timeout': self._call_timeout, 'wait_for_ready': self._wait_for_ready,
+                'auth_token': self._auth_token, 'tls': self._tls}
 
     def __setstate__(self, state):
         self.__init__(**state)
 
     def __repr__(self) -> str:
-        address = self._transport.address if self._transport is not None else self._address
-        return f'courier.Client({address!r})'
+        return f'courier.Client({self.address!r})'
 
     def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
         data, buffers = serialization.dumps((args, kwargs), f'the arguments of {method!r}',
-                                            _ARGUMENT_NAMES)
+                                            _ARGUMENT_NAMES, compress=self._compress)
         transport = self._connection()
         response = transport.call(method, data, buffers, self._call_timeout)
         return _result(method, transport.address, response)
@@ -118,7 +136,7 @@ class Client:
     def _call_async(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
         try:
             data, buffers = serialization.dumps((args, kwargs), f'the arguments of {method!r}',
-                                                _ARGUMENT_NAMES)
+                                                _ARGUMENT_NAMES, compress=self._compress)
             transport = self._connection()
         except Exception as error:  # pylint: disable=broad-except
             future = concurrent.futures.Future()
@@ -151,14 +169,20 @@ class Client:
 
     def _resolve_address(self) -> str:
         address = self._address
-        if isinstance(address, str):
-            return address
-        resolved = address()
-        if not isinstance(resolved, str):
-            raise TypeError(f'the address callable {address!r} returned '
-                            f'{type(resolved).__name__}, expected a str address')
+        if callable(address):
+            resolved = address()
+            if not isinstance(resolved, str):
+                raise TypeError(f'the address callable {address!r} returned '
+                                f'{type(resolved).__name__}, expected a str address')
+        else:
+            resolved = address
         from courier import transport  # pylint: disable=import-outside-toplevel
-        transport.parse_address(resolved)
+        try:
+            transport.parse_address(resolved)
+        except ValueError as error:
+            raise ValueError(f'{error}. courier.Client was given {resolved!r}: courier has no '
+                             'name service (a name given to courier.Server is only a label), so '
+                             'pass the address the server listens on, e.g. server.address') from None
         return resolved
 
 
@@ -190,6 +214,10 @@ class _Futures:
         method = _AsyncMethod(self._client, name)
         self.__dict__[name] = method
         return method
+
+    def __call__(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        """Starts a call of the server's ``__call__`` method and returns its future."""
+        return self._client._call_async('__call__', args, kwargs)  # pylint: disable=protected-access
 
 
 class _AsyncMethod(_Method):

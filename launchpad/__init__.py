@@ -14,11 +14,12 @@ from typing import Any, List
 
 from courier import batched_handler
 
-from launchpad.address import Address
-from launchpad.launch.controller import Controller
-from launchpad.launch.launcher import (LAUNCH_TYPE, LaunchOptions, LaunchType, Launcher,
-                                       executables_of, is_local_launch, is_local_launch_or_test,
-                                       launch, make_program_stopper, register_launcher)
+from launchpad import context
+from launchpad.address import Address, get_port_from_address
+from launchpad.context import LaunchType, is_local_launch, is_local_launch_or_test
+from launchpad.launch.controller import Controller, Controllers
+from launchpad.launch.launcher import (LAUNCH_TYPE, LaunchOptions, Launcher, executables_of, launch,
+                                       make_program_stopper, register_launcher)
 from launchpad.nodes.base import Executable, Handle, LaunchInfo, Node
 from launchpad.nodes.cacher import CacherNode
 from launchpad.nodes.colocation import (ColocationNode, MultiProcessingColocation,
@@ -45,15 +46,16 @@ _PLATFORM_NAMES = {
 }
 
 __all__ = [
-    'Address', 'CacherNode', 'ColocationNode', 'Controller', 'CourierClient', 'CourierHandle',
-    'CourierNode', 'Executable', 'Handle', 'KubernetesResources', 'LAUNCH_TYPE', 'LaunchInfo',
-    'LaunchOptions', 'LaunchType', 'Launcher', 'MultiProcessingColocation',
-    'MultiThreadingColocation', 'Node', 'NodeFailedError', 'NodePicklingError', 'NodeState',
-    'NodeStatus', 'Program', 'ProgramError', 'PyClassNode', 'PyNode', 'PythonProcess',
-    'ReverbHandle', 'ReverbNode', 'SlurmController', 'SlurmError', 'SlurmResources', 'SshHost',
-    'SshHosts', 'batched_handler', 'executables_of', 'get_context', 'is_local_launch',
-    'is_local_launch_or_test', 'launch', 'make_program', 'make_program_stopper',
-    'program_to_manifests', 'register_launcher', 'register_stop_handler', 'stop', 'stop_event',
+    'Address', 'CacherNode', 'ColocationNode', 'Controller', 'Controllers', 'CourierClient',
+    'CourierHandle', 'CourierNode', 'Executable', 'Handle', 'KubernetesResources',
+    'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType', 'Launcher',
+    'MultiProcessingColocation', 'MultiThreadingColocation', 'Node', 'NodeFailedError',
+    'NodePicklingError', 'NodeState', 'NodeStatus', 'Program', 'ProgramError', 'PyClassNode',
+    'PyNode', 'PythonProcess', 'ReverbHandle', 'ReverbNode', 'SlurmController', 'SlurmError',
+    'SlurmResources', 'SshHost', 'SshHosts', 'batched_handler', 'context', 'executables_of',
+    'get_context', 'get_port_from_address', 'is_local_launch', 'is_local_launch_or_test',
+    'launch', 'make_program', 'make_program_stopper', 'program_to_manifests',
+    'register_launcher', 'register_stop_handler', 'stop', 'stop_event',
     'unregister_stop_handler', 'wait_for_stop',
 ]
 

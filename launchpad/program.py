@@ -16,10 +16,15 @@ class Program:
 
     Build it with `add_node` (inside `with program.group(label):` or with an explicit label), then
     hand it to `lp.launch`. Building a program has no side effects: objects are built where nodes run.
+
+    Attributes:
+      name: the program's name.
+      launched: True once `lp.launch` has started it; nodes cannot be added after that.
     """
 
     def __init__(self, name: str = 'launchpad'):
         self.name = name
+        self.launched = False
         self._groups: Dict[str, List[Node]] = {}
         self._current_group: Optional[str] = None
 
@@ -27,7 +32,7 @@ class Program:
     def group(self, label: str) -> Iterator[None]:
         """Adds the nodes added inside the block to the resource group `label`."""
         if self._current_group is not None:
-            raise ProgramError(f'Groups cannot be nested: group({label!r}) inside group('
+            raise ProgramError(f'group() cannot be nested: group({label!r}) inside group('
                                f'{self._current_group!r}). Close the outer group first.')
         _check_label(label)
         self._current_group = label
@@ -38,17 +43,23 @@ class Program:
 
     def add_node(self, node: Node, label: Optional[str] = None) -> Handle:
         """Adds `node` to the group `label` (or the current group) and returns a handle to it."""
+        if self.launched:
+            raise ProgramError(
+                f'Program {self.name!r} was already launched: nodes cannot be added to a running '
+                f'program, so {node!r} would never run. Add every node before lp.launch, or build '
+                'and launch another program for it.')
         if not isinstance(node, Node):
             raise ProgramError(f'add_node takes a launchpad node (lp.PyNode, lp.CourierNode, ...), '
                                f'got {node!r}.')
         if label is None:
             label = self._current_group
             if label is None:
-                raise ProgramError(f'{node!r} needs a group: call add_node inside '
+                raise ProgramError(f'Label should not be empty: {node!r} needs a group; call add_node inside '
                                    '`with program.group(label):` or pass label=...')
         elif self._current_group is not None and label != self._current_group:
-            raise ProgramError(f'add_node(label={label!r}) inside group({self._current_group!r}): '
-                               'use one or the other.')
+            raise ProgramError(f'The given label does not match the current group: add_node(label='
+                               f'{label!r}) inside group({self._current_group!r}); use one or '
+                               'the other.')
         _check_label(label)
         if node.colocated_in is not None:
             raise ProgramError(f'{node!r} is already part of {node.colocated_in!r}; add only the '
@@ -132,7 +143,10 @@ def make_program(*nodes: Node, name: str = 'launchpad') -> Program:
 
 
 def _check_label(label) -> None:
-    if not isinstance(label, str) or not label or '/' in label:
+    if label == '':
+        raise ProgramError('Label should not be empty: group labels are non-empty strings '
+                           'without "/".')
+    if not isinstance(label, str) or '/' in label:
         raise ProgramError(f'Group labels are non-empty strings without "/", got {label!r}.')
 
 

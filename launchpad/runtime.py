@@ -58,7 +58,9 @@ class NodeContext:
     """Everything an executable knows about where it runs.
 
     Attributes:
-      launch_type: the launch type name, e.g. 'local_mp'.
+      launch_type: the launch type, an `lp.LaunchType` member such as
+        `LaunchType.LOCAL_MULTI_PROCESSING` (equal to its name, 'local_mp'), or the name of a
+        launch type of your own.
       program_name: the program's name.
       label: the node's group label.
       index: the node's index within its group.
@@ -67,6 +69,8 @@ class NodeContext:
       coordinator: the program's coordinator (or a client of it).
       notice_period: seconds the node has to end after the program starts stopping.
       tls: TLS credentials (a courier.TLSConfig) for the program's TCP traffic, or None.
+      auth_token: the program's auth token for this process's calls to its nodes, where the
+        environment does not carry it (the launching process of a local_mp program); else None.
     """
     launch_type: str
     program_name: str
@@ -77,6 +81,7 @@ class NodeContext:
     coordinator: Any = None
     notice_period: float = 10.0
     tls: Any = None
+    auth_token: Optional[str] = None
 
     @property
     def node_name(self) -> str:

@@ -42,6 +42,9 @@ class Runner(Protocol):
     def release(self) -> None:
         """Frees what the launch holds (temporary directories, servers); called once at the end."""
 
+    # Optional: `last_output(name) -> str`, the last lines an executable printed, which explain
+    # its end when it exits without reporting an error.
+
 
 class ProcessRunner:
     """A `Runner` over one `NodeProcess` per executable; subclasses add what `release` frees."""
@@ -88,25 +91,41 @@ class Controller:
                                          daemon=True)
         self._monitor.start()
 
-    def wait(self, labels: Optional[Sequence[str]] = None, timeout: Optional[float] = None) -> bool:
+    def wait(self, labels: Optional[Sequence[str]] = None, timeout: Optional[float] = None, *,
+             labels_to_wait_for: Optional[Sequence[str]] = None, raise_error: bool = True,
+             return_on_first_completed: bool = False) -> bool:
         """Blocks until the program (or the nodes of groups `labels`) ends.
 
-        Returns False if `timeout` seconds passed first. Raises NodeFailedError naming the node if a
-        node failed.
+        Args:
+          labels: group labels whose nodes to wait for (default: every node).
+          timeout: seconds to wait at most.
+          labels_to_wait_for: dm-launchpad's name for `labels`.
+          raise_error: raise NodeFailedError naming the node if a node failed (else only wait).
+          return_on_first_completed: return as soon as one of the awaited nodes has ended.
+
+        Returns False if `timeout` seconds passed first, else True.
         """
+        if labels is not None and labels_to_wait_for is not None:
+            raise TypeError('Pass the groups to wait for as labels= or labels_to_wait_for= (they '
+                            'are the same), not both.')
+        labels = labels if labels is not None else labels_to_wait_for
         deadline = None if timeout is None else time.monotonic() + timeout
         names = None
         if labels is not None:
             wanted = [labels] if isinstance(labels, str) else list(labels)
             names = [name for name in self._coordinator.status()
                      if any(name.startswith(label + '/') for label in wanted)]
+        awaited = list(self._coordinator.status()) if names is None else names
         while True:
-            if names is None:
-                ended = self._done.is_set()
+            running = self._coordinator.running(awaited)
+            if names is not None and not running:
+                ended = True
+            elif return_on_first_completed:
+                ended = len(running) < len(awaited) or self._done.is_set()
             else:
-                ended = (not self._coordinator.running(names)) or self._done.is_set()
+                ended = self._done.is_set()
             failure = self._coordinator.failure
-            if failure is not None and (ended or self._done.is_set()):
+            if raise_error and failure is not None and (ended or self._done.is_set()):
                 self._failure_reported = True
                 raise failure
             if ended:
@@ -115,6 +134,11 @@ class Controller:
                 return False
             self._coordinator.wait_for_change(0.1 if deadline is None
                                               else min(0.1, max(0.0, deadline - time.monotonic())))
+
+    def stop_and_wait(self) -> None:
+        """Stops the program and waits until every node has ended; a node failure is not raised."""
+        self.stop()
+        self.wait(raise_error=False)
 
     def stop(self, timeout: Optional[float] = None) -> None:
         """Stops the program: nodes get the stop signal and the notice period, then are killed.
@@ -147,7 +171,7 @@ class Controller:
                     if code is None:
                         running.append(name)
                     else:
-                        self._coordinator.executable_exited(name, code)
+                        self._coordinator.executable_exited(name, code, self._last_output(name))
                 if not running:
                     break
                 stop_time = self._coordinator.stop_time
@@ -169,6 +193,10 @@ class Controller:
                 self._runner.release()
             finally:
                 self._done.set()
+
+    def _last_output(self, name: str) -> str:
+        last_output = getattr(self._runner, 'last_output', None)
+        return last_output(name) if last_output is not None else ''
 
     # A program launched in the foreground runs to the end when the script ends, and handles
     # Ctrl-C / SIGTERM; `lp.launch` calls these.
@@ -225,3 +253,29 @@ class Controller:
                 pass
 
         threading.Thread(target=restore, daemon=True).start()
+
+
+class Controllers(list):
+    """The controllers of several programs launched together (`lp.launch([a, b])`), in order,
+    with `wait`, `stop` and `stop_and_wait` acting on all of them."""
+
+    def wait(self, labels: Optional[Sequence[str]] = None, timeout: Optional[float] = None,
+             **kwargs) -> bool:
+        """`Controller.wait` on each program in turn, `timeout` seconds in all; False if it
+        passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for controller in self:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not controller.wait(labels, left, **kwargs):
+                return False
+        return True
+
+    def stop(self, timeout: Optional[float] = None) -> None:
+        """Stops every program (each gets `timeout` seconds)."""
+        for controller in self:
+            controller.stop(timeout)
+
+    def stop_and_wait(self) -> None:
+        """Stops every program and waits until all their nodes have ended."""
+        for controller in self:
+            controller.stop_and_wait()

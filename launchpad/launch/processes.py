@@ -12,6 +12,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import courier
 
+from launchpad import runtime
 from launchpad.address import local_address_table
 from launchpad.launch import launcher
 from launchpad.launch.controller import Controller, ProcessRunner
@@ -69,13 +70,23 @@ class _ProcessRunner(ProcessRunner):
         self._server = server
         self._output = output
         self._fork_server = fork_server
+        self.context: Optional[runtime.NodeContext] = None
+        self.released = threading.Event()
 
     def release(self) -> None:
+        self.released.set()
+        if self.context is not None:
+            runtime.clear_process_context(self.context)
+            self.context.stop.trigger()
         self._server.Stop()
         if self._fork_server is not None:
             self._fork_server.close()
         self._output.close()
         shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def last_output(self, name: str) -> str:
+        """The last lines node `name` printed (see `Runner.last_output`)."""
+        return self._output.tail(name)
 
     def start(self, name: str, argv: List[str], env: Dict[str, str], forkable: bool):
         """Starts a node process: through the fork server when it can, else a fresh interpreter."""
@@ -152,5 +163,30 @@ class ProcessLauncher(launcher.Launcher):
             runner.kill(list(runner.processes))
             runner.release()
             raise
+        runner.context = _launcher_context(program.name, options, packer.address_table,
+                                           coordinator, token, runner.released)
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
                           notice_period=options.notice_period)
+
+
+def _launcher_context(program_name: str, options: launcher.LaunchOptions, table, coordinator,
+                      token: str, released: threading.Event) -> runtime.NodeContext:
+    """Installs, in the launching process, a context through which handles dereference into
+    clients of the program's nodes (e.g. a test talking to a node it launched). It carries the
+    program's auth token, which this process's environment does not, and is removed when the
+    program ends."""
+    stop = runtime.StopSignal(coordinator.request_stop)
+    context = runtime.NodeContext(
+        launch_type=options.launch_type, program_name=program_name, label='launcher', index=0,
+        address_table=dataclasses.replace(table, registry=coordinator), stop=stop,
+        coordinator=coordinator, notice_period=options.notice_period, tls=options.tls,
+        auth_token=token)
+
+    def watch_stop():
+        while not coordinator.wait_for_stop(0.5) and not released.is_set():
+            pass
+        stop.trigger()
+
+    threading.Thread(target=watch_stop, daemon=True, name=f'lp-{program_name}-stop').start()
+    runtime.set_process_context(context)
+    return context

@@ -58,7 +58,10 @@ class CourierHandle(Handle):
         else:
             endpoint = table.resolve(self._address)
         context = runtime.get_context()
-        return courier.Client(endpoint, **{'tls': context.tls_for(endpoint), **self._client_kwargs})
+        settings = {'tls': context.tls_for(endpoint)}
+        if context.auth_token is not None:
+            settings['auth_token'] = context.auth_token
+        return courier.Client(endpoint, **{**settings, **self._client_kwargs})
 
 
 class CourierNode(PyClassNode):

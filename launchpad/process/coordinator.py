@@ -122,8 +122,9 @@ class Coordinator:
 
     # Called by the launcher and the controller.
 
-    def executable_exited(self, name: str, exit_code: int) -> None:
-        """Records that the executable's process is gone, reporting a failure if it never did."""
+    def executable_exited(self, name: str, exit_code: int, last_output: str = '') -> None:
+        """Records that the executable's process is gone, reporting a failure if it never did
+        (with `last_output`, the last lines it printed, which say why)."""
         with self._changed:
             status = self._status(name)
             status.exit_code = exit_code
@@ -136,8 +137,13 @@ class Coordinator:
             else:
                 description = (f'killed by signal {-exit_code}' if exit_code < 0
                                else f'exit code {exit_code}')
-                self._fail(name, f'its process ended ({description}) without reporting an error; '
-                                 'see its output above or in its log.')
+                if last_output.strip():
+                    self._fail(name, f'its process ended ({description}) without reporting an '
+                                     'error; the last lines of its output:\n'
+                                     + last_output.rstrip())
+                else:
+                    self._fail(name, f'its process ended ({description}) without reporting an '
+                                     'error; see its output above or in its log.')
             self._changed.notify_all()
 
     def mark_killed(self, names: Iterable[str]) -> None:

@@ -1,6 +1,7 @@
 """Where node processes' output goes: the current terminal, per-node files, or a tmux session."""
 from __future__ import annotations
 
+import collections
 import os
 import shlex
 import signal
@@ -12,6 +13,8 @@ from typing import Dict, List, Optional, Tuple
 
 TERMINALS = ('current_terminal', 'output_to_files', 'tmux_session')
 _COLORS = [31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96]
+# Lines of a node's output kept to explain its death when it ends without reporting an error.
+TAIL_LINES = 20
 _write_lock = threading.Lock()
 
 
@@ -28,12 +31,15 @@ def prefix_for(name: str, index: int, *, color: bool) -> str:
     return f'\x1b[{_COLORS[index % len(_COLORS)]}m[{name}]\x1b[0m '
 
 
-def copy_lines(source, prefix: bytes) -> None:
-    """Copies lines from the binary stream `source` to our stdout, each behind `prefix`."""
+def copy_lines(source, prefix: bytes, tail: Optional[collections.deque] = None) -> None:
+    """Copies lines from the binary stream `source` to our stdout, each behind `prefix`; the
+    last ones are also kept in `tail`."""
     out = getattr(sys.stdout, 'buffer', None)
     for line in iter(source.readline, b''):
         if not line.endswith(b'\n'):
             line += b'\n'
+        if tail is not None:
+            tail.append(line)
         with _write_lock:
             if out is not None:
                 out.write(prefix + line)
@@ -88,6 +94,8 @@ class Output:
         self.terminal = check_terminal(terminal)
         self._workdir = workdir
         self._count = 0
+        self._tails: Dict[str, collections.deque] = {}
+        self._log_paths: Dict[str, str] = {}
         self._session: Optional[str] = None
         self.log_dir: Optional[str] = None
         if self.terminal == 'output_to_files':
@@ -117,13 +125,31 @@ class Output:
         index, self._count = self._count, self._count + 1
         if self.terminal == 'output_to_files':
             path = os.path.join(self.log_dir, name.replace('/', '_') + '.log')
+            self._log_paths[name] = path
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), None
         read_fd, write_fd = os.pipe()
         prefix = prefix_for(title or name, index, color=sys.stdout.isatty()).encode()
-        reader = threading.Thread(target=copy_lines, args=(os.fdopen(read_fd, 'rb'), prefix),
+        tail = self._tails[name] = collections.deque(maxlen=TAIL_LINES)
+        reader = threading.Thread(target=copy_lines, args=(os.fdopen(read_fd, 'rb'), prefix, tail),
                                   daemon=True, name=f'lp-out-{name}')
         reader.start()
         return write_fd, reader
+
+    def tail(self, name: str) -> str:
+        """The last lines node `name` wrote (its standard error included), as far as they are
+        known here ('' in a tmux session)."""
+        if name in self._tails:
+            lines = list(self._tails[name])
+        elif name in self._log_paths:
+            try:
+                with open(self._log_paths[name], 'rb') as f:
+                    f.seek(max(0, os.path.getsize(self._log_paths[name]) - 64 * 1024))
+                    lines = f.read().splitlines(keepends=True)[-TAIL_LINES:]
+            except OSError:
+                return ''
+        else:
+            return ''
+        return b''.join(lines).decode(errors='replace')
 
     def start_command(self, name: str, argv: List[str], env: Dict[str, str], cwd: str) -> TmuxPane:
         """Runs `argv` in a new tmux window named after the node."""

@@ -7,7 +7,9 @@ environment and `worker_argv` its command line, which runs `launchpad.process.wo
 """
 from __future__ import annotations
 
+import copyreg
 import dataclasses
+import functools
 import os
 import pickle
 import sys
@@ -24,8 +26,28 @@ _UNBUFFERED = {'PYTHONUNBUFFERED': '1'}
 _QUIET_GRPC = {'GRPC_VERBOSITY': 'ERROR'}
 
 
-class NodePicklingError(pickle.PicklingError):
-    """An executable could not be packed for another process."""
+class NodePicklingError(pickle.PicklingError, RuntimeError):
+    """An executable could not be packed for another process.
+
+    Also a RuntimeError, which is what code written for dm-launchpad catches there.
+    """
+
+
+class NodeUnpicklingError(RuntimeError):
+    """A worker could not unpickle its executable (something it refers to is missing there).
+
+    Attributes:
+      node_name: the node's name.
+      coordinator_address: where the worker reports the failure (None if only a callable knows).
+      tls: the TLS credentials to reach the coordinator with, or None.
+    """
+
+    def __init__(self, message: str, node_name: str, coordinator_address: Optional[str],
+                 tls: Any):
+        super().__init__(message)
+        self.node_name = node_name
+        self.coordinator_address = coordinator_address
+        self.tls = tls
 
 
 @dataclasses.dataclass
@@ -108,6 +130,7 @@ def pickle_node(node_name: str, value: Any) -> bytes:
     """cloudpickle of `value`, or a NodePicklingError naming the node and what cannot be pickled."""
     import cloudpickle  # pylint: disable=import-outside-toplevel
     flags.pickle_by_reference()
+    copyreg.pickle(_LRU_CACHE_TYPE, _reduce_lru_cache)
     try:
         return cloudpickle.dumps(value)
     except Exception as e:  # pylint: disable=broad-except
@@ -120,7 +143,11 @@ def pickle_node(node_name: str, value: Any) -> bytes:
 def pack(spec: WorkerSpec) -> bytes:
     """The bytes of a spec file, or a NodePicklingError naming the node and what cannot be pickled."""
     payload = pickle_node(spec.node_name, spec)
-    header = {'sys_path': [p for p in sys.path if p], 'env': spec.env}
+    coordinator = spec.coordinator_address
+    header = {'sys_path': [p for p in sys.path if p], 'env': spec.env,
+              # Enough to report a payload that cannot be unpickled where it runs.
+              'report': (spec.node_name, coordinator if isinstance(coordinator, str) else None,
+                         spec.tls)}
     return pickle.dumps((header, payload), protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -140,7 +167,15 @@ def load(path: str) -> WorkerSpec:
         if entry not in sys.path:
             sys.path.insert(0, entry)
     import cloudpickle  # pylint: disable=import-outside-toplevel
-    return cloudpickle.loads(payload)
+    try:
+        return cloudpickle.loads(payload)
+    except Exception as e:  # pylint: disable=broad-except
+        node_name, coordinator, tls = header['report']
+        raise NodeUnpicklingError(
+            f'Node {node_name} cannot be unpickled where it runs ({type(e).__name__}: {e}). '
+            'Everything its arguments refer to must be importable there: install the modules '
+            'it uses where it runs, and define its functions and classes at the top level of a '
+            'module or of the script.', node_name, coordinator, tls) from e
 
 
 def worker_argv(spec_path: str, python: Optional[str] = None) -> List[str]:
@@ -157,3 +192,22 @@ def node_environment(token: Optional[str] = None, *, base: Optional[Mapping[str,
     if token is not None:
         env[courier.AUTH_TOKEN_ENV] = token
     return env
+
+
+# functools.lru_cache wraps a function in an object that pickles by name, which fails in a node
+# process when the function was defined in the launching script (its __main__): such wrappers
+# travel as the function they wrap (by value, as cloudpickle sends the script's functions) and
+# their cache settings, and get a new, empty cache where they run.
+_LRU_CACHE_TYPE = type(functools.lru_cache()(len))
+
+
+def _reduce_lru_cache(wrapper):
+    module = sys.modules.get(getattr(wrapper, '__module__', None) or '')
+    if module is not None and module.__name__ != '__main__' and getattr(
+            module, wrapper.__qualname__, None) is wrapper:
+        return wrapper.__qualname__  # importable where it runs: by name, as pickle does
+    return _rebuild_lru_cache, (wrapper.__wrapped__, wrapper.cache_parameters())
+
+
+def _rebuild_lru_cache(function, parameters):
+    return functools.lru_cache(**parameters)(function)

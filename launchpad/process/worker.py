@@ -16,6 +16,7 @@ import shutil
 import sys
 import threading
 import time
+import traceback
 
 import courier
 
@@ -71,6 +72,19 @@ def _exit_now(code: int, spec: WorkerSpec, launcher_lost: threading.Event) -> No
     os._exit(code)  # pylint: disable=protected-access
 
 
+def _report_unloadable(error: specs.NodeUnpicklingError) -> None:
+    """Tells the coordinator why this node could not start, so that the error names the cause."""
+    if error.coordinator_address is None:
+        return  # only the (unloaded) spec knows how to reach it; the traceback is in the output
+    try:
+        coordinator = courier.Client(error.coordinator_address, call_timeout=30.0,
+                                     tls=None if error.coordinator_address.startswith('unix:')
+                                     else error.tls)
+        coordinator.node_failed(error.node_name, str(error), traceback.format_exc())
+    except Exception:  # pylint: disable=broad-except
+        logging.exception('%s could not report to the coordinator.', error.node_name)
+
+
 def main() -> None:
     """Runs the executable of the spec file named by the last command-line argument, then exits."""
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
@@ -80,7 +94,11 @@ def main() -> None:
 
 
 def _run(spec_path: str) -> int:
-    spec = specs.load(spec_path)
+    try:
+        spec = specs.load(spec_path)
+    except specs.NodeUnpicklingError as e:
+        _report_unloadable(e)
+        raise
     label, index = spec.node_name.rsplit('/', 1)
     context = runtime.NodeContext(
         launch_type=spec.launch_type, program_name=spec.program_name, label=label,
