@@ -26,6 +26,7 @@ from launchpad.nodes.colocation import (ColocationNode, MultiProcessingColocatio
 from launchpad.nodes.courier import CourierClient, CourierHandle, CourierNode
 from launchpad.nodes.python import PyClassNode, PyNode
 from launchpad.nodes.reverb import ReverbHandle, ReverbNode
+from launchpad.pool import Pool, PoolWorker, PoolWorkerNode
 from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus
 from launchpad.process.spec import NodePicklingError
 from launchpad.program import Program, ProgramError, make_program
@@ -49,7 +50,8 @@ __all__ = [
     'CourierNode', 'Executable', 'Handle', 'KubernetesResources', 'LAUNCH_TYPE', 'LaunchInfo',
     'LaunchOptions', 'LaunchType', 'Launcher', 'MultiProcessingColocation',
     'MultiThreadingColocation', 'Node', 'NodeFailedError', 'NodePicklingError', 'NodeState',
-    'NodeStatus', 'Program', 'ProgramError', 'PyClassNode', 'PyNode', 'PythonProcess',
+    'NodeStatus', 'Pool', 'PoolWorker', 'PoolWorkerNode', 'Program', 'ProgramError',
+    'PyClassNode', 'PyNode', 'PythonProcess',
     'ReverbHandle', 'ReverbNode', 'SlurmController', 'SlurmError', 'SlurmResources', 'SshHost',
     'SshHosts', 'batched_handler', 'executables_of', 'get_context', 'is_local_launch',
     'is_local_launch_or_test', 'launch', 'make_program', 'make_program_stopper',
