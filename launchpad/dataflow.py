@@ -88,6 +88,11 @@ class LocalIterator(Generic[T]):
         return self._derive(lambda: iter(lambda it=iter(self): list(itertools.islice(it, n)), []),
                             f'batch({n})')
 
+    def zip_with_source_actor(self) -> 'LocalIterator[Tuple[Any, T]]':
+        """(actor, item) pairs: the actor that produced each item of a `gather_async`."""
+        return self._derive(lambda: ((self.metrics.current_actor, item) for item in self),
+                            'zip_with_source_actor')
+
     def take(self, n: int) -> List[T]:
         """The next `n` items (fewer if the iterator ends)."""
         return list(itertools.islice(self, n))
@@ -432,7 +437,8 @@ def StandardMetricsReporting(  # pylint: disable=invalid-name
         min_history: int = 100) -> LocalIterator[Dict[str, Any]]:
     """After each item of `train_op`, a metrics dict: the episodes the workers finished
     (their `metrics()` method returns the returns of episodes finished since its last call),
-    the mean return over the last `min_history` episodes, the shared counters and the time.
+    ('returns', in worker order), the mean return over the last `min_history` episodes, the
+    shared counters and the time.
     The item itself is under 'info'."""
     returns: Deque[float] = collections.deque(maxlen=min_history)
     started = time.monotonic()
@@ -440,11 +446,10 @@ def StandardMetricsReporting(  # pylint: disable=invalid-name
 
     def report(item: Any) -> Dict[str, Any]:
         futures = [worker.futures.metrics() for worker in workers]
-        for future in futures:
-            finished = future.result()
-            returns.extend(finished)
-            episodes[0] += len(finished)
-        return {'episodes_total': episodes[0],
+        finished = [value for future in futures for value in future.result()]
+        returns.extend(finished)
+        episodes[0] += len(finished)
+        return {'episodes_total': episodes[0], 'returns': finished,
                 'episode_return_mean': (sum(returns) / len(returns)) if returns else float('nan'),
                 'counters': dict(train_op.metrics.counters),
                 'time_s': time.monotonic() - started, 'info': item}

@@ -217,7 +217,7 @@ class Pool:
         return self._dispatcher.workers()
 
     @property
-    def _stats(self):
+    def stats(self):
         """Counters: workers 'joined', 'lost', 'revived'; tasks 'requeued', 'duplicates'."""
         return self._dispatcher.stats
 
