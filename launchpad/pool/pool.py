@@ -25,6 +25,7 @@ import secrets
 import shutil
 import tempfile
 import threading
+import time
 from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Union
 
 import courier
@@ -68,6 +69,8 @@ class Pool:
       pool_host: the launching machine's address the workers call back to (remote launch types;
         default: every address of this machine is tried).
       name: the standalone program's name.
+      start_timeout: seconds a standalone pool waits for all its workers to answer before it
+        returns (a TimeoutError after them).
       **launch_options: other `lp.launch` keyword arguments (terminal=, tls=, notice_period=).
     """
 
@@ -75,7 +78,8 @@ class Pool:
                  initargs: Sequence[Any] = (), maxtasksperchild: Optional[int] = None, *,
                  workers: Optional[Sequence[Worker]] = None, launch_type: Optional[str] = None,
                  resources: Any = None, max_restarts: int = 100, prefetch: int = 2,
-                 pool_host: Optional[str] = None, name: str = 'pool', **launch_options):
+                 pool_host: Optional[str] = None, name: str = 'pool',
+                 start_timeout: float = 300.0, **launch_options):
         if maxtasksperchild is not None:
             raise ValueError('maxtasksperchild is not supported: pool workers are not recycled '
                              '(a worker that dies is restarted). Leave it None.')
@@ -88,13 +92,6 @@ class Pool:
         self._tmpdir: Optional[str] = None
         self._endpoints: dict = {}
         self._shut_down = False
-        init = None
-        if initializer is not None:
-            import cloudpickle  # pylint: disable=import-outside-toplevel
-            key, function = pack_function(initializer)
-            init_args = cloudpickle.dumps(tuple(initargs))
-            init = lambda client: client.initialize(key, function, init_args)  # noqa: E731
-        self._dispatcher = Dispatcher(prefetch=prefetch, initialize=init)
         if workers is not None:
             if processes is not None or launch_type is not None or resources is not None:
                 raise ValueError('Pass either workers= (a pool inside a program) or processes, '
@@ -103,20 +100,32 @@ class Pool:
             workers = list(workers)
             if not workers:
                 raise ValueError('workers= is empty: a pool needs at least one worker.')
-            self._size = len(workers)
             for worker in workers:
-                self._add_worker(worker)
+                _check_worker(worker)
+            self._size = len(workers)
         else:
             processes = (os.cpu_count() or 1) if processes is None else processes
             if not isinstance(processes, int) or processes < 1:
                 raise ValueError(f'Number of processes must be at least 1, got {processes!r}.')
             self._size = processes
-            try:
-                self._launch(processes, launch_type or 'local_mp', resources, max_restarts,
-                             pool_host, name, launch_options)
-            except BaseException:
-                self.terminate()
-                raise
+        init = None
+        if initializer is not None:
+            import cloudpickle  # pylint: disable=import-outside-toplevel
+            key, function = pack_function(initializer)
+            init_args = cloudpickle.dumps(tuple(initargs))
+            init = lambda client: client.initialize(key, function, init_args)  # noqa: E731
+        self._dispatcher = Dispatcher(prefetch=prefetch, initialize=init)
+        if workers is not None:
+            for worker in workers:
+                self._add_worker(worker)
+            return
+        try:
+            self._launch(processes, launch_type or 'local_mp', resources, max_restarts,
+                         pool_host, name, launch_options)
+            self._wait_for_workers(processes, start_timeout)
+        except BaseException:
+            self.terminate()
+            raise
 
     # --- multiprocessing.Pool's methods -------------------------------------------------------
 
@@ -200,13 +209,11 @@ class Pool:
     def _add_worker(self, worker: Worker, key: Optional[str] = None) -> None:
         """Adds a worker while the pool runs: a `WorkerRef`, or a `courier.Client` of a node
         serving `PoolWorker`. It gets tasks as soon as it answers."""
+        _check_worker(worker)
         if isinstance(worker, WorkerRef):
             self._dispatcher.add_worker(key or worker.key, worker.connect)
-        elif isinstance(worker, courier.Client):
-            self._dispatcher.add_worker(key or repr(worker), functools.partial(_fresh, worker))
         else:
-            raise TypeError(f'A pool worker is a pool worker handle (lp.PoolWorkerNode) or a '
-                            f'courier.Client of a node serving lp.PoolWorker, got {worker!r}.')
+            self._dispatcher.add_worker(key or repr(worker), functools.partial(_fresh, worker))
 
     def _remove_worker(self, key: str) -> None:
         """Gives worker `key` no more tasks; the ones it holds finish."""
@@ -307,6 +314,19 @@ class Pool:
         if register is not None:  # runs before the launcher's own wait for the program
             register(self._at_exit)
 
+    def _wait_for_workers(self, count: int, timeout: float) -> None:
+        """Returns once `count` workers answer; raises if the program ends or time runs out."""
+        deadline = time.monotonic() + timeout
+        while len(self._workers()) < count:
+            if self._controller.done:
+                self._controller.wait()  # raises the failure, if a node failed
+                raise PoolTerminatedError(f'the pool\'s program ended before its {count} '
+                                          'workers started')
+            if time.monotonic() > deadline:
+                raise TimeoutError(f'Only {len(self._workers())} of the pool\'s {count} workers '
+                                   f'answered within {timeout:g} s; see the program\'s output.')
+            time.sleep(0.02)
+
     def _register(self, registry: Registry, key: str, endpoint: str, info: dict) -> None:
         self._endpoints[key] = endpoint
 
@@ -343,6 +363,12 @@ class Pool:
             self._server.Stop()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+
+def _check_worker(worker: Any) -> None:
+    if not isinstance(worker, (WorkerRef, courier.Client)):
+        raise TypeError(f'A pool worker is a pool worker handle (lp.PoolWorkerNode) or a '
+                        f'courier.Client of a node serving lp.PoolWorker, got {worker!r}.')
 
 
 def _check_chunksize(chunksize: Any) -> None:
