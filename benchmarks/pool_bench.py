@@ -66,27 +66,26 @@ def _timed(run: Callable[[], list], expected: list, repeat: int) -> float:
     return statistics.median(rates)
 
 
-def measure_multiprocessing(workers: int, sizes: Dict[str, int], repeat: int) -> Dict[str, float]:
+def _measure(pool, sizes: Dict[str, int], repeat: int) -> Dict[str, float]:
+    """tasks/s of `pool.map` for each workload."""
     results = {}
-    with multiprocessing.get_context('fork').Pool(workers) as pool:
-        for name, n in sizes.items():
-            fn = sleepy if WORKLOADS[name][2] else task
-            items = list(range(n))
-            results[name] = _timed(lambda: pool.map(fn, items), [fn(x) if fn is task else x
-                                                                  for x in items], repeat)
+    for name, n in sizes.items():
+        fn = sleepy if WORKLOADS[name][2] else task
+        items = list(range(n))
+        expected = [x if fn is sleepy else x + 1 for x in items]
+        results[name] = _timed(lambda: pool.map(fn, items), expected, repeat)
     return results
+
+
+def measure_multiprocessing(workers: int, sizes: Dict[str, int], repeat: int) -> Dict[str, float]:
+    with multiprocessing.get_context('fork').Pool(workers) as pool:
+        return _measure(pool, sizes, repeat)
 
 
 def measure_ours(workers: int, sizes: Dict[str, int], repeat: int) -> Dict[str, float]:
     import launchpad as lp  # pylint: disable=import-outside-toplevel
-    results = {}
     with lp.Pool(workers, launch_type='local_mp') as pool:
-        for name, n in sizes.items():
-            fn = sleepy if WORKLOADS[name][2] else task
-            items = list(range(n))
-            results[name] = _timed(lambda: pool.map(fn, items), [fn(x) if fn is task else x
-                                                                  for x in items], repeat)
-    return results
+        return _measure(pool, sizes, repeat)
 
 
 _RAY_SCRIPT = textwrap.dedent('''

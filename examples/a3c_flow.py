@@ -13,7 +13,6 @@ Topology (N workers):
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Sequence
@@ -25,7 +24,7 @@ import launchpad as lp
 from launchpad.dataflow import ParallelRollouts, StandardMetricsReporting
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cartpole import Adam, RolloutWorker  # noqa: E402  (beside this file)
+from cartpole import Adam, report, rollout_program  # noqa: E402  (beside this file)
 
 _WORKERS = flags.DEFINE_integer('workers', 2, 'Number of rollout workers.')
 _UPDATES = flags.DEFINE_integer('updates', 150, 'Gradients to apply before stopping.')
@@ -48,26 +47,7 @@ def a3c(workers, learner: Adam):
 def driver(workers, updates: int, learning_rate: float, results_path) -> None:
     learner = Adam(np.zeros((2, 5)), learning_rate)
     reports = a3c(workers, learner).take(updates)
-    returns = [r for report in reports for r in report['returns']]
-    if results_path:
-        with open(results_path, 'w') as f:
-            json.dump({'returns': returns, 'reports': [{k: v for k, v in r.items() if k != 'info'}
-                                                       for r in reports]}, f)
-    print(f'Average return rose from {np.mean(returns[:20]):.1f} (first 20 episodes) to '
-          f'{np.mean(returns[-20:]):.1f} (last 20) in {updates} asynchronous updates from '
-          f'{len(workers)} workers.', flush=True)
-    lp.stop()
-
-
-def make_program(num_workers: int, updates: int, learning_rate: float, seed: int,
-                 results_path) -> lp.Program:
-    program = lp.Program('a3c_flow')
-    with program.group('worker'):
-        workers = [program.add_node(lp.CourierNode(RolloutWorker, seed * 1000 + i))
-                   for i in range(num_workers)]
-    program.add_node(lp.PyNode(driver, workers, updates, learning_rate, results_path),
-                     label='driver')
-    return program
+    report(reports, results_path, f'{updates} asynchronous updates from {len(workers)} workers')
 
 
 def main(argv: Sequence[str]) -> None:
@@ -75,8 +55,8 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
     if min(_WORKERS.value, _UPDATES.value) < 1:
         raise app.UsageError('--workers and --updates must be at least 1.')
-    lp.launch(make_program(_WORKERS.value, _UPDATES.value, _LEARNING_RATE.value, _SEED.value,
-                           _RESULTS.value))
+    lp.launch(rollout_program('a3c_flow', _WORKERS.value, _SEED.value, driver, _UPDATES.value,
+                              _LEARNING_RATE.value, _RESULTS.value))
 
 
 if __name__ == '__main__':

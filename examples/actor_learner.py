@@ -12,8 +12,9 @@ Topology (N actors):
 
 CartPole (balance a pole on a cart by pushing it left or right; +1 reward per step, at most
 --max_steps) is simulated with the classic cart-pole equations in numpy (cartpole.py, shared
-with the dataflow examples); the policy is a linear softmax over the four state variables. Actors may play with a slightly old policy while the learner
-updates: the updates are asynchronous, as in the paper.
+with the dataflow examples); the policy is a linear softmax over the four state variables.
+Actors may play with a slightly old policy while the learner updates: the updates are
+asynchronous, as in the paper.
 
     python -m launchpad.launch --type=local_mp examples/actor_learner.py --actors=4
 """

@@ -7,9 +7,10 @@ the sampling policy gave the chosen action).
 """
 from __future__ import annotations
 
+import json
 import math
 import threading
-from typing import Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -145,3 +146,30 @@ class RolloutWorker:
         with self._lock:
             finished, self._finished = self._finished, []
         return finished
+
+
+def rollout_program(name: str, num_workers: int, seed: int, driver: Callable[..., None],
+                    *driver_args: Any) -> Any:
+    """A program of `num_workers` RolloutWorker nodes (group 'worker') and a driver node that runs
+    `driver(workers, *driver_args)`."""
+    import launchpad as lp  # pylint: disable=import-outside-toplevel
+    program = lp.Program(name)
+    with program.group('worker'):
+        workers = [program.add_node(lp.CourierNode(RolloutWorker, seed * 1000 + i))
+                   for i in range(num_workers)]
+    program.add_node(lp.PyNode(driver, workers, *driver_args), label='driver')
+    return program
+
+
+def report(reports: List[Dict[str, Any]], results_path: Optional[str], how: str) -> None:
+    """Writes the metrics reports to `results_path` (JSON, if given) and prints how the average
+    return rose from the first to the last 20 episodes, then stops the program."""
+    import launchpad as lp  # pylint: disable=import-outside-toplevel
+    returns = [r for entry in reports for r in entry['returns']]
+    if results_path:
+        with open(results_path, 'w') as f:
+            json.dump({'returns': returns, 'reports': [
+                {k: v for k, v in entry.items() if k != 'info'} for entry in reports]}, f)
+    print(f'Average return rose from {np.mean(returns[:20]):.1f} (first 20 episodes) to '
+          f'{np.mean(returns[-20:]):.1f} (last 20) in {how}.', flush=True)
+    lp.stop()

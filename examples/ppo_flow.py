@@ -13,7 +13,6 @@ Topology (N workers):
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Sequence
@@ -25,7 +24,8 @@ import launchpad as lp
 from launchpad.dataflow import ConcatBatches, ParallelRollouts, StandardMetricsReporting
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cartpole import Adam, RolloutWorker, action_probabilities, advantages  # noqa: E402
+from cartpole import (Adam, action_probabilities, advantages, report,  # noqa: E402
+                      rollout_program)
 
 _WORKERS = flags.DEFINE_integer('workers', 2, 'Number of rollout workers.')
 _ROUNDS = flags.DEFINE_integer('rounds', 25, 'Training rounds before stopping.')
@@ -66,26 +66,8 @@ def driver(workers, rounds: int, batch_size: int, epochs: int, clip: float,
            learning_rate: float, results_path) -> None:
     learner = Adam(np.zeros((2, 5)), learning_rate)
     reports = ppo(workers, learner, batch_size, epochs, clip).take(rounds)
-    returns = [r for report in reports for r in report['returns']]
-    if results_path:
-        with open(results_path, 'w') as f:
-            json.dump({'returns': returns, 'reports': [{k: v for k, v in r.items() if k != 'info'}
-                                                       for r in reports]}, f)
-    print(f'Average return rose from {np.mean(returns[:20]):.1f} (first 20 episodes) to '
-          f'{np.mean(returns[-20:]):.1f} (last 20) in {rounds} rounds of at least {batch_size} '
-          f'steps from {len(workers)} workers.', flush=True)
-    lp.stop()
-
-
-def make_program(num_workers: int, rounds: int, batch_size: int, epochs: int, clip: float,
-                 learning_rate: float, seed: int, results_path) -> lp.Program:
-    program = lp.Program('ppo_flow')
-    with program.group('worker'):
-        workers = [program.add_node(lp.CourierNode(RolloutWorker, seed * 1000 + i))
-                   for i in range(num_workers)]
-    program.add_node(lp.PyNode(driver, workers, rounds, batch_size, epochs, clip, learning_rate,
-                               results_path), label='driver')
-    return program
+    report(reports, results_path,
+           f'{rounds} rounds of at least {batch_size} steps from {len(workers)} workers')
 
 
 def main(argv: Sequence[str]) -> None:
@@ -93,8 +75,9 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
     if min(_WORKERS.value, _ROUNDS.value, _BATCH.value, _EPOCHS.value) < 1:
         raise app.UsageError('--workers, --rounds, --batch and --epochs must be at least 1.')
-    lp.launch(make_program(_WORKERS.value, _ROUNDS.value, _BATCH.value, _EPOCHS.value,
-                           _CLIP.value, _LEARNING_RATE.value, _SEED.value, _RESULTS.value))
+    lp.launch(rollout_program('ppo_flow', _WORKERS.value, _SEED.value, driver, _ROUNDS.value,
+                              _BATCH.value, _EPOCHS.value, _CLIP.value, _LEARNING_RATE.value,
+                              _RESULTS.value))
 
 
 if __name__ == '__main__':

@@ -3,7 +3,6 @@ standalone local_mp pool; and the errors of bad input."""
 from __future__ import annotations
 
 import multiprocessing
-import multiprocessing.resource_tracker
 import operator
 import os
 import pickle
@@ -53,10 +52,10 @@ def initialized():
 @pytest.fixture(scope='module')
 def pools():
     """(our pool, multiprocessing's pool), two workers each."""
-    multiprocessing.resource_tracker.ensure_running()  # lives as long as the test run, by design
     with no_new_children():
-        # spawn: forking a process with threads (ours has some) can copy a held lock.
-        theirs = multiprocessing.get_context('spawn').Pool(2)
+        # Forked before ours starts its threads (a fork copies any lock a thread holds). Not
+        # spawn: it would leave a resource tracker process behind for the rest of the run.
+        theirs = multiprocessing.get_context('fork').Pool(2)
         ours = lp.Pool(2, launch_type='local_mp', initializer=remember, initargs=('init',))
         try:
             yield ours, theirs

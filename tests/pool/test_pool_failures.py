@@ -16,6 +16,11 @@ from launchpad.pool import PoolWorker
 pytestmark = pytest.mark.timeout(120)
 
 
+def _live(pool):
+    """The pool's live workers (key -> pid and host)."""
+    return pool._workers()  # pylint: disable=protected-access
+
+
 def slow_square(x, log_dir):
     """x*x after 20 ms; logs every run (a re-run task runs twice)."""
     with open(os.path.join(log_dir, f'{x}-{os.getpid()}-{time.monotonic_ns()}'), 'w'):
@@ -45,7 +50,7 @@ def _runs(log_dir):
 
 def test_a_worker_sigkilled_mid_map_has_its_tasks_rerun_and_each_result_comes_once(tmp_path):
     with lp.Pool(3, launch_type='local_mp') as pool:
-        victim = next(iter(pool._workers().values()))['pid']  # pylint: disable=protected-access
+        victim = next(iter(_live(pool).values()))['pid']
         started = threading.Event()
 
         def kill_when_busy():
@@ -64,9 +69,9 @@ def test_a_worker_sigkilled_mid_map_has_its_tasks_rerun_and_each_result_comes_on
         assert set(_runs(tmp_path)) == set(range(120))  # (a task may have run twice)
         # The worker came back (restarted by its node) with a new process, and works.
         deadline = time.monotonic() + 60
-        while len(pool._workers()) < 3 and time.monotonic() < deadline:  # pylint: disable=protected-access
+        while len(_live(pool)) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        pids = {w['pid'] for w in pool._workers().values()}  # pylint: disable=protected-access
+        pids = {w['pid'] for w in _live(pool).values()}
         assert len(pids) == 3 and victim not in pids
         assert pool.map(abs, range(-9, 0)) == list(range(9, 0, -1))
 
@@ -96,7 +101,7 @@ def _pool_main(workers, marker, results_path):
     with lp.Pool(workers=workers) as pool:
         results = pool.starmap(dies_once, [(x, marker) for x in range(30)])
         deadline = time.monotonic() + 60  # the dead worker is restarted and comes back
-        while len(pool._workers()) < 2 and time.monotonic() < deadline:  # pylint: disable=protected-access
+        while len(_live(pool)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         stats = dict(pool.stats)
     with open(results_path, 'w') as f:
@@ -144,13 +149,13 @@ def test_workers_join_and_leave_a_running_pool(tmp_path):
         pool = lp.Pool(workers=[courier.Client(servers[0].address)])
         assert pool.map(abs, range(-20, 0), chunksize=1) == list(range(20, 0, -1))
         assert [c.executed for c in counters] == [20, 0, 0]
-        pool._add_worker(courier.Client(servers[1].address), key='second')  # pylint: disable=protected-access
+        pool._add_worker(courier.Client(servers[1].address), key='second')
         deadline = time.monotonic() + 30
-        while len(pool._workers()) < 2 and time.monotonic() < deadline:  # pylint: disable=protected-access
+        while len(_live(pool)) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         pool.map(time.sleep, [0.01] * 40, chunksize=1)
         assert counters[1].executed > 0  # the new worker took some of the tasks
-        pool._remove_worker('second')  # pylint: disable=protected-access
+        pool._remove_worker('second')
         before = counters[1].executed
         pool.map(abs, range(30), chunksize=1)
         assert counters[1].executed == before
