@@ -14,7 +14,7 @@ from typing import Any, List
 
 from courier import batched_handler
 
-from launchpad import context
+from launchpad import context, dataflow
 from launchpad.address import Address, get_port_from_address
 from launchpad.context import LaunchType, is_local_launch, is_local_launch_or_test
 from launchpad.launch.controller import Controller, Controllers
@@ -27,6 +27,7 @@ from launchpad.nodes.colocation import (ColocationNode, MultiProcessingColocatio
 from launchpad.nodes.courier import CourierClient, CourierHandle, CourierNode
 from launchpad.nodes.python import PyClassNode, PyNode
 from launchpad.nodes.reverb import ReverbHandle, ReverbNode
+from launchpad.pool import Pool, PoolWorker, PoolWorkerNode
 from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus
 from launchpad.process.spec import NodePicklingError
 from launchpad.program import Program, ProgramError, make_program
@@ -50,12 +51,13 @@ __all__ = [
     'CourierHandle', 'CourierNode', 'Executable', 'Handle', 'KubernetesResources',
     'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType', 'Launcher',
     'MultiProcessingColocation', 'MultiThreadingColocation', 'Node', 'NodeFailedError',
-    'NodePicklingError', 'NodeState', 'NodeStatus', 'Program', 'ProgramError', 'PyClassNode',
-    'PyNode', 'PythonProcess', 'ReverbHandle', 'ReverbNode', 'SlurmController', 'SlurmError',
-    'SlurmResources', 'SshHost', 'SshHosts', 'batched_handler', 'context', 'executables_of',
-    'get_context', 'get_port_from_address', 'is_local_launch', 'is_local_launch_or_test',
-    'launch', 'make_program', 'make_program_stopper', 'program_to_manifests',
-    'register_launcher', 'register_stop_handler', 'stop', 'stop_event',
+    'NodePicklingError', 'NodeState', 'NodeStatus', 'Pool', 'PoolWorker', 'PoolWorkerNode',
+    'Program', 'ProgramError', 'PyClassNode', 'PyNode', 'PythonProcess', 'ReverbHandle',
+    'ReverbNode', 'SlurmController', 'SlurmError', 'SlurmResources', 'SshHost', 'SshHosts',
+    'batched_handler', 'context', 'dataflow', 'executables_of', 'get_context',
+    'get_port_from_address', 'is_local_launch', 'is_local_launch_or_test', 'launch',
+    'make_program', 'make_program_stopper', 'program_to_manifests', 'register_launcher',
+    'register_stop_handler', 'stop', 'stop_event',
     'unregister_stop_handler', 'wait_for_stop',
 ]
 

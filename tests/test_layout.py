@@ -31,14 +31,19 @@ LAYERS = [
     ('courier', 0),                          # the leaves (errors, wire, serialization, ...)
     ('launchpad.runtime', 10),
     ('launchpad.context', 10),  # launch types, and lp.context.get_context (from runtime)
+    ('launchpad.dataflow', 10),              # dataflow operators: courier clients only
     ('launchpad.address', 11),
     ('launchpad.process', 12),
     ('launchpad.nodes', 13),
+    ('launchpad.pool.results', 12),          # what a pool's callers wait on
+    ('launchpad.pool.dispatch', 12),         # a pool's task table over courier clients
+    ('launchpad.pool.worker', 13),           # the pool worker and its node
     ('launchpad.program', 14),
     ('launchpad.launch.controller', 15),
     ('launchpad.launch.launcher', 15),
     ('launchpad.launch.__main__', 17),
     ('launchpad.launch', 16),  # the platforms: threads, processes, ssh, slurm, kubernetes
+    ('launchpad.pool', 17),    # lp.Pool launches its own program: beside the public face
     ('launchpad', 17),         # the package's public face
 ]
 _TOP = {'courier': 6}  # a package's own __init__, above its modules
