@@ -189,6 +189,42 @@ def test_absl_flags_of_the_script_reach_node_processes():
     assert '[overridden/0] node sees answer 7' in result.stdout
 
 
+FLAG_MODULE = textwrap.dedent('''
+    from absl import flags
+    flags.DEFINE_integer('steps', 1, 'how many steps the nodes take')
+''')
+
+LATE_IMPORT_PROGRAM = textwrap.dedent('''
+    import sys
+    from absl import app
+    import launchpad as lp
+    import stepflags  # defines --steps
+
+    def check():
+        import importlib
+        # Node code that imports a flag-defining module only when it runs: the module's
+        # DEFINE meets the flag shipped from the launcher, and the launcher's value stays.
+        module = importlib.import_module('stepflags')
+        print('node sees steps', module.flags.FLAGS.steps, flush=True)
+
+    def main(argv):
+        program = lp.Program('late_flags')
+        program.add_node(lp.PyNode(check), label='node')
+        lp.launch(program, launch_type='local_mp')
+
+    if __name__ == '__main__':
+        app.run(main)
+''')
+
+
+def test_a_node_may_import_a_flag_defining_module_while_it_runs(tmp_path):
+    (tmp_path / 'stepflags.py').write_text(FLAG_MODULE)
+    result = run_script(LATE_IMPORT_PROGRAM, '--steps=5', env={
+        'PYTHONPATH': os.pathsep.join([str(tmp_path), REPO])})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert '[node/0] node sees steps 5' in result.stdout
+
+
 FILES_PROGRAM = textwrap.dedent('''
     import launchpad as lp
 
