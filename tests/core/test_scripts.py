@@ -4,6 +4,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import psutil
@@ -108,6 +109,51 @@ def test_ctrl_c_or_sigterm_stops_gracefully(tmp_path, launch_type, signum):
     assert 'Stopping program' in err
     assert (reports / 'stop_handler_ran').exists()
     assert_gone(pids)
+
+
+SLOW_LAUNCH_PROGRAM = textwrap.dedent('''
+    import os, sys, time
+    import launchpad as lp
+
+    REPORT_DIR = sys.argv[1]
+
+    class SlowLauncher(lp.Launcher):
+        """Takes its time to start, like a Slurm job waiting for its allocation."""
+        foreground = True
+
+        def launch(self, program, options):
+            open(os.path.join(REPORT_DIR, 'launching'), 'w').close()
+            try:
+                time.sleep(60)
+            except BaseException as e:
+                with open(os.path.join(REPORT_DIR, 'undone'), 'w') as f:
+                    f.write(type(e).__name__)
+                raise
+            raise AssertionError('the launch was not interrupted')
+
+    lp.register_launcher('slow', SlowLauncher)
+    program = lp.Program('slow')
+    program.add_node(lp.PyNode(print, 'never runs'), label='node')
+    lp.launch(program, launch_type='slow')
+''')
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_the_launch_aborts_it_and_the_launcher_undoes_it(tmp_path, signum):
+    with tempfile.NamedTemporaryFile('w', suffix='.py', dir=tmp_path, delete=False) as f:
+        f.write(SLOW_LAUNCH_PROGRAM)
+    process = subprocess.Popen([sys.executable, f.name, str(tmp_path)], env=script_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: (tmp_path / 'launching').exists(), timeout=30)
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode != 0
+    assert (tmp_path / 'undone').read_text() == 'KeyboardInterrupt'
+    assert 'KeyboardInterrupt' in err
 
 
 def test_second_ctrl_c_kills_at_once(tmp_path):
