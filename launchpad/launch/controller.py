@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Dict, Optional, Protocol, Sequence
+from typing import Any, Dict, List, Optional, Protocol, Sequence
 
 from launchpad.process.coordinator import Coordinator, NodeStatus
 
@@ -221,11 +221,16 @@ class Controller:
         register = getattr(threading, '_register_atexit', None) or atexit.register
         register(wait_at_exit)
 
-    def handle_signals(self) -> None:
-        """First Ctrl-C or SIGTERM stops gracefully, the second kills; only from the main thread."""
+    def handle_signals(self, launching: Optional['LaunchSignals'] = None) -> None:
+        """First Ctrl-C or SIGTERM stops gracefully, the second kills; only from the main thread.
+
+        `launching` holds the handlers that were in place before the launch, and the signals
+        that arrived after the program started but before this took over.
+        """
         if threading.current_thread() is not threading.main_thread():
             return
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = (launching.previous if launching is not None else
+                    {sig: signal.getsignal(sig) for sig in LaunchSignals.SIGNALS})
         received = []
 
         def handler(signum, frame):
@@ -242,6 +247,8 @@ class Controller:
 
         for sig in previous:
             signal.signal(sig, handler)
+        for signum in (launching.pending if launching is not None else ()):
+            handler(signum, None)
 
         def restore():
             self._done.wait()
@@ -253,6 +260,50 @@ class Controller:
                 pass
 
         threading.Thread(target=restore, daemon=True).start()
+
+
+class LaunchSignals:
+    """Ctrl-C and SIGTERM while a foreground program launches (a context manager).
+
+    Until `started()` they abort the launch as KeyboardInterrupt, so that the launcher undoes
+    what it started; after it they are kept for the controller (`Controller.handle_signals`),
+    which takes over the handlers without a moment in which a signal would kill the process.
+    Outside the main thread it does nothing.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.previous: Dict[int, Any] = {}
+        self.pending: List[int] = []
+        self._launching = True
+
+    def __enter__(self) -> 'LaunchSignals':
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
+            for sig in self.SIGNALS:
+                signal.signal(sig, self._handle)
+        return self
+
+    def started(self) -> None:
+        """The program runs: signals from now on are for its controller."""
+        self._launching = False
+
+    def restore(self) -> None:
+        """Puts back the handlers that were there before (when no controller takes over)."""
+        for sig, old in self.previous.items():
+            if signal.getsignal(sig) == self._handle:
+                signal.signal(sig, old)
+
+    def __exit__(self, *exc_info) -> None:
+        if self._launching:
+            self.restore()
+
+    def _handle(self, signum, frame) -> None:
+        del frame
+        if self._launching:
+            raise KeyboardInterrupt(f'{signal.Signals(signum).name} while launching')
+        self.pending.append(signum)
 
 
 class Controllers(list):

@@ -18,6 +18,7 @@ calls `launch`. `examples/custom_launcher.py` is a complete launcher in forty li
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import functools
 import importlib
@@ -28,9 +29,8 @@ from absl import flags
 import courier
 
 from launchpad.context import launch_type_of
-from launchpad.launch.controller import Controller, Controllers
+from launchpad.launch.controller import Controller, Controllers, LaunchSignals
 from launchpad.nodes.base import Executable, LaunchInfo
-from launchpad.process.output import TERMINALS
 from launchpad.program import Program
 
 
@@ -265,16 +265,21 @@ def _check_resources_have_a_program(resources: Mapping[str, Any],
 def _launch_one(program: Program, options: LaunchOptions) -> Controller:
     platform = _registry[str(options.launch_type)]()
     platform.check(program, options)
-    controller = platform.launch(program, options)
+    foreground = options.launch_type not in _TEST_TYPES and platform.foreground
+    with LaunchSignals() if foreground else contextlib.nullcontext() as signals:
+        controller = platform.launch(program, options)
+        if signals is not None:
+            signals.started()
     program.launched = True
     _launched.append(controller)
     if options.launch_type in _TEST_TYPES and options.test_case is not None:
         options.test_case.addCleanup(controller.stop)
-    if (options.launch_type not in _TEST_TYPES and platform.foreground
-            and not controller.detached):
-        controller.handle_signals()
+    if foreground and not controller.detached:
+        controller.handle_signals(signals)
         if not _script_mode.caller_waits:
             controller.run_until_done_at_exit()
+    elif signals is not None:
+        signals.restore()
     return controller
 
 

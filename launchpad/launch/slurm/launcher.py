@@ -30,7 +30,6 @@ A detached program (detach=True) has its coordinator and step runner inside the 
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
@@ -38,12 +37,11 @@ import re
 import secrets
 import shlex
 import shutil
-import signal
 import sys
 import tempfile
 import threading
 import time
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from launchpad.launch.controller import Controller
 from launchpad.launch.launcher import Launcher, LaunchOptions, executables_of
@@ -165,10 +163,9 @@ class SlurmLauncher(Launcher):
                                    detached=True)
         print(f'Program {program.name!r} is Slurm job {job_id} ({len(names)} nodes); node logs in '
               f'{log_dir}; cancel with scancel {job_id}.', file=sys.stderr, flush=True)
-        try:
-            with _sigterm_interrupts():
-                job.wait_for_start(job_id, settings.start_timeout, ran=lambda: any(
-                    name.endswith(shared.EXIT_SUFFIX) for name in os.listdir(run_dir)))
+        try:  # lp.launch turns Ctrl-C and SIGTERM into KeyboardInterrupt while this waits
+            job.wait_for_start(job_id, settings.start_timeout, ran=lambda: any(
+                name.endswith(shared.EXIT_SUFFIX) for name in os.listdir(run_dir)))
         except BaseException:
             job.cancel(job_id)
             server.Stop()
@@ -206,25 +203,6 @@ def _job_environment(token: str) -> Dict[str, str]:
     return specs.node_environment(token, base={
         key: value for key, value in os.environ.items()
         if not key.startswith('SLURM_') or key == 'SLURM_CONF'})
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Turns SIGTERM into KeyboardInterrupt (in the main thread), so that a launch being killed
-    still cancels the job it submitted."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        del frame
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class _LogFollower:
