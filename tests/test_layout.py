@@ -30,6 +30,7 @@ LAYERS = [
     ('courier.batching', 5),
     ('courier', 0),                          # the leaves (errors, wire, serialization, ...)
     ('launchpad.runtime', 10),
+    ('launchpad.policy', 10),
     ('launchpad.address', 11),
     ('launchpad.process', 12),
     ('launchpad.nodes', 13),

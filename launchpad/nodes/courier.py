@@ -23,7 +23,8 @@ def _resolve_endpoint(address: Address) -> str:
 
 class _MethodsInContext:
     """The served object as courier binds it: its methods run in the node's context on the
-    server's threads (which matters where several nodes share a process)."""
+    server's threads (which matters where several nodes share a process), and each call counts as
+    the node's progress."""
 
     def __init__(self, instance: Any, context: runtime.NodeContext):
         self._instance = instance
@@ -35,7 +36,7 @@ class _MethodsInContext:
     def __getattr__(self, name: str):
         value = getattr(self._instance, name)
         if callable(value) and name != 'set_courier_server':
-            return runtime.in_context(self._context, value)
+            return runtime.in_context(self._context, value, progress=True)
         return value
 
 
@@ -100,7 +101,7 @@ class CourierNode(PyClassNode):
             if self._run_enabled and callable(getattr(instance, 'run', None)):
                 instance.run()
             else:
-                context.stop.event.wait()
+                context.stop.watched().wait()  # serves until the program stops
         finally:
             if not owns_server:
                 server.Stop(grace=_STOP_GRACE)

@@ -120,7 +120,8 @@ def test_lp_stop_from_a_node_stops_every_node_and_runs_handlers(launch_type, tmp
 
 
 def ignore_stop():
-    while True:
+    lp.register_stop_handler(lambda: None)  # it cooperates, so it gets the notice period...
+    while True:  # ...but never ends
         time.sleep(0.05)
 
 
@@ -227,6 +228,9 @@ class TestCaseIntegration(unittest.TestCase):
         controller = lp.launch(program, launch_type='test_mp', test_case=self,
                                notice_period=0.2)
         self.assertFalse(controller.wait(timeout=0.2))
+        self.assertTrue(wait_until(lambda: controller.status()['ignore_stop/0'].state
+                                   is lp.NodeState.RUNNING, timeout=30))
+        time.sleep(0.5)  # it registers its stop handler as it starts: it cooperates
         self.doCleanups()
         self.assertTrue(controller.done)
         self.assertIs(controller.status()['ignore_stop/0'].state, lp.NodeState.KILLED)
