@@ -1,7 +1,6 @@
 """`CourierNode`: serves a Python object's public methods over courier RPC."""
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, Optional
 
 import courier
@@ -9,16 +8,13 @@ import courier
 from launchpad import runtime
 from launchpad.address import Address
 from launchpad.nodes.base import Handle
+from launchpad.nodes.endpoint import NodeClient, NodeEndpoint
 from launchpad.nodes.python import PyClassNode
 
 CourierClient = courier.Client
 
 # Seconds a stopping node lets calls in flight finish (one of them may be the call that stopped it).
 _STOP_GRACE = 2.0
-
-
-def _resolve_endpoint(address: Address) -> str:
-    return address.resolve()
 
 
 class _MethodsInContext:
@@ -47,19 +43,24 @@ class CourierHandle(Handle):
         super().__init__(node)
         self._address = address
         self._client_kwargs = dict(client_kwargs or {})
+        self._node_name = node.name or node.node_id
 
     @property
     def address(self) -> Address:
         return self._address
 
     def dereference(self) -> courier.Client:
-        table = runtime.get_context().address_table
-        if table.is_published(self._address):  # known once its server is up: resolve at first call
-            endpoint = functools.partial(_resolve_endpoint, self._address)
-        else:
-            endpoint = table.resolve(self._address)
+        """A client that waits for the node to serve, follows its restarts, and fails at once
+        once the program stops and the node has ended (see `endpoint`)."""
         context = runtime.get_context()
-        return courier.Client(endpoint, **{'tls': context.tls_for(endpoint), **self._client_kwargs})
+        table = context.address_table
+        kwargs = dict(self._client_kwargs)
+        resolver = NodeEndpoint(self._address, self._node_name,
+                                wait=kwargs.pop('wait_for_ready', True),
+                                timeout=kwargs.get('call_timeout'))
+        static = table.static.get(self._address.id)  # a Unix socket needs no TLS
+        tls = kwargs.pop('tls', context.tls_for(static or resolver))
+        return NodeClient(resolver, wait_for_ready=False, tls=tls, **kwargs)
 
 
 class CourierNode(PyClassNode):
