@@ -28,6 +28,7 @@ class StopSignal:
         self._lock = threading.Lock()
         self._handlers: list = []
         self.cooperating = False  # see the module docstring
+        self._triggered = False
 
     def watched(self) -> threading.Event:
         """The stop event, for code that waits for or watches it: the node cooperates."""
@@ -41,8 +42,9 @@ class StopSignal:
     def trigger(self) -> None:
         """Marks the program as stopping here and runs the stop handlers once."""
         with self._lock:
-            if self.event.is_set():
+            if self._triggered:
                 return
+            self._triggered = True
             self.event.set()
             handlers, self._handlers = self._handlers, []
         for handler in handlers:
@@ -54,7 +56,7 @@ class StopSignal:
     def add_handler(self, handler: Callable[[], None]) -> None:
         self.cooperating = True
         with self._lock:
-            if not self.event.is_set():
+            if not self._triggered:
                 self._handlers.append(handler)
                 return
         handler()

@@ -116,7 +116,10 @@ class _ThreadRunner:
     def stop_all(self) -> None:
         """The program stops: each node's stop handlers run, then the nodes that do not
         cooperate are ended."""
-        for context in list(self.contexts.values()):
+        contexts = list(self.contexts.values())
+        for context in contexts:  # every node sees the stop before any handler runs
+            context.stop.event.set()
+        for context in contexts:
             context.stop.trigger()
         self.end([name for name, context in list(self.contexts.items())
                   if not context.stop.cooperating])

@@ -286,8 +286,9 @@ class Coordinator:
             self._changed.notify_all()
             return
         if policy is not None and incarnation.failures[:-1]:
+            restarts = f'{status.restarts} time{"s" * (status.restarts != 1)}'
             message = (f'{message} (failed {len(incarnation.failures)} times: restarted '
-                       f'{status.restarts} times, its policy allows {policy.describe()})')
+                       f'{restarts}, its policy allows {policy.describe()})')
         if policy is not None and policy.on_failure == 'drop':
             status.state = NodeState.DROPPED
             logging.warning('Node %s failed for good and is dropped; the program goes on without '
@@ -374,5 +375,11 @@ class NodeStopped(BaseException):
 def _ended_by_stop(error: BaseException, context) -> bool:
     if isinstance(error, NodeStopped):
         return True
-    stopping = context is not None and context.stop is not None and context.stop.event.is_set()
-    return stopping and isinstance(error, ConnectionError)
+    if not isinstance(error, ConnectionError) or context is None or context.stop is None:
+        return False
+    if context.stop.event.is_set():
+        return True
+    try:  # the node may not have heard of the stop yet; a node it called already had
+        return bool(context.coordinator.wait_for_stop(0.0))
+    except Exception:  # pylint: disable=broad-except
+        return False
