@@ -197,12 +197,12 @@ def spawn(seconds: int, crash: bool) -> None:
 
 
 def spawning_program(seconds: int) -> lp.Program:
-    """spawner/0 starts processes and crashes (dropped: the program goes on); spawner/1 starts
-    processes and waits for the stop."""
+    """spawner/0 starts `sleep SECONDS` twice and crashes (dropped: the program goes on);
+    spawner/1 starts `sleep SECONDS+1` twice and waits for the stop."""
     program = lp.Program('spawning')
     with program.group('spawner', restart=lp.RestartPolicy(max_restarts=0, on_failure='drop')):
         program.add_node(lp.PyNode(spawn, seconds, True))
-        program.add_node(lp.PyNode(spawn, seconds, False))
+        program.add_node(lp.PyNode(spawn, seconds + 1, False))
     return program
 
 

@@ -15,7 +15,11 @@ waits for its node:
 
 The transport underneath does not wait for servers itself (`wait_for_ready=False`): a call whose
 node went away fails promptly (calls in flight at a crash fail with courier's
-ServerUnavailableError) and the next call comes back here.
+ServerUnavailableError) and the next call comes back here. What `wait_for_ready` also did, riding
+out a connection that fails to establish while the node is up (gRPC's handshake on a loaded
+machine), `NodeClient` does for a blocking call on a connection that has not carried a call yet:
+it tries again while the node accepts connections, within the call's timeout. A call on a
+connection that has carried calls is never repeated: it may have reached the node.
 """
 from __future__ import annotations
 
@@ -53,6 +57,14 @@ class NodeEndpoint:
         self.node_name = node_name
         self.wait = wait
         self.timeout = timeout
+        self.fresh = True  # no call has gone through the connection made to the endpoint found
+
+    def serving(self) -> bool:
+        """Whether the node accepts connections now, and the program is not stopping."""
+        context = runtime.get_context()
+        endpoint = context.address_table.current(self.address)
+        return (not context.stop.event.is_set() and endpoint is not None
+                and _accepts(endpoint))
 
     def __call__(self) -> str:
         context = runtime.get_context()
@@ -64,6 +76,7 @@ class NodeEndpoint:
             stopping = context.stop.event.is_set()
             endpoint = table.current(self.address)
             if endpoint is not None and _accepts(endpoint):
+                self.fresh = True
                 return endpoint
             where = f'at {endpoint}' if endpoint else '(it has not published its endpoint)'
             if stopping:
@@ -88,14 +101,36 @@ class NodeEndpoint:
 
 
 class NodeClient(courier.Client):
-    """A courier.Client of a node, as `CourierHandle.dereference` makes it: a copy pickled into
-    another node keeps its `NodeEndpoint` (rather than the endpoint it resolved), so it follows
-    the node's restarts too."""
+    """A courier.Client of a node, as `CourierHandle.dereference` makes it (its address is a
+    `NodeEndpoint`): it tries again a blocking call that could not connect to a node that is up
+    (see the module docstring), and a copy pickled into another node keeps its NodeEndpoint
+    (rather than the endpoint it resolved), so it follows the node's restarts too."""
+
+    def _call(self, method: str, args: tuple, kwargs: dict):
+        endpoint = self._address  # pylint: disable=no-member
+        started = time.monotonic()
+        while True:
+            fresh = endpoint.fresh
+            try:
+                result = super()._call(method, args, kwargs)
+            except courier.ServerUnavailableError:
+                if not fresh or not _patience_left(endpoint, started) or not endpoint.serving():
+                    raise
+                time.sleep(_MAX_PAUSE)
+                continue
+            if fresh:
+                endpoint.fresh = False
+            return result
 
     def __getstate__(self):
         state = super().__getstate__()
         state['address'] = self._address  # pylint: disable=no-member
         return state
+
+
+def _patience_left(endpoint: NodeEndpoint, started: float) -> bool:
+    return endpoint.wait and (endpoint.timeout is None
+                              or time.monotonic() - started < endpoint.timeout)
 
 
 def _accepts(endpoint: str) -> bool:

@@ -132,19 +132,20 @@ def test_a_call_waiting_for_a_node_that_is_gone_is_released_by_the_stop(launch_t
 def test_processes_a_node_started_end_when_it_crashes_or_stops():
     seconds = random.randint(30000, 39999)
     controller = lp.launch(programs.spawning_program(seconds), launch_type='test_mp')
-    assert wait_until(lambda: controller.status()['spawner/0'].state is lp.NodeState.DROPPED
-                      and controller.status()['spawner/1'].state is lp.NodeState.RUNNING, 60)
-    # spawner/0 crashed: its two sleeps are gone, spawner/1's two are alive until the stop.
-    assert wait_until(lambda: len(programs.sleepers(seconds)) == 2, timeout=30)
-    controller.stop()
+    # spawner/0 crashed: before its process ended, its two sleeps did.
+    assert wait_until(lambda: controller.status()['spawner/0'].exit_code is not None, 60)
+    assert controller.status()['spawner/0'].state is lp.NodeState.DROPPED
     assert programs.sleepers(seconds) == []
+    assert wait_until(lambda: len(programs.sleepers(seconds + 1)) == 2, timeout=30)
+    controller.stop()  # spawner/1 ends with the program, and so do its two sleeps
+    assert programs.sleepers(seconds + 1) == []
 
 
 LAUNCHER_DIES = '''
 import sys, launchpad as lp
 from tests import failure_programs as programs
 program = lp.Program('orphans')
-program.add_node(lp.PyNode(programs.spawn, int(sys.argv[1]), False), label='spawner')
+program.add_node(lp.PyNode(programs.spawn, int(sys.argv[1]), False), label='spawner')  # sleeps
 lp.launch(program, launch_type='local_mp')
 '''
 
