@@ -20,6 +20,9 @@ from launchpad.policy import NodePolicy
 from launchpad.process import flags
 
 WORKER_MODULE = 'launchpad.process.worker'
+# Set to '1' in the environment of node processes that nothing contains (Slurm without cgroups):
+# the worker then runs the node in a child and ends whatever the node leaves behind when it dies.
+SUPERVISE_ENV = 'LAUNCHPAD_SUPERVISE_WORKER'
 
 _UNBUFFERED = {'PYTHONUNBUFFERED': '1'}
 _QUIET_GRPC = {'GRPC_VERBOSITY': 'ERROR'}

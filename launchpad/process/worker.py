@@ -126,7 +126,32 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
     if len(sys.argv) != 2:
         sys.exit(f'usage: python -m {specs.WORKER_MODULE} SPEC_FILE')
+    if os.environ.get(specs.SUPERVISE_ENV) == '1':
+        code = _supervise()
+        if code is not None:
+            sys.exit(code)
     sys.exit(_run(sys.argv[1]))
+
+
+def _supervise():
+    """Runs the node in a child process, and outlives it to end what it leaves (None: this is
+    the child, which runs the node).
+
+    The worker ends its node's processes itself, unless it is killed (SIGKILL, the OOM killer).
+    Where nothing else contains a node's processes, e.g. Slurm without cgroups, whatever it
+    started would outlive it, and hold its job step open by its output. This parent adopts them
+    (a subreaper), passes signals on to the node, and ends them once the node is gone.
+    """
+    tree.become_subreaper()
+    pid = os.fork()
+    if pid == 0:
+        return None
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(signum, lambda received, frame: os.kill(pid, received))
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    tree.end_descendants()
+    return 128 - code if code < 0 else code
 
 
 def _run(spec_path: str) -> int:
