@@ -47,7 +47,9 @@ class NodeEndpoint:
     Args:
       address: the address placeholder.
       node_name: the node serving it, for messages.
-      wait: wait for the node to serve (the client's `wait_for_ready`); False fails at once.
+      wait: wait for the node to serve (the client's `wait_for_ready`); False fails at once
+        when its endpoint does not accept connections (it still waits for a node to publish
+        its endpoint, up to the address table's lookup timeout, as clients always did).
       timeout: seconds to wait (the client's `call_timeout`); None waits until the program stops.
     """
 
@@ -84,15 +86,16 @@ class NodeEndpoint:
                     f'node {self.node_name} is not serving {where} and the program is stopping, '
                     'so it will not come back; a node that calls others while the program stops '
                     'can only reach those still running.')
-            if not self.wait:
+            if endpoint is not None and not self.wait:
                 raise courier.ServerUnavailableError(
                     f'node {self.node_name} is not serving {where} (its clients were made with '
                     'wait_for_ready=False, so calls do not wait for it to come up).')
             waited = time.monotonic() - started
-            if self.timeout is not None and waited > self.timeout:
+            limit = table.lookup_timeout if endpoint is None else self.timeout
+            if limit is not None and waited > limit:
                 raise courier.ServerUnreachableTimeoutError(
-                    f'node {self.node_name} was not serving {where} for {waited:.0f} s '
-                    f'(call_timeout {self.timeout:g} s); look for its error in the program output.')
+                    f'node {self.node_name} was not serving {where} for {waited:.0f} s; look '
+                    'for its error in the program output.')
             time.sleep(pause)
             pause = min(2 * pause, _MAX_LOOKUP if published else _MAX_PAUSE)
 

@@ -88,7 +88,8 @@ def _preempted(signum: int, coordinator, stop: runtime.StopSignal, spec: WorkerS
         logging.warning('%s received %s: the platform is ending it (preemption?).',
                         spec.node_name, name)
         _report(coordinator.node_failed, spec.node_name,
-                f'{name}: the platform ended this node (preempted, evicted or killed)')
+                f'{name}: the platform ({spec.launch_type}) ended this node: preempted, evicted, '
+                'cancelled or killed')
     stop.trigger()
     done.wait(spec.notice_period if stop.cooperating else 0.0)
     _exit_now(128 + signum, spec, launcher_lost)
@@ -146,8 +147,15 @@ def _supervise():
     pid = os.fork()
     if pid == 0:
         return None
+    def pass_on(signum, frame):
+        del frame
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass  # it has just ended
+
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
-        signal.signal(signum, lambda received, frame: os.kill(pid, received))
+        signal.signal(signum, pass_on)
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     tree.end_descendants()

@@ -45,7 +45,7 @@ def test_sigterm_is_a_preemption_the_restart_policy_covers(capfd):
     assert controller.wait(timeout=60)
     status = controller.status()['worker/0']
     assert (status.state, status.restarts) == (lp.NodeState.FINISHED, 1)
-    assert status.error.startswith('SIGTERM: the platform ended this node')
+    assert status.error.startswith('SIGTERM: the platform (test_mp) ended this node')
 
 
 @pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
