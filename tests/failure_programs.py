@@ -186,10 +186,11 @@ def stop_program(actors: int = 2, counting: int = 4, calls: int = 200) -> lp.Pro
 # --- Processes a node starts end with it ------------------------------------------------------
 
 def spawn(seconds: int, crash: bool) -> None:
-    """Starts `sleep SECONDS` twice: a plain child, and an orphan in a session of its own (its
-    shell exits at once); then crashes, or serves until the program stops."""
+    """Starts `sleep SECONDS` three times: a plain child, a child in a session of its own, and an
+    orphan (its shell exits at once); then crashes, or serves until the program stops."""
     subprocess.Popen(['sleep', str(seconds)])
-    subprocess.Popen(['sh', '-c', f'setsid sleep {seconds} >/dev/null 2>&1 &']).wait()
+    subprocess.Popen(['sleep', str(seconds)], start_new_session=True)
+    subprocess.Popen(['sh', '-c', f'sleep {seconds} >/dev/null 2>&1 &']).wait()
     print(f'SPAWNED sleep {seconds}', flush=True)
     if crash:
         raise ValueError('crashed, leaving its children behind')
@@ -197,8 +198,8 @@ def spawn(seconds: int, crash: bool) -> None:
 
 
 def spawning_program(seconds: int) -> lp.Program:
-    """spawner/0 starts `sleep SECONDS` twice and crashes (dropped: the program goes on);
-    spawner/1 starts `sleep SECONDS+1` twice and waits for the stop."""
+    """spawner/0 starts three `sleep SECONDS` and crashes (dropped: the program goes on);
+    spawner/1 starts three `sleep SECONDS+1` and waits for the stop."""
     program = lp.Program('spawning')
     with program.group('spawner', restart=lp.RestartPolicy(max_restarts=0, on_failure='drop')):
         program.add_node(lp.PyNode(spawn, seconds, True))

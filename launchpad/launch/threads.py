@@ -149,8 +149,8 @@ class _Reports:
     def _speaks(self) -> bool:
         return self._runner._current(self._name)  # pylint: disable=protected-access
 
-    def node_started(self, name: str, pid: int, host: str) -> int:
-        return self._coordinator.node_started(name, pid, host)
+    def node_started(self, name: str, pid: int, host: str, instance=None) -> int:
+        return self._coordinator.node_started(name, pid, host, instance)
 
     def node_finished(self, name: str) -> None:
         if self._speaks():
@@ -188,8 +188,9 @@ class ThreadLauncher(launcher.Launcher):
             coordinator.wait_for_stop()
             runner.stop_all()
 
-        def hung(name: str, report: str) -> None:
-            coordinator.node_failed(name, 'hung: ' + report.split(';', 1)[0], report)
+        def hung(name: str, summary: str, stacks: str) -> None:
+            coordinator.node_failed(name, f'hung: {summary}',
+                                    f'The stack of each thread, the node\'s own last:\n{stacks}')
             runner.end([name])
 
         if any(policy.progress_deadline for policy in policies.values()):

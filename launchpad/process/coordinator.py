@@ -20,6 +20,7 @@ import threading
 import time
 import logging
 import traceback
+import uuid
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from launchpad.policy import NodePolicy, RestartBudget
@@ -99,6 +100,7 @@ class _Incarnation:
         self.failed = False        # this instance failed (one failure counts per instance)
         self.exited = False        # this instance's process is gone
         self.restart_at = 0.0      # when a restarting node may start again (monotonic)
+        self.instance: Optional[str] = None  # the id its running process reported
 
 
 class Coordinator:
@@ -117,12 +119,21 @@ class Coordinator:
 
     # Called by nodes.
 
-    def node_started(self, name: str, pid: int, host: str) -> int:
-        """Records that the node runs; returns its attempt (0 at first, then its restarts)."""
+    def node_started(self, name: str, pid: int, host: str, instance: Optional[str] = None) -> int:
+        """Records that the node runs; returns its attempt (0 at first, then its restarts).
+
+        `instance` (a random id of the node's process) tells a node started again, by another
+        hand than this coordinator's controller (a Kubernetes pod coordinator's launcher), after
+        its last run ended unnoticed.
+        """
         with self._changed:
             status = self._status(name)
-            if status.state is NodeState.RESTARTING:  # started again by someone else's hand
-                self._restarted(name)
+            incarnation = self._incarnations[name]
+            if status.state is NodeState.RESTARTING or (
+                    status.state is NodeState.RUNNING and instance is not None
+                    and incarnation.instance not in (None, instance)):
+                self._restarted(name)  # started again by someone else's hand
+            incarnation.instance = instance or incarnation.instance
             if status.state is NodeState.PENDING:
                 status.state = NodeState.RUNNING
             status.pid, status.host = pid, host
@@ -344,7 +355,8 @@ def run_reporting(run: Callable[[], None], name: str, coordinator, *, starting=N
     error raised while the program stops because a node it called has gone (a ConnectionError)
     is the node ending with the program, not a failure.
     """
-    attempt = (starting or coordinator).node_started(name, os.getpid(), socket.gethostname())
+    attempt = (starting or coordinator).node_started(name, os.getpid(), socket.gethostname(),
+                                                     uuid.uuid4().hex)
     if context is not None:
         context.attempt = attempt or 0
     try:

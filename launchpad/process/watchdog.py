@@ -2,8 +2,9 @@
 
 A node reports progress with `lp.heartbeat()` (a server's served calls count too), which stamps
 its context's `progress`. One watchdog thread per process compares each watched node's last
-progress with its deadline; a node past it is handed to `on_hang(name, stacks)` once, with the
-stack of every thread of the process, the node's own thread first. The worker then reports the
+progress with its deadline; a node past it is handed to `on_hang(name, summary, stacks)` once, with
+the stack of every thread of the process, the node's own thread last (next to the summary, and in
+the tail of a log). The worker then reports the
 node failed and exits (a thread node is ended by its launcher), and the restart policy decides.
 
     watched node threads --lp.heartbeat()--> context.progress.last
@@ -25,11 +26,11 @@ from typing import Any, Callable, Dict, Optional, Tuple
 _MAX_INTERVAL = 1.0
 
 
-def format_stacks(first: Optional[int] = None, skip: Tuple[int, ...] = ()) -> str:
-    """The current stack of every thread of this process (thread `first` first), as text."""
+def format_stacks(last: Optional[int] = None, skip: Tuple[int, ...] = ()) -> str:
+    """The current stack of every thread of this process (thread `last` last), as text."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     frames = sys._current_frames()  # pylint: disable=protected-access
-    order = sorted(frames, key=lambda ident: (ident != first, names.get(ident, '')))
+    order = sorted(frames, key=lambda ident: (ident == last, names.get(ident, '')))
     parts = []
     for ident in order:
         if ident in skip:
@@ -42,7 +43,7 @@ def format_stacks(first: Optional[int] = None, skip: Tuple[int, ...] = ()) -> st
 class ProgressWatchdog:
     """Watches nodes' progress against their deadlines (see the module docstring)."""
 
-    def __init__(self, on_hang: Callable[[str, str], None],
+    def __init__(self, on_hang: Callable[[str, str, str], None],
                  tick: Optional[Callable[[], None]] = None):
         self._on_hang = on_hang
         self._tick = tick
@@ -81,7 +82,7 @@ class ProgressWatchdog:
                     self.forget(name)
                     stacks = format_stacks(ident, skip=(threading.get_ident(),))
                     self._on_hang(name, f'no progress for {silent:.1f} s (its progress deadline '
-                                        f'is {deadline:g} s); the stack of each thread:\n{stacks}')
+                                        f'is {deadline:g} s)', stacks)
             self._wakeup.wait(interval)
             self._wakeup.clear()
 

@@ -71,6 +71,8 @@ def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
             time.sleep(0.2)
     stop.trigger()
     if not stop.cooperating:  # nothing of the node waits for the stop: it ends at once
+        if coordinator.failed:  # the stop may be its own failure's: its exit code says so too
+            _exit_now(1, spec, launcher_lost)
         _report(coordinator.node_finished, spec.node_name)
         _exit_now(0, spec, launcher_lost)
     time.sleep(spec.notice_period + 1.0)
@@ -96,11 +98,30 @@ def _preempted(signum: int, coordinator, stop: runtime.StopSignal, spec: WorkerS
 
 
 def _hung(coordinator, spec: WorkerSpec, launcher_lost: threading.Event, name: str,
-          report: str) -> None:
+          summary: str, stacks: str) -> None:
     """The watchdog found the node silent past its deadline: it fails, with its stacks."""
-    print(f'{name}: {report}', file=sys.stderr, flush=True)
-    _report(coordinator.node_failed, name, 'hung: ' + report.split(';', 1)[0], report)
+    print(f'{stacks}\n{name} hung: {summary}; above, the stack of each of its threads.',
+          file=sys.stderr, flush=True)
+    _report(coordinator.node_failed, name, f'hung: {summary}',
+            f'The stack of each thread, the node\'s own last:\n{stacks}')
     _exit_now(1, spec, launcher_lost)
+
+
+class _Reports:
+    """The coordinator as the worker's threads report to it, remembering whether the node
+    reported a failure (a node that failed must not end with exit code 0, which a platform that
+    only sees exit codes, Kubernetes, would take for success)."""
+
+    def __init__(self, coordinator):
+        self._coordinator = coordinator
+        self.failed = False
+
+    def node_failed(self, *args) -> None:
+        self.failed = True
+        self._coordinator.node_failed(*args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._coordinator, name)
 
 
 def _report(method, *args) -> None:
@@ -176,8 +197,8 @@ def _run(spec_path: str) -> int:
     # that a node whose launcher died ends within seconds.
     starting = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=True,
                               tls=tls)
-    coordinator = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=False,
-                                 tls=tls)
+    coordinator = _Reports(courier.Client(spec.coordinator_address, call_timeout=30.0,
+                                          wait_for_ready=False, tls=tls))
     # Address lookups wait for servers to come up, longer than other calls may take.
     table = spec.address_table
     lookup_deadline = None if table.lookup_timeout is None else table.lookup_timeout + 30.0

@@ -132,12 +132,12 @@ def test_a_call_waiting_for_a_node_that_is_gone_is_released_by_the_stop(launch_t
 def test_processes_a_node_started_end_when_it_crashes_or_stops():
     seconds = random.randint(30000, 39999)
     controller = lp.launch(programs.spawning_program(seconds), launch_type='test_mp')
-    # spawner/0 crashed: before its process ended, its two sleeps did.
+    # spawner/0 crashed: before its process ended, its three sleeps did.
     assert wait_until(lambda: controller.status()['spawner/0'].exit_code is not None, 60)
     assert controller.status()['spawner/0'].state is lp.NodeState.DROPPED
     assert programs.sleepers(seconds) == []
-    assert wait_until(lambda: len(programs.sleepers(seconds + 1)) == 2, timeout=30)
-    controller.stop()  # spawner/1 ends with the program, and so do its two sleeps
+    assert wait_until(lambda: len(programs.sleepers(seconds + 1)) == 3, timeout=30)
+    controller.stop()  # spawner/1 ends with the program, and so do its three sleeps
     assert programs.sleepers(seconds + 1) == []
 
 
@@ -156,7 +156,7 @@ def test_processes_a_node_started_end_when_its_launcher_is_killed():
                                 env=script_env(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
     try:
-        assert wait_until(lambda: len(programs.sleepers(seconds)) == 2, timeout=60)
+        assert wait_until(lambda: len(programs.sleepers(seconds)) == 3, timeout=60)
     finally:
         launcher.kill()
         launcher.wait()

@@ -57,7 +57,7 @@ def test_what_nodes_start_ends_with_them_even_when_they_are_killed(slurm_single,
     assert wait_for(lambda: controller.status()['spawner/0'].exit_code is not None, 90)
     assert controller.status()['spawner/0'].state is lp.NodeState.DROPPED
     assert programs.sleepers(seconds) == []  # they ended before its step did
-    assert wait_for(lambda: len(programs.sleepers(seconds + 1)) == 2, timeout=60)
+    assert wait_for(lambda: len(programs.sleepers(seconds + 1)) == 3, timeout=60)
     # Killed, spawner/1 cannot end its processes; its worker's supervising parent does (without
     # cgroups, Slurm would lose track of them, and they would hold the step open).
     os.kill(controller.status()['spawner/1'].pid, signal.SIGKILL)

@@ -92,7 +92,7 @@ def test_what_nodes_start_ends_on_crash_and_when_the_launcher_is_killed(ssh_test
     try:
         # spawner/0 crashed on lp-h1 (and was dropped): its sleeps went with it.
         assert wait_for(lambda: any('spawner/0 failed for good' in line for line in output)
-                        and len(programs.sleepers(seconds + 1)) == 2, timeout=60), output
+                        and len(programs.sleepers(seconds + 1)) == 3, timeout=60), output
         assert wait_for(lambda: programs.sleepers(seconds) == [], timeout=10)
     finally:
         launcher.kill()
