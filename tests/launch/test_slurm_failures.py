@@ -6,24 +6,16 @@ from __future__ import annotations
 import os
 import random
 import signal
-import time
 
 import pytest
 
 import launchpad as lp
+from tests import failure_checks as checks
 from tests import failure_programs as programs
+from tests.failure_checks import wait_for
 from tests.launch.test_slurm import assert_nothing_left, launch
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def wait_for(predicate, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def test_a_killed_node_runs_again_as_a_new_job_step(slurm_single, tmp_path, capfd):
@@ -39,15 +31,7 @@ def test_a_killed_node_runs_again_as_a_new_job_step(slurm_single, tmp_path, capf
 
 def test_drop_hang_and_restart_budget_in_a_job(slurm_single, tmp_path):
     controller = launch(programs.failure_program(deadline=2.0), tmp_path)
-    with pytest.raises(lp.NodeFailedError) as failure:
-        controller.wait(timeout=90)
-    assert failure.value.node_name == 'hung/0'
-    (first, stacks), (second, _) = failure.value.failures
-    assert first.startswith('hung: no progress') and 'in stuck_in_a_loop' in stacks
-    assert second == 'RuntimeError: the second attempt fails too'
-    status = controller.status()
-    assert status['dropped/0'].state is lp.NodeState.DROPPED
-    assert status['hung/0'].restarts == 1
+    checks.check_reported_hang(checks.failed_over_budget(controller))
     assert_nothing_left(controller, tmp_path)
 
 
@@ -88,10 +72,5 @@ def test_a_stop_ends_every_step_without_a_kill(slurm_multi, tmp_path):
     """On the three-node cluster (last: switching clusters takes seconds): 8 steps."""
     notice_period = 20.0
     controller = launch(programs.stop_program(), tmp_path, notice_period=notice_period)
-    coordinator = controller._coordinator  # pylint: disable=protected-access
-    assert controller.wait(timeout=90)
-    took = time.monotonic() - coordinator.stop_time
-    states = {name: status.state for name, status in controller.status().items()}
-    assert set(states.values()) == {lp.NodeState.FINISHED}, states
-    assert took < notice_period / 4, f'{took:.1f} s from lp.stop() to the end'
+    checks.stopped_promptly(controller, notice_period)
     assert_nothing_left(controller, tmp_path)

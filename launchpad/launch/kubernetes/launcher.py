@@ -1,6 +1,7 @@
 """The launching machine's side of the kubernetes platform: `KubernetesLauncher` creates a launch's
-objects through the API, `PodRunner` follows its pods for the controller, and `program_to_manifests`
-writes the objects as YAML instead.
+objects through the API, `PodRunner` follows its pods for the controller (and creates a failed
+node's pod again when its restart policy says so), and `program_to_manifests` writes the objects as
+YAML instead.
 
 Runs on the launching machine and needs nothing there but the API server (see the package
 docstring). Threads, in an attached launch:
@@ -119,7 +120,8 @@ def program_to_manifests(program: Program, *, image: str, path: Optional[str] = 
 
 
 class PodRunner:
-    """Follows the program's pods through the API for the controller (a `controller.Runner`).
+    """Follows the program's pods through the API for the controller (a `controller.Runner`),
+    and restarts a node by creating its pod again.
 
     It reports what the pods show to `mirror`, the launcher's own view of the program's state: the
     program's coordinator runs in its pod, which the launcher may not be able to reach.
