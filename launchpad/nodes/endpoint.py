@@ -127,7 +127,9 @@ class NodeClient(courier.Client):
 
     def __getstate__(self):
         state = super().__getstate__()
-        state['address'] = self._address  # pylint: disable=no-member
+        for key in state:
+            if key.endswith('address'):  # the server's address: the endpoint it resolved
+                state[key] = self._address  # pylint: disable=no-member
         return state
 
 

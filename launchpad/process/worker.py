@@ -73,7 +73,8 @@ def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
     if not stop.cooperating:  # nothing of the node waits for the stop: it ends at once
         if coordinator.failed:  # the stop may be its own failure's: its exit code says so too
             _exit_now(1, spec, launcher_lost)
-        _report(coordinator.node_finished, spec.node_name)
+        if not launcher_lost.is_set():
+            _report(coordinator.node_finished, spec.node_name)
         _exit_now(0, spec, launcher_lost)
     time.sleep(spec.notice_period + 1.0)
     logging.error('%s did not end within the %g s notice period; exiting.', spec.node_name,
