@@ -105,17 +105,25 @@ class NodeEndpoint:
 
 class NodeClient(courier.Client):
     """A courier.Client of a node, as `CourierHandle.dereference` makes it (its address is a
-    `NodeEndpoint`): it tries again a blocking call that could not connect to a node that is up
-    (see the module docstring), and a copy pickled into another node keeps its NodeEndpoint
+    `NodeEndpoint`): it tries again a blocking call (or a method listing) that could not connect
+    to a node that is up (see the module docstring), and a copy pickled into another node keeps its NodeEndpoint
     (rather than the endpoint it resolved), so it follows the node's restarts too."""
 
     def _call(self, method: str, args: tuple, kwargs: dict):
+        return self._patiently(super()._call, method, args, kwargs)
+
+    def _list_methods(self):
+        return self._patiently(super()._list_methods)
+
+    def _patiently(self, call, *args):
+        """`call(*args)`, tried again while it fails to connect to a node that is up (see the
+        module docstring)."""
         endpoint = self._address  # pylint: disable=no-member
         started = time.monotonic()
         while True:
             fresh = endpoint.fresh
             try:
-                result = super()._call(method, args, kwargs)
+                result = call(*args)
             except courier.ServerUnavailableError:
                 if not fresh or not _patience_left(endpoint, started) or not endpoint.serving():
                     raise
