@@ -61,7 +61,7 @@ def test_drop_hang_and_restart_budget_in_pods(podman_launch):
 
 
 def test_a_stop_ends_the_pods_without_a_kill(podman_launch):
-    notice_period = 20.0
+    notice_period = 30.0
     controller, _ = podman_launch(programs.stop_program(actors=1, counting=1, calls=10 ** 9),
                                   notice_period=notice_period)
     assert wait_for(lambda: all(s.state is lp.NodeState.RUNNING
