@@ -52,9 +52,9 @@ __all__ = [
     'LaunchOptions', 'LaunchType', 'Launcher', 'MultiProcessingColocation',
     'MultiThreadingColocation', 'Node', 'NodeFailedError', 'NodePicklingError', 'NodeState',
     'NodeStatus', 'NodeStoppedError', 'Program', 'ProgramError', 'PyClassNode', 'PyNode',
-    'PythonProcess', 'ReverbHandle', 'ReverbNode', 'RestartPolicy', 'SlurmController', 'SlurmError', 'SlurmResources', 'SshHost',
-    'SshHosts', 'batched_handler', 'executables_of', 'get_context', 'heartbeat', 'is_local_launch',
-    'is_local_launch_or_test', 'launch', 'make_program', 'make_program_stopper',
+    'PythonProcess', 'ReverbHandle', 'ReverbNode', 'RestartPolicy', 'SlurmController',
+    'SlurmError', 'SlurmResources', 'SshHost', 'SshHosts', 'batched_handler', 'executables_of',
+    'get_context', 'heartbeat', 'is_local_launch', 'is_local_launch_or_test', 'launch', 'make_program', 'make_program_stopper',
     'program_to_manifests', 'register_launcher', 'register_stop_handler', 'stop', 'stop_event',
     'unregister_stop_handler', 'wait_for_stop',
 ]
