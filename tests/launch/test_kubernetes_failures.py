@@ -48,6 +48,7 @@ def test_a_killed_pod_is_created_again_and_a_pod_contains_its_processes(podman_l
     assert (status['worker/0'].state, status['worker/0'].restarts) == (lp.NodeState.FINISHED, 1)
     assert 'exited with code 137' in status['worker/0'].error
     assert status['prober/0'].state is lp.NodeState.FINISHED  # it reached the new pod
+    assert programs.sleepers(seconds) == []
 
 
 def test_drop_hang_and_restart_budget_in_pods(podman_launch):

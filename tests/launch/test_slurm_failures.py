@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -13,7 +16,7 @@ import launchpad as lp
 from tests import failure_checks as checks
 from tests import failure_programs as programs
 from tests.failure_checks import wait_for
-from tests.launch.test_slurm import assert_nothing_left, launch
+from tests.launch.test_slurm import assert_nothing_left, env_for, launch, queue
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -35,9 +38,11 @@ def test_drop_hang_and_restart_budget_in_a_job(slurm_single, tmp_path):
     assert_nothing_left(controller, tmp_path)
 
 
-def test_what_nodes_start_ends_with_them_even_when_they_are_killed(slurm_single, tmp_path):
+def test_what_nodes_start_ends_on_crash_kill_and_stop(slurm_single, tmp_path):
     seconds = random.randint(60000, 69999)
-    controller = launch(programs.spawning_program(seconds), tmp_path)
+    program = programs.spawning_program(seconds)
+    program.add_node(lp.PyNode(programs.spawn, seconds + 2, False), label='spawner')
+    controller = launch(program, tmp_path)
     assert wait_for(lambda: controller.status()['spawner/0'].exit_code is not None, 90)
     assert controller.status()['spawner/0'].state is lp.NodeState.DROPPED
     assert programs.sleepers(seconds) == []  # they ended before its step did
@@ -45,10 +50,38 @@ def test_what_nodes_start_ends_with_them_even_when_they_are_killed(slurm_single,
     # Killed, spawner/1 cannot end its processes; its worker's supervising parent does (without
     # cgroups, Slurm would lose track of them, and they would hold the step open).
     os.kill(controller.status()['spawner/1'].pid, signal.SIGKILL)
-    assert controller.wait(timeout=60)  # both dropped: the program is over
-    assert controller.status()['spawner/1'].state is lp.NodeState.DROPPED
+    assert wait_for(lambda: controller.status()['spawner/1'].state is lp.NodeState.DROPPED)
     assert programs.sleepers(seconds + 1) == []
+    assert wait_for(lambda: len(programs.sleepers(seconds + 2)) == 3, timeout=60)
+    controller.stop()  # spawner/2's processes end with it
+    assert programs.sleepers(seconds + 2) == []
     assert_nothing_left(controller, tmp_path)
+
+
+LAUNCHER = '''
+import sys, launchpad as lp
+from tests import failure_programs as programs
+program = lp.Program('orphans')
+program.add_node(lp.PyNode(programs.spawn, int(sys.argv[1]), False), label='spawner')
+lp.launch(program, launch_type='slurm')
+'''
+
+
+def test_what_nodes_start_ends_when_the_launcher_is_killed(slurm_single, tmp_path):
+    seconds = random.randint(60000, 69999)
+    launcher = subprocess.Popen([sys.executable, '-c', LAUNCHER, str(seconds)],
+                                env=env_for(tmp_path), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: len(programs.sleepers(seconds)) == 3, timeout=90)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    killed = time.monotonic()
+    # The node notices its coordinator is gone (5 s), stops, and ends its processes on the way out.
+    assert wait_for(lambda: programs.sleepers(seconds) == [], timeout=30)
+    assert time.monotonic() - killed < 20
+    assert wait_for(lambda: queue() == '', timeout=30)
 
 
 def wait_for_the_warning() -> None:

@@ -50,6 +50,18 @@ def test_a_stop_ends_every_host_without_a_kill(hosts):
     checks.stopped_promptly(controller, notice_period)
 
 
+def test_what_nodes_start_ends_on_crash_and_stop(hosts):
+    seconds = random.randint(50000, 59999)
+    controller = lp.launch(programs.spawning_program(seconds), launch_type='ssh', resources={
+        'spawner': lp.SshHosts([hosts['lp-h1'], hosts['lp-h2']])})
+    assert wait_for(lambda: controller.status()['spawner/0'].exit_code is not None)
+    assert controller.status()['spawner/0'].state is lp.NodeState.DROPPED
+    assert programs.sleepers(seconds) == []  # spawner/0 crashed: they ended before it did
+    assert wait_for(lambda: len(programs.sleepers(seconds + 1)) == 3)
+    controller.stop()
+    assert programs.sleepers(seconds + 1) == []
+
+
 LAUNCHER = '''
 import json, sys, launchpad as lp
 from tests import failure_checks as checks
