@@ -10,8 +10,8 @@ waits for its node:
   it accepts connections: at the same Unix socket, or at the endpoint a restarted node published
   (SSH and Slurm nodes bind a new port when they start again);
 * once the program is stopping, a node that no longer serves will not come back: the call fails at
-  once with `NodeStoppedError` instead of waiting, and a call waiting here is released within
-  `_MAX_PAUSE` seconds.
+  once with `NodeStoppedError` instead of waiting, and a call waiting here is released within a
+  fifth of a second.
 
 The transport underneath does not wait for servers itself (`wait_for_ready=False`): a call whose
 node went away fails promptly (calls in flight at a crash fail with courier's
