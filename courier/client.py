@@ -44,8 +44,10 @@ class Client:
 
     Args:
       server_address: The server's address (``'host:port'``, ``'unix:/path'``), or a
-        picklable zero-argument callable returning it, called at the first call. It is
-        checked at the first call too (as dm-launchpad does): a malformed one fails there.
+        picklable zero-argument callable returning it, called at the first call, and
+        again at the next call after a call found the server unavailable (it may have
+        moved, e.g. restarted on another port). It is checked at the first call too (as
+        dm-launchpad does): a malformed one fails there.
       compress: Send every call and its result compressed (zlib, done in
         serialization: it helps large compressible arguments and results between
         hosts, and costs CPU between the processes of one machine).
@@ -85,6 +87,7 @@ class Client:
         self._tls = tls
         self._transport = None
         self._transport_generation = -1
+        self._unavailable = None  # A transport whose server went away (see _server_gone).
         self._lock = threading.Lock()
         self._lock_generation = _fork_generation
 
@@ -130,7 +133,11 @@ class Client:
         data, buffers = serialization.dumps((args, kwargs), f'the arguments of {method!r}',
                                             _ARGUMENT_NAMES, compress=self._compress)
         transport = self._connection()
-        response = transport.call(method, data, buffers, self._call_timeout)
+        try:
+            response = transport.call(method, data, buffers, self._call_timeout)
+        except errors.ServerUnavailableError:
+            self._server_gone(transport)
+            raise
         return _result(method, transport.address, response)
 
     def _call_async(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
@@ -143,8 +150,13 @@ class Client:
             future.set_exception(error)
             return future
         address = transport.address
-        return transport.call_async(method, data, buffers, self._call_timeout,
-                                    lambda response: _result(method, address, response))
+        future = transport.call_async(method, data, buffers, self._call_timeout,
+                                      lambda response: _result(method, address, response))
+        if callable(self._address):
+            future.add_done_callback(lambda done: isinstance(
+                done.exception() if not done.cancelled() else None,
+                errors.ServerUnavailableError) and self._server_gone(transport))
+        return future
 
     def _list_methods(self) -> List[str]:
         return self._connection().list_methods(self._call_timeout)
@@ -159,6 +171,10 @@ class Client:
             self._lock = threading.Lock()
             self._lock_generation = generation
         with self._lock:
+            gone, self._unavailable = self._unavailable, None
+            if gone is not None and gone is self._transport:
+                gone.close()
+                self._transport = None
             if self._transport is None or self._transport_generation != generation:
                 from courier import transport as transports  # pylint: disable=import-outside-toplevel
                 self._transport = transports.connect(
@@ -166,6 +182,13 @@ class Client:
                         self._auth_token), tls=self._tls, wait_for_ready=self._wait_for_ready)
                 self._transport_generation = generation
             return self._transport
+
+    def _server_gone(self, transport) -> None:
+        """A call found the server unavailable: with a callable address, the next call resolves
+        it again (and closes this transport)."""
+        if callable(self._address) and transport is self._transport:
+            self._unavailable = transport
+            self._transport_generation = -1  # The next call takes the slow path.
 
     def _resolve_address(self) -> str:
         address = self._address

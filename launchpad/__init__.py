@@ -25,13 +25,15 @@ from launchpad.nodes.cacher import CacherNode
 from launchpad.nodes.colocation import (ColocationNode, MultiProcessingColocation,
                                         MultiThreadingColocation)
 from launchpad.nodes.courier import CourierClient, CourierHandle, CourierNode
+from launchpad.nodes.endpoint import NodeStoppedError
 from launchpad.nodes.python import PyClassNode, PyNode
 from launchpad.nodes.reverb import ReverbHandle, ReverbNode
 from launchpad.pool import Pool, PoolWorker, PoolWorkerNode
+from launchpad.policy import RestartPolicy
 from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus
 from launchpad.process.spec import NodePicklingError
 from launchpad.program import Program, ProgramError, make_program
-from launchpad.runtime import (get_context, register_stop_handler, stop, stop_event,
+from launchpad.runtime import (get_context, heartbeat, register_stop_handler, stop, stop_event,
                                unregister_stop_handler, wait_for_stop)
 
 # Public names of the platform modules, imported on first use (see __getattr__).
@@ -51,13 +53,13 @@ __all__ = [
     'CourierHandle', 'CourierNode', 'Executable', 'Handle', 'KubernetesResources',
     'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType', 'Launcher',
     'MultiProcessingColocation', 'MultiThreadingColocation', 'Node', 'NodeFailedError',
-    'NodePicklingError', 'NodeState', 'NodeStatus', 'Pool', 'PoolWorker', 'PoolWorkerNode',
-    'Program', 'ProgramError', 'PyClassNode', 'PyNode', 'PythonProcess', 'ReverbHandle',
-    'ReverbNode', 'SlurmController', 'SlurmError', 'SlurmResources', 'SshHost', 'SshHosts',
-    'batched_handler', 'context', 'dataflow', 'executables_of', 'get_context',
-    'get_port_from_address', 'is_local_launch', 'is_local_launch_or_test', 'launch',
-    'make_program', 'make_program_stopper', 'program_to_manifests', 'register_launcher',
-    'register_stop_handler', 'stop', 'stop_event',
+    'NodePicklingError', 'NodeState', 'NodeStatus', 'NodeStoppedError', 'Pool', 'PoolWorker',
+    'PoolWorkerNode', 'Program', 'ProgramError', 'PyClassNode', 'PyNode', 'PythonProcess',
+    'ReverbHandle', 'ReverbNode', 'RestartPolicy', 'SlurmController', 'SlurmError',
+    'SlurmResources', 'SshHost', 'SshHosts', 'batched_handler', 'context', 'dataflow',
+    'executables_of', 'get_context', 'get_port_from_address', 'heartbeat', 'is_local_launch',
+    'is_local_launch_or_test', 'launch', 'make_program', 'make_program_stopper',
+    'program_to_manifests', 'register_launcher', 'register_stop_handler', 'stop', 'stop_event',
     'unregister_stop_handler', 'wait_for_stop',
 ]
 

@@ -131,6 +131,15 @@ class AddressTable:
             return endpoint
         raise AddressNotFoundError(self._missing(address))
 
+    def current(self, address: Address) -> Optional[str]:
+        """The endpoint clients connect to now, without waiting: a published address's latest
+        endpoint (a restarted node publishes a new one), or None while it has none."""
+        if address.id in self.published:
+            return self._registry().lookup_address(address.id, 0.0)
+        if address.id in self.static:
+            return self.static[address.id]
+        raise AddressNotFoundError(self._missing(address))
+
     def _registry(self) -> Registry:
         if self.registry is None:
             raise RuntimeError('This address table has no registry for published addresses.')

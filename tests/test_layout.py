@@ -32,6 +32,7 @@ LAYERS = [
     ('launchpad.runtime', 10),
     ('launchpad.context', 10),  # launch types, and lp.context.get_context (from runtime)
     ('launchpad.dataflow', 10),              # dataflow operators: courier clients only
+    ('launchpad.policy', 10),
     ('launchpad.address', 11),
     ('launchpad.process', 12),
     ('launchpad.nodes', 13),

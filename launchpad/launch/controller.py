@@ -1,7 +1,8 @@
 """The controller of a launched program, and the two small protocols a platform implements for it.
 
 A launcher starts a program's executables and hands the controller a `Runner` (its view of what it
-started); the controller watches the runner and the coordinator, ends stragglers after the notice
+started); the controller watches the runner and the coordinator, starts again the nodes that the
+coordinator marked restarting (their restart policy allows it), ends stragglers after the notice
 period, and serves the user's `wait`, `stop` and `status`. Runners of processes usually keep one
 `NodeProcess` per executable (`ProcessRunner`).
 """
@@ -15,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Protocol, Sequence
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 from launchpad.process.coordinator import Coordinator, NodeStatus
 
@@ -39,6 +40,11 @@ class Runner(Protocol):
     def kill(self, names: Sequence[str]) -> None:
         """Ends the named executables at once."""
 
+    def restart(self, name: str) -> None:
+        """Starts the named executable again, as it was first started; its last run has ended
+        (raises, saying why, where that is impossible). A runner without this method cannot
+        restart nodes: their first failure is final."""
+
     def release(self) -> None:
         """Frees what the launch holds (temporary directories, servers); called once at the end."""
 
@@ -47,10 +53,20 @@ class Runner(Protocol):
 
 
 class ProcessRunner:
-    """A `Runner` over one `NodeProcess` per executable; subclasses add what `release` frees."""
+    """A `Runner` over one `NodeProcess` per executable; subclasses add what `release` frees.
+
+    An executable started with `start(name, starter)` can be restarted: `restart` ends whatever
+    is left of its last run (its children included) and calls `starter()` again.
+    """
 
     def __init__(self):
         self.processes: Dict[str, NodeProcess] = {}
+        self._starters: Dict[str, Callable[[], NodeProcess]] = {}
+
+    def start(self, name: str, starter: Callable[[], NodeProcess]) -> None:
+        """Starts executable `name` with `starter()`, which `restart` calls again."""
+        self.processes[name] = starter()
+        self._starters[name] = starter
 
     def poll(self) -> Dict[str, Optional[int]]:
         return {name: process.poll() for name, process in self.processes.items()}
@@ -58,6 +74,13 @@ class ProcessRunner:
     def kill(self, names: Sequence[str]) -> None:
         for name in names:
             self.processes[name].kill()
+
+    def restart(self, name: str) -> None:
+        starter = self._starters.get(name)
+        if starter is None:
+            raise RuntimeError(f'{type(self).__name__} cannot start {name} again')
+        self.processes[name].kill()  # what its last run left behind, e.g. its children
+        self.processes[name] = starter()
 
     def release(self) -> None:
         pass
@@ -172,7 +195,8 @@ class Controller:
                         running.append(name)
                     else:
                         self._coordinator.executable_exited(name, code, self._last_output(name))
-                if not running:
+                self._restart_due()
+                if not running and not self._coordinator.restarts_pending:
                     break
                 stop_time = self._coordinator.stop_time
                 if self._kill_now.is_set() or (
@@ -197,6 +221,22 @@ class Controller:
     def _last_output(self, name: str) -> str:
         last_output = getattr(self._runner, 'last_output', None)
         return last_output(name) if last_output is not None else ''
+
+    def _restart_due(self) -> None:
+        """Starts again the nodes whose restart is due; a node that cannot be restarted fails."""
+        for name in self._coordinator.due_restarts(time.monotonic()):
+            restart = getattr(self._runner, 'restart', None)
+            if restart is None:
+                self._coordinator.restart_failed(
+                    name, f'the {self.launch_type} launcher cannot restart nodes')
+                continue
+            try:
+                restart(name)
+            except Exception as e:  # pylint: disable=broad-except
+                logging.exception('Could not restart %s.', name)
+                self._coordinator.restart_failed(name, f'{type(e).__name__}: {e}')
+            else:
+                self._coordinator.node_restarted(name)
 
     # A program launched in the foreground runs to the end when the script ends, and handles
     # Ctrl-C / SIGTERM; `lp.launch` calls these.

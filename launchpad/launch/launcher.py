@@ -31,6 +31,7 @@ import courier
 from launchpad.context import launch_type_of
 from launchpad.launch.controller import Controller, Controllers, LaunchSignals
 from launchpad.nodes.base import Executable, LaunchInfo
+from launchpad.policy import NodePolicy
 from launchpad.program import Program
 
 
@@ -181,6 +182,19 @@ def executables_of(program: Program, options: LaunchOptions) -> List[Tuple[str, 
             for executable in same_type[0].to_executables(same_type, label, info):
                 result.append((label, executable))
     return result
+
+
+def policies_of(program: Program, executables: Sequence[Tuple[str, Executable]]
+                ) -> Dict[str, NodePolicy]:
+    """Executable name -> its restart policy and progress deadline (for an executable that runs
+    several nodes, its first node's), for the executables that have one. Launchers give it to
+    the coordinator (`Coordinator(..., policies=)`) and to the workers (`Packer(policies=)`)."""
+    policies = {}
+    for _, executable in executables:
+        policy = program.policy_of(executable.node_names[0])
+        if policy != NodePolicy():
+            policies[executable.name] = policy
+    return policies
 
 
 def launch(programs: Union[Program, Sequence[Program]], launch_type=None,

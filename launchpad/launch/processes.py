@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import secrets
 import shutil
@@ -88,11 +89,17 @@ class _ProcessRunner(ProcessRunner):
         """The last lines node `name` printed (see `Runner.last_output`)."""
         return self._output.tail(name)
 
-    def start(self, name: str, argv: List[str], env: Dict[str, str], forkable: bool):
-        """Starts a node process: through the fork server when it can, else a fresh interpreter."""
+    def start_node(self, name: str, argv: List[str], env: Dict[str, str], forkable: bool):
+        """Starts a node process (and again on `restart`): through the fork server when it can,
+        else a fresh interpreter."""
+        self.start(name, functools.partial(self._start, name, argv, env, forkable, [0]))
+
+    def _start(self, name: str, argv: List[str], env: Dict[str, str], forkable: bool,
+               starts: List[int]):
+        starts[0] += 1
         if self._output.runs_commands:
-            self.processes[name] = self._output.start_command(name, argv, env, os.getcwd())
-            return
+            window = name if starts[0] == 1 else f'{name}~{starts[0] - 1}'
+            return self._output.start_command(window, argv, env, os.getcwd())
         stdout_fd, reader = self._output.open_for(name)
         try:
             if forkable and self._fork_server is not None:
@@ -103,7 +110,7 @@ class _ProcessRunner(ProcessRunner):
                                            start_new_session=True)
         finally:
             os.close(stdout_fd)
-        self.processes[name] = _NodeProcess(process, reader)
+        return _NodeProcess(process, reader)
 
 
 class ProcessLauncher(launcher.Launcher):
@@ -127,15 +134,18 @@ class ProcessLauncher(launcher.Launcher):
         addresses = [address for _, executable in executables for address in executable.addresses]
         token = secrets.token_hex(16)
         coordinator_address = f'unix:{workdir}/coordinator.sock'
+        policies = launcher.policies_of(program, executables)
         packer = specs.Packer(program.name, options.launch_type,
                               local_address_table(addresses, workdir), coordinator_address,
-                              notice_period=options.notice_period, tls=options.tls)
+                              notice_period=options.notice_period, tls=options.tls,
+                              policies=policies)
         output = Output(options.terminal, program.name, workdir)
         groups = [options.resources.get(label) or PythonProcess() for label, _ in executables]
         fork_server = None
         if not output.runs_commands and any(forkserver.usable_for(r.env, r.interpreter)
                                             for r in groups):
-            fork_server = ForkServer(workdir)  # starts importing while the specs are packed
+            # It starts importing while the specs are packed.
+            fork_server = ForkServer(workdir, options.notice_period)
         try:
             starts = []
             for i, ((_, executable), resources) in enumerate(zip(executables, groups)):
@@ -153,12 +163,12 @@ class ProcessLauncher(launcher.Launcher):
                 fork_server.close()
             output.close()
             raise
-        coordinator = Coordinator([name for name, _, _, _ in starts])
+        coordinator = Coordinator([name for name, _, _, _ in starts], policies=policies)
         server = serve_coordinator(coordinator, coordinator_address, auth_token=token)
         runner = _ProcessRunner(workdir, server, output, fork_server)
         try:
             for name, argv, env, forkable in starts:  # every node was packed before any starts
-                runner.start(name, argv, env, forkable)
+                runner.start_node(name, argv, env, forkable)
         except BaseException:
             runner.kill(list(runner.processes))
             runner.release()

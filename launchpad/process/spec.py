@@ -18,9 +18,13 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 import courier
 
 from launchpad.address import AddressTable
+from launchpad.policy import NodePolicy
 from launchpad.process import flags
 
 WORKER_MODULE = 'launchpad.process.worker'
+# Set to '1' in the environment of node processes that nothing contains (Slurm without cgroups):
+# the worker then runs the node in a child and ends whatever the node leaves behind when it dies.
+SUPERVISE_ENV = 'LAUNCHPAD_SUPERVISE_WORKER'
 
 _UNBUFFERED = {'PYTHONUNBUFFERED': '1'}
 _QUIET_GRPC = {'GRPC_VERBOSITY': 'ERROR'}
@@ -69,6 +73,9 @@ class WorkerSpec:
       cleanup_dir: a directory of the launch that the worker removes if the launcher dies, since
         the launcher cannot.
       tls: the program's TLS credentials (a courier.TLSConfig) for TCP traffic, or None.
+      progress_deadline: seconds the node may go without progress before it counts as hung.
+      stop_signal: the name of a signal (e.g. 'SIGUSR1') by which the platform warns that it
+        will end the program soon (Slurm before its time limit): the program then stops.
     """
     program_name: str
     launch_type: str
@@ -83,6 +90,8 @@ class WorkerSpec:
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
     cleanup_dir: Optional[str] = None
     tls: Any = None
+    progress_deadline: Optional[float] = None
+    stop_signal: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -96,6 +105,8 @@ class Packer:
       notice_period: seconds nodes get to end after a stop.
       tls: the program's TLS credentials for TCP traffic, or None.
       flags: the launching process's absl flags (taken when the packer is made).
+      policies: executable name -> its `NodePolicy` (its progress deadline reaches the worker).
+      stop_signal: see `WorkerSpec.stop_signal`.
     """
     program_name: str
     launch_type: str
@@ -104,6 +115,8 @@ class Packer:
     notice_period: float = 10.0
     tls: Any = None
     flags: Dict[str, Any] = dataclasses.field(default_factory=flags.snapshot)
+    policies: Mapping[str, NodePolicy] = dataclasses.field(default_factory=dict)
+    stop_signal: Optional[str] = None
 
     def spec(self, node_name: str, run: Callable[[], None], *, args: flags.FlagArgs = None,
              env: Optional[Mapping[str, str]] = None, parent_pid: Optional[int] = None,
@@ -123,7 +136,8 @@ class Packer:
             coordinator_address=self.coordinator_address, parent_pid=parent_pid,
             notice_period=self.notice_period, flags=self.flags,
             flag_overrides=flags.overrides(args), env=dict(env or {}), cleanup_dir=cleanup_dir,
-            tls=self.tls)
+            tls=self.tls, stop_signal=self.stop_signal,
+            progress_deadline=(self.policies.get(node_name) or NodePolicy()).progress_deadline)
 
 
 def pickle_node(node_name: str, value: Any) -> bytes:
