@@ -212,6 +212,7 @@ def test_dataflow_agents_learn_cartpole(run_example, tmp_path, name, args):
     returns = json.loads(results_path.read_text())['returns']
     first, last = sum(returns[:20]) / 20, sum(returns[-20:]) / 20
     # The untrained (uniform) policy balances about 22 steps; a trained one nears the 200 limit.
-    assert first < 40 and last > 80, (first, last)
+    # (A3C's actors are asynchronous: on a busy machine its first 20 episodes already learned.)
+    assert first < 60 and last > 80 and last > 2 * first, (first, last)
     assert run.final_line.startswith(f'Average return rose from {first:.1f} (first 20 episodes) '
                                      f'to {last:.1f} (last 20)')
