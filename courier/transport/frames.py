@@ -45,6 +45,7 @@ PIPELINED = 1  # many calls in flight, answered in any order, matched by call_id
 TOKEN_MISSING = 1
 TOKEN_WRONG = 2
 BAD_HELLO = 3
+BUSY = 4  # The server is at a connection limit; the text says which.
 # The message a REFUSED frame carries, and its client raises, for each token refusal.
 REFUSALS = {TOKEN_MISSING: _base.NO_TOKEN, TOKEN_WRONG: _base.WRONG_TOKEN}
 
@@ -80,7 +81,9 @@ class Limits:
 
 
 HELLO_LIMITS = Limits(text=4096, payload=64, buffers=0)
-TRUSTED_LIMITS = Limits(text=1 << 20, payload=1 << 62, buffers=1 << 20)
+TRUSTED_LIMITS = Limits(text=_base.MAX_METHOD_BYTES, payload=1 << 62, buffers=1 << 20)
+# The largest hello: what the server reads of a connection before it knows who calls.
+HELLO_BYTES = HEADER.size + HELLO_LIMITS.text + HELLO_LIMITS.payload
 
 
 class Frame:
@@ -261,10 +264,26 @@ class FrameReader:
 
     def __init__(self, sock: socket.socket):
         self._sock = sock
-        self._buffer = bytearray(_READ_BUFFER)
+        self._buffer = _EMPTY  # Allocated at the first read: an idle connection holds none.
         self._view = memoryview(self._buffer)
         self._start = 0
         self._end = 0
+
+    @property
+    def buffered(self) -> bool:
+        """Whether bytes of the next frame were read already (so no need to wait for the socket)."""
+        return self._end > self._start
+
+    def feed(self, data: bytes) -> None:
+        """Takes ``data`` as if read from the socket, ahead of what the socket holds."""
+        self._fill_from(data)
+
+    def release(self) -> None:
+        """Frees the read buffer if it holds nothing: a connection going idle keeps no memory."""
+        if self._end == self._start:
+            self._buffer = _EMPTY
+            self._view = memoryview(self._buffer)
+            self._start = self._end = 0
 
     def read_frame(self, limits: Limits = TRUSTED_LIMITS) -> Frame:
         """Returns the next frame.
@@ -279,10 +298,7 @@ class FrameReader:
         start = self._start
         kind, status, text_size, count, call_id, payload_size = HEADER.unpack_from(
             self._buffer, start)
-        if text_size > limits.text or payload_size > limits.payload or count > limits.buffers:
-            raise ProtocolViolation(
-                f'frame of kind {kind} is too large (text {text_size} bytes, payload '
-                f'{payload_size} bytes, {count} buffers)')
+        check(kind, text_size, payload_size, count, limits)
         body = start + HEADER.size
         end = body + text_size + payload_size
         if not count and end <= self._end:  # The whole frame is here: the common case.
@@ -308,22 +324,31 @@ class FrameReader:
             raise EOFError('the peer closed the connection')
         return count
 
-    def _fill(self, size: int) -> None:
-        """Makes ``size`` bytes available at ``self._start``."""
+    def _make_room(self, size: int) -> None:
+        """Moves what is buffered to the front, in a buffer with room for ``size`` bytes."""
         available = self._end - self._start
-        if available >= size:
-            return
         if self._start + size > len(self._buffer):
             if size > len(self._buffer):
-                buffer = bytearray(size)
+                buffer = bytearray(max(size, _READ_BUFFER))
                 buffer[:available] = self._view[self._start:self._end]
                 self._buffer = buffer
                 self._view = memoryview(buffer)
             else:
                 self._view[:available] = self._view[self._start:self._end]
             self._start, self._end = 0, available
+
+    def _fill(self, size: int) -> None:
+        """Makes ``size`` bytes available at ``self._start``."""
+        if self._end - self._start >= size:
+            return
+        self._make_room(size)
         while self._end - self._start < size:
             self._end += self._receive(self._view[self._end:])
+
+    def _fill_from(self, data: bytes) -> None:
+        self._make_room(self._end - self._start + len(data))
+        self._view[self._end:self._end + len(data)] = data
+        self._end += len(data)
 
     def _read_buffer(self, size: int) -> Any:
         if size <= _READ_BUFFER:
@@ -340,3 +365,14 @@ class FrameReader:
         while taken < size:
             taken += self._receive(destination[taken:])
         return buffer
+
+
+_EMPTY = bytearray()
+
+
+def check(kind: int, text_size: int, payload_size: int, count: int, limits: Limits) -> None:
+    """Raises ProtocolViolation if a frame with this header breaks ``limits``."""
+    if text_size > limits.text or payload_size > limits.payload or count > limits.buffers:
+        raise ProtocolViolation(
+            f'frame of kind {kind} is too large (text {text_size} bytes, payload '
+            f'{payload_size} bytes, {count} buffers)')
