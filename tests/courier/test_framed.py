@@ -419,3 +419,101 @@ def test_large_receive_buffers_are_reused_only_once_released():
     assert list(array[:3]) == [1, 2, 3]
     del array
     assert id(frames.allocate(4 << 20)) == first_id  # Released: reused.
+
+
+# ----- peers that misbehave ---------------------------------------------------------------------
+
+class _Peer:
+    """A Unix socket server that answers each connection with ``answer(connection)``."""
+
+    def __init__(self, path: str, answer):
+        self.connections = 0
+        self._listener = socket.socket(socket.AF_UNIX)
+        self._listener.bind(path)
+        self._listener.listen(64)
+        self._answer = answer
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with connection:
+                self._answer(connection)
+
+    def close(self):
+        self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._thread.join(10)
+
+
+def test_a_socket_that_closes_every_hello_is_not_retried_forever(socket_dir):
+    path = f'{socket_dir}/closer.sock'
+    peer = _Peer(path, lambda connection: None)  # Accepts, then closes at once.
+    try:
+        for timeout in (None, 30):
+            client = courier.Client(f'unix:{path}', call_timeout=timeout)
+            with pytest.raises(courier.ProtocolError, match='courier protocol') as info:
+                client.anything()
+            assert "'anything'" in str(info.value) and path in str(info.value)
+            with pytest.raises(courier.ProtocolError):
+                client.futures.anything().result(timeout=30)
+    finally:
+        peer.close()
+    assert peer.connections < 30  # A few attempts each, not one per stack frame.
+
+
+def test_a_call_whose_connections_close_before_it_goes_out(socket_dir):
+    path = f'{socket_dir}/welcomer.sock'
+
+    def welcome_and_close(connection):
+        connection.recv(4096)
+        connection.sendall(b''.join(frames.encode(frames.WELCOME)))
+
+    peer = _Peer(path, welcome_and_close)
+    try:
+        client = courier.Client(f'unix:{path}', call_timeout=30)
+        with pytest.raises(courier.ServerUnavailableError) as info:
+            client.method(b'x' * (8 << 20))  # Too large to leave before the peer closes.
+        assert "'method'" in str(info.value) and path in str(info.value)
+    finally:
+        peer.close()
+
+
+def test_a_server_refusing_a_call_mid_send_explains_why(make_server, address, monkeypatch):
+    monkeypatch.setattr(_here, 'servers', _NoServersHere())
+    _serve(make_server, address)
+    path = address[len('unix:'):]
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(20)
+        sock.connect(path)
+        sock.sendall(_hello())
+        huge = frames.HEADER.pack(frames.CALL, 0, 2 << 20, 0, 0, 0)  # A 2 MiB method name.
+        sock.sendall(huge)
+        received = _frames(_read_all(sock))
+    assert [frame.kind for frame in received] == [frames.WELCOME, frames.FAULT]
+    assert b'too large' in received[1].text
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    received = b''
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return received
+        received += chunk
+
+
+def test_pipelined_calls_sharing_a_call_id_each_get_their_answer(make_server, address):
+    _serve(make_server, address)
+    path = address[len('unix:'):]
+    call = frames.encode(frames.CALL, 0, 7, b'add', pickle.dumps(((1, 2), {})))[0]
+    slow = frames.encode(frames.CALL, 0, 7, b'sleep', pickle.dumps(((0.2,), {})))[0]
+    received = _frames(_raw(path, _hello(mode=frames.PIPELINED) + slow + call))
+    assert [frame.kind for frame in received] == [frames.WELCOME] + [frames.RESPONSE] * 2
+    assert all(frame.status == wire.OK for frame in received[1:])
+    assert {pickle.loads(frame.payload) for frame in received[1:]} == {3, 'slept'}
