@@ -113,6 +113,8 @@ class Client:
     def close(self) -> None:
         """Releases the client's connections and threads; its calls in flight fail.
 
+        (Calls to a server in this process hold nothing of the client: they complete.)
+
         Later calls raise ``courier.ServerUnavailableError``. A client that is garbage
         collected releases them too; ``with courier.Client(...) as client:`` closes at the end.
         """
