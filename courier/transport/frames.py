@@ -70,7 +70,11 @@ class ProtocolViolation(Exception):
 
 
 class Limits:
-    """The largest frame a reader accepts: an unauthenticated peer gets tiny limits."""
+    """The largest frame a reader accepts: an unauthenticated peer gets tiny limits.
+
+    ``text``: bytes of text; ``payload``: bytes of payload and buffers together;
+    ``buffers``: how many buffers.
+    """
 
     __slots__ = ('text', 'payload', 'buffers')
 
@@ -313,6 +317,9 @@ class FrameReader:
             sizes = (_TABLE_STRUCTS[count] if count < len(_TABLE_STRUCTS)
                      else struct.Struct(f'<{count}Q')).unpack_from(self._buffer, self._start)
             self._start += 8 * count
+            if payload_size + sum(sizes) > limits.payload:
+                raise ProtocolViolation(f'frame of kind {kind} is too large (its payload and '
+                                        f'buffers add up to {payload_size + sum(sizes)} bytes)')
         text = bytes(self._read_buffer(text_size))
         payload = self._read_buffer(payload_size)
         buffers = [self._read_buffer(size) for size in sizes]

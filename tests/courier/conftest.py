@@ -16,6 +16,7 @@ import tempfile
 import time
 
 import pytest
+from hypothesis import configuration as hypothesis_configuration
 
 import courier
 from courier.transport import _here
@@ -35,10 +36,20 @@ def pytest_collection_modifyitems(items):
 
 TRANSPORTS = ('grpc', 'unix', 'in_process')
 
+# Hypothesis (test_properties.py) writes caches, and patches for failing examples, into a
+# directory of the working directory unless told another: a temporary one, removed at the end.
+_HYPOTHESIS_HOME = tempfile.mkdtemp(prefix='courier-hypothesis-')
+hypothesis_configuration.set_hypothesis_home_dir(_HYPOTHESIS_HOME)
+
 
 def pytest_configure(config):
     config.addinivalue_line(
         'markers', 'grpc_only: the test talks gRPC to the server fixture itself')
+
+
+def pytest_unconfigure(config):
+    del config
+    shutil.rmtree(_HYPOTHESIS_HOME, ignore_errors=True)
 
 
 def pytest_generate_tests(metafunc):
