@@ -419,6 +419,7 @@ class Loop:
                 connection.sock.send(parts[0])
             except OSError:
                 pass
+            _discard_input(connection.sock)
         self.close(connection)
 
     def _expire_hellos(self, now: float) -> None:
@@ -433,10 +434,24 @@ def _refuse(sock: socket.socket, reason: int, message: str) -> None:
     try:
         sock.setblocking(False)
         sock.send(frames.encode(frames.REFUSED, reason, 0, message.encode())[0])
-        sock.shutdown(socket.SHUT_WR)
     except OSError:
         pass
+    _discard_input(sock)
     sock.close()
+
+
+def _discard_input(sock: socket.socket) -> None:
+    """Reads what the peer sent and nobody will read (a hello, mostly), without waiting.
+
+    Closing a socket with unread input resets the connection, and the peer may then lose the
+    refusal or fault just sent to it.
+    """
+    try:
+        for _ in range(16):
+            if not sock.recv(frames.HELLO_BYTES):
+                return
+    except OSError:  # Nothing more for now (or the peer is gone).
+        pass
 
 
 def _close_socket(sock: socket.socket) -> None:
