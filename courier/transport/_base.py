@@ -224,7 +224,7 @@ def decode_method_list(data: Any, address: str) -> List[str]:
 
 
 def encode_method(method: str, address: str) -> bytes:
-    """Returns ``method`` as the UTF-8 a call carries, or raises the courier error saying why not."""
+    """Returns ``method`` as the UTF-8 a call carries, or raises the courier error saying why."""
     try:
         encoded = method.encode()
     except UnicodeEncodeError as error:

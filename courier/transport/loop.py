@@ -85,8 +85,8 @@ class ServerLimits:
       max_connections_per_client: of those, from one client process (a Unix socket's peer)
         or one host (TCP) (``COURIER_MAX_CONNECTIONS_PER_CLIENT``; default: max_connections
         // 2, at least 1).
-      hello_timeout: seconds a new connection may take to introduce itself (``COURIER_HELLO_TIMEOUT``,
-        default 10).
+      hello_timeout: seconds a new connection may take to introduce itself
+        (``COURIER_HELLO_TIMEOUT``, default 10).
       max_calls_in_flight: calls of one futures connection the server holds at once; past it
         the server reads no more of that connection until some are answered
         (``COURIER_MAX_CALLS_IN_FLIGHT``, default 4096).

@@ -66,7 +66,7 @@ class Pool:
             self._nudge()
 
     def pressed(self) -> bool:
-        """Whether submitted work waits for a thread (a worker should then let go of what it holds)."""
+        """Whether submitted work waits for a thread (a worker should let go of what it holds)."""
         return (not self._jobs.empty() and self._idle.empty()
                 and len(self._threads) >= self._size)
 

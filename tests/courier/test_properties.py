@@ -130,10 +130,14 @@ def framed_server(make_server, socket_dir, monkeypatch):
     server.Bind('echo', lambda *args: args)
     server.Start()
     yield server
-    assert wait_until(lambda: not server._transport._loop.connections(), timeout=10)  # pylint: disable=protected-access
+    assert wait_until(lambda: not _connections(server), timeout=10)
     assert wait_until(lambda: _bounded(threads, fds), timeout=10)
     with courier.Client(server.address, call_timeout=20) as client:
         assert client.add(20, 22) == 42 and client.futures.add(1, 1).result() == 2
+
+
+def _connections(server: courier.Server) -> list:
+    return server._transport._loop.connections()  # pylint: disable=protected-access
 
 
 class _NoServersHere(dict):
@@ -168,7 +172,7 @@ def test_a_framed_server_answers_or_closes_whatever_it_is_sent(framed_server, he
                 break
             received += chunk
             assert len(received) < 1 << 20  # Answers are small: nothing grows without bound.
-    assert len(framed_server._transport._loop.connections()) <= 2  # pylint: disable=protected-access
+    assert len(_connections(framed_server)) <= 2
 
 
 @pytest.fixture
