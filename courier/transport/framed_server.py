@@ -11,7 +11,9 @@ between hosts over TCP too. The server's threads:
         - blocking connection: reads its call, runs it on this very thread and answers,
           again and again while the client keeps calling (a busy connection costs no
           hand-over at all), then gives it back to the loop after ``linger_ms`` without a
-          call, or at once when other work waits for a thread;
+          call, or at once when other work waits for a thread. While the pool has room,
+          the wait is a plain read with the socket's receive timeout (no system call of
+          its own); when it has little, the wait is a poll the pool can cut short;
         - futures connection: reads its calls and submits each to the pool; any worker
           runs one and puts its answer in the connection's outbox.
 
@@ -227,10 +229,12 @@ class FramedServerTransport(_base.ServerTransport):
         read_frame = reader.read_frame
         handle_call = self._handle_call
         pool = self._pool
-        poller = pool.poller(sock)
-        linger = self.limits.linger_ms
+        poller = None
         while True:
-            frame = read_frame()
+            try:
+                frame = read_frame()
+            except BlockingIOError:  # No call within the socket's receive timeout (linger_ms).
+                return _RESUME
             kind = frame.kind
             if kind == frames.CALL:
                 method = _method_name(frame)
@@ -247,7 +251,10 @@ class FramedServerTransport(_base.ServerTransport):
             elif kind != frames.CANCEL:
                 raise frames.ProtocolViolation(f'unexpected frame of kind {kind}')
             frame = None
-            if not reader.buffered and not pool.linger(poller, linger):
+            if reader.buffered or pool.roomy():
+                continue  # The next read waits for the next call, up to linger_ms.
+            poller = poller or pool.poller(sock)
+            if not pool.linger(poller, self.limits.linger_ms):
                 return _RESUME
 
     def _serve_pipelined(self, connection: loops.Connection) -> str:
@@ -256,10 +263,13 @@ class FramedServerTransport(_base.ServerTransport):
         read_frame = reader.read_frame
         pool = self._pool
         submit = pool.submit
-        poller = pool.poller(connection.sock)
+        poller = None
         limits = self.limits
         while True:
-            frame = read_frame()
+            try:
+                frame = read_frame()
+            except BlockingIOError:  # No call within the socket's receive timeout (linger_ms).
+                return _RESUME
             kind = frame.kind
             if kind == frames.CALL:
                 method = _method_name(frame)
@@ -286,7 +296,10 @@ class FramedServerTransport(_base.ServerTransport):
                     if len(calls) >= limits.max_calls_in_flight:
                         connection.parked = True  # The end of a call resumes it.
                         return _PARK
-            if not reader.buffered and not pool.linger(poller, limits.linger_ms):
+            if reader.buffered or pool.roomy():
+                continue
+            poller = poller or pool.poller(connection.sock)
+            if not pool.linger(poller, limits.linger_ms):
                 return _RESUME
 
     def _run_pipelined(self, connection: loops.Connection, call_id: int, method: str,

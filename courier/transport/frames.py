@@ -19,6 +19,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from typing import Any, List, Optional, Sequence
 
 from courier.transport import _base
@@ -272,6 +273,7 @@ class FrameReader:
         self._view = memoryview(self._buffer)
         self._start = 0
         self._end = 0
+        self._started = True  # A byte of the frame being read has arrived (see _receive).
 
     @property
     def buffered(self) -> bool:
@@ -294,10 +296,13 @@ class FrameReader:
 
         Raises:
           EOFError: the peer closed the connection (possibly mid-frame).
-          ProtocolViolation: the frame breaks ``limits``.
+          ProtocolViolation: the frame breaks ``limits``, or the peer stalled in its middle.
+          BlockingIOError: the socket has a receive timeout (see :func:`set_receive_timeout`)
+            and no byte of a frame came within it; nothing was consumed.
           OSError: the socket failed or timed out.
         """
         if self._end - self._start < HEADER.size:
+            self._started = self._end > self._start
             self._fill(HEADER.size)
         start = self._start
         kind, status, text_size, count, call_id, payload_size = HEADER.unpack_from(
@@ -326,10 +331,27 @@ class FrameReader:
         return Frame(kind, status, call_id, text, payload, buffers)
 
     def _receive(self, view: memoryview) -> int:
-        count = self._sock.recv_into(view)
+        try:
+            count = self._sock.recv_into(view)
+        except BlockingIOError:  # The receive timeout passed.
+            if not self._started:
+                raise  # Between frames: the caller stops waiting for this connection.
+            count = self._receive_slowly(view)
         if not count:
             raise EOFError('the peer closed the connection')
+        self._started = True
         return count
+
+    def _receive_slowly(self, view: memoryview) -> int:
+        """Waits through receive timeouts in the middle of a frame, up to ``STALL_SECONDS``."""
+        end = time.monotonic() + STALL_SECONDS
+        while time.monotonic() < end:
+            try:
+                return self._sock.recv_into(view)
+            except BlockingIOError:
+                pass
+        raise ProtocolViolation(f'the peer sent nothing for {STALL_SECONDS:g} s in the middle '
+                                f'of a frame')
 
     def _make_room(self, size: int) -> None:
         """Moves what is buffered to the front, in a buffer with room for ``size`` bytes."""
@@ -375,6 +397,19 @@ class FrameReader:
 
 
 _EMPTY = bytearray()
+# How long a reader whose socket has a receive timeout waits for the rest of a frame.
+STALL_SECONDS = 60.0
+
+
+def set_receive_timeout(sock: socket.socket, seconds: float) -> None:
+    """Makes a blocking ``sock``'s reads raise BlockingIOError after ``seconds`` without data.
+
+    Unlike ``sock.settimeout``, this costs no extra system call per read: the kernel keeps
+    the timeout (SO_RCVTIMEO). :meth:`FrameReader.read_frame` raises only between frames.
+    """
+    whole = int(seconds)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                    struct.pack('ll', whole, int((seconds - whole) * 1e6)))
 
 
 def check(kind: int, text_size: int, payload_size: int, count: int, limits: Limits) -> None:

@@ -396,6 +396,7 @@ class Loop:
         try:
             connection.sock.sendall(frames.encode(frames.WELCOME)[0])
             connection.sock.setblocking(True)
+            frames.set_receive_timeout(connection.sock, self.limits.linger_ms / 1000)
         except OSError:
             self._drop(connection)
             return

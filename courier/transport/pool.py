@@ -35,7 +35,7 @@ class Pool:
         self._size = size
         self._name = name
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._idle: queue.SimpleQueue = queue.SimpleQueue()  # A token per idle thread.
+        self._waiting: List[None] = []  # One entry per thread waiting for a job.
         self._lock = threading.Lock()
         self._threads: List[threading.Thread] = []
         self._lingering: List[None] = []  # One entry per lingering worker (append/pop are atomic).
@@ -50,11 +50,8 @@ class Pool:
     def submit(self, fn: Callable, *args: Any) -> None:
         """Runs ``fn(*args)`` on a worker thread, now or once one is free."""
         self._jobs.put((fn, args))
-        try:
-            self._idle.get_nowait()  # An idle worker will take it.
+        if self._waiting:  # A waiting worker takes it.
             return
-        except queue.Empty:
-            pass
         if len(self._threads) < self._size:
             with self._lock:
                 if len(self._threads) < self._size and not self._stopped:
@@ -67,8 +64,17 @@ class Pool:
 
     def pressed(self) -> bool:
         """Whether submitted work waits for a thread (a worker should let go of what it holds)."""
-        return (not self._jobs.empty() and self._idle.empty()
+        return (not self._jobs.empty() and not self._waiting
                 and len(self._threads) >= self._size)
+
+    def roomy(self) -> bool:
+        """Whether at least two more jobs would find a thread at once.
+
+        A worker may then wait for its connection's next call in a plain blocking read (with
+        the socket's receive timeout), which costs no system call of its own but cannot be cut
+        short: the room left takes what comes meanwhile.
+        """
+        return len(self._waiting) + self._size - len(self._threads) >= 2
 
     def poller(self, sock: Any) -> 'select.poll':
         """Returns what :meth:`linger` waits on: ``sock`` and the pool's wake pipe."""
@@ -120,9 +126,13 @@ class Pool:
 
     def _work(self) -> None:
         get = self._jobs.get
-        idle = self._idle.put
+        waiting = self._waiting
         while True:
-            item = get()
+            waiting.append(None)
+            try:
+                item = get()
+            finally:
+                waiting.pop()
             if item is None:
                 return
             fn, args = item
@@ -131,7 +141,6 @@ class Pool:
             except BaseException:  # pylint: disable=broad-except
                 _logger.exception('courier server worker failed')
             del item, fn, args
-            idle(None)
 
     def stop(self, timeout: float = 0.0) -> None:
         """Ends the threads once they are done with the work submitted so far.

@@ -517,3 +517,24 @@ def test_pipelined_calls_sharing_a_call_id_each_get_their_answer(make_server, ad
     assert [frame.kind for frame in received] == [frames.WELCOME] + [frames.RESPONSE] * 2
     assert all(frame.status == wire.OK for frame in received[1:])
     assert {pickle.loads(frame.payload) for frame in received[1:]} == {3, 'slept'}
+
+
+def test_a_reader_with_a_receive_timeout_stops_between_frames_only():
+    left, right = socket.socketpair()
+    with left, right:
+        frames.set_receive_timeout(right, 0.05)
+        reader = frames.FrameReader(right)
+        with pytest.raises(BlockingIOError):  # Nothing came: the caller may stop waiting.
+            reader.read_frame()
+        frame = b''.join(frames.encode(frames.CALL, 0, 3, b'add', b'x' * 100_000))
+        left.sendall(frame[:10])
+        later = threading.Timer(0.3, left.sendall, (frame[10:],))  # Several timeouts later.
+        later.start()
+        try:
+            received = reader.read_frame()
+        finally:
+            later.join()
+        assert (received.call_id, received.text, bytes(received.payload)) == (
+            3, b'add', b'x' * 100_000)
+        with pytest.raises(BlockingIOError):
+            reader.read_frame()
