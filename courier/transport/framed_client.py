@@ -505,13 +505,15 @@ class _Pipeline:
                 if entry is None:
                     continue  # Cancelled or timed out: nobody waits for it.
                 future, method, finish = entry[:3]
-                entry = None  # Its transport may go once nothing else needs it.
                 try:
                     response = _response(frame, method, self._address)
                 except errors.CourierError as error:
                     future.fail(error)
-                    continue
-                future.resolve(finish, response)
+                else:
+                    future.resolve(finish, response)
+                # While this thread waits for the next frame, it holds nothing of this call:
+                # its transport, future and result may go once their owner drops them.
+                entry = future = finish = frame = response = None
         except (EOFError, OSError, frames.ProtocolViolation) as error:
             self._break(_unreachable(_went_away(error)))
         finally:
@@ -535,7 +537,11 @@ class _Pipeline:
 
 
 class _Deadlines:
-    """Fails futures whose call_timeout passes; one thread, started on first use."""
+    """Fails futures whose call_timeout passes; one thread, started on first use.
+
+    It holds the futures weakly: a call that completed and was dropped (with its result) is
+    not kept until its deadline. A call still waiting is held by its pipeline or its server.
+    """
 
     def __init__(self):
         self._heap: List[tuple] = []
@@ -551,11 +557,12 @@ class _Deadlines:
         with self._condition:
             heap = self._heap
             if len(heap) >= self._compact_at:  # Drop the entries of calls that completed.
-                heap[:] = [entry for entry in heap if not entry[2].done()]
+                heap[:] = [entry for entry in heap if _waiting(entry[2])]
                 heapq.heapify(heap)
                 self._compact_at = 2 * len(heap) + 1024
-            heapq.heappush(heap, (deadline, next(self._order), future, timed_out))
-            if heap[0][2] is future:
+            order = next(self._order)
+            heapq.heappush(heap, (deadline, order, weakref.ref(future), timed_out))
+            if heap[0][1] == order:
                 self._condition.notify()
 
     def _run(self) -> None:
@@ -570,7 +577,8 @@ class _Deadlines:
                     self._condition.wait(heap[0][0] - now)
                     continue
                 _, _, future, timed_out = heapq.heappop(heap)
-                if not future.done():
+                future = future()
+                if future is not None and not future.done():
                     on_cancel = future.on_cancel  # Taken first: failing the future drops it.
                     future.fail(timed_out())
                     if on_cancel is not None:
@@ -581,6 +589,11 @@ class _Deadlines:
             self._closed = True
             self._heap = []
             self._condition.notify()
+
+
+def _waiting(future: 'weakref.ref[_base.CallFuture]') -> bool:
+    future = future()
+    return future is not None and not future.done()
 
 
 def _response(frame: frames.Frame, method: str, address: str) -> wire.Response:

@@ -279,3 +279,15 @@ def test_a_large_result_arriving_after_close_fails_its_future(server):
     client.close()
     with pytest.raises(courier.ServerUnavailableError, match="'big_later'"):
         future.result(timeout=30)
+
+
+def test_a_completed_future_is_not_kept_until_its_deadline(server):
+    import gc  # pylint: disable=import-outside-toplevel
+    import weakref  # pylint: disable=import-outside-toplevel
+    client = courier.Client(server.address, call_timeout=600)
+    future = client.futures.echo(np.ones(1000))
+    assert future.result(timeout=30).sum() == 1000
+    finished = weakref.ref(future)
+    del future
+    gc.collect()
+    assert finished() is None  # Nor its result, which may be large.
