@@ -21,30 +21,14 @@ import courier
 from courier.transport import _here
 from courier.transport import frames
 from tests.core.conftest import wait_until
-
-
-class _NoServersHere(dict):
-    def __setitem__(self, key, value):
-        pass
+from tests.courier.conftest import NoServersHere, hello_frame, serve_add_and_sleep
 
 
 @pytest.fixture
 def address(socket_dir, monkeypatch):
     """The address of a server reached through its socket, even from this process."""
-    monkeypatch.setattr(_here, 'servers', _NoServersHere())
+    monkeypatch.setattr(_here, 'servers', NoServersHere())
     return f'unix:{socket_dir}/s.sock'
-
-
-def _serve(make_server, address, **kwargs) -> courier.Server:
-    server = make_server(address=address, **kwargs)
-    server.Bind('add', lambda x, y: x + y)
-    server.Bind('sleep', lambda seconds: time.sleep(seconds) or 'slept')
-    server.Start()
-    return server
-
-
-def _hello(mode: int = frames.SYNC) -> bytes:
-    return b''.join(frames.encode(frames.HELLO, mode, frames.VERSION, b'', frames.MAGIC))
 
 
 @contextlib.contextmanager
@@ -58,7 +42,7 @@ def _connections(path: str, count: int, hello: bool):
             sock.settimeout(20)
             sock.connect(path)
             if hello:
-                sock.sendall(_hello())
+                sock.sendall(hello_frame())
         for sock in socks if hello else ():
             assert frames.HEADER.unpack(_receive(sock, frames.HEADER.size))[0] == frames.WELCOME
         yield socks
@@ -79,7 +63,7 @@ def _receive(sock: socket.socket, size: int) -> bytes:
 
 def test_idle_connections_hold_no_thread(make_server, address):
     before = threading.active_count()
-    server = _serve(make_server, address, thread_pool_size=4)
+    server = serve_add_and_sleep(make_server, address, thread_pool_size=4)
     path = address[len('unix:'):]
     with _connections(path, 300, hello=True), _connections(path, 300, hello=False):
         assert threading.active_count() <= before + 1 + 4  # The loop, and at most the pool.
@@ -94,7 +78,7 @@ def test_idle_connections_hold_no_thread(make_server, address):
 def test_at_the_connection_limit_a_client_is_refused_with_a_clear_error(make_server, address,
                                                                           monkeypatch):
     monkeypatch.setenv('COURIER_MAX_CONNECTIONS', '4')
-    server = _serve(make_server, address)
+    server = serve_add_and_sleep(make_server, address)
     assert server._transport.limits.max_connections == 4  # pylint: disable=protected-access
     path = address[len('unix:'):]
     with _connections(path, 4, hello=False):
@@ -110,7 +94,7 @@ def test_at_the_connection_limit_a_client_is_refused_with_a_clear_error(make_ser
 
 def test_one_client_at_its_limit_is_refused(make_server, address, monkeypatch):
     monkeypatch.setenv('COURIER_MAX_CONNECTIONS_PER_CLIENT', '2')
-    _serve(make_server, address)
+    serve_add_and_sleep(make_server, address)
     with _connections(address[len('unix:'):], 2, hello=True):
         with pytest.raises(courier.ServerUnavailableError, match='max_connections_per_client'):
             courier.Client(address, call_timeout=20).add(1, 2)
@@ -127,7 +111,7 @@ def _call_works(address: str) -> bool:
 
 def test_a_connection_that_never_says_hello_is_closed(make_server, address, monkeypatch):
     monkeypatch.setenv('COURIER_HELLO_TIMEOUT', '1')
-    _serve(make_server, address)
+    serve_add_and_sleep(make_server, address)
     with _connections(address[len('unix:'):], 3, hello=False) as socks:
         for sock in socks:
             assert sock.recv(100) == b''  # Closed by the server (the timeout would raise).
@@ -135,7 +119,7 @@ def test_a_connection_that_never_says_hello_is_closed(make_server, address, monk
 
 def test_calls_beyond_the_in_flight_limit_wait_their_turn(make_server, address, monkeypatch):
     monkeypatch.setenv('COURIER_MAX_CALLS_IN_FLIGHT', '3')
-    _serve(make_server, address, thread_pool_size=8)
+    serve_add_and_sleep(make_server, address, thread_pool_size=8)
     client = courier.Client(address, call_timeout=30)
     futures = [client.futures.sleep(0.01) for _ in range(40)]
     assert [future.result() for future in futures] == ['slept'] * 40

@@ -25,6 +25,7 @@ from courier.transport import _here
 from courier.transport import frames
 from courier.transport import grpc as grpc_transport
 from tests.core.conftest import wait_until
+from tests.courier.conftest import NoServersHere, hello_frame
 
 _SETTINGS = dict(deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -123,7 +124,7 @@ def _bounded(server_threads_before: int, fds_before: int) -> bool:
 @pytest.fixture
 def framed_server(make_server, socket_dir, monkeypatch):
     """A framed server reached through its socket, even from this process."""
-    monkeypatch.setattr(_here, 'servers', _NoServersHere())
+    monkeypatch.setattr(_here, 'servers', NoServersHere())
     threads, fds = threading.active_count(), psutil.Process().num_fds()
     server = make_server(address=f'unix:{socket_dir}/p.sock', thread_pool_size=_POOL)
     server.Bind('add', lambda x, y: x + y)
@@ -140,17 +141,8 @@ def _connections(server: courier.Server) -> list:
     return server._transport._loop.connections()  # pylint: disable=protected-access
 
 
-class _NoServersHere(dict):
-    def __setitem__(self, key, value):
-        pass
-
-
-def _hello(mode: int) -> bytes:
-    return _frame(frames.HELLO, mode, frames.VERSION, b'', frames.MAGIC)
-
-
 @settings(max_examples=400, **_SETTINGS)
-@given(hello=st.sampled_from([b'', _hello(frames.SYNC), _hello(frames.PIPELINED)]),
+@given(hello=st.sampled_from([b'', hello_frame(frames.SYNC), hello_frame(frames.PIPELINED)]),
        data=_FRAME_BYTES)
 def test_a_framed_server_answers_or_closes_whatever_it_is_sent(framed_server, hello, data):
     path = framed_server.address[len('unix:'):]
