@@ -17,7 +17,7 @@ between hosts over TCP too. The server's threads:
         - futures connection: reads its calls and submits each to the pool; any worker
           runs one and puts its answer in the connection's outbox.
 
-A connection costs a socket and a few hundred bytes while idle, no thread, and the
+A connection costs a socket and about 2 KB while idle, no thread, and the
 pool bounds both the threads and the calls running at once. A peer sending garbage
 only loses its own connection.
 
