@@ -97,7 +97,7 @@ def drive(service: courier.Client, flaky: courier.Client, pid_dir: str, index: i
                 counts['cancelled'] += future.cancel()
             concurrent.futures.wait(batch + slow, timeout=30)
             counts['futures'] += sum(f.done() and not f.cancelled() for f in batch + slow)
-            hurried = courier.Client(_address_of(service), call_timeout=0.01)
+            hurried = _with_timeout(service, 0.01)
             try:
                 hurried.sleep(0.05)
             except courier.CallTimeoutError:
@@ -156,8 +156,9 @@ def _forever(work, stop: threading.Event):
     return run
 
 
-def _address_of(client: courier.Client) -> str:
-    return client.__getstate__()['address']
+def _with_timeout(client: courier.Client, seconds: float) -> courier.Client:
+    """A client of the same server whose calls time out after ``seconds``."""
+    return courier.Client(**dict(client.__getstate__(), call_timeout=seconds))
 
 
 def make_program(pid_dir: str) -> lp.Program:
