@@ -2,12 +2,12 @@
 
     submit(fn, *args) ──▶ jobs (SimpleQueue) ──▶ worker 1 .. size ──▶ fn(*args)
                                                       │
-            a worker serving a connection that keeps calling lingers on it between calls:
-            linger() waits for the connection's next bytes or for the wake pipe, whichever
-            comes first
+            a worker serving a connection that keeps calling waits on it between calls:
+            while the pool is roomy() it just reads (the socket's receive timeout ends
+            the wait); otherwise linger() polls the connection and the wake pipe
                                                       ▲
-    submit() finding no idle worker and no room for another thread writes the wake pipe:
-    lingering workers then give their connections back and take the waiting work.
+    submit() finding no waiting worker and no room for another thread writes the wake
+    pipe: lingering workers then give their connections back and take the waiting work.
 
 Threads start as needed, up to ``size``, and live until :meth:`Pool.stop`. Whatever a
 worker does (a call, or serving a connection's calls one after another) holds one of
