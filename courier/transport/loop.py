@@ -91,7 +91,8 @@ class ServerLimits:
         the server reads no more of that connection until some are answered
         (``COURIER_MAX_CALLS_IN_FLIGHT``, default 4096).
       linger_ms: how long a worker keeps waiting on a connection that just made a call before
-        it hands the connection back to the loop (``COURIER_LINGER_MS``, default 5).
+        it hands the connection back to the loop (``COURIER_LINGER_MS``, default 20: long
+        enough for a client descheduled between two calls on a busy machine).
     """
 
     max_connections: int = dataclasses.field(
@@ -103,7 +104,7 @@ class ServerLimits:
     max_calls_in_flight: int = dataclasses.field(
         default_factory=lambda: _environment_int('COURIER_MAX_CALLS_IN_FLIGHT', 4096))
     linger_ms: int = dataclasses.field(
-        default_factory=lambda: _environment_int('COURIER_LINGER_MS', 5))
+        default_factory=lambda: _environment_int('COURIER_LINGER_MS', 20))
 
     def __post_init__(self):
         if not self.max_connections_per_client:
