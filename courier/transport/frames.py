@@ -307,7 +307,8 @@ class FrameReader:
         start = self._start
         kind, status, text_size, count, call_id, payload_size = HEADER.unpack_from(
             self._buffer, start)
-        check(kind, text_size, payload_size, count, limits)
+        if text_size > limits.text or payload_size > limits.payload or count > limits.buffers:
+            check(kind, text_size, payload_size, count, limits)  # Raises, saying why.
         body = start + HEADER.size
         end = body + text_size + payload_size
         if not count and end <= self._end:  # The whole frame is here: the common case.
