@@ -129,6 +129,28 @@ class Client:
     def __repr__(self) -> str:
         return f'courier.Client({self.address!r})'
 
+    _closed = False
+
+    def close(self) -> None:
+        """Releases the client's connections and threads; its calls in flight fail.
+
+        (Calls to a server in this process hold nothing of the client: they complete.)
+
+        Later calls raise ``courier.ServerUnavailableError``. A client that is garbage
+        collected releases them too; ``with courier.Client(...) as client:`` closes at the end.
+        """
+        with self._lock:
+            self._closed = True
+            transport = self._transport
+        if transport is not None:
+            transport.close()
+
+    def __enter__(self) -> 'Client':
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
         data, buffers = serialization.dumps((args, kwargs), f'the arguments of {method!r}',
                                             _ARGUMENT_NAMES, compress=self._compress)
@@ -181,6 +203,8 @@ class Client:
                     self._resolve_address(), auth_token=security.resolve_auth_token(
                         self._auth_token), tls=self._tls, wait_for_ready=self._wait_for_ready)
                 self._transport_generation = generation
+                if self._closed:  # Its calls raise the error that says the client was closed.
+                    self._transport.close()
             return self._transport
 
     def _server_gone(self, transport) -> None:
@@ -272,9 +296,8 @@ def _error(method: str, address: str, response: wire.Response) -> BaseException:
     if response.status == wire.EXCEPTION:
         return _remote_exception(method, address, response)
     if response.status == wire.UNKNOWN_METHOD:
-        existing = ', '.join(repr(name) for name in response.methods) or 'none'
-        return errors.UnknownMethodError(
-            f'courier server {address} has no method {method!r}; its methods are: {existing}')
+        from courier.transport import _base  # pylint: disable=import-outside-toplevel
+        return _base.unknown_method(method, address, response.methods)
     if response.status == wire.SERIALIZATION_ERROR:
         return errors.SerializationError(f'{call} failed: {response.message}')
     return errors.ProtocolError(f'{call} returned unknown status {response.status}')

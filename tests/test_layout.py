@@ -21,6 +21,8 @@ LAYERS = [
     ('courier.transport._base', 1),          # transport interfaces, addresses, errors
     ('courier.transport.frames', 2),         # the framed protocol's frames
     ('courier.transport._here', 2),          # servers of this process, for in-process calls
+    ('courier.transport.pool', 2),           # the framed server's bounded worker pool
+    ('courier.transport.loop', 2),           # the framed server's event loop and limits
     ('courier.transport.framed_client', 3),  # the transports: never import each other
     ('courier.transport.framed_server', 3),
     ('courier.transport.grpc', 3),
