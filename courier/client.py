@@ -9,6 +9,7 @@ from typing import Any, Callable, List, Optional, Union
 
 from courier import durations
 from courier import errors
+from courier import metrics
 from courier import security
 from courier import serialization
 from courier import wire
@@ -112,8 +113,15 @@ class Client:
         data, buffers = serialization.dumps((args, kwargs), f'the arguments of {method!r}',
                                             _ARGUMENT_NAMES)
         transport = self._connection()
-        response = transport.call(method, data, buffers, self._call_timeout)
-        return _result(method, transport.address, response)
+        calls, started = self._calls, metrics.clock()
+        try:
+            result = _result(method, transport.address,
+                             transport.call(method, data, buffers, self._call_timeout))
+        except BaseException:
+            calls.record(method, started, True)
+            raise
+        calls.record(method, started, False)
+        return result
 
     def _call_async(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
         try:
@@ -124,9 +132,18 @@ class Client:
             future = concurrent.futures.Future()
             future.set_exception(error)
             return future
-        address = transport.address
-        return transport.call_async(method, data, buffers, self._call_timeout,
-                                    lambda response: _result(method, address, response))
+        address, calls, started = transport.address, self._calls, metrics.clock()
+
+        def finish(response: wire.Response) -> Any:
+            try:
+                result = _result(method, address, response)
+            except BaseException:
+                calls.record(method, started, True)
+                raise
+            calls.record(method, started, False)
+            return result
+
+        return transport.call_async(method, data, buffers, self._call_timeout, finish)
 
     def _list_methods(self) -> List[str]:
         return self._connection().list_methods(self._call_timeout)
@@ -146,6 +163,7 @@ class Client:
                 self._transport = transports.connect(
                     self._resolve_address(), auth_token=security.resolve_auth_token(
                         self._auth_token), tls=self._tls, wait_for_ready=self._wait_for_ready)
+                self._calls = metrics.table(metrics.CLIENT, self._transport.address)
                 self._transport_generation = generation
             return self._transport
 
