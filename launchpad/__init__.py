@@ -26,6 +26,7 @@ from launchpad.nodes.colocation import (ColocationNode, MultiProcessingColocatio
 from launchpad.nodes.courier import CourierClient, CourierHandle, CourierNode
 from launchpad.nodes.python import PyClassNode, PyNode
 from launchpad.nodes.reverb import ReverbHandle, ReverbNode
+from launchpad.observe.report import count, report
 from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus
 from launchpad.process.spec import NodePicklingError
 from launchpad.program import Program, ProgramError, make_program
@@ -51,10 +52,10 @@ __all__ = [
     'MultiThreadingColocation', 'Node', 'NodeFailedError', 'NodePicklingError', 'NodeState',
     'NodeStatus', 'Program', 'ProgramError', 'PyClassNode', 'PyNode', 'PythonProcess',
     'ReverbHandle', 'ReverbNode', 'SlurmController', 'SlurmError', 'SlurmResources', 'SshHost',
-    'SshHosts', 'batched_handler', 'executables_of', 'get_context', 'is_local_launch',
+    'SshHosts', 'batched_handler', 'count', 'executables_of', 'get_context', 'is_local_launch',
     'is_local_launch_or_test', 'launch', 'make_program', 'make_program_stopper',
-    'program_to_manifests', 'register_launcher', 'register_stop_handler', 'stop', 'stop_event',
-    'unregister_stop_handler', 'wait_for_stop',
+    'program_to_manifests', 'register_launcher', 'register_stop_handler', 'report', 'stop',
+    'stop_event', 'unregister_stop_handler', 'wait_for_stop',
 ]
 
 

@@ -43,6 +43,7 @@ class NodeStatus:
     host: Optional[str] = None
     exit_code: Optional[int] = None
     error: Optional[str] = None
+    started_at: Optional[float] = None  # wall-clock time the coordinator heard it start
 
 
 class NodeFailedError(RuntimeError):
@@ -77,6 +78,7 @@ class Coordinator:
         self._stop_reason: Optional[str] = None
         self._stop_time: Optional[float] = None
         self._failure: Optional[NodeFailedError] = None
+        self._metrics: Dict[str, dict] = {}
 
     # Called by nodes.
 
@@ -86,6 +88,7 @@ class Coordinator:
             if status.state is NodeState.PENDING:
                 status.state = NodeState.RUNNING
             status.pid, status.host = pid, host
+            status.started_at = status.started_at or time.time()
             self._changed.notify_all()
 
     def node_finished(self, name: str) -> None:
@@ -120,7 +123,17 @@ class Coordinator:
             self._changed.wait_for(lambda: address_id in self._addresses, timeout)
             return self._addresses.get(address_id)
 
+    def report_metrics(self, name: str, snapshot: dict) -> None:
+        """Keeps the latest metrics executable `name` reported (`launchpad.observe.report`)."""
+        with self._changed:
+            self._metrics[name] = snapshot
+
     # Called by the launcher and the controller.
+
+    def metrics(self) -> Dict[str, dict]:
+        """Executable name -> the metrics it reported last."""
+        with self._changed:
+            return dict(self._metrics)
 
     def executable_exited(self, name: str, exit_code: int) -> None:
         """Records that the executable's process is gone, reporting a failure if it never did."""

@@ -20,6 +20,7 @@ import time
 import courier
 
 from launchpad import runtime
+from launchpad.observe import report
 from launchpad.process import flags
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import COORDINATOR_LOSS_TIMEOUT, run_reporting
@@ -101,6 +102,7 @@ def _run(spec_path: str) -> int:
     stop = runtime.StopSignal(coordinator.request_stop)
     context.stop, context.coordinator = stop, coordinator
     runtime.set_process_context(context)
+    report.start_reporting(spec.node_name, coordinator)
     launcher_lost = threading.Event()
     threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost), daemon=True,
                      name='lp-stop-watcher').start()
