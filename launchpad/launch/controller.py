@@ -69,6 +69,8 @@ class Controller:
       detached: True if the program runs on its own, without this process (e.g. a Slurm job or
         Kubernetes objects launched with detach=True): `lp.launch` then returns at once and does
         not keep the script alive.
+      observer: what `lp.launch` made to let others see the program (its registry entry and
+        dashboard: a `launchpad.observe.observer.Observer`), or None.
     """
 
     def __init__(self, program_name: str, coordinator: Coordinator, runner: Runner, *,
@@ -77,6 +79,7 @@ class Controller:
         self.program_name = program_name
         self.launch_type = launch_type
         self.detached = detached
+        self.observer = None
         self._coordinator = coordinator
         self._runner = runner
         self._notice_period = notice_period
@@ -138,6 +141,17 @@ class Controller:
     @property
     def done(self) -> bool:
         return self._done.is_set()
+
+    @property
+    def coordinator(self) -> Coordinator:
+        """The program's coordinator: node states and what nodes reported."""
+        return self._coordinator
+
+    @property
+    def output(self):
+        """Where node output goes (a `launchpad.process.output.Output` with `read_log`), if the
+        platform handles it in this process; else None."""
+        return getattr(self._runner, 'output', None)
 
     def _monitor_loop(self) -> None:
         try:

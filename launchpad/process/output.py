@@ -1,4 +1,8 @@
-"""Where node processes' output goes: the current terminal, per-node files, or a tmux session."""
+"""Where node processes' output goes: the current terminal, per-node files, or a tmux session.
+
+Output shown on the terminal is also kept (its last lines, per node) and output to files can be
+read back, for `read_log` (`launchpad.process.logs`).
+"""
 from __future__ import annotations
 
 import os
@@ -9,6 +13,8 @@ import sys
 import threading
 import time
 from typing import Dict, List, Optional, Tuple
+
+from launchpad.process import logs
 
 TERMINALS = ('current_terminal', 'output_to_files', 'tmux_session')
 _COLORS = [31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96]
@@ -28,12 +34,15 @@ def prefix_for(name: str, index: int, *, color: bool) -> str:
     return f'\x1b[{_COLORS[index % len(_COLORS)]}m[{name}]\x1b[0m '
 
 
-def copy_lines(source, prefix: bytes) -> None:
-    """Copies lines from the binary stream `source` to our stdout, each behind `prefix`."""
+def copy_lines(source, prefix: bytes, tail: Optional[logs.LogTail] = None) -> None:
+    """Copies lines from the binary stream `source` to our stdout, each behind `prefix` (and
+    keeps them in `tail`)."""
     out = getattr(sys.stdout, 'buffer', None)
     for line in iter(source.readline, b''):
         if not line.endswith(b'\n'):
             line += b'\n'
+        if tail is not None:
+            tail.add(line[:-1].decode(errors='replace'))
         with _write_lock:
             if out is not None:
                 out.write(prefix + line)
@@ -90,6 +99,7 @@ class Output:
         self._count = 0
         self._session: Optional[str] = None
         self.log_dir: Optional[str] = None
+        self._tails: Dict[str, logs.LogTail] = {}
         if self.terminal == 'output_to_files':
             base = os.environ.get('LAUNCHPAD_LOGGING_DIR') or os.path.join(
                 os.path.expanduser('~'), 'launchpad_logs')
@@ -116,14 +126,32 @@ class Output:
         prefixes its lines on the terminal."""
         index, self._count = self._count, self._count + 1
         if self.terminal == 'output_to_files':
-            path = os.path.join(self.log_dir, name.replace('/', '_') + '.log')
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), None
+            return os.open(self._file_of(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                           0o644), None
         read_fd, write_fd = os.pipe()
         prefix = prefix_for(title or name, index, color=sys.stdout.isatty()).encode()
-        reader = threading.Thread(target=copy_lines, args=(os.fdopen(read_fd, 'rb'), prefix),
+        tail = self._tails[name] = logs.LogTail()
+        reader = threading.Thread(target=copy_lines, args=(os.fdopen(read_fd, 'rb'), prefix, tail),
                                   daemon=True, name=f'lp-out-{name}')
         reader.start()
         return write_fd, reader
+
+    def read_log(self, name: str, cursor: Optional[int] = None) -> Tuple[List[str], int]:
+        """Lines node `name` printed after `cursor` (None: its last lines) and the next cursor.
+
+        Raises:
+          LookupError: this output keeps no log of `name` (tmux windows keep their own).
+        """
+        if name in self._tails:
+            return self._tails[name].read(cursor)
+        if self.log_dir is not None:
+            return logs.read_file(self._file_of(name), cursor)
+        where = (f'in tmux session {self._session}' if self._session is not None
+                 else 'on the launching terminal')
+        raise LookupError(f'no log is kept of {name!r}: its output goes {where}.')
+
+    def _file_of(self, name: str) -> str:
+        return os.path.join(self.log_dir, name.replace('/', '_') + '.log')
 
     def start_command(self, name: str, argv: List[str], env: Dict[str, str], cwd: str) -> TmuxPane:
         """Runs `argv` in a new tmux window named after the node."""
