@@ -30,11 +30,14 @@ LAYERS = [
     ('courier.batching', 5),
     ('courier', 0),                          # the leaves (errors, wire, serialization, ...)
     ('launchpad.runtime', 10),
+    ('launchpad.observe.report', 11),       # what a node reports: lp.report, its calls
     ('launchpad.address', 11),
     ('launchpad.process', 12),
     ('launchpad.nodes', 13),
     ('launchpad.program', 14),
     ('launchpad.launch.controller', 15),
+    ('launchpad.observe.cli', 16),          # the commands looking at running programs
+    ('launchpad.observe', 15),              # registry, observer, dashboard: lp.launch uses them
     ('launchpad.launch.launcher', 15),
     ('launchpad.launch.__main__', 17),
     ('launchpad.launch', 16),  # the platforms: threads, processes, ssh, slurm, kubernetes

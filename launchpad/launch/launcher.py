@@ -22,7 +22,7 @@ import dataclasses
 import enum
 import functools
 import importlib
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from absl import flags
 
@@ -30,6 +30,7 @@ import courier
 
 from launchpad.launch.controller import Controller
 from launchpad.nodes.base import Executable, LaunchInfo
+from launchpad.observe import observer as observers
 from launchpad.process.output import TERMINALS
 from launchpad.program import Program
 
@@ -212,7 +213,8 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
            test_case=None, terminal: Optional[str] = None, *,
            resources: Optional[Mapping[str, Any]] = None,
            serialize_py_nodes: Optional[bool] = None, notice_period: float = 10.0,
-           tls: Optional[courier.TLSConfig] = None, **launcher_options) -> Controller:
+           tls: Optional[courier.TLSConfig] = None, dashboard: Union[bool, int] = False,
+           **launcher_options) -> Controller:
     """Launches `program` and returns its controller.
 
     Args:
@@ -230,7 +232,14 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
         present its certificate, clients verify peers with its root certificates (and present its
         certificate too when it has one, which makes TLS mutual). Same-host Unix sockets, which
         only this user can open, need none.
+      dashboard: True serves the program's web dashboard on a free port of 127.0.0.1 (a port
+        number: on that port) and prints its URL, token included; needs
+        `pip install 'launchpad[dashboard]'`. It stays up after the program ends, until
+        `controller.observer.close()` or the end of the process.
       **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh.
+
+    Every program that runs from this process is registered for `python -m launchpad.launch
+    list / status / logs / stop / dashboard` (`launchpad.observe`) until it ends.
 
     Local launch types (local_mt, local_mp) and foreground launchers (ssh, slurm) also keep the
     script alive until the program ends and turn Ctrl-C into a graceful stop (twice: kill). Test
@@ -242,6 +251,7 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
         raise ValueError(f'Unknown launch type {launch_type!r}; known launch types: '
                          f'{", ".join(registered_launch_types())}.')
     program.validate()
+    dashboard_port = observers.check_dashboard_option(dashboard)
     if resources is not None and local_resources is not None:
         raise ValueError('Pass either resources= or local_resources= (they are the same), not both.')
     resources = resources if resources is not None else local_resources
@@ -253,6 +263,11 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
     platform.check(program, options)
     controller = platform.launch(program, options)
     _launched.append(controller)
+    try:
+        controller.observer = observers.observe(program, controller, dashboard_port)
+    except BaseException:
+        controller.stop()
+        raise
     if launch_type in _TEST_TYPES and test_case is not None:
         test_case.addCleanup(controller.stop)
     if launch_type not in _TEST_TYPES and platform.foreground and not controller.detached:
