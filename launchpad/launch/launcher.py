@@ -263,17 +263,17 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
     platform.check(program, options)
     controller = platform.launch(program, options)
     _launched.append(controller)
-    try:
-        controller.observer = observers.observe(program, controller, dashboard_port)
-    except BaseException:
-        controller.stop()
-        raise
     if launch_type in _TEST_TYPES and test_case is not None:
         test_case.addCleanup(controller.stop)
     if launch_type not in _TEST_TYPES and platform.foreground and not controller.detached:
         controller.handle_signals()
         if not _script_mode.caller_waits:
             controller.run_until_done_at_exit()
+    try:  # after the signal handlers: nodes already run, and Ctrl-C must stop them
+        controller.observer = observers.observe(program, controller, dashboard_port)
+    except BaseException:
+        controller.stop()
+        raise
     return controller
 
 
