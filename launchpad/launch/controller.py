@@ -182,6 +182,8 @@ class Controller:
             try:
                 self._runner.release()
             finally:
+                if self.observer is not None:  # it unregisters the program before wait returns
+                    self.observer.program_ended()
                 self._done.set()
 
     # A program launched in the foreground runs to the end when the script ends, and handles

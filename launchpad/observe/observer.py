@@ -6,8 +6,9 @@ launching process, beside the controller:
     lp-observe-<id>    samples the program once a second: node states from the coordinator,
                        metrics the nodes reported to it (or, for threads, this process's own),
                        turned into rows, edge rates and plot points (`figures`); keeps the last
-                       HISTORY samples; when the program has ended, takes a last sample and
-                       unregisters
+                       HISTORY samples
+    the controller's   when the program has ended, `program_ended`: a last sample, and the
+                       entry and its server go
     its courier server on `<registry>/<id>.sock`, token-protected (`registry`), serving
                        describe, view, history, sample, logs and stop to the CLI and to
                        dashboards of other processes
@@ -71,6 +72,8 @@ class Observer:
         self._server: Optional[courier.Server] = None
         self._dashboard = None
         self._closed = threading.Event()
+        self._finishing = threading.Lock()
+        self._finished = False
         self._refresh()
 
     def start(self) -> 'Observer':
@@ -105,23 +108,35 @@ class Observer:
 
     def _loop(self) -> None:
         next_sample = time.monotonic() + self._interval
-        while not self._controller.done and not self._closed.is_set():
+        while not (self._controller.done or self._closed.is_set() or self._finished):
             time.sleep(min(0.1, max(0.0, next_sample - time.monotonic())))
-            if time.monotonic() >= next_sample:
+            if time.monotonic() >= next_sample and not self._finished:
                 self._refresh()
                 next_sample += self._interval
-        try:
-            self._refresh()
-        finally:
-            self._unregister()
+        self._finish()
 
-    def _unregister(self) -> None:
-        if self.entry is not None:
-            registry.unregister(self.id)
-        if self._server is not None:
-            self._server.Stop()
+    def program_ended(self) -> None:
+        """Takes the last sample and unregisters the program; the controller calls this when
+        the program has ended (before its `wait` returns), so that no entry outlives it."""
+        self._finish()
 
-    def _refresh(self) -> None:
+    def _finish(self) -> None:
+        with self._finishing:
+            if self._finished:
+                return
+            self._finished = True
+            try:
+                self._refresh(ended=True)
+            except Exception:  # pylint: disable=broad-except
+                logging.exception('The observer of %r failed to take its last sample.',
+                                  self._program)
+            finally:
+                if self.entry is not None:
+                    registry.unregister(self.id)
+                if self._server is not None:
+                    self._server.Stop()
+
+    def _refresh(self, ended: bool = False) -> None:
         """Takes one sample of the program."""
         coordinator = self._controller.coordinator
         status = coordinator.status()
@@ -141,7 +156,7 @@ class Observer:
                 self._sequence += 1
                 self._history.append({'seq': self._sequence, 'time': now,
                                       'values': figures.plotted(rows, merged['values'])})
-            self._view = {'time': now, 'ended': self._controller.done,
+            self._view = {'time': now, 'ended': ended or self._controller.done,
                           'stop_reason': coordinator.stop_reason, 'nodes': rows, 'edges': edges}
             self._sample = {'time': now, 'program': self._program, 'nodes': rows, **merged}
 

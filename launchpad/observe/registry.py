@@ -184,7 +184,10 @@ def _process_started(pid: int) -> Optional[float]:
     """When process `pid` started; None if there is none, 0.0 if that cannot be read."""
     import psutil  # pylint: disable=import-outside-toplevel
     try:
-        return psutil.Process(pid).create_time()
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:  # ended, not yet waited for
+            return None
+        return process.create_time()
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None
     except psutil.AccessDenied:
