@@ -21,3 +21,14 @@ def test_benchmark_smoke(capsys, monkeypatch):
     bench._print_table(results)  # pylint: disable=protected-access
     printed = capsys.readouterr().out
     assert 'courier uds / bare grpcio: sync' in printed and 'MB/s each way' in printed
+
+
+def test_metrics_cost_benchmark_smoke(capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / 'benchmarks'))
+    bench = importlib.import_module('metrics_cost')
+    results = bench.run(['uds'], seconds=0.1, rounds=1)
+    for counting in ('on', 'off'):
+        assert results['uds'][counting]['sync'][0] > 0
+        assert results['uds'][counting]['futures'][0] > 0
+    bench.print_table(results)
+    assert 'uds    futures' in capsys.readouterr().out
