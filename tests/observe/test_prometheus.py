@@ -29,6 +29,15 @@ def _samples(text: str) -> dict:
             for sample in family.samples}
 
 
+def _everyone_reported(sample: dict) -> bool:
+    values = sample['values']
+    calls = {(table['node'], table['target']) for table in sample['clients']}
+    return ({('actor/0', 'learner/0'), ('actor/1', 'learner/0')} <= calls
+            and all('episode_return' in values.get(actor, {}) for actor in ('actor/0', 'actor/1'))
+            and {'loss', 'learner_steps'} <= set(values.get('learner/0', {}))
+            and all(row['uptime'] for row in sample['nodes']))
+
+
 def test_metrics_endpoint_is_scraped_by_the_prometheus_parser(runtime_dir, tmp_path):
     del runtime_dir
     program = nodes.agent(str(tmp_path / 'never'))
@@ -36,8 +45,7 @@ def test_metrics_endpoint_is_scraped_by_the_prometheus_parser(runtime_dir, tmp_p
     try:
         observer = controller.observer
         base, token = observer.dashboard_url.split('/?token=')
-        wait_until(lambda: observer.sample()['values'].get('actor/1', {}).get('episode_return')
-                   and observer.view()['nodes'][0]['calls'] > 0, what='reports from the nodes')
+        wait_until(lambda: _everyone_reported(observer.sample()), what='reports of every node')
         text = _scrape(base + '/metrics', Authorization=f'Bearer {token}')
         families = {family.name: family for family in parser.text_string_to_metric_families(text)}
         samples = _samples(text)
