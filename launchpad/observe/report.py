@@ -22,8 +22,10 @@ from courier import metrics as courier_metrics
 
 from launchpad import runtime
 
-# Seconds between two reports of a node process to its coordinator.
+# Seconds between two reports of a node process to its coordinator, and at most spent on the
+# last one when the process exits.
 REPORT_INTERVAL = 1.0
+FINAL_REPORT_TIMEOUT = 1.0
 
 GAUGE, COUNTER = 'gauge', 'counter'
 _NAME = re.compile(r'[a-zA-Z_][a-zA-Z0-9_]*\Z')
@@ -131,8 +133,8 @@ def snapshot(program: Optional[str] = None) -> Dict[str, Any]:
 
 def start_reporting(name: str, coordinator) -> None:
     """Sends `snapshot()` to `coordinator.report_metrics(name, ...)` every REPORT_INTERVAL
-    seconds, and once more when the process exits, from a daemon thread; a coordinator without
-    that method is left alone."""
+    seconds from a daemon thread, and once more when the process exits (waiting for it at most
+    FINAL_REPORT_TIMEOUT seconds); a coordinator without that method is left alone."""
     unsupported = threading.Event()
 
     def send() -> None:
@@ -150,5 +152,10 @@ def start_reporting(name: str, coordinator) -> None:
             time.sleep(REPORT_INTERVAL)
             send()
 
+    def last_send() -> None:  # at exit, for what changed since; never holds up the exit long
+        sender = threading.Thread(target=send, daemon=True, name='lp-report-last')
+        sender.start()
+        sender.join(FINAL_REPORT_TIMEOUT)
+
     threading.Thread(target=loop, daemon=True, name='lp-report').start()
-    atexit.register(send)
+    atexit.register(last_send)
