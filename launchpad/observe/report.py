@@ -22,10 +22,10 @@ from courier import metrics as courier_metrics
 
 from launchpad import runtime
 
-# Seconds between two reports of a node process to its coordinator, and at most spent on the
-# last one when the process exits.
+# Seconds between two reports of a node process to its coordinator, and the call timeout its
+# client should have (the last report, at exit, must never hold the exit up for long).
 REPORT_INTERVAL = 1.0
-FINAL_REPORT_TIMEOUT = 1.0
+REPORT_TIMEOUT = 2.0
 
 GAUGE, COUNTER = 'gauge', 'counter'
 _NAME = re.compile(r'[a-zA-Z_][a-zA-Z0-9_]*\Z')
@@ -133,8 +133,8 @@ def snapshot(program: Optional[str] = None) -> Dict[str, Any]:
 
 def start_reporting(name: str, coordinator) -> None:
     """Sends `snapshot()` to `coordinator.report_metrics(name, ...)` every REPORT_INTERVAL
-    seconds from a daemon thread, and once more when the process exits (waiting for it at most
-    FINAL_REPORT_TIMEOUT seconds); a coordinator without that method is left alone."""
+    seconds from a daemon thread, and once more when the process exits; a coordinator without
+    that method is left alone. `coordinator` is a client with a call timeout of REPORT_TIMEOUT."""
     unsupported = threading.Event()
 
     def send() -> None:
@@ -152,10 +152,5 @@ def start_reporting(name: str, coordinator) -> None:
             time.sleep(REPORT_INTERVAL)
             send()
 
-    def last_send() -> None:  # at exit, for what changed since; never holds up the exit long
-        sender = threading.Thread(target=send, daemon=True, name='lp-report-last')
-        sender.start()
-        sender.join(FINAL_REPORT_TIMEOUT)
-
     threading.Thread(target=loop, daemon=True, name='lp-report').start()
-    atexit.register(last_send)
+    atexit.register(send)

@@ -102,7 +102,9 @@ def _run(spec_path: str) -> int:
     stop = runtime.StopSignal(coordinator.request_stop)
     context.stop, context.coordinator = stop, coordinator
     runtime.set_process_context(context)
-    report.start_reporting(spec.node_name, coordinator)
+    report.start_reporting(spec.node_name, courier.Client(
+        spec.coordinator_address, call_timeout=report.REPORT_TIMEOUT, wait_for_ready=False,
+        tls=tls))
     launcher_lost = threading.Event()
     threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost), daemon=True,
                      name='lp-stop-watcher').start()
