@@ -28,7 +28,7 @@ def test_metrics_cost_benchmark_smoke(capsys, monkeypatch):
     bench = importlib.import_module('metrics_cost')
     results = bench.run(['uds'], seconds=0.1, rounds=1)
     for counting in ('on', 'off'):
-        assert results['uds'][counting]['sync'][0] > 0
-        assert results['uds'][counting]['futures'][0] > 0
+        for measure in ('sync', 'futures', 'client_cpu_us', 'server_cpu_us'):
+            assert results['uds'][counting][measure][0] > 0
     bench.print_table(results)
-    assert 'uds    futures' in capsys.readouterr().out
+    assert 'uds    sync: server CPU us/call' in capsys.readouterr().out
