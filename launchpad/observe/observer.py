@@ -111,22 +111,26 @@ class Observer:
         while not (self._controller.done or self._closed.is_set() or self._finished):
             time.sleep(min(0.1, max(0.0, next_sample - time.monotonic())))
             if time.monotonic() >= next_sample and not self._finished:
-                self._refresh()
+                try:
+                    self._refresh()
+                except Exception:  # pylint: disable=broad-except  (the next one may do)
+                    logging.exception('The observer of %r failed to take a sample.',
+                                      self._program)
                 next_sample += self._interval
-        self._finish()
+        self._finish(ended=self._controller.done)
 
     def program_ended(self) -> None:
         """Takes the last sample and unregisters the program; the controller calls this when
         the program has ended (before its `wait` returns), so that no entry outlives it."""
-        self._finish()
+        self._finish(ended=True)
 
-    def _finish(self) -> None:
+    def _finish(self, ended: bool) -> None:
         with self._finishing:
             if self._finished:
                 return
             self._finished = True
             try:
-                self._refresh(ended=True)
+                self._refresh(ended=ended)
             except Exception:  # pylint: disable=broad-except
                 logging.exception('The observer of %r failed to take its last sample.',
                                   self._program)
