@@ -30,8 +30,8 @@ LAYERS = [
     ('courier.batching', 5),
     ('courier', 0),                          # the leaves (errors, wire, serialization, ...)
     ('launchpad.runtime', 10),
-    ('launchpad.observe.report', 11),       # what a node reports: lp.report, its calls
     ('launchpad.address', 11),
+    ('launchpad.observe.report', 11),       # what a node reports: lp.report, its calls
     ('launchpad.process', 12),
     ('launchpad.nodes', 13),
     ('launchpad.program', 14),

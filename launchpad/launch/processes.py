@@ -67,22 +67,22 @@ class _ProcessRunner(ProcessRunner):
         super().__init__()
         self._workdir = workdir
         self._server = server
-        self.output = output
+        self._output = output
         self._fork_server = fork_server
 
     def release(self) -> None:
         self._server.Stop()
         if self._fork_server is not None:
             self._fork_server.close()
-        self.output.close()
+        self._output.close()
         shutil.rmtree(self._workdir, ignore_errors=True)
 
     def start(self, name: str, argv: List[str], env: Dict[str, str], forkable: bool):
         """Starts a node process: through the fork server when it can, else a fresh interpreter."""
-        if self.output.runs_commands:
-            self.processes[name] = self.output.start_command(name, argv, env, os.getcwd())
+        if self._output.runs_commands:
+            self.processes[name] = self._output.start_command(name, argv, env, os.getcwd())
             return
-        stdout_fd, reader = self.output.open_for(name)
+        stdout_fd, reader = self._output.open_for(name)
         try:
             if forkable and self._fork_server is not None:
                 process = self._fork_server.spawn(name, argv[1:], env, os.getcwd(), stdout_fd)
@@ -93,6 +93,11 @@ class _ProcessRunner(ProcessRunner):
         finally:
             os.close(stdout_fd)
         self.processes[name] = _NodeProcess(process, reader)
+
+    @property
+    def output(self) -> Output:
+        """Where the nodes' output goes (read by `Controller.output`)."""
+        return self._output
 
 
 class ProcessLauncher(launcher.Launcher):

@@ -117,23 +117,18 @@ class Coordinator:
             self._addresses[address_id] = endpoint
             self._changed.notify_all()
 
+    def report_metrics(self, name: str, snapshot: dict) -> None:
+        """Keeps the latest metrics executable `name` reported (`launchpad.observe.report`)."""
+        with self._changed:
+            self._metrics[name] = snapshot
+
     def lookup_address(self, address_id: str, timeout: Optional[float] = None) -> Optional[str]:
         """The endpoint published for `address_id`, waiting up to `timeout`; None if none came."""
         with self._changed:
             self._changed.wait_for(lambda: address_id in self._addresses, timeout)
             return self._addresses.get(address_id)
 
-    def report_metrics(self, name: str, snapshot: dict) -> None:
-        """Keeps the latest metrics executable `name` reported (`launchpad.observe.report`)."""
-        with self._changed:
-            self._metrics[name] = snapshot
-
     # Called by the launcher and the controller.
-
-    def metrics(self) -> Dict[str, dict]:
-        """Executable name -> the metrics it reported last."""
-        with self._changed:
-            return dict(self._metrics)
 
     def executable_exited(self, name: str, exit_code: int) -> None:
         """Records that the executable's process is gone, reporting a failure if it never did."""
@@ -164,6 +159,11 @@ class Coordinator:
     def status(self) -> Dict[str, NodeStatus]:
         with self._changed:
             return {name: dataclasses.replace(status) for name, status in self._nodes.items()}
+
+    def metrics(self) -> Dict[str, dict]:
+        """Executable name -> the metrics it reported last."""
+        with self._changed:
+            return dict(self._metrics)
 
     @property
     def stopping(self) -> bool:
