@@ -8,8 +8,8 @@ a result; a client counts the whole round trip and a failure when the call raise
 error was the remote method's or the transport's.
 
 :func:`snapshot` reads every live table of the process, which is what launchpad's nodes send to
-their program. Recording costs one clock read and one uncontended lock per call on each side, so
-that counting is always on; ``COURIER_METRICS=off`` in the environment (or :func:`set_enabled`)
+their program. Recording costs a clock read and a few increments of the calling thread's own
+counts per call on each side (no lock), so that counting is always on; ``COURIER_METRICS=off`` in the environment (or :func:`set_enabled`)
 turns it off for servers and clients made afterwards, which is how ``benchmarks/metrics_cost.py``
 measures what counting costs.
 
@@ -33,6 +33,7 @@ SERVER, CLIENT = 'server', 'client'
 
 # The clock calls are timed with: `started = clock()` before, `table.record(...)` after.
 clock = time.perf_counter
+_bucket = bisect.bisect_left
 
 _enabled = os.environ.get('COURIER_METRICS', 'on').lower() not in ('off', '0', 'false', 'no')
 _owner: Callable[[], Optional[str]] = lambda: None
@@ -53,40 +54,61 @@ os.register_at_fork(after_in_child=_forget_tables)  # a forked child counts its 
 class CallTable:
     """The calls of one server or one client, per method (see the module docstring).
 
+    Each thread records into counts of its own, so recording takes no lock and no increment
+    can be lost, with or without the GIL; `read` adds up the threads' counts.
+
     Attributes:
       role: ``'server'`` or ``'client'``.
       address: the server's address: its own for a server, the one called for a client.
       owner: who made it, as the function given to :func:`set_owner` said (None: nobody said).
     """
 
-    __slots__ = ('role', 'address', 'owner', '_methods', '_lock', '__weakref__')
+    __slots__ = ('role', 'address', 'owner', '_local', '_shards', '_lock', '__weakref__')
 
     def __init__(self, role: str, address: str, owner: Optional[str]):
         self.role = role
         self.address = address
         self.owner = owner
-        self._methods: Dict[str, list] = {}  # name -> [calls, errors, seconds, bucket counts]
-        self._lock = threading.Lock()
+        self._local = threading.local()  # .methods: this thread's name -> counts
+        self._shards: List[Dict[str, list]] = []  # every thread's .methods, kept when it ends
+        self._lock = threading.Lock()  # guards _shards
 
     def record(self, method: str, started: float, failed: bool) -> None:
         """Counts one call of ``method`` that began at ``clock()`` time ``started``."""
         elapsed = clock() - started
-        with self._lock:
-            stats = self._methods.get(method)
-            if stats is None:
-                stats = self._methods[method] = [0, 0, 0.0, [0] * len(LATENCY_BUCKETS)]
-            stats[0] += 1
-            if failed:
-                stats[1] += 1
-            stats[2] += elapsed
-            stats[3][bisect.bisect_left(LATENCY_BUCKETS, elapsed)] += 1
+        try:
+            stats = self._local.methods[method]
+        except (AttributeError, KeyError):
+            stats = self._new(method)
+        stats[0] += 1
+        if failed:
+            stats[1] += 1
+        stats[2] += elapsed
+        stats[3][_bucket(LATENCY_BUCKETS, elapsed)] += 1
+
+    def _new(self, method: str) -> list:
+        """The calling thread's counts of ``method``, made: [calls, errors, seconds, buckets]."""
+        methods = getattr(self._local, 'methods', None)
+        if methods is None:
+            methods = self._local.methods = {}
+            with self._lock:
+                self._shards.append(methods)
+        stats = methods[method] = [0, 0, 0.0, [0] * len(LATENCY_BUCKETS)]
+        return stats
 
     def read(self) -> Dict[str, Any]:
         """This table as plain data: role, address, owner and per method its counts."""
         with self._lock:
-            methods = {name: {'calls': calls, 'errors': errors, 'seconds': seconds,
-                              'buckets': list(buckets)}
-                       for name, (calls, errors, seconds, buckets) in self._methods.items()}
+            shards = list(self._shards)
+        methods: Dict[str, Dict[str, Any]] = {}
+        for shard in shards:
+            for name, (calls, errors, seconds, buckets) in list(shard.items()):
+                total = methods.setdefault(name, {'calls': 0, 'errors': 0, 'seconds': 0.0,
+                                                  'buckets': [0] * len(LATENCY_BUCKETS)})
+                total['calls'] += calls
+                total['errors'] += errors
+                total['seconds'] += seconds
+                total['buckets'] = [a + b for a, b in zip(total['buckets'], list(buckets))]
         return {'role': self.role, 'address': self.address, 'owner': self.owner,
                 'methods': methods}
 
