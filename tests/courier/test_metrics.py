@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import subprocess
+import threading
 import sys
 
 import pytest
@@ -106,3 +107,16 @@ def test_a_forked_child_counts_its_own_calls(make_server, socket_dir):
     with os.fdopen(read) as f:
         assert f.read() == '1'
     assert _table('client', server.address)['add']['calls'] == 1
+
+
+def test_calls_from_many_threads_are_all_counted(server):
+    client = courier.Client(server.address)
+    threads = [threading.Thread(target=lambda: [client.add(1, 1) for _ in range(200)])
+               for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for role in ('server', 'client'):
+        counted = _table(role, server.address)['add']
+        assert counted['calls'] == 1600 and sum(counted['buckets']) == 1600
