@@ -9,8 +9,12 @@ process, as in courier_bench.py, and this process calls it:
             (user + system) each call took in the client and in the server process
   futures   calls/s with 64 calls in flight through client.futures
 
+  paths     the CPU time of courier's own code for one no-op call, without a socket: the client
+            against a transport that answers at once, and the server's call handling; counting
+            on and off alternate in one process, so the difference is what counting adds
+
 It prints the median of each over the rounds and the ratio on/off (1.00: free). On a busy
-machine calls/s move with the load; CPU time per call moves much less.
+machine calls/s move with the load; CPU time per call moves less, and the code paths least.
 
 Usage: python benchmarks/metrics_cost.py [--seconds 2] [--rounds 5] [--transports uds tcp]
 """
@@ -29,11 +33,16 @@ import psutil
 
 import courier
 from courier import metrics
+from courier import serialization
+from courier import wire
 
 import courier_bench
 
 MEASURES = {'sync': 'sync calls/s', 'futures': 'futures calls/s',
-            'client_cpu_us': 'sync: client CPU us/call', 'server_cpu_us': 'sync: server CPU us/call'}
+            'client_cpu_us': 'sync: client CPU us/call', 'server_cpu_us': 'sync: server CPU us/call',
+            'client_path_us': 'client code us/call', 'server_path_us': 'server code us/call'}
+SOCKET_MEASURES = ('sync', 'futures', 'client_cpu_us', 'server_cpu_us')
+PATH_ROUNDS_PER_ROUND = 20
 
 
 @contextlib.contextmanager
@@ -52,6 +61,13 @@ def _counting(enabled: bool) -> Iterator[None]:
             os.environ['COURIER_METRICS'] = before
 
 
+def _server_process() -> psutil.Process:
+    """The newest server process courier_bench spawned (not multiprocessing's tracker)."""
+    spawned = [child for child in psutil.Process().children()
+               if 'resource_tracker' not in ' '.join(child.cmdline())]
+    return max(spawned, key=lambda child: child.create_time())
+
+
 def measure(transport: str, enabled: bool, seconds: float) -> Dict[str, float]:
     """calls/s of sync and futures calls to a server in another process, and the CPU
     microseconds per sync call on each side."""
@@ -59,7 +75,7 @@ def measure(transport: str, enabled: bool, seconds: float) -> Dict[str, float]:
         address = 'localhost:0' if transport == 'tcp' else f'unix:{scratch}/bench.sock'
         with courier_bench._server_process(courier_bench._serve_courier,  # pylint: disable=protected-access
                                            address) as served_at:
-            server = psutil.Process().children()[-1]
+            server = _server_process()
             client = courier.Client(served_at, call_timeout=600)
             for _ in range(200):
                 client.noop()
@@ -75,11 +91,64 @@ def measure(transport: str, enabled: bool, seconds: float) -> Dict[str, float]:
             'client_cpu_us': client_cpu, 'server_cpu_us': server_cpu}
 
 
+class _Instant:
+    """A client transport that answers every call at once with a None result."""
+
+    address = 'unix:/instant'
+
+    def __init__(self):
+        self._result = serialization.dumps(None, 'the result')
+
+    def call(self, method, data, buffers, timeout):
+        del method, data, buffers, timeout
+        return wire.Response(wire.OK, self._result[0], list(self._result[1]))
+
+
+def measure_paths(rounds: int, calls: int = 2000) -> Dict[str, Dict[str, List[float]]]:
+    """CPU microseconds of courier's client and server code per no-op call, counting on and off
+    (see the module docstring): {'on'|'off': {'client_path_us'|'server_path_us': [...]}}. Many
+    short rounds, on and off in turn, so that both see the same load."""
+    from courier import transport  # pylint: disable=import-outside-toplevel
+    arguments = memoryview(serialization.dumps(((), {}), 'the arguments', ('args', 'kwargs'))[0])
+    sides = {}
+    with tempfile.TemporaryDirectory(prefix='courier-metrics-') as scratch:
+        connect, transport.connect = transport.connect, lambda *args, **kwargs: _Instant()
+        try:
+            for enabled in (True, False):
+                with _counting(enabled):
+                    client = courier.Client(_Instant.address)
+                    client.noop()  # connects now, counting as set
+                    server = courier.Server(address=f'unix:{scratch}/{enabled}.sock')
+                    server.Bind('noop', lambda: None)
+                    server.Start()
+                sides['on' if enabled else 'off'] = (client, server)
+            results = {counting: {'client_path_us': [], 'server_path_us': []}
+                       for counting in sides}
+            for index in range(rounds):
+                for counting in (('on', 'off') if index % 2 == 0 else ('off', 'on')):
+                    client, server = sides[counting]
+                    handle = server._handle_call  # pylint: disable=protected-access
+                    started = time.process_time()
+                    for _ in range(calls):
+                        client.noop()
+                    middle = time.process_time()
+                    for _ in range(calls):
+                        handle('noop', arguments, [])
+                    ended = time.process_time()
+                    results[counting]['client_path_us'].append((middle - started) / calls * 1e6)
+                    results[counting]['server_path_us'].append((ended - middle) / calls * 1e6)
+        finally:
+            transport.connect = connect
+            for _, server in sides.values():
+                server.Stop()
+    return results
+
+
 def run(transports: List[str], seconds: float, rounds: int) -> Dict[str, Dict[str, Dict]]:
-    """{transport: {'on'|'off': {measure: [calls/s per round]}}}."""
-    results: Dict[str, Dict[str, Dict]] = {}
+    """{transport or 'paths': {'on'|'off': {measure: [a number per round]}}}."""
+    results: Dict[str, Dict[str, Dict]] = {'paths': measure_paths(PATH_ROUNDS_PER_ROUND * rounds)}
     for transport in transports:
-        runs = results[transport] = {counting: {name: [] for name in MEASURES}
+        runs = results[transport] = {counting: {name: [] for name in SOCKET_MEASURES}
                                      for counting in ('on', 'off')}
         for index in range(rounds):
             order = (True, False) if index % 2 == 0 else (False, True)
@@ -92,9 +161,9 @@ def run(transports: List[str], seconds: float, rounds: int) -> Dict[str, Dict[st
 def print_table(results: Dict[str, Dict[str, Dict]]) -> None:
     print(f'{"":6} {"":24} {"counting on":>12} {"off":>12} {"on/off":>7}')
     for transport, runs in results.items():
-        for name, label in MEASURES.items():
+        for name in runs['on']:
             on, off = statistics.median(runs['on'][name]), statistics.median(runs['off'][name])
-            print(f'{transport:6} {label:24} {on:12,.1f} {off:12,.1f} {on / off:7.3f}')
+            print(f'{transport:6} {MEASURES[name]:24} {on:12,.2f} {off:12,.2f} {on / off:7.3f}')
 
 
 def main() -> None:

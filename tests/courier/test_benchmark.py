@@ -30,5 +30,8 @@ def test_metrics_cost_benchmark_smoke(capsys, monkeypatch):
     for counting in ('on', 'off'):
         for measure in ('sync', 'futures', 'client_cpu_us', 'server_cpu_us'):
             assert results['uds'][counting][measure][0] > 0
+        for measure in ('client_path_us', 'server_path_us'):
+            assert results['paths'][counting][measure][0] > 0
     bench.print_table(results)
-    assert 'uds    sync: server CPU us/call' in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert 'uds    sync: server CPU us/call' in printed and 'paths  client code us/call' in printed
