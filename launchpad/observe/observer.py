@@ -87,24 +87,23 @@ class Observer:
         return self
 
     def _register(self) -> None:
-        path = registry.socket_path(self.id)
+        # The entry first: a launcher killed before its server is up leaves an entry of a dead
+        # process, which readers prune (with the socket), never a socket nobody knows of.
         token = secrets.token_hex(16)
-        server = courier.Server(address=f'unix:{path}', auth_token=token, thread_pool_size=8)
-        for name in SERVED:
-            server.Bind(name, getattr(self, name))
-        server.Start()
-        self._server = server
-        self.entry = registry.Entry(id=self.id, name=self._program,
-                                    launch_type=self._controller.launch_type,
-                                    address=server.address, token=token,
-                                    nodes=len(self._graph.nodes), started=self._started)
+        entry = registry.Entry(id=self.id, name=self._program,
+                               launch_type=self._controller.launch_type,
+                               address=f'unix:{registry.socket_path(self.id)}', token=token,
+                               nodes=len(self._graph.nodes), started=self._started)
+        registry.register(entry)
         try:
-            registry.register(self.entry)
+            server = courier.Server(address=entry.address, auth_token=token, thread_pool_size=8)
+            for name in SERVED:
+                server.Bind(name, getattr(self, name))
+            server.Start()
         except BaseException:
-            self.entry = None
-            server.Stop()
-            self._server = None
+            registry.unregister(self.id)
             raise
+        self._server, self.entry = server, entry
 
     def _loop(self) -> None:
         next_sample = time.monotonic() + self._interval

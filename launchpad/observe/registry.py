@@ -33,6 +33,7 @@ from typing import List, Optional
 
 ENV = 'LAUNCHPAD_RUNTIME_DIR'
 VERSION = 1
+ORPHAN_AGE = 60.0  # seconds after which a socket without an entry is removed
 
 
 class RegistryError(RuntimeError):
@@ -147,7 +148,20 @@ def entries() -> List[Entry]:
             found.append(entry)
         else:
             unregister(entry.id)
+    _remove_orphan_sockets(folder)
     return sorted(found, key=lambda entry: entry.started)
+
+
+def _remove_orphan_sockets(folder: pathlib.Path) -> None:
+    """Removes sockets without an entry that are older than a minute (left by a launcher killed
+    while it unregistered)."""
+    for path in folder.glob('*.sock'):
+        try:
+            if (not path.with_suffix('.json').exists()
+                    and time.time() - os.lstat(path).st_mtime > ORPHAN_AGE):
+                os.unlink(path)
+        except OSError:
+            pass
 
 
 def find(query: str) -> Entry:

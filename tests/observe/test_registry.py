@@ -37,6 +37,16 @@ def test_a_program_whose_launcher_is_gone_is_pruned(runtime_dir):
     registry.unregister(alive.id)
 
 
+def test_an_old_socket_without_an_entry_is_removed(runtime_dir):
+    old, new = (os.path.join(runtime_dir, f'{name}.sock') for name in ('old-1', 'new-2'))
+    for path in (old, new):
+        open(path, 'w').close()
+    os.utime(old, (0, 0))
+    registry.entries()
+    assert os.listdir(runtime_dir) == ['new-2.sock']  # it may be a registration under way
+    os.unlink(new)
+
+
 def test_find_by_id_its_start_or_name_and_say_what_runs_otherwise(runtime_dir):
     del runtime_dir
     first, second = _entry('twin'), _entry('twin')
