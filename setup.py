@@ -4,6 +4,7 @@ import setuptools
 TEST_REQUIRES = [
     'pytest>=7',
     'pytest-timeout>=2.1',
+    'hypothesis>=6.100',     # property tests of courier's wire decoders
     'grpcio-tools==1.76.0',  # pinned: the staleness test regenerates courier's protos with it
     'protobuf>=6.31.1',      # only the tests import courier_pb2; the runtime has its own wire code
     'cryptography>=41',      # TLS certificates made at test time

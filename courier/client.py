@@ -44,36 +44,58 @@ class Client:
     otherwise each process reads ``COURIER_AUTH_TOKEN`` when it first calls.
 
     Args:
-      address: The server's address (``'host:port'``, ``'unix:/path'``), or a
-        picklable zero-argument callable returning it, called at the first call.
+      server_address: The server's address (``'host:port'``, ``'unix:/path'``), or a
+        picklable zero-argument callable returning it, called at the first call, and
+        again at the next call after a call found the server unavailable (it may have
+        moved, e.g. restarted on another port). It is checked at the first call too (as
+        dm-launchpad does): a malformed one fails there.
+      compress: Send every call and its result compressed (zlib, done in
+        serialization: it helps large compressible arguments and results between
+        hosts, and costs CPU between the processes of one machine).
       call_timeout: Seconds (or a ``datetime.timedelta``) each call may take;
-        None waits forever.
+        None or 0 waits forever.
       wait_for_ready: If the server is not reachable, wait for it (until the
         call's deadline) instead of failing at once.
+      chunk_tensors: Accepted for dm-launchpad's signature, without effect: large
+        arrays already travel as out-of-band buffers, never as one copied chunk.
+      load_balancing_policy: Accepted for dm-launchpad's signature (None or a gRPC
+        policy name), without effect: a client calls the one server its address names.
+      propagate_deadline: Accepted for dm-launchpad's signature, without effect (as there).
       auth_token: Secret the server requires; defaults to ``COURIER_AUTH_TOKEN``.
       tls: ``courier.TLSConfig`` to connect with TLS (None: plaintext).
     """
 
-    def __init__(self, address: Address, call_timeout: Optional[durations.Duration] = None,
-                 wait_for_ready: bool = True, *, auth_token: Optional[str] = None,
+    def __init__(self, server_address: Address, compress: bool = False,
+                 call_timeout: Optional[durations.Duration] = None, wait_for_ready: bool = True,
+                 chunk_tensors: bool = False, *, load_balancing_policy: Optional[str] = None,
+                 propagate_deadline: bool = True, auth_token: Optional[str] = None,
                  tls: Optional[security.TLSConfig] = None):
-        if isinstance(address, str):
-            from courier import transport  # pylint: disable=import-outside-toplevel
-            transport.parse_address(address)  # Fail now on a malformed address.
-        elif not callable(address):
+        if not isinstance(server_address, str) and not callable(server_address):
             raise TypeError('address must be a str or a callable returning one, got '
-                            f'{type(address).__name__}')
+                            f'{type(server_address).__name__}')
+        if load_balancing_policy is not None and not isinstance(load_balancing_policy, str):
+            raise TypeError('load_balancing_policy must be None or a policy name, got '
+                            f'{load_balancing_policy!r}')
         if auth_token is not None:
             security.resolve_auth_token(auth_token)  # Validate now.
-        self._address = address
-        self._call_timeout = durations.to_seconds(call_timeout, 'call_timeout')
+        del chunk_tensors, propagate_deadline  # See the docstring.
+        self._address = server_address
+        self._compress = bool(compress)
+        # dm-launchpad's clients read a zero timeout as none.
+        self._call_timeout = durations.to_seconds(call_timeout, 'call_timeout') or None
         self._wait_for_ready = bool(wait_for_ready)
         self._auth_token = auth_token
         self._tls = tls
         self._transport = None
         self._transport_generation = -1
+        self._unavailable = None  # A transport whose server went away (see _server_gone).
         self._lock = threading.Lock()
         self._lock_generation = _fork_generation
+
+    @property
+    def address(self) -> Address:
+        """The server's address (as given, or as resolved once connected)."""
+        return self._transport.address if self._transport is not None else self._address
 
     def __getattr__(self, name: str) -> '_Method':
         if name.startswith('__'):
@@ -98,25 +120,50 @@ class Client:
         address = self._address
         if self._transport is not None:
             address = self._transport.address  # Resolved: send the string.
-        return {'address': address, 'call_timeout': self._call_timeout,
-                'wait_for_ready': self._wait_for_ready, 'auth_token': self._auth_token,
-                'tls': self._tls}
+        return {'server_address': address, 'compress': self._compress,
+                'call_timeout': self._call_timeout, 'wait_for_ready': self._wait_for_ready,
+                'auth_token': self._auth_token, 'tls': self._tls}
 
     def __setstate__(self, state):
         self.__init__(**state)
 
     def __repr__(self) -> str:
-        address = self._transport.address if self._transport is not None else self._address
-        return f'courier.Client({address!r})'
+        return f'courier.Client({self.address!r})'
+
+    _closed = False
+
+    def close(self) -> None:
+        """Releases the client's connections and threads; its calls in flight fail.
+
+        (Calls to a server in this process hold nothing of the client: they complete.)
+
+        Later calls raise ``courier.ServerUnavailableError``. A client that is garbage
+        collected releases them too; ``with courier.Client(...) as client:`` closes at the end.
+        """
+        with self._lock:
+            self._closed = True
+            transport = self._transport
+        if transport is not None:
+            transport.close()
+
+    def __enter__(self) -> 'Client':
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
         data, buffers = serialization.dumps((args, kwargs), f'the arguments of {method!r}',
-                                            _ARGUMENT_NAMES)
+                                            _ARGUMENT_NAMES, compress=self._compress)
         transport = self._connection()
         calls, started = self._calls, metrics.clock()
         try:
-            result = _result(method, transport.address,
-                             transport.call(method, data, buffers, self._call_timeout))
+            try:
+                response = transport.call(method, data, buffers, self._call_timeout)
+            except errors.ServerUnavailableError:
+                self._server_gone(transport)
+                raise
+            result = _result(method, transport.address, response)
         except BaseException:
             calls.record(method, started, True)
             raise
@@ -126,7 +173,7 @@ class Client:
     def _call_async(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
         try:
             data, buffers = serialization.dumps((args, kwargs), f'the arguments of {method!r}',
-                                                _ARGUMENT_NAMES)
+                                                _ARGUMENT_NAMES, compress=self._compress)
             transport = self._connection()
         except Exception as error:  # pylint: disable=broad-except
             future = concurrent.futures.Future()
@@ -143,7 +190,12 @@ class Client:
             calls.record(method, started, False)
             return result
 
-        return transport.call_async(method, data, buffers, self._call_timeout, finish)
+        future = transport.call_async(method, data, buffers, self._call_timeout, finish)
+        if callable(self._address):
+            future.add_done_callback(lambda done: isinstance(
+                done.exception() if not done.cancelled() else None,
+                errors.ServerUnavailableError) and self._server_gone(transport))
+        return future
 
     def _list_methods(self) -> List[str]:
         return self._connection().list_methods(self._call_timeout)
@@ -158,6 +210,10 @@ class Client:
             self._lock = threading.Lock()
             self._lock_generation = generation
         with self._lock:
+            gone, self._unavailable = self._unavailable, None
+            if gone is not None and gone is self._transport:
+                gone.close()
+                self._transport = None
             if self._transport is None or self._transport_generation != generation:
                 from courier import transport as transports  # pylint: disable=import-outside-toplevel
                 self._transport = transports.connect(
@@ -165,18 +221,33 @@ class Client:
                         self._auth_token), tls=self._tls, wait_for_ready=self._wait_for_ready)
                 self._calls = metrics.table(metrics.CLIENT, self._transport.address)
                 self._transport_generation = generation
+                if self._closed:  # Its calls raise the error that says the client was closed.
+                    self._transport.close()
             return self._transport
+
+    def _server_gone(self, transport) -> None:
+        """A call found the server unavailable: with a callable address, the next call resolves
+        it again (and closes this transport)."""
+        if callable(self._address) and transport is self._transport:
+            self._unavailable = transport
+            self._transport_generation = -1  # The next call takes the slow path.
 
     def _resolve_address(self) -> str:
         address = self._address
-        if isinstance(address, str):
-            return address
-        resolved = address()
-        if not isinstance(resolved, str):
-            raise TypeError(f'the address callable {address!r} returned '
-                            f'{type(resolved).__name__}, expected a str address')
+        if callable(address):
+            resolved = address()
+            if not isinstance(resolved, str):
+                raise TypeError(f'the address callable {address!r} returned '
+                                f'{type(resolved).__name__}, expected a str address')
+        else:
+            resolved = address
         from courier import transport  # pylint: disable=import-outside-toplevel
-        transport.parse_address(resolved)
+        try:
+            transport.parse_address(resolved)
+        except ValueError as error:
+            raise ValueError(f'{error}. courier.Client was given {resolved!r}: courier has no '
+                             'name service (a name given to courier.Server is only a label), so '
+                             'pass the address the server listens on, e.g. server.address') from None
         return resolved
 
 
@@ -209,6 +280,10 @@ class _Futures:
         self.__dict__[name] = method
         return method
 
+    def __call__(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        """Starts a call of the server's ``__call__`` method and returns its future."""
+        return self._client._call_async('__call__', args, kwargs)  # pylint: disable=protected-access
+
 
 class _AsyncMethod(_Method):
     """``client.futures.name``: calling it starts the call and returns a future."""
@@ -239,9 +314,8 @@ def _error(method: str, address: str, response: wire.Response) -> BaseException:
     if response.status == wire.EXCEPTION:
         return _remote_exception(method, address, response)
     if response.status == wire.UNKNOWN_METHOD:
-        existing = ', '.join(repr(name) for name in response.methods) or 'none'
-        return errors.UnknownMethodError(
-            f'courier server {address} has no method {method!r}; its methods are: {existing}')
+        from courier.transport import _base  # pylint: disable=import-outside-toplevel
+        return _base.unknown_method(method, address, response.methods)
     if response.status == wire.SERIALIZATION_ERROR:
         return errors.SerializationError(f'{call} failed: {response.message}')
     return errors.ProtocolError(f'{call} returned unknown status {response.status}')

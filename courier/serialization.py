@@ -4,11 +4,19 @@ Values travel as pickle protocol 5: large binary data (numpy arrays, bytearrays,
 ``pickle.PickleBuffer``) is handed over as separate out-of-band buffers instead of
 being copied into the pickle stream. Plain ``pickle`` is tried first; cloudpickle
 is the fallback for what plain pickle cannot handle (lambdas, local classes).
+
+A value can also travel compressed (``dumps(..., compress=True)``, what
+``courier.Client(address, compress=True)`` asks for): the pickle and its buffers
+become one zlib message (only stored, not compressed, when they are small),
+which :func:`loads` recognizes by its first bytes. Transports carry it like any
+other pickle; a server answers a compressed call with a compressed result.
 """
 
 from __future__ import annotations
 
 import pickle
+import struct
+import zlib
 from typing import Any, List, Optional, Sequence, Tuple
 
 from courier import errors
@@ -18,12 +26,20 @@ PROTOCOL = 5
 # Buffers smaller than this go in-band: a separate buffer costs more than copying it.
 INBAND_LIMIT = 16 * 1024
 
+# A compressed message: this prefix (never the start of a pickle), the number of buffers, the
+# length of the pickle and of each buffer, then zlib's compression of them all, concatenated.
+COMPRESSED_PREFIX = b'\xffCZ1'
+# Smaller values are only stored in a compressed message: compressing them saves less than it
+# costs.
+COMPRESS_MIN_BYTES = 64 * 1024
+_COMPRESS_LEVEL = 1  # fast: large payloads are mostly numbers
+
 # How deep _find_culprit looks into containers and object attributes.
 _MAX_CULPRIT_DEPTH = 8
 
 
-def dumps(value: Any, what: str,
-          top_names: Optional[Sequence[str]] = None) -> Tuple[bytes, List[memoryview]]:
+def dumps(value: Any, what: str, top_names: Optional[Sequence[str]] = None, *,
+          compress: bool = False) -> Tuple[bytes, List[memoryview]]:
     """Pickles ``value``; returns the pickle stream and its out-of-band buffers.
 
     Args:
@@ -31,6 +47,7 @@ def dumps(value: Any, what: str,
       what: Describes ``value`` in error messages, e.g. "the result of 'add'".
       top_names: Names of the elements of a tuple ``value``, used to point at the
         offending part in error messages (e.g. ``('args', 'kwargs')``).
+      compress: Compress a large value (see the module docstring).
 
     Raises:
       errors.SerializationError: neither pickle nor cloudpickle can pickle it.
@@ -48,7 +65,41 @@ def dumps(value: Any, what: str,
         except Exception as error:  # pylint: disable=broad-except
             raise errors.SerializationError(
                 _describe_failure(value, what, top_names, error)) from error
+    if compress:
+        return _compressed(data, buffers)
     return data, buffers
+
+
+def is_compressed(data: Any) -> bool:
+    """Whether ``data`` (a message :func:`dumps` made) is compressed."""
+    return bytes(data[:len(COMPRESSED_PREFIX)]) == COMPRESSED_PREFIX
+
+
+def _compressed(data: bytes, buffers: List[memoryview]) -> Tuple[bytes, List[memoryview]]:
+    parts = [data, *buffers]
+    sizes = [len(data)] + [buffer.nbytes for buffer in buffers]
+    # Small messages are only stored, which costs nothing but keeps the format: a server
+    # compresses its results for a client whose calls come compressed.
+    level = _COMPRESS_LEVEL if sum(sizes) >= COMPRESS_MIN_BYTES else 0
+    compressor = zlib.compressobj(level)
+    blob = b''.join([compressor.compress(part) for part in parts] + [compressor.flush()])
+    header = struct.pack(f'<I{len(sizes)}Q', len(buffers), *sizes)
+    return COMPRESSED_PREFIX + header + blob, []
+
+
+def _decompressed(data: Any) -> Tuple[memoryview, List[memoryview]]:
+    view = memoryview(data)[len(COMPRESSED_PREFIX):]
+    (count,) = struct.unpack_from('<I', view)
+    sizes = struct.unpack_from(f'<{count + 1}Q', view, 4)
+    whole = memoryview(bytearray(zlib.decompress(view[4 + 8 * (count + 1):])))
+    if len(whole) != sum(sizes):
+        raise ValueError(f'the compressed message holds {len(whole)} bytes, its header says '
+                         f'{sum(sizes)}')
+    parts, start = [], 0
+    for size in sizes:
+        parts.append(whole[start:start + size])
+        start += size
+    return parts[0], parts[1:]  # the buffers are writable, like received ones
 
 
 def loads(data: Any, buffers: Sequence[Any], what: str) -> Any:
@@ -59,6 +110,8 @@ def loads(data: Any, buffers: Sequence[Any], what: str) -> Any:
         a class or module this process cannot import.
     """
     try:
+        if is_compressed(data):
+            data, buffers = _decompressed(data)
         return pickle.loads(data, buffers=buffers)
     except Exception as error:  # pylint: disable=broad-except
         raise errors.SerializationError(

@@ -30,7 +30,12 @@ class Server:
     Calls run in a pool of ``thread_pool_size`` threads; a call that blocks
     (e.g. a :func:`courier.batched_handler` collecting a batch) holds a thread.
 
+    The positional arguments are dm-launchpad's: ``Server(name=None, port=None,
+    thread_pool_size=16)``.
+
     Args:
+      name: A name for the server, shown in its repr (dm-launchpad's servers take one too; it
+        does not change where the server listens).
       port: TCP port to listen on; None or 0 picks a free port.
       thread_pool_size: How many calls may run at once.
       host: Interface to listen on. The default accepts local clients only.
@@ -44,11 +49,16 @@ class Server:
       OSError: the address cannot be bound.
     """
 
-    def __init__(self, port: Optional[int] = None, thread_pool_size: int = 16, *,
-                 host: str = '127.0.0.1', address: Optional[str] = None,
-                 auth_token: Optional[str] = None,
+    def __init__(self, name: Optional[str] = None, port: Optional[int] = None,
+                 thread_pool_size: int = 16, *, host: str = '127.0.0.1',
+                 address: Optional[str] = None, auth_token: Optional[str] = None,
                  tls: Optional[security.TLSConfig] = None):
         from courier import transport  # pylint: disable=import-outside-toplevel
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f'name must be a str, got {name!r}; a port is the second argument: '
+                            f'courier.Server(port={name!r})')
+        self.name = name
+        self._healthy = True
         if not isinstance(thread_pool_size, int) or thread_pool_size < 1:
             raise ValueError(f'thread_pool_size must be a positive int, got {thread_pool_size!r}')
         if address is None:
@@ -86,8 +96,39 @@ class Server:
         """The address clients connect to, e.g. ``'127.0.0.1:43121'`` or ``'unix:/tmp/s'``."""
         return self._transport.address
 
-    def Bind(self, name: str, fn: Callable[..., Any]) -> None:  # pylint: disable=invalid-name
-        """Serves ``fn`` as method ``name``, replacing any method bound under that name."""
+    @property
+    def port(self) -> Optional[int]:
+        """The TCP port clients connect to (None for a Unix socket)."""
+        from courier import transport  # pylint: disable=import-outside-toplevel
+        endpoint = transport.parse_address(self.address)
+        return endpoint.port if endpoint.kind == 'tcp' else None
+
+    @property
+    def has_started(self) -> bool:
+        """True once :meth:`Start` has been called (also after :meth:`Stop`)."""
+        return self._state != _CREATED
+
+    @property
+    def is_healthy(self) -> bool:
+        """What :meth:`SetIsHealthy` last set (True at first)."""
+        return self._healthy
+
+    def SetIsHealthy(self, is_healthy: bool) -> None:  # pylint: disable=invalid-name
+        """Records whether the server wants calls (dm-launchpad's health status).
+
+        It does not change what the server accepts: nothing in courier balances calls across
+        servers by health, so the status is only kept, for :attr:`is_healthy`.
+        """
+        self._healthy = bool(is_healthy)
+
+    def Bind(self, name: str, fn: Callable[..., Any],  # pylint: disable=invalid-name
+             is_priority: bool = False) -> None:
+        """Serves ``fn`` as method ``name``, replacing any method bound under that name.
+
+        ``is_priority`` is accepted for dm-launchpad's signature and has no effect: every call
+        gets a thread of the same pool.
+        """
+        del is_priority
         if not isinstance(name, str) or not name:
             raise TypeError(f'method name must be a non-empty str, got {name!r}')
         if not callable(fn):
@@ -96,6 +137,20 @@ class Server:
             methods = dict(self._methods)
             methods[name] = fn
             self._methods = methods  # Copy-on-write: calls read without locking.
+
+    def BindHandler(self, name: str, handler: Callable[..., Any],  # pylint: disable=invalid-name
+                    is_priority: bool = False) -> None:
+        """dm-launchpad's way to bind a prepared handler; here a handler is any callable, as
+        for :meth:`Bind` (e.g. a function made by :func:`courier.batched_handler`)."""
+        self.Bind(name, handler, is_priority)
+
+    def Unbind(self, name: str) -> None:  # pylint: disable=invalid-name
+        """Stops serving method ``name`` (calls to it then fail as unknown); nothing happens if
+        no method of that name is bound."""
+        with self._lock:
+            methods = dict(self._methods)
+            methods.pop(name, None)
+            self._methods = methods
 
     def bind_object(self, obj: Any) -> None:
         """Binds every public callable attribute of ``obj``.
@@ -150,7 +205,9 @@ class Server:
         self._stopped.wait()
 
     def __repr__(self) -> str:
-        return f'courier.Server({self.address!r}, {self._state}, {len(self._methods)} methods)'
+        named = f'{self.name!r}, ' if self.name is not None else ''
+        return (f'courier.Server({named}{self.address!r}, {self._state}, '
+                f'{len(self._methods)} methods)')
 
     def _method_names(self) -> List[str]:
         return sorted(self._methods)
@@ -184,8 +241,9 @@ class Server:
                                 f'asyncio.run')
         except BaseException as error:  # pylint: disable=broad-except
             return _exception_response(method, error)
-        try:
-            data, result_buffers = serialization.dumps(result, f'the result of {method!r}')
+        try:  # a client that compresses its calls gets its results compressed too
+            data, result_buffers = serialization.dumps(
+                result, f'the result of {method!r}', compress=serialization.is_compressed(pickle))
         except errors.SerializationError as error:
             return wire.Response(wire.SERIALIZATION_ERROR, message=str(error))
         return wire.Response(wire.OK, data, result_buffers)

@@ -11,16 +11,18 @@ Topology (N actors):
                 has been told, it prints how the average return changed and stops the program.
 
 CartPole (balance a pole on a cart by pushing it left or right; +1 reward per step, at most
---max_steps) is simulated with the classic cart-pole equations in numpy; the policy is a linear
-softmax over the four state variables. Actors may play with a slightly old policy while the learner
-updates: the updates are asynchronous, as in the paper.
+--max_steps) is simulated with the classic cart-pole equations in numpy (cartpole.py, shared
+with the dataflow examples); the policy is a linear softmax over the four state variables.
+Actors may play with a slightly old policy while the learner updates: the updates are
+asynchronous, as in the paper.
 
     python -m launchpad.launch --type=local_mp examples/actor_learner.py --actors=4
 """
 from __future__ import annotations
 
 import json
-import math
+import os
+import sys
 import threading
 from typing import List, Optional, Sequence, Tuple
 
@@ -28,6 +30,9 @@ import numpy as np
 from absl import app, flags
 
 import launchpad as lp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cartpole import CartPole, action_probabilities, features  # noqa: E402  (beside this file)
 
 _ACTORS = flags.DEFINE_integer('actors', 2, 'Number of actors.')
 _EPISODES = flags.DEFINE_integer('episodes', 200, 'Episodes to learn from before stopping.')
@@ -39,46 +44,6 @@ _RESULTS = flags.DEFINE_string('results', None, 'Also write every episode\'s ret
                                                 'JSON file.')
 
 _WINDOW = 20  # episodes averaged at the start and at the end for the summary
-
-
-class CartPole:
-    """The classic cart-pole: 4-D state (x, x', angle, angle'), two actions (push left/right)."""
-
-    GRAVITY, CART_MASS, POLE_MASS, HALF_POLE, FORCE, DT = 9.8, 1.0, 0.1, 0.5, 10.0, 0.02
-
-    def __init__(self, rng: np.random.Generator):
-        self._rng = rng
-        self._state = np.zeros(4)
-
-    def reset(self) -> np.ndarray:
-        self._state = self._rng.uniform(-0.05, 0.05, size=4)
-        return self._state
-
-    def step(self, action: int) -> Tuple[np.ndarray, bool]:
-        """Advances 20 ms; returns the new state and whether the pole fell or the cart left."""
-        x, speed, angle, spin = self._state
-        total_mass = self.CART_MASS + self.POLE_MASS
-        cos, sin = math.cos(angle), math.sin(angle)
-        push = (self.FORCE if action == 1 else -self.FORCE)
-        temp = (push + self.POLE_MASS * self.HALF_POLE * spin ** 2 * sin) / total_mass
-        spin_acc = (self.GRAVITY * sin - cos * temp) / (
-            self.HALF_POLE * (4 / 3 - self.POLE_MASS * cos ** 2 / total_mass))
-        acc = temp - self.POLE_MASS * self.HALF_POLE * spin_acc * cos / total_mass
-        self._state = np.array([x + self.DT * speed, speed + self.DT * acc,
-                                angle + self.DT * spin, spin + self.DT * spin_acc])
-        done = abs(self._state[0]) > 2.4 or abs(self._state[2]) > math.radians(12)
-        return self._state, done
-
-
-def features(state: np.ndarray) -> np.ndarray:
-    return np.append(state, 1.0)
-
-
-def action_probabilities(weights: np.ndarray, inputs: np.ndarray) -> np.ndarray:
-    logits = inputs @ weights.T
-    logits = logits - logits.max(axis=-1, keepdims=True)
-    exp = np.exp(logits)
-    return exp / exp.sum(axis=-1, keepdims=True)
 
 
 class Learner:

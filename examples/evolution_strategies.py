@@ -12,13 +12,16 @@ Topology (N evaluators):
 Only seeds and scores travel, never the perturbations (the shared-seed trick of Salimans et al.,
 2017). The task is a 2-D point mass that a tanh-linear policy must push to the origin and hold
 there, from four starting points; the score is minus the time-integrated squared distance (0 is
-perfect; a policy that does nothing scores -5). The dynamics are a few lines of numpy.
+perfect; a policy that does nothing scores -5). The dynamics are a few lines of numpy
+(point_mass.py, shared with es_pool.py).
 
     python -m launchpad.launch --type=local_mp examples/evolution_strategies.py --evaluators=4
 """
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from typing import List, Optional, Sequence
 
@@ -26,6 +29,9 @@ import numpy as np
 from absl import app, flags
 
 import launchpad as lp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from point_mass import DIM, centered_ranks, episode_return, perturbation  # noqa: E402
 
 _EVALUATORS = flags.DEFINE_integer('evaluators', 2, 'Number of evaluator nodes.')
 _GENERATIONS = flags.DEFINE_integer('generations', 30, 'Number of generations.')
@@ -38,30 +44,6 @@ _HISTORY = flags.DEFINE_string('history', None,
                                'its request was sent, it started, it ended and its result was '
                                'received (wall clock), to this JSON file.')
 
-_STARTS = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]])
-_STEPS = 100
-_DT = 0.05
-_DIM = 2 * 4 + 2  # a 2x4 weight matrix on (position, velocity) and a bias per force component
-
-
-def episode_return(params: np.ndarray) -> float:
-    """Minus the time-integrated squared distance to the origin, averaged over the start points."""
-    weights, bias = params[:8].reshape(2, 4), params[8:]
-    position = _STARTS.copy()
-    velocity = np.zeros_like(position)
-    cost = 0.0
-    for _ in range(_STEPS):
-        force = np.tanh(np.concatenate([position, velocity], axis=1) @ weights.T + bias)
-        velocity = velocity + _DT * (force - 0.1 * velocity)
-        position = position + _DT * velocity
-        cost += _DT * float(np.mean(np.sum(position ** 2, axis=1)))
-    return -cost
-
-
-def perturbation(seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(_DIM)
-
-
 class Evaluator:
     """Scores antithetic pairs of perturbations of the policy."""
 
@@ -73,12 +55,6 @@ class Evaluator:
         scores = [(episode_return(params + sigma * perturbation(seed)),
                    episode_return(params - sigma * perturbation(seed))) for seed in seeds]
         return {'evaluator': self._index, 'scores': scores, 'start': start, 'end': time.time()}
-
-
-def _centered_ranks(values: np.ndarray) -> np.ndarray:
-    ranks = np.empty(values.size)
-    ranks[values.ravel().argsort()] = np.arange(values.size)
-    return (ranks / (values.size - 1) - 0.5).reshape(values.shape)
 
 
 def _overlapped(evaluations: Sequence[dict]) -> bool:
@@ -100,7 +76,7 @@ class Evolver:
         self._history_path = history_path
 
     def run(self) -> None:
-        params = np.zeros(_DIM)
+        params = np.zeros(DIM)
         first = episode_return(params)
         history = []
         for generation in range(1, self._generations + 1):
@@ -115,7 +91,7 @@ class Evolver:
                            for future, at in zip(futures, sent)]
             used = [seed for e, share in zip(evaluations, shares) for seed in share]
             scores = np.array([pair for e in evaluations for pair in e['scores']])
-            ranks = _centered_ranks(scores)
+            ranks = centered_ranks(scores)
             gradient = sum((r_plus - r_minus) * perturbation(seed)
                            for seed, (r_plus, r_minus) in zip(used, ranks))
             params = params + self._learning_rate / (len(used) * self._sigma) * gradient

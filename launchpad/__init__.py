@@ -14,23 +14,27 @@ from typing import Any, List
 
 from courier import batched_handler
 
-from launchpad.address import Address
-from launchpad.launch.controller import Controller
-from launchpad.launch.launcher import (LAUNCH_TYPE, LaunchOptions, LaunchType, Launcher,
-                                       executables_of, is_local_launch, is_local_launch_or_test,
-                                       launch, make_program_stopper, register_launcher)
+from launchpad import context, dataflow
+from launchpad.address import Address, get_port_from_address
+from launchpad.context import LaunchType, is_local_launch, is_local_launch_or_test
+from launchpad.launch.controller import Controller, Controllers
+from launchpad.launch.launcher import (LAUNCH_TYPE, LaunchOptions, Launcher, executables_of, launch,
+                                       make_program_stopper, register_launcher)
 from launchpad.nodes.base import Executable, Handle, LaunchInfo, Node
 from launchpad.nodes.cacher import CacherNode
 from launchpad.nodes.colocation import (ColocationNode, MultiProcessingColocation,
                                         MultiThreadingColocation)
 from launchpad.nodes.courier import CourierClient, CourierHandle, CourierNode
+from launchpad.nodes.endpoint import NodeStoppedError
 from launchpad.nodes.python import PyClassNode, PyNode
 from launchpad.nodes.reverb import ReverbHandle, ReverbNode
 from launchpad.observe.report import count, report
+from launchpad.pool import Pool, PoolWorker, PoolWorkerNode
+from launchpad.policy import RestartPolicy
 from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus
 from launchpad.process.spec import NodePicklingError
 from launchpad.program import Program, ProgramError, make_program
-from launchpad.runtime import (get_context, register_stop_handler, stop, stop_event,
+from launchpad.runtime import (get_context, heartbeat, register_stop_handler, stop, stop_event,
                                unregister_stop_handler, wait_for_stop)
 
 # Public names of the platform modules, imported on first use (see __getattr__).
@@ -46,13 +50,15 @@ _PLATFORM_NAMES = {
 }
 
 __all__ = [
-    'Address', 'CacherNode', 'ColocationNode', 'Controller', 'CourierClient', 'CourierHandle',
-    'CourierNode', 'Executable', 'Handle', 'KubernetesResources', 'LAUNCH_TYPE', 'LaunchInfo',
-    'LaunchOptions', 'LaunchType', 'Launcher', 'MultiProcessingColocation',
-    'MultiThreadingColocation', 'Node', 'NodeFailedError', 'NodePicklingError', 'NodeState',
-    'NodeStatus', 'Program', 'ProgramError', 'PyClassNode', 'PyNode', 'PythonProcess',
-    'ReverbHandle', 'ReverbNode', 'SlurmController', 'SlurmError', 'SlurmResources', 'SshHost',
-    'SshHosts', 'batched_handler', 'count', 'executables_of', 'get_context', 'is_local_launch',
+    'Address', 'CacherNode', 'ColocationNode', 'Controller', 'Controllers', 'CourierClient',
+    'CourierHandle', 'CourierNode', 'Executable', 'Handle', 'KubernetesResources',
+    'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType', 'Launcher',
+    'MultiProcessingColocation', 'MultiThreadingColocation', 'Node', 'NodeFailedError',
+    'NodePicklingError', 'NodeState', 'NodeStatus', 'NodeStoppedError', 'Pool', 'PoolWorker',
+    'PoolWorkerNode', 'Program', 'ProgramError', 'PyClassNode', 'PyNode', 'PythonProcess',
+    'ReverbHandle', 'ReverbNode', 'RestartPolicy', 'SlurmController', 'SlurmError',
+    'SlurmResources', 'SshHost', 'SshHosts', 'batched_handler', 'context', 'count', 'dataflow',
+    'executables_of', 'get_context', 'get_port_from_address', 'heartbeat', 'is_local_launch',
     'is_local_launch_or_test', 'launch', 'make_program', 'make_program_stopper',
     'program_to_manifests', 'register_launcher', 'register_stop_handler', 'report', 'stop',
     'stop_event', 'unregister_stop_handler', 'wait_for_stop',

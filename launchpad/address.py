@@ -10,6 +10,8 @@ picking a free port and hoping nobody else takes it.
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 import uuid
 from typing import Iterable, Optional, Protocol
 
@@ -21,12 +23,15 @@ class Address:
       name: what the endpoint is for, shown in errors.
       tcp_only: the server can only listen on a TCP 'host:port' (e.g. a Reverb server), so the
         launcher must not give it a Unix socket; local launchers give it a published '127.0.0.1:0'.
+      owner: the id of the node that allocated it with `allocate_address` (its server is started
+        by user code), or None.
     """
 
     def __init__(self, name: str = 'default', *, tcp_only: bool = False):
         self.id = uuid.uuid4().hex[:16]
         self.name = name
         self.tcp_only = tcp_only
+        self.owner: Optional[str] = None
 
     def resolve(self) -> str:
         """The endpoint clients use; only valid inside a launched program."""
@@ -64,11 +69,14 @@ class AddressTable:
       published: address id -> bind target such as '10.0.0.2:0'; the server binds it and publishes
         the real endpoint to `registry`, where clients look it up.
       registry: the program's registry for published endpoints (set inside executables).
+      lookup_timeout: seconds `resolve` waits for a published endpoint.
+      reserved: address id -> endpoint this process reserved for a server of its own (`reserve`).
     """
     static: dict = dataclasses.field(default_factory=dict)
     published: dict = dataclasses.field(default_factory=dict)
     registry: Optional[Registry] = None
     lookup_timeout: Optional[float] = 600.0
+    reserved: dict = dataclasses.field(default_factory=dict)
 
     def bind_target(self, address: Address) -> str:
         """Where the server for `address` binds."""
@@ -86,8 +94,32 @@ class AddressTable:
         if address.id in self.published:
             self._registry().publish_address(address.id, endpoint)
 
+    def reserve(self, address: Address) -> str:
+        """Chooses now, in the node that will serve `address`, the endpoint its server binds, and
+        publishes it: for servers that user code starts itself on a port it is given
+        (`PyNode.allocate_address`). A static address is already chosen.
+
+        The port is one the kernel reports free on the bind host at this moment; the server should
+        bind it soon after.
+        """
+        if address.id in self.reserved:
+            return self.reserved[address.id]
+        if address.id not in self.published:
+            return self.bind_target(address)
+        host = self.bind_target(address).rsplit(':', 1)[0]  # e.g. '10.0.0.2:0'
+        probe_host = host.strip('[]')
+        family = socket.AF_INET6 if ':' in probe_host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((probe_host, 0))
+            endpoint = f'{host}:{probe.getsockname()[1]}'
+        self.reserved[address.id] = endpoint
+        self.publish(address, endpoint)
+        return endpoint
+
     def resolve(self, address: Address) -> str:
         """The endpoint clients connect to; waits for published endpoints to appear."""
+        if address.id in self.reserved:
+            return self.reserved[address.id]
         if address.id in self.static:
             return self.static[address.id]
         if address.id in self.published:
@@ -97,6 +129,15 @@ class AddressTable:
                     f'{address} was not published within {self.lookup_timeout} s: the node serving '
                     'it did not start; look for its error in the program output.')
             return endpoint
+        raise AddressNotFoundError(self._missing(address))
+
+    def current(self, address: Address) -> Optional[str]:
+        """The endpoint clients connect to now, without waiting: a published address's latest
+        endpoint (a restarted node publishes a new one), or None while it has none."""
+        if address.id in self.published:
+            return self._registry().lookup_address(address.id, 0.0)
+        if address.id in self.static:
+            return self.static[address.id]
         raise AddressNotFoundError(self._missing(address))
 
     def _registry(self) -> Registry:
@@ -124,3 +165,28 @@ def local_address_table(addresses: Iterable[Address], socket_dir: str,
         else:
             table.static[address.id] = f'unix:{socket_dir}/{i}.sock'
     return table
+
+
+def get_port_from_address(address: str) -> int:
+    """The port of a 'host:port' address, e.g. of `address.resolve()` for an address a node
+    allocated with `PyNode.allocate_address`, to start its own server on:
+
+        server = courier.Server(port=lp.get_port_from_address(address.resolve()))
+
+    A named port ('host:name', dm-launchpad's convention) is read from the environment variable
+    `LP_PORT_<name>`.
+    """
+    if not isinstance(address, str):
+        raise TypeError(f'get_port_from_address takes an address string, got {address!r}.')
+    if address.startswith('unix:'):
+        raise ValueError(f'{address!r} is a Unix socket and has no port. Only TCP addresses have '
+                         'one: allocate the address with PyNode.allocate_address, which makes it '
+                         "a 'host:port' address.")
+    port = address.rsplit(':', 1)[-1]
+    if port.isdigit():
+        return int(port)
+    value = os.environ.get(f'LP_PORT_{port}')
+    if ':' in address and value is not None and value.isdigit():
+        return int(value)
+    raise ValueError(f"{address!r} is not a 'host:port' address (and LP_PORT_{port} names no "
+                     'port): pass the string that address.resolve() returns.')

@@ -8,6 +8,7 @@ import subprocess
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from launchpad.nodes.base import Handle, Node
+from launchpad.policy import NodePolicy, RestartPolicy, check_progress_deadline, check_restart
 
 
 class ProgramError(ValueError):
@@ -19,49 +20,99 @@ class Program:
 
     Build it with `add_node` (inside `with program.group(label):` or with an explicit label), then
     hand it to `lp.launch`. Building a program has no side effects: objects are built where nodes run.
+
+    Attributes:
+      name: the program's name.
+      launched: True once `lp.launch` has started it; nodes cannot be added after that.
     """
 
     def __init__(self, name: str = 'launchpad'):
         self.name = name
+        self.launched = False
         self._groups: Dict[str, List[Node]] = {}
         self._current_group: Optional[str] = None
+        self._policies: Dict[str, NodePolicy] = {}  # by group label, and by node name
 
     @contextlib.contextmanager
-    def group(self, label: str) -> Iterator[None]:
-        """Adds the nodes added inside the block to the resource group `label`."""
+    def group(self, label: str, *, restart: Optional[RestartPolicy] = None,
+              progress_deadline: Optional[float] = None) -> Iterator[None]:
+        """Adds the nodes added inside the block to the resource group `label`.
+
+        Args:
+          restart: what a failure of one of the group's nodes does (`lp.RestartPolicy`); by
+            default it fails the program.
+          progress_deadline: seconds a node of the group may go without progress
+            (`lp.heartbeat()`, or serving a call) before it counts as hung and fails.
+        """
         if self._current_group is not None:
-            raise ProgramError(f'Groups cannot be nested: group({label!r}) inside group('
+            raise ProgramError(f'group() cannot be nested: group({label!r}) inside group('
                                f'{self._current_group!r}). Close the outer group first.')
         _check_label(label)
+        self._set_policy(label, f'group {label!r}', restart, progress_deadline)
         self._current_group = label
         try:
             yield
         finally:
             self._current_group = None
 
-    def add_node(self, node: Node, label: Optional[str] = None) -> Handle:
-        """Adds `node` to the group `label` (or the current group) and returns a handle to it."""
+    def add_node(self, node: Node, label: Optional[str] = None, *,
+                 restart: Optional[RestartPolicy] = None,
+                 progress_deadline: Optional[float] = None) -> Handle:
+        """Adds `node` to the group `label` (or the current group) and returns a handle to it.
+
+        `restart` and `progress_deadline` override the group's (see `group`) for this node.
+        """
+        if self.launched:
+            raise ProgramError(
+                f'Program {self.name!r} was already launched: nodes cannot be added to a running '
+                f'program, so {node!r} would never run. Add every node before lp.launch, or build '
+                'and launch another program for it.')
         if not isinstance(node, Node):
             raise ProgramError(f'add_node takes a launchpad node (lp.PyNode, lp.CourierNode, ...), '
                                f'got {node!r}.')
         if label is None:
             label = self._current_group
             if label is None:
-                raise ProgramError(f'{node!r} needs a group: call add_node inside '
+                raise ProgramError(f'Label should not be empty: {node!r} needs a group; call add_node inside '
                                    '`with program.group(label):` or pass label=...')
         elif self._current_group is not None and label != self._current_group:
-            raise ProgramError(f'add_node(label={label!r}) inside group({self._current_group!r}): '
-                               'use one or the other.')
+            raise ProgramError(f'The given label does not match the current group: add_node(label='
+                               f'{label!r}) inside group({self._current_group!r}); use one or '
+                               'the other.')
         _check_label(label)
         if node.colocated_in is not None:
             raise ProgramError(f'{node!r} is already part of {node.colocated_in!r}; add only the '
                                'colocation node to the program, not the nodes inside it.')
         if node.name is not None:
             raise ProgramError(f'{node!r} was already added to a program; create a new node instead.')
-        nodes = self._groups.setdefault(label, [])
-        node.name = f'{label}/{len(nodes)}'
-        nodes.append(node)
+        nodes = self._groups.get(label, [])
+        name = f'{label}/{len(nodes)}'
+        self._set_policy(name, f'node {name}', restart, progress_deadline)
+        node.name = name
+        self._groups.setdefault(label, nodes).append(node)
         return node.create_handle()
+
+    def _set_policy(self, key: str, what: str, restart: Optional[RestartPolicy],
+                    progress_deadline: Optional[float]) -> None:
+        check_restart(restart)
+        check_progress_deadline(progress_deadline)
+        if restart is None and progress_deadline is None:
+            return
+        old = self._policies.get(key)
+        new = NodePolicy(restart, progress_deadline)
+        if old is not None and old != new:
+            raise ProgramError(f'{what} already has restart={old.restart!r}, progress_deadline='
+                               f'{old.progress_deadline!r}; give them once, where the group is '
+                               'first opened.')
+        self._policies[key] = new
+
+    def policy_of(self, node_name: str) -> NodePolicy:
+        """What a failure or a hang of node `node_name` does: its own policy, else its group's."""
+        label = node_name.split('/', 1)[0]
+        own = self._policies.get(node_name) or NodePolicy()
+        group = self._policies.get(label) or NodePolicy()
+        return NodePolicy(own.restart or group.restart,
+                          own.progress_deadline or group.progress_deadline)
 
     @property
     def groups(self) -> Dict[str, List[Node]]:
@@ -167,7 +218,10 @@ def make_program(*nodes: Node, name: str = 'launchpad') -> Program:
 
 
 def _check_label(label) -> None:
-    if not isinstance(label, str) or not label or '/' in label:
+    if label == '':
+        raise ProgramError('Label should not be empty: group labels are non-empty strings '
+                           'without "/".')
+    if not isinstance(label, str) or '/' in label:
         raise ProgramError(f'Group labels are non-empty strings without "/", got {label!r}.')
 
 

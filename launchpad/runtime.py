@@ -3,7 +3,11 @@
 Launchers install a `NodeContext` for every executable before it runs (per thread for threads,
 per process for processes). The module-level functions here are re-exported as `lp.stop`,
 `lp.wait_for_stop`, `lp.stop_event`, `lp.register_stop_handler`, `lp.unregister_stop_handler` and
-`lp.get_context`.
+`lp.get_context` and `lp.heartbeat`.
+
+A node *cooperates* with a stop when it registers a stop handler or waits for or watches the stop
+(`lp.wait_for_stop`, `lp.stop_event`); such a node gets the notice period to end, while one that
+does none of these is ended at once when the program stops, as a process given SIGTERM would be.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import dataclasses
 import functools
 import logging
 import threading
+import time
 from typing import Any, Callable, Optional
 
 
@@ -22,6 +27,13 @@ class StopSignal:
         self.event = threading.Event()
         self._lock = threading.Lock()
         self._handlers: list = []
+        self.cooperating = False  # see the module docstring
+        self._triggered = False
+
+    def watched(self) -> threading.Event:
+        """The stop event, for code that waits for or watches it: the node cooperates."""
+        self.cooperating = True
+        return self.event
 
     def request(self, reason: str) -> None:
         """Asks the program to stop (it reaches every node, this one included)."""
@@ -30,8 +42,9 @@ class StopSignal:
     def trigger(self) -> None:
         """Marks the program as stopping here and runs the stop handlers once."""
         with self._lock:
-            if self.event.is_set():
+            if self._triggered:
                 return
+            self._triggered = True
             self.event.set()
             handlers, self._handlers = self._handlers, []
         for handler in handlers:
@@ -41,8 +54,9 @@ class StopSignal:
                 logging.exception('Stop handler %r failed', handler)
 
     def add_handler(self, handler: Callable[[], None]) -> None:
+        self.cooperating = True
         with self._lock:
-            if not self.event.is_set():
+            if not self._triggered:
                 self._handlers.append(handler)
                 return
         handler()
@@ -53,12 +67,25 @@ class StopSignal:
                 self._handlers.remove(handler)
 
 
+class Progress:
+    """When a node last reported progress (monotonic seconds); shared by the contexts of the nodes
+    of one executable, so that any of them keeps it alive."""
+
+    def __init__(self):
+        self.last = time.monotonic()
+
+    def report(self) -> None:
+        self.last = time.monotonic()
+
+
 @dataclasses.dataclass
 class NodeContext:
     """Everything an executable knows about where it runs.
 
     Attributes:
-      launch_type: the launch type name, e.g. 'local_mp'.
+      launch_type: the launch type, an `lp.LaunchType` member such as
+        `LaunchType.LOCAL_MULTI_PROCESSING` (equal to its name, 'local_mp'), or the name of a
+        launch type of your own.
       program_name: the program's name.
       label: the node's group label.
       index: the node's index within its group.
@@ -67,6 +94,12 @@ class NodeContext:
       coordinator: the program's coordinator (or a client of it).
       notice_period: seconds the node has to end after the program starts stopping.
       tls: TLS credentials (a courier.TLSConfig) for the program's TCP traffic, or None.
+      auth_token: the program's auth token for this process's calls to its nodes, where the
+        environment does not carry it (the launching process of a local_mp program); else None.
+      attempt: 0 in a node's first run, then how many times it was restarted (a restarted node
+        can restore from its own checkpoint).
+      progress_deadline: seconds the node may go without progress before it counts as hung.
+      progress: when it last reported progress (`lp.heartbeat()`, or serving a call).
     """
     launch_type: str
     program_name: str
@@ -77,6 +110,10 @@ class NodeContext:
     coordinator: Any = None
     notice_period: float = 10.0
     tls: Any = None
+    auth_token: Optional[str] = None
+    attempt: int = 0
+    progress_deadline: Optional[float] = None
+    progress: Progress = dataclasses.field(default_factory=Progress)
 
     @property
     def node_name(self) -> str:
@@ -107,11 +144,15 @@ def set_process_context(context: Optional[NodeContext]) -> None:
     _process_context = context
 
 
-def in_context(context: NodeContext, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn`, running with `context` installed on whichever thread calls it."""
+def in_context(context: NodeContext, fn: Callable[..., Any], *,
+               progress: bool = False) -> Callable[..., Any]:
+    """`fn`, running with `context` installed on whichever thread calls it (and, with `progress`,
+    each call counting as the node's progress: a server's served calls)."""
     @functools.wraps(fn)
     def call_in_context(*args, **kwargs):
         _thread_context.value = context
+        if progress:
+            context.progress.report()
         return fn(*args, **kwargs)
 
     return call_in_context
@@ -144,12 +185,17 @@ def stop() -> None:
 
 def stop_event() -> threading.Event:
     """An event that is set when the program is stopping."""
-    return get_context().stop.event
+    return get_context().stop.watched()
 
 
 def wait_for_stop(timeout: Optional[float] = None) -> bool:
     """Blocks until the program is stopping or `timeout` seconds pass; True if stopping."""
-    return get_context().stop.event.wait(timeout)
+    return get_context().stop.watched().wait(timeout)
+
+
+def heartbeat() -> None:
+    """Reports that the node makes progress (see `progress_deadline` of `Program.group`)."""
+    get_context().progress.report()
 
 
 def register_stop_handler(handler: Callable[[], None]) -> None:

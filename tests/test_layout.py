@@ -21,6 +21,8 @@ LAYERS = [
     ('courier.transport._base', 1),          # transport interfaces, addresses, errors
     ('courier.transport.frames', 2),         # the framed protocol's frames
     ('courier.transport._here', 2),          # servers of this process, for in-process calls
+    ('courier.transport.pool', 2),           # the framed server's bounded worker pool
+    ('courier.transport.loop', 2),           # the framed server's event loop and limits
     ('courier.transport.framed_client', 3),  # the transports: never import each other
     ('courier.transport.framed_server', 3),
     ('courier.transport.grpc', 3),
@@ -30,10 +32,16 @@ LAYERS = [
     ('courier.batching', 5),
     ('courier', 0),                          # the leaves (errors, wire, serialization, ...)
     ('launchpad.runtime', 10),
+    ('launchpad.context', 10),  # launch types, and lp.context.get_context (from runtime)
+    ('launchpad.dataflow', 10),              # dataflow operators: courier clients only
+    ('launchpad.policy', 10),
     ('launchpad.address', 11),
     ('launchpad.observe.report', 11),       # what a node reports: lp.report, its calls
     ('launchpad.process', 12),
     ('launchpad.nodes', 13),
+    ('launchpad.pool.results', 12),          # what a pool's callers wait on
+    ('launchpad.pool.dispatch', 12),         # a pool's task table over courier clients
+    ('launchpad.pool.worker', 13),           # the pool worker and its node
     ('launchpad.program', 14),
     ('launchpad.launch.controller', 15),
     ('launchpad.observe.cli', 16),          # the commands looking at running programs
@@ -41,6 +49,7 @@ LAYERS = [
     ('launchpad.launch.launcher', 15),
     ('launchpad.launch.__main__', 17),
     ('launchpad.launch', 16),  # the platforms: threads, processes, ssh, slurm, kubernetes
+    ('launchpad.pool', 17),    # lp.Pool launches its own program: beside the public face
     ('launchpad', 17),         # the package's public face
 ]
 _TOP = {'courier': 6}  # a package's own __init__, above its modules

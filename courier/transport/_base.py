@@ -23,6 +23,8 @@ from courier import wire
 
 UNIX_PREFIX = 'unix:'
 _MAX_UNIX_PATH_BYTES = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux.
+# The longest method name a call may carry, encoded as UTF-8 (the framed server's limit too).
+MAX_METHOD_BYTES = 64 << 10
 
 # handle_call(method, pickle, buffers): the buffers are writable and owned by the call.
 HandleCall = Callable[[str, memoryview, List[Any]], wire.Response]
@@ -151,6 +153,9 @@ class ServerTransport(abc.ABC):
         """Stops accepting calls, waits up to ``grace`` seconds for calls in flight."""
 
 
+_CANCELLED = 'CANCELLED'  # concurrent.futures' state of a cancelled, not yet notified future.
+
+
 class CallFuture(concurrent.futures.Future):
     """The future of a call; cancelling it also cancels the call, through ``on_cancel``."""
 
@@ -161,7 +166,13 @@ class CallFuture(concurrent.futures.Future):
     def cancel(self) -> bool:
         if not super().cancel():
             return False
-        on_cancel = self.on_cancel
+        # What an executor does for a cancelled work item: concurrent.futures.wait() and
+        # as_completed() count only a cancelled future that was "notified" as done. (The
+        # condition's lock is reentrant; holding it, a concurrent cancel cannot notify too.)
+        with self._condition:
+            if self._state == _CANCELLED:
+                self.set_running_or_notify_cancel()
+        on_cancel, self.on_cancel = self.on_cancel, None
         if on_cancel is not None:
             on_cancel()
         return True
@@ -177,6 +188,7 @@ class CallFuture(concurrent.futures.Future):
             self.set_exception(error)
         except concurrent.futures.InvalidStateError:  # Cancelled or completed meanwhile.
             pass
+        self.on_cancel = None  # What it holds (a connection, an RPC) is not needed anymore.
 
     def resolve(self, finish: Callable[[Any], Any], response: Any) -> None:
         """Completes the future with what ``finish(response)`` returns or raises."""
@@ -189,15 +201,16 @@ class CallFuture(concurrent.futures.Future):
             self.set_result(result)
         except concurrent.futures.InvalidStateError:
             pass
+        self.on_cancel = None
 
 
-def decode_response(data: Any, address: str) -> wire.Response:
+def decode_response(data: Any, method: str, address: str) -> wire.Response:
     """Decodes an encoded ``wire.Response``; its buffers come out writable, like local arrays."""
     try:
         response = wire.decode_response(data)
     except ValueError as error:
-        raise errors.ProtocolError(
-            f'malformed response from courier server {address}: {error}') from None
+        raise call_error(errors.ProtocolError, method, address,
+                         f'got a malformed response: {error}') from None
     response.buffers = [bytearray(buffer) for buffer in response.buffers]
     return response
 
@@ -206,8 +219,23 @@ def decode_method_list(data: Any, address: str) -> List[str]:
     try:
         return wire.decode_method_list(data)
     except ValueError as error:
-        raise errors.ProtocolError(
-            f'malformed method list from courier server {address}: {error}') from None
+        raise call_error(errors.ProtocolError, LIST_METHODS, address,
+                         f'got a malformed method list: {error}') from None
+
+
+def encode_method(method: str, address: str) -> bytes:
+    """Returns ``method`` as the UTF-8 a call carries, or raises the courier error saying why."""
+    try:
+        encoded = method.encode()
+    except UnicodeEncodeError as error:
+        raise call_error(errors.SerializationError, method, address,
+                         f'cannot be made: the method name is not valid Unicode ({error})'
+                         ) from None
+    if len(encoded) > MAX_METHOD_BYTES:
+        raise call_error(errors.SerializationError, method[:64] + '...', address,
+                         f'cannot be made: the method name is {len(encoded):,} bytes long, '
+                         f'longer than the {MAX_METHOD_BYTES:,} bytes courier allows')
+    return encoded
 
 
 # Why a server refuses a call, by the token the call carried.
@@ -223,18 +251,24 @@ def call_error(kind: Type[errors.CourierError], method: str, address: str,
     return kind(f'call to {method!r} on courier server {address} {what}')
 
 
+# What a method named in a call error is called when the call lists the methods.
+LIST_METHODS = 'ListMethods'
+
+
 def call_timeout(method: str, address: str, timeout: Optional[float]) -> errors.CourierError:
+    # "Deadline Exceeded": the words of gRPC's status, which code written for dm-launchpad
+    # looks for in the message.
     return call_error(errors.CallTimeoutError, method, address,
-                      f'timed out{_after(timeout)} (call_timeout); pass a larger call_timeout '
-                      f'if the method needs longer')
+                      f'timed out{_after(timeout)} (Deadline Exceeded: call_timeout); pass a '
+                      f'larger call_timeout if the method needs longer')
 
 
 def unreachable_timeout(method: str, address: str,
                         timeout: Optional[float]) -> errors.CourierError:
     return call_error(errors.ServerUnreachableTimeoutError, method, address,
-                      f'timed out{_after(timeout)}: the server was not reachable '
-                      f'(wait_for_ready=True waited for it to come up). Is it running, and '
-                      f'is the address right?')
+                      f'timed out{_after(timeout)} (Deadline Exceeded): the server was not '
+                      f'reachable (wait_for_ready=True waited for it to come up). Is it '
+                      f'running, and is the address right?')
 
 
 def unavailable(method: str, address: str, details: str,
@@ -257,6 +291,25 @@ def rejected_as_malformed(method: str, address: str, details: str) -> errors.Cou
 def stopped_during_call(method: str, address: str) -> errors.CourierError:
     return call_error(errors.ServerUnavailableError, method, address,
                       'failed: the server stopped during the call')
+
+
+def closed(method: str, address: str) -> errors.CourierError:
+    return call_error(errors.ServerUnavailableError, method, address,
+                      'failed: the client was closed (courier.Client.close)')
+
+
+def busy(method: str, address: str, reason: str) -> errors.CourierError:
+    """The server refused the connection at one of its limits (``reason`` says which)."""
+    return call_error(errors.ServerUnavailableError, method, address,
+                      f'failed: the server refused the connection: {reason}')
+
+
+def unknown_method(method: str, address: str, existing: Sequence[str]) -> errors.CourierError:
+    # "not found": the words code written for dm-launchpad looks for in the message.
+    names = ', '.join(repr(name) for name in existing) or 'none'
+    return errors.UnknownMethodError(
+        f'courier server {address} has no method {method!r} (method not found); its methods '
+        f'are: {names}')
 
 
 def _after(timeout: Optional[float]) -> str:

@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Type
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 from courier import errors
 from courier import wire
@@ -33,6 +33,8 @@ from courier.transport import frames
 
 _RETRY_FIRST = 0.001  # Seconds between connection attempts to a server not yet up: doubling...
 _RETRY_MAX = 0.02     # ... up to this, so that a node notices a new server within 20 ms.
+# Connections a peer may close during the hello, in a row, before a call gives up on it.
+_HELLO_ATTEMPTS = 5
 
 
 def connect(address: str, path: str, *, auth_token: Optional[str],
@@ -81,6 +83,35 @@ class _Connection:
         self.sock.close()
 
 
+class _Held:
+    """What a transport holds open: apart from it, so that closing needs no transport.
+
+    A transport dropped without ``close()`` is closed by its finalizer, which holds
+    this and not the transport; no thread holds the transport either (a pipeline's
+    reader does only while calls started through it wait for their answers).
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.connections: 'weakref.WeakSet[_Connection]' = weakref.WeakSet()  # Blocking ones.
+        self.pipeline: Optional[_Pipeline] = None
+        self.deadlines: Optional[_Deadlines] = None
+        self.closed = False
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            connections = list(self.connections)
+            pipeline, self.pipeline = self.pipeline, None
+            deadlines, self.deadlines = self.deadlines, None
+        for connection in connections:
+            connection.close()
+        if pipeline is not None:
+            pipeline.close()
+        if deadlines is not None:
+            deadlines.close()
+
+
 class FramedClientTransport(_base.ClientTransport):
     """Calls one server over its Unix socket, or directly when it runs in this process."""
 
@@ -91,19 +122,20 @@ class FramedClientTransport(_base.ClientTransport):
         self._token = auth_token
         self._wait_for_ready = wait_for_ready
         self._local = threading.local()  # .connection: this thread's blocking connection.
-        self._connections: 'weakref.WeakSet[_Connection]' = weakref.WeakSet()
-        self._lock = threading.Lock()
-        self._pipeline: Optional[_Pipeline] = None
-        self._deadlines: Optional[_Deadlines] = None
-        self._closed = False
+        self._held = _Held()
+        self._release = weakref.finalize(self, self._held.close)
+
+    def close(self):
+        self._release()
 
     # Blocking calls.
 
     def call(self, method, pickle, buffers, timeout):
+        name = _base.encode_method(method, self.address)
         server = _here.servers.get(self._path)
         if server is None:
             deadline = None if timeout is None else time.monotonic() + timeout
-            parts = frames.encode(frames.CALL, 0, 0, method.encode(), pickle, buffers)
+            parts = frames.encode(frames.CALL, 0, 0, name, pickle, buffers)
             try:
                 frame = self._exchange(parts, method, timeout, deadline)
             except _ServerHere:
@@ -112,59 +144,65 @@ class FramedClientTransport(_base.ClientTransport):
                     timeout = max(0.0, deadline - time.monotonic())
             else:
                 return _response(frame, method, self.address)
+        elif self._held.closed:
+            raise _base.closed(method, self.address)
         return server.call_here(self._token, method, pickle, buffers, timeout, self.address)
 
     def list_methods(self, timeout):
+        method = _base.LIST_METHODS
         server = _here.servers.get(self._path)
         if server is None:
             deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                frame = self._exchange(frames.encode(frames.LIST), 'ListMethods',
-                                       timeout, deadline)
+                frame = self._exchange(frames.encode(frames.LIST), method, timeout, deadline)
             except _ServerHere:
-                server = _stopped_meanwhile(self._path, 'ListMethods', self.address)
+                server = _stopped_meanwhile(self._path, method, self.address)
+        elif self._held.closed:
+            raise _base.closed(method, self.address)
         if server is not None:
-            server.check_token_here(self._token, 'ListMethods', self.address)
+            server.check_token_here(self._token, method, self.address)
             return server.method_names()
         if frame.kind != frames.METHODS:
-            raise _unexpected(frame, 'ListMethods', self.address)
+            raise _unexpected(frame, method, self.address)
         return _base.decode_method_list(frame.payload, self.address)
 
     def _exchange(self, parts: List[Any], method: str, timeout: Optional[float],
                   deadline: Optional[float]) -> frames.Frame:
         """Sends a request on this thread's connection and reads the answer to it."""
         connection = getattr(self._local, 'connection', None)
+        if connection is not None and self._held.closed:
+            raise _base.closed(method, self.address)
         for attempt in range(2):
             if connection is None:
                 connection = self._connect_blocking(method, timeout, deadline)
-            sock = connection.sock
             try:
-                if deadline is not None:
-                    _time_out_at(sock, deadline)
-                elif sock.gettimeout() is not None:
-                    sock.settimeout(None)
-                try:
-                    frames.send(sock, parts)
-                except (BrokenPipeError, ConnectionResetError):
-                    # The server closed this connection while it sat idle (it stopped or
-                    # restarted); the request never arrived, so a new connection may carry it.
-                    self._drop(connection)
-                    connection = None
-                    if attempt:
-                        raise
-                    continue
-                return connection.reader.read_frame()
+                return _send_and_read(connection, parts, deadline)
+            except _Unsent as unsent:
+                # The server closed this connection while it sat idle (it stopped or
+                # restarted), or refused it; the request never arrived, so a new connection
+                # may carry it.
+                self._drop(connection)
+                connection = None
+                if unsent.answer is not None:
+                    raise _unexpected(unsent.answer, method, self.address) from None
+                if attempt:
+                    raise _base.call_error(
+                        errors.ServerUnavailableError, method, self.address,
+                        f'failed: the server closed two connections before the call went out '
+                        f'({_describe(unsent.error)})') from None
             except socket.timeout:
                 self._drop(connection)
                 raise _base.call_timeout(method, self.address, timeout) from None
-            except (EOFError, OSError) as error:
-                self._drop(connection)
-                raise _base.call_error(errors.ServerUnavailableError, method, self.address,
-                                       _went_away(error)) from None
             except frames.ProtocolViolation as error:
                 self._drop(connection)
                 raise _base.call_error(errors.ProtocolError, method, self.address,
                                        f'got a malformed answer: {error}') from None
+            except (EOFError, OSError) as error:
+                self._drop(connection)
+                if self._held.closed:
+                    raise _base.closed(method, self.address) from None
+                raise _base.call_error(errors.ServerUnavailableError, method, self.address,
+                                       _went_away(error)) from None
             except BaseException:  # e.g. KeyboardInterrupt: the answer would come out of turn.
                 self._drop(connection)
                 raise
@@ -172,6 +210,8 @@ class FramedClientTransport(_base.ClientTransport):
 
     def _connect_blocking(self, method: str, timeout: Optional[float],
                           deadline: Optional[float]) -> _Connection:
+        if self._held.closed:
+            raise _base.closed(method, self.address)
         try:
             connection = _open(self._path, self._token, frames.SYNC, self._wait_for_ready,
                                deadline, here=True)
@@ -182,11 +222,12 @@ class FramedClientTransport(_base.ClientTransport):
         if self._path in _here.servers:  # It started here while this thread waited for it.
             connection.close()
             raise _ServerHere
-        with self._lock:
-            if self._closed:
+        held = self._held
+        with held.lock:
+            if held.closed:
                 connection.close()
-                raise _closed(method, self.address)
-            self._connections.add(connection)
+                raise _base.closed(method, self.address)
+            held.connections.add(connection)
         self._local.connection = connection
         return connection
 
@@ -199,20 +240,28 @@ class FramedClientTransport(_base.ClientTransport):
 
     def call_async(self, method, pickle, buffers, timeout, finish):
         future = _base.CallFuture()
+        try:
+            name = _base.encode_method(method, self.address)
+        except errors.CourierError as error:
+            future.fail(error)
+            return future
         server = _here.servers.get(self._path)
         pipeline = None
+        if self._held.closed:
+            future.fail(_base.closed(method, self.address))
+            return future
         if server is not None:
             server.call_here_async(future, self._token, method, pickle, buffers, self.address,
                                    finish)
         else:
-            pipeline = self._pipeline
+            pipeline = self._held.pipeline
             if pipeline is None or pipeline.broken:
                 try:
                     pipeline = self._new_pipeline(method)
                 except errors.CourierError as error:
                     future.fail(error)
                     return future
-            pipeline.start(future, method, pickle, buffers, finish)
+            pipeline.start(future, method, name, pickle, buffers, finish, self)
         if timeout is not None and not future.done():
             address = self.address
 
@@ -225,32 +274,54 @@ class FramedClientTransport(_base.ClientTransport):
         return future
 
     def _new_pipeline(self, method: str) -> '_Pipeline':
-        with self._lock:
-            if self._pipeline is None or self._pipeline.broken:
-                if self._closed:
-                    raise _closed(method, self.address)
-                self._pipeline = _Pipeline(self._path, self._token, self._wait_for_ready,
-                                           self.address)
-            return self._pipeline
+        held = self._held
+        with held.lock:
+            if held.pipeline is None or held.pipeline.broken:
+                if held.closed:
+                    raise _base.closed(method, self.address)
+                held.pipeline = _Pipeline(self._path, self._token, self._wait_for_ready,
+                                          self.address)
+            return held.pipeline
 
     def _deadline_watcher(self) -> '_Deadlines':
-        with self._lock:
-            if self._deadlines is None:
-                self._deadlines = _Deadlines()
-            return self._deadlines
+        held = self._held
+        with held.lock:
+            if held.deadlines is None:
+                held.deadlines = _Deadlines()
+            return held.deadlines
 
-    def close(self):
-        with self._lock:
-            self._closed = True
-            connections = list(self._connections)
-            pipeline, self._pipeline = self._pipeline, None
-            deadlines, self._deadlines = self._deadlines, None
-        for connection in connections:
-            connection.close()
-        if pipeline is not None:
-            pipeline.close()
-        if deadlines is not None:
-            deadlines.close()
+
+class _Unsent(Exception):
+    """Sending a request failed: it never reached the server (``answer``: what the server said)."""
+
+    def __init__(self, error: OSError, answer: Optional[frames.Frame]):
+        super().__init__()
+        self.error = error
+        self.answer = answer
+
+
+def _send_and_read(connection: _Connection, parts: List[Any],
+                   deadline: Optional[float]) -> frames.Frame:
+    sock = connection.sock
+    if deadline is not None:
+        _time_out_at(sock, deadline)
+    elif sock.gettimeout() is not None:
+        sock.settimeout(None)
+    try:
+        frames.send(sock, parts)
+    except (BrokenPipeError, ConnectionResetError) as error:
+        raise _Unsent(error, _last_words(connection)) from None
+    return connection.reader.read_frame()
+
+
+def _last_words(connection: _Connection) -> Optional[frames.Frame]:
+    """What a server that closed the connection sent before (a refusal or a fault), if anything."""
+    try:
+        connection.sock.settimeout(1.0)
+        frame = connection.reader.read_frame()
+    except Exception:  # pylint: disable=broad-except
+        return None
+    return frame if frame.kind in (frames.FAULT, frames.REFUSED) else None
 
 
 def _stopped_meanwhile(path: str, method: str, address: str) -> _here.ServerHere:
@@ -262,21 +333,18 @@ def _stopped_meanwhile(path: str, method: str, address: str) -> _here.ServerHere
     return server
 
 
-def _closed(method: str, address: str) -> errors.CourierError:
-    return _base.call_error(errors.ServerUnavailableError, method, address,
-                            'failed: the client transport is closed')
-
-
 def _open(path: str, token: Optional[str], mode: int, wait_for_ready: bool,
           deadline: Optional[float], here: bool = False) -> _Connection:
     """Connects and says hello, waiting for the server to come up if asked to.
 
     Raises:
-      _Unreachable: no server (and no waiting), or it refused the hello.
+      _Unreachable: no server (and no waiting), or it refused the hello, or the peer
+        keeps closing connections during the hello (it is not a courier server).
       _ServerHere: ``here`` is true and the server started in this process meanwhile.
       socket.timeout: the deadline passed first.
     """
     delay = _RETRY_FIRST
+    closed_in_hello = 0
     while True:
         if here and path in _here.servers:
             raise _ServerHere
@@ -285,7 +353,6 @@ def _open(path: str, token: Optional[str], mode: int, wait_for_ready: bool,
             if deadline is not None:
                 _time_out_at(sock, deadline)
             sock.connect(path)
-            break
         except (FileNotFoundError, ConnectionRefusedError) as error:
             sock.close()
             if not wait_for_ready:
@@ -298,32 +365,65 @@ def _open(path: str, token: Optional[str], mode: int, wait_for_ready: bool,
             sock.close()
             raise _unreachable(f'failed: cannot connect to its socket ({_describe(error)})'
                                ) from None
+        else:
+            connection = _Connection(sock)
+            answer, error = _hello(connection, token, mode)
+            if answer is not None and answer.kind == frames.WELCOME:
+                return connection
+            connection.close()
+            if answer is not None:
+                raise _refusal(answer)
+            closed_in_hello += 1
+            if not wait_for_ready:
+                raise _unreachable(f'failed: the server closed the connection '
+                                   f'({_describe(error)})')
+            if closed_in_hello >= _HELLO_ATTEMPTS:
+                raise _unreachable(
+                    f'failed: the socket closed the connection during the hello '
+                    f'{closed_in_hello} times in a row ({_describe(error)}); it does not '
+                    f'serve the courier protocol', errors.ProtocolError)
         pause = delay if deadline is None else min(delay, deadline - time.monotonic())
         if pause <= 0:
             raise socket.timeout
         time.sleep(pause)
         delay = min(2 * delay, _RETRY_MAX)
-    connection = _Connection(sock)
+
+
+def _hello(connection: _Connection, token: Optional[str],
+           mode: int) -> Tuple[Optional[frames.Frame], Optional[BaseException]]:
+    """Says hello; returns the server's answer, or (None, why) if it closed the connection.
+
+    Raises:
+      socket.timeout: the deadline passed first.
+    """
+    sock = connection.sock
     try:
         frames.send(sock, frames.encode(
             frames.HELLO, mode, frames.VERSION, (token or '').encode(), frames.MAGIC))
-        answer = connection.reader.read_frame()
+    except socket.timeout:
+        connection.close()
+        raise
+    except OSError:
+        pass  # A server refusing the connection may close it first: its answer says why.
+    try:
+        return connection.reader.read_frame(), None
     except socket.timeout:
         connection.close()
         raise
     except (EOFError, OSError, frames.ProtocolViolation) as error:
-        connection.close()
-        if not wait_for_ready:
-            raise _unreachable(f'failed: the server closed the connection ({_describe(error)})'
-                               ) from None
-        return _open(path, token, mode, wait_for_ready, deadline, here)
-    if answer.kind == frames.WELCOME:
-        return connection
-    connection.close()
+        return None, error
+
+
+def _refusal(answer: frames.Frame) -> _Unreachable:
+    """What each call raises when the server answered the hello with ``answer``, not WELCOME."""
+    text = answer.text.decode(errors='replace')
     if answer.kind == frames.REFUSED and answer.status in frames.REFUSALS:
-        raise _Unreachable(functools.partial(_base.refused, reason=frames.REFUSALS[answer.status]))
-    raise _unreachable(f'failed: the socket does not serve the courier protocol '
-                       f'({answer.text.decode(errors="replace")})', errors.ProtocolError)
+        return _Unreachable(functools.partial(_base.refused,
+                                              reason=frames.REFUSALS[answer.status]))
+    if answer.kind == frames.REFUSED and answer.status == frames.BUSY:
+        return _Unreachable(functools.partial(_base.busy, reason=text))
+    return _unreachable(f'failed: the socket does not serve the courier protocol ({text})',
+                        errors.ProtocolError)
 
 
 class _Pipeline:
@@ -340,7 +440,7 @@ class _Pipeline:
         self._wait_for_ready = wait_for_ready
         self._address = address
         self._ids = itertools.count(1)
-        self._pending: Dict[int, tuple] = {}  # call id -> (future, method, finish)
+        self._pending: Dict[int, tuple] = {}  # call id -> (future, method, finish, owner)
         self._outbox = frames.Outbox()
         self._lock = threading.Lock()
         self._connection: Optional[_Connection] = None
@@ -353,17 +453,17 @@ class _Pipeline:
     def connected(self) -> bool:
         return self._connection is not None
 
-    def start(self, future: _base.CallFuture, method: str, pickle: bytes,
-              buffers: Sequence[memoryview], finish) -> None:
+    def start(self, future: _base.CallFuture, method: str, name: bytes, pickle: bytes,
+              buffers: Sequence[memoryview], finish, owner: Any) -> None:
+        """Sends a call; ``owner`` (its transport) stays alive until the call is answered."""
         call_id = next(self._ids)
-        self._pending[call_id] = (future, method, finish)
+        self._pending[call_id] = (future, method, finish, owner)
         if self.broken:  # Checked after registering: see _break.
             self._pending.pop(call_id, None)
             future.fail(self.broken.error(method, self._address))
             return
         future.on_cancel = functools.partial(self._cancel, call_id)
-        self._put(call_id, frames.encode(frames.CALL, 0, call_id, method.encode(),
-                                         pickle, buffers))
+        self._put(call_id, frames.encode(frames.CALL, 0, call_id, name, pickle, buffers))
 
     def _cancel(self, call_id: int) -> None:
         if self._pending.pop(call_id, None) is None or self.broken:
@@ -404,13 +504,16 @@ class _Pipeline:
                 entry = pending.pop(frame.call_id, None)
                 if entry is None:
                     continue  # Cancelled or timed out: nobody waits for it.
-                future, method, finish = entry
+                future, method, finish = entry[:3]
                 try:
                     response = _response(frame, method, self._address)
                 except errors.CourierError as error:
                     future.fail(error)
-                    continue
-                future.resolve(finish, response)
+                else:
+                    future.resolve(finish, response)
+                # While this thread waits for the next frame, it holds nothing of this call:
+                # its transport, future and result may go once their owner drops them.
+                entry = future = finish = frame = response = None
         except (EOFError, OSError, frames.ProtocolViolation) as error:
             self._break(_unreachable(_went_away(error)))
         finally:
@@ -421,20 +524,24 @@ class _Pipeline:
         self.broken = reason
         pending, self._pending = self._pending, {}
         self._outbox.clear()
-        for future, method, _ in list(pending.values()):
+        for future, method, _, _ in list(pending.values()):
             future.fail(reason.error(method, self._address))
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             connection = self._connection
-        self._break(_unreachable('failed: the client transport was closed'))
+        self._break(_Unreachable(_base.closed))
         if connection is not None:
             connection.close()
 
 
 class _Deadlines:
-    """Fails futures whose call_timeout passes; one thread, started on first use."""
+    """Fails futures whose call_timeout passes; one thread, started on first use.
+
+    It holds the futures weakly: a call that completed and was dropped (with its result) is
+    not kept until its deadline. A call still waiting is held by its pipeline or its server.
+    """
 
     def __init__(self):
         self._heap: List[tuple] = []
@@ -450,11 +557,12 @@ class _Deadlines:
         with self._condition:
             heap = self._heap
             if len(heap) >= self._compact_at:  # Drop the entries of calls that completed.
-                heap[:] = [entry for entry in heap if not entry[2].done()]
+                heap[:] = [entry for entry in heap if _waiting(entry[2])]
                 heapq.heapify(heap)
                 self._compact_at = 2 * len(heap) + 1024
-            heapq.heappush(heap, (deadline, next(self._order), future, timed_out))
-            if heap[0][2] is future:
+            order = next(self._order)
+            heapq.heappush(heap, (deadline, order, weakref.ref(future), timed_out))
+            if heap[0][1] == order:
                 self._condition.notify()
 
     def _run(self) -> None:
@@ -469,9 +577,10 @@ class _Deadlines:
                     self._condition.wait(heap[0][0] - now)
                     continue
                 _, _, future, timed_out = heapq.heappop(heap)
-                if not future.done():
+                future = future()
+                if future is not None and not future.done():
+                    on_cancel = future.on_cancel  # Taken first: failing the future drops it.
                     future.fail(timed_out())
-                    on_cancel = future.on_cancel
                     if on_cancel is not None:
                         on_cancel()
 
@@ -482,15 +591,22 @@ class _Deadlines:
             self._condition.notify()
 
 
+def _waiting(future: 'weakref.ref[_base.CallFuture]') -> bool:
+    future = future()
+    return future is not None and not future.done()
+
+
 def _response(frame: frames.Frame, method: str, address: str) -> wire.Response:
     if frame.kind != frames.RESPONSE:
         raise _unexpected(frame, method, address)
     if frame.status == wire.OK:
         return wire.Response(wire.OK, frame.payload, frame.buffers)
-    return _base.decode_response(frame.payload, address)
+    return _base.decode_response(frame.payload, method, address)
 
 
 def _unexpected(frame: frames.Frame, method: str, address: str) -> errors.CourierError:
+    if frame.kind == frames.REFUSED:
+        return _refusal(frame).error(method, address)
     if frame.kind == frames.FAULT:
         return _base.rejected_as_malformed(method, address,
                                            frame.text.decode(errors='replace'))

@@ -1,11 +1,25 @@
-"""The server half of courier's framed protocol: accept loop, workers, connections.
+"""The server half of courier's framed protocol: its connections' calls, and in-process calls.
 
 The framed protocol (:mod:`.frames`) carries same-host calls today, over Unix
 sockets; it is named for its frames, not its host, because it is to carry calls
-between hosts over TCP too. A connection's hello says how it calls: a blocking
-connection's call runs on the thread that read it, a pipelined connection's
-calls run on the worker threads, within ``thread_pool_size`` calls at once
-either way. A peer sending garbage only loses its own connection.
+between hosts over TCP too. The server's threads:
+
+    loop thread (:mod:`.loop`): accepts, reads hellos, watches idle connections
+        │ a welcomed connection has something to read
+        ▼
+    pool (:mod:`.pool`, ``thread_pool_size`` threads): a worker takes the connection and
+        - blocking connection: reads its call, runs it on this very thread and answers,
+          again and again while the client keeps calling (a busy connection costs no
+          hand-over at all), then gives it back to the loop after ``linger_ms`` without a
+          call, or at once when other work waits for a thread. While the pool has room,
+          the wait is a plain read with the socket's receive timeout (no system call of
+          its own); when it has little, the wait is a poll the pool can cut short;
+        - futures connection: reads its calls and submits each to the pool; any worker
+          runs one and puts its answer in the connection's outbox.
+
+A connection costs a socket and about 2 KB while idle, no thread, and the
+pool bounds both the threads and the calls running at once. A peer sending garbage
+only loses its own connection.
 
 A started server registers itself in :mod:`._here`, where clients of this
 process (:mod:`.framed_client`) find it and call it without a socket: arguments
@@ -21,11 +35,8 @@ import errno
 import hmac
 import logging
 import os
-import queue
 import socket
-import threading
 import time
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from courier import errors
@@ -33,91 +44,22 @@ from courier import wire
 from courier.transport import _base
 from courier.transport import _here
 from courier.transport import frames
+from courier.transport import loop as loops
+from courier.transport import pool as pools
 
 _logger = logging.getLogger('courier')
 
-_HELLO_TIMEOUT = 10.0  # Seconds a new connection may take to introduce itself.
-_BACKLOG = 1024
+# What a worker does with a connection once it stops reading it.
+_RESUME, _PARK, _END = 'resume', 'park', 'end'
 
 
 def listen(path: str, handle_call: _base.HandleCall, list_methods: Callable[[], List[str]],
-           *, thread_pool_size: int, auth_token: Optional[str]) -> 'FramedServerTransport':
+           *, thread_pool_size: int, auth_token: Optional[str],
+           limits: Optional[loops.ServerLimits] = None) -> 'FramedServerTransport':
     """Binds Unix socket ``path`` and returns the unstarted server transport."""
     return FramedServerTransport(os.path.abspath(path), handle_call, list_methods,
-                                 thread_pool_size=thread_pool_size, auth_token=auth_token)
-
-
-class _Workers:
-    """A pool of up to ``size`` threads running submitted functions, started as needed."""
-
-    def __init__(self, size: int):
-        self._size = size
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._idle: queue.SimpleQueue = queue.SimpleQueue()  # A token per idle thread.
-        self._lock = threading.Lock()
-        self._threads = 0
-
-    def submit(self, fn: Callable, *args: Any) -> None:
-        self._jobs.put((fn, args))
-        if not self._idle.empty():
-            try:
-                self._idle.get_nowait()
-                return
-            except queue.Empty:
-                pass
-        if self._threads >= self._size:
-            return
-        with self._lock:
-            if self._threads >= self._size:
-                return
-            self._threads += 1
-        threading.Thread(target=self._work, daemon=True, name='courier-server').start()
-
-    def _work(self) -> None:
-        get = self._jobs.get
-        idle = self._idle.put
-        while True:
-            item = get()
-            if item is None:
-                return
-            fn, args = item
-            try:
-                fn(*args)
-            except BaseException:  # pylint: disable=broad-except
-                _logger.exception('courier server worker failed')
-            del item, fn, args
-            idle(None)
-
-    def stop(self) -> None:
-        """Ends the threads once they are done with the functions submitted so far."""
-        for _ in range(self._threads):
-            self._jobs.put(None)
-
-
-class _ServerConnection:
-    """A client's connection as the server sees it."""
-
-    __slots__ = ('sock', 'outbox', 'busy', 'calls', 'lock', '__weakref__')
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        frames.enlarge_send_buffer(sock)
-        self.outbox = frames.Outbox(sock)
-        self.busy = False  # A blocking call is running or answering.
-        self.calls: Dict[int, bool] = {}  # Pipelined calls not answered: id -> cancelled.
-        self.lock = threading.Lock()  # Orders a cancellation against the call's end.
-
-    @property
-    def idle(self) -> bool:
-        return not self.busy and not self.calls
-
-    def close(self, how: int = socket.SHUT_RDWR) -> None:
-        try:
-            self.sock.shutdown(how)
-        except OSError:
-            pass
-        if how == socket.SHUT_RDWR:
-            self.sock.close()
+                                 thread_pool_size=thread_pool_size, auth_token=auth_token,
+                                 limits=limits)
 
 
 class FramedServerTransport(_base.ServerTransport):
@@ -125,61 +67,51 @@ class FramedServerTransport(_base.ServerTransport):
 
     def __init__(self, path: str, handle_call: _base.HandleCall,
                  list_methods: Callable[[], List[str]], *, thread_pool_size: int,
-                 auth_token: Optional[str]):
+                 auth_token: Optional[str], limits: Optional[loops.ServerLimits] = None):
         _base.check_unix_path_free(path)
         self._path = path
         self.address = _base.UNIX_PREFIX + path
         self._handle_call = handle_call
         self._list_methods = list_methods
         self._token = auth_token.encode() if auth_token else None
-        self._workers = _Workers(thread_pool_size)
-        self._permits: queue.SimpleQueue = queue.SimpleQueue()  # Calls that may run at once.
-        for _ in range(thread_pool_size):
-            self._permits.put(None)
-        self._lock = threading.Lock()
-        self._connections: 'weakref.WeakSet[_ServerConnection]' = weakref.WeakSet()
+        self.limits = limits or loops.ServerLimits()
+        self._pool = pools.Pool(thread_pool_size, f'courier-server {self.address}')
         self._calls_here: Dict[_base.CallFuture, str] = {}  # In-process calls: future -> method.
-        self._stopping = False
         self._stopped = False  # After the grace period: calls not started yet are dropped.
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             try:
                 os.unlink(path)  # A stale socket file (checked above that nobody listens).
             except FileNotFoundError:
                 pass
-            self._listener.bind(path)
-            self._listener.listen(_BACKLOG)
+            listener.bind(path)
+            listener.listen(loops.BACKLOG)
         except OSError as error:
-            self._listener.close()
+            listener.close()
             raise OSError(error.errno or errno.EADDRINUSE,
                           f'courier server cannot bind {self.address!r}: {error}') from None
-        self._accepter: Optional[threading.Thread] = None
+        self._loop = loops.Loop(listener, greet=self._greet, serve=self._dispatch,
+                                limits=self.limits, name=f'courier-loop {self.address}')
 
     def start(self):
         # Registered first: a client of this process that got in through the socket sees
         # the server here once it is welcomed, and calls it without the socket from then on.
         _here.servers[self._path] = self
-        self._accepter = threading.Thread(target=self._accept, daemon=True,
-                                          name=f'courier-accept {self.address}')
-        self._accepter.start()
+        self._loop.start()
 
     def stop(self, grace):
         if _here.servers.get(self._path) is self:
             del _here.servers[self._path]
-        with self._lock:
-            self._stopping = True
-            connections = list(self._connections)
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)  # Wakes the accepting thread.
-        except OSError:
-            pass
-        self._listener.close()
+        connections = self._loop.stop()  # Closes the listener: nobody new gets in.
         try:
             os.unlink(self._path)
         except FileNotFoundError:
             pass
         for connection in connections:
-            connection.close(socket.SHUT_RD)  # No new calls; answers still go out.
+            try:
+                connection.sock.shutdown(socket.SHUT_RD)  # No new calls; answers still go out.
+            except OSError:
+                pass
         if grace:
             end = time.monotonic() + grace
             while time.monotonic() < end and (
@@ -189,10 +121,8 @@ class FramedServerTransport(_base.ServerTransport):
         for future, method in list(self._calls_here.items()):  # As if their connection closed.
             future.fail(_base.stopped_during_call(method, self.address))
         for connection in connections:
-            connection.close()
-        self._workers.stop()
-        if self._accepter is not None:
-            self._accepter.join(5)
+            self._loop.close(connection)
+        self._pool.stop(timeout=0.1)  # Idle workers end at once; one in a long call ends after it.
 
     # In-process calls.
 
@@ -228,7 +158,7 @@ class FramedServerTransport(_base.ServerTransport):
         # Copies now: the caller may change its arrays as soon as the call returns.
         owned = [bytearray(buffer) for buffer in buffers]
         self._calls_here[future] = method
-        self._workers.submit(self._run_here, future, method, bytes(pickle), owned, finish)
+        self._pool.submit(self._run_here, future, method, bytes(pickle), owned, finish)
         if self._stopped:  # Stop may have missed it; failing twice is harmless.
             future.fail(_base.stopped_during_call(method, self.address))
 
@@ -237,11 +167,7 @@ class FramedServerTransport(_base.ServerTransport):
         try:
             if future.done():  # Cancelled, timed out or cut off by Stop.
                 return
-            self._permits.get()
-            try:
-                response = self._handle_call(method, pickle, buffers)
-            finally:
-                self._permits.put(None)
+            response = self._handle_call(method, pickle, buffers)
             # Copies before anything else runs here: the results may be live server state.
             response.buffers = [bytearray(buffer) for buffer in response.buffers]
             future.resolve(finish, response)
@@ -250,21 +176,6 @@ class FramedServerTransport(_base.ServerTransport):
 
     # Calls through the socket.
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return  # The listener was closed: the server stops.
-            connection = _ServerConnection(sock)
-            with self._lock:
-                if self._stopping:
-                    sock.close()
-                    return
-                self._connections.add(connection)
-            threading.Thread(target=self._serve, args=(connection,), daemon=True,
-                             name=f'courier-connection {self.address}').start()
-
     def _refusal(self, token: bytes) -> int:
         if self._token is None:
             return 0
@@ -272,30 +183,31 @@ class FramedServerTransport(_base.ServerTransport):
             return frames.TOKEN_MISSING
         return 0 if hmac.compare_digest(token, self._token) else frames.TOKEN_WRONG
 
-    def _serve(self, connection: _ServerConnection) -> None:
-        sock = connection.sock
-        reader = frames.FrameReader(sock)
+    def _greet(self, connection: loops.Connection, hello: frames.Frame) -> Optional[tuple]:
+        """On the loop thread: None welcomes the connection, else the refusal's (reason, text)."""
+        del connection
+        if (hello.kind != frames.HELLO or hello.payload != frames.MAGIC
+                or hello.call_id != frames.VERSION
+                or hello.status not in (frames.SYNC, frames.PIPELINED)):
+            return (frames.BAD_HELLO,
+                    b'expected a courier-local hello of version %d' % frames.VERSION)
+        reason = self._refusal(hello.text)
+        if reason:
+            return reason, frames.REFUSALS[reason].encode()
+        return None
+
+    def _dispatch(self, connection: loops.Connection) -> None:
+        """On the loop thread: ``connection`` has something to read; a worker takes it."""
+        self._pool.submit(self._serve, connection)
+
+    def _serve(self, connection: loops.Connection) -> None:
+        """On a worker: serves the connection's calls while it keeps calling."""
+        outcome = _END
         try:
-            sock.settimeout(_HELLO_TIMEOUT)
-            hello = reader.read_frame(frames.HELLO_LIMITS)
-            if (hello.kind != frames.HELLO or hello.payload != frames.MAGIC
-                    or hello.call_id != frames.VERSION
-                    or hello.status not in (frames.SYNC, frames.PIPELINED)):
-                frames.send(sock, frames.encode(
-                    frames.REFUSED, frames.BAD_HELLO, 0,
-                    b'expected a courier-local hello of version %d' % frames.VERSION))
-                return
-            reason = self._refusal(hello.text)
-            if reason:
-                frames.send(sock, frames.encode(frames.REFUSED, reason, 0,
-                                                frames.REFUSALS[reason].encode()))
-                return
-            sock.settimeout(None)
-            frames.send(sock, frames.encode(frames.WELCOME))
-            if hello.status == frames.SYNC:
-                self._serve_sync(connection, reader)
+            if connection.mode == frames.SYNC:
+                outcome = self._serve_sync(connection)
             else:
-                self._serve_pipelined(connection, reader)
+                outcome = self._serve_pipelined(connection)
         except (EOFError, OSError):
             pass  # The client went away, or the server is stopping.
         except frames.ProtocolViolation as error:
@@ -306,77 +218,128 @@ class FramedServerTransport(_base.ServerTransport):
                 pass
         except Exception:  # pylint: disable=broad-except
             _logger.exception('courier server %s: connection failed', self.address)
-        finally:
-            connection.close()
+        if outcome == _RESUME:
+            self._loop.resume(connection)
+        elif outcome == _END:
+            self._end(connection)
 
-    def _serve_sync(self, connection: _ServerConnection, reader: frames.FrameReader) -> None:
+    def _serve_sync(self, connection: loops.Connection) -> str:
         sock = connection.sock
+        reader = connection.reader
         read_frame = reader.read_frame
         handle_call = self._handle_call
-        permits = self._permits
+        pool = self._pool
+        poller = None
         while True:
-            frame = read_frame()
+            try:
+                frame = read_frame()
+            except BlockingIOError:  # No call within the socket's receive timeout (linger_ms).
+                return _RESUME
             kind = frame.kind
             if kind == frames.CALL:
                 method = _method_name(frame)
                 connection.busy = True
                 try:
-                    permits.get()
-                    try:
-                        response = handle_call(method, frame.payload, frame.buffers)
-                    finally:
-                        permits.put(None)
+                    response = handle_call(method, frame.payload, frame.buffers)
+                    frame = None  # The arguments' memory goes before the answer is sent.
                     frames.send(sock, _encode_response(0, response))
+                    response = None
                 finally:
                     connection.busy = False  # After the answer went out: Stop waits for it.
             elif kind == frames.LIST:
                 frames.send(sock, self._methods_frame(0))
             elif kind != frames.CANCEL:
                 raise frames.ProtocolViolation(f'unexpected frame of kind {kind}')
+            frame = None
+            if reader.buffered or pool.roomy():
+                continue  # The next read waits for the next call, up to linger_ms.
+            poller = poller or pool.poller(sock)
+            if not pool.linger(poller, self.limits.linger_ms):
+                return _RESUME
 
-    def _serve_pipelined(self, connection: _ServerConnection,
-                         reader: frames.FrameReader) -> None:
+    def _serve_pipelined(self, connection: loops.Connection) -> str:
         calls = connection.calls
+        reader = connection.reader
         read_frame = reader.read_frame
-        submit = self._workers.submit
-        try:
-            while True:
+        pool = self._pool
+        submit = pool.submit
+        poller = None
+        limits = self.limits
+        while True:
+            try:
                 frame = read_frame()
-                kind = frame.kind
-                if kind == frames.CALL:
-                    method = _method_name(frame)
-                    calls[frame.call_id] = False
-                    submit(self._run_pipelined, connection, frame.call_id, method,
-                           frame.payload, frame.buffers)
-                elif kind == frames.CANCEL:
+            except BlockingIOError:  # No call within the socket's receive timeout (linger_ms).
+                return _RESUME
+            kind = frame.kind
+            if kind == frames.CALL:
+                method = _method_name(frame)
+                call_id = frame.call_id
+                if call_id not in calls:  # Only this thread adds: no lock needed.
+                    calls[call_id] = [1, False]
+                else:  # The client reused a call id: each call still gets its answer.
                     with connection.lock:
-                        if frame.call_id in calls:
-                            calls[frame.call_id] = True
-                elif kind == frames.LIST:
-                    connection.outbox.put(0, self._methods_frame(frame.call_id))
-                else:
-                    raise frames.ProtocolViolation(f'unexpected frame of kind {kind}')
-        finally:
-            while calls and not self._stopped:  # Answers of calls in flight still go out.
-                time.sleep(0.005)
+                        calls.setdefault(call_id, [0, False])[0] += 1
+                submit(self._run_pipelined, connection, call_id, method, frame.payload,
+                       frame.buffers)
+            elif kind == frames.CANCEL:
+                with connection.lock:
+                    entry = calls.get(frame.call_id)
+                    if entry is not None:
+                        entry[1] = True
+            elif kind == frames.LIST:
+                connection.outbox.put(0, self._methods_frame(frame.call_id))
+            else:
+                raise frames.ProtocolViolation(f'unexpected frame of kind {kind}')
+            frame = None
+            if len(calls) >= limits.max_calls_in_flight:
+                with connection.lock:
+                    if len(calls) >= limits.max_calls_in_flight:
+                        connection.parked = True  # The end of a call resumes it.
+                        return _PARK
+            if reader.buffered or pool.roomy():
+                continue
+            poller = poller or pool.poller(connection.sock)
+            if not pool.linger(poller, limits.linger_ms):
+                return _RESUME
 
-    def _run_pipelined(self, connection: _ServerConnection, call_id: int, method: str,
+    def _run_pipelined(self, connection: loops.Connection, call_id: int, method: str,
                        pickle: bytes, buffers: List[Any]) -> None:
         try:
-            if connection.calls.get(call_id, True) or self._stopped:
+            entry = connection.calls.get(call_id)
+            if entry is None or entry[1] or self._stopped:
                 return  # Cancelled, or the server stopped before the call started.
-            self._permits.get()
-            try:
-                response = self._handle_call(method, pickle, buffers)
-            finally:
-                self._permits.put(None)
+            response = self._handle_call(method, pickle, buffers)
             try:
                 connection.outbox.put(call_id, _encode_response(call_id, response))
             except OSError:
                 pass  # The client went away; its reader fails what it waited for.
         finally:
-            with connection.lock:
-                connection.calls.pop(call_id, None)
+            self._call_ended(connection, call_id)
+
+    def _call_ended(self, connection: loops.Connection, call_id: int) -> None:
+        calls = connection.calls
+        with connection.lock:
+            entry = calls.get(call_id)
+            if entry is not None:
+                entry[0] -= 1
+                if entry[0] <= 0:
+                    del calls[call_id]
+            resume = connection.parked and len(calls) <= self.limits.max_calls_in_flight // 2
+            if resume:
+                connection.parked = False
+            close = connection.ended and not calls
+        if resume:
+            self._loop.resume(connection)
+        elif close:
+            self._loop.close(connection)
+
+    def _end(self, connection: loops.Connection) -> None:
+        """The client is gone or broke the protocol: close, once the answers in flight went out."""
+        with connection.lock:
+            connection.ended = True
+            close = not connection.calls or self._stopped
+        if close:
+            self._loop.close(connection)
 
     def _methods_frame(self, call_id: int) -> List[Any]:
         return frames.encode(frames.METHODS, 0, call_id,

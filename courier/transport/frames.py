@@ -19,6 +19,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from typing import Any, List, Optional, Sequence
 
 from courier.transport import _base
@@ -45,6 +46,7 @@ PIPELINED = 1  # many calls in flight, answered in any order, matched by call_id
 TOKEN_MISSING = 1
 TOKEN_WRONG = 2
 BAD_HELLO = 3
+BUSY = 4  # The server is at a connection limit; the text says which.
 # The message a REFUSED frame carries, and its client raises, for each token refusal.
 REFUSALS = {TOKEN_MISSING: _base.NO_TOKEN, TOKEN_WRONG: _base.WRONG_TOKEN}
 
@@ -69,7 +71,11 @@ class ProtocolViolation(Exception):
 
 
 class Limits:
-    """The largest frame a reader accepts: an unauthenticated peer gets tiny limits."""
+    """The largest frame a reader accepts: an unauthenticated peer gets tiny limits.
+
+    ``text``: bytes of text; ``payload``: bytes of payload and buffers together;
+    ``buffers``: how many buffers.
+    """
 
     __slots__ = ('text', 'payload', 'buffers')
 
@@ -80,7 +86,9 @@ class Limits:
 
 
 HELLO_LIMITS = Limits(text=4096, payload=64, buffers=0)
-TRUSTED_LIMITS = Limits(text=1 << 20, payload=1 << 62, buffers=1 << 20)
+TRUSTED_LIMITS = Limits(text=_base.MAX_METHOD_BYTES, payload=1 << 62, buffers=1 << 20)
+# The largest hello: what the server reads of a connection before it knows who calls.
+HELLO_BYTES = HEADER.size + HELLO_LIMITS.text + HELLO_LIMITS.payload
 
 
 class Frame:
@@ -261,28 +269,46 @@ class FrameReader:
 
     def __init__(self, sock: socket.socket):
         self._sock = sock
-        self._buffer = bytearray(_READ_BUFFER)
+        self._buffer = _EMPTY  # Allocated at the first read: an idle connection holds none.
         self._view = memoryview(self._buffer)
         self._start = 0
         self._end = 0
+        self._started = True  # A byte of the frame being read has arrived (see _receive).
+
+    @property
+    def buffered(self) -> bool:
+        """Whether bytes of the next frame were read already (so no need to wait for the socket)."""
+        return self._end > self._start
+
+    def feed(self, data: bytes) -> None:
+        """Takes ``data`` as if read from the socket, ahead of what the socket holds."""
+        self._fill_from(data)
+
+    def release(self) -> None:
+        """Frees the read buffer if it holds nothing: a connection going idle keeps no memory."""
+        if self._end == self._start:
+            self._buffer = _EMPTY
+            self._view = memoryview(self._buffer)
+            self._start = self._end = 0
 
     def read_frame(self, limits: Limits = TRUSTED_LIMITS) -> Frame:
         """Returns the next frame.
 
         Raises:
           EOFError: the peer closed the connection (possibly mid-frame).
-          ProtocolViolation: the frame breaks ``limits``.
+          ProtocolViolation: the frame breaks ``limits``, or the peer stalled in its middle.
+          BlockingIOError: the socket has a receive timeout (see :func:`set_receive_timeout`)
+            and no byte of a frame came within it; nothing was consumed.
           OSError: the socket failed or timed out.
         """
         if self._end - self._start < HEADER.size:
+            self._started = self._end > self._start
             self._fill(HEADER.size)
         start = self._start
         kind, status, text_size, count, call_id, payload_size = HEADER.unpack_from(
             self._buffer, start)
         if text_size > limits.text or payload_size > limits.payload or count > limits.buffers:
-            raise ProtocolViolation(
-                f'frame of kind {kind} is too large (text {text_size} bytes, payload '
-                f'{payload_size} bytes, {count} buffers)')
+            check(kind, text_size, payload_size, count, limits)  # Raises, saying why.
         body = start + HEADER.size
         end = body + text_size + payload_size
         if not count and end <= self._end:  # The whole frame is here: the common case.
@@ -297,33 +323,62 @@ class FrameReader:
             sizes = (_TABLE_STRUCTS[count] if count < len(_TABLE_STRUCTS)
                      else struct.Struct(f'<{count}Q')).unpack_from(self._buffer, self._start)
             self._start += 8 * count
+            if payload_size + sum(sizes) > limits.payload:
+                raise ProtocolViolation(f'frame of kind {kind} is too large (its payload and '
+                                        f'buffers add up to {payload_size + sum(sizes)} bytes)')
         text = bytes(self._read_buffer(text_size))
         payload = self._read_buffer(payload_size)
         buffers = [self._read_buffer(size) for size in sizes]
         return Frame(kind, status, call_id, text, payload, buffers)
 
     def _receive(self, view: memoryview) -> int:
-        count = self._sock.recv_into(view)
+        try:
+            count = self._sock.recv_into(view)
+        except BlockingIOError:  # The receive timeout passed.
+            if not self._started:
+                raise  # Between frames: the caller stops waiting for this connection.
+            count = self._receive_slowly(view)
         if not count:
             raise EOFError('the peer closed the connection')
+        self._started = True
         return count
 
-    def _fill(self, size: int) -> None:
-        """Makes ``size`` bytes available at ``self._start``."""
+    def _receive_slowly(self, view: memoryview) -> int:
+        """Waits through receive timeouts in the middle of a frame, up to ``STALL_SECONDS``."""
+        end = time.monotonic() + STALL_SECONDS
+        while time.monotonic() < end:
+            try:
+                return self._sock.recv_into(view)
+            except BlockingIOError:
+                pass
+        raise ProtocolViolation(f'the peer sent nothing for {STALL_SECONDS:g} s in the middle '
+                                f'of a frame')
+
+    def _make_room(self, size: int) -> None:
+        """Moves what is buffered to the front, in a buffer with room for ``size`` bytes."""
         available = self._end - self._start
-        if available >= size:
-            return
         if self._start + size > len(self._buffer):
             if size > len(self._buffer):
-                buffer = bytearray(size)
+                buffer = bytearray(max(size, _READ_BUFFER))
                 buffer[:available] = self._view[self._start:self._end]
                 self._buffer = buffer
                 self._view = memoryview(buffer)
             else:
                 self._view[:available] = self._view[self._start:self._end]
             self._start, self._end = 0, available
+
+    def _fill(self, size: int) -> None:
+        """Makes ``size`` bytes available at ``self._start``."""
+        if self._end - self._start >= size:
+            return
+        self._make_room(size)
         while self._end - self._start < size:
             self._end += self._receive(self._view[self._end:])
+
+    def _fill_from(self, data: bytes) -> None:
+        self._make_room(self._end - self._start + len(data))
+        self._view[self._end:self._end + len(data)] = data
+        self._end += len(data)
 
     def _read_buffer(self, size: int) -> Any:
         if size <= _READ_BUFFER:
@@ -340,3 +395,27 @@ class FrameReader:
         while taken < size:
             taken += self._receive(destination[taken:])
         return buffer
+
+
+_EMPTY = bytearray()
+# How long a reader whose socket has a receive timeout waits for the rest of a frame.
+STALL_SECONDS = 60.0
+
+
+def set_receive_timeout(sock: socket.socket, seconds: float) -> None:
+    """Makes a blocking ``sock``'s reads raise BlockingIOError after ``seconds`` without data.
+
+    Unlike ``sock.settimeout``, this costs no extra system call per read: the kernel keeps
+    the timeout (SO_RCVTIMEO). :meth:`FrameReader.read_frame` raises only between frames.
+    """
+    whole = int(seconds)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                    struct.pack('ll', whole, int((seconds - whole) * 1e6)))
+
+
+def check(kind: int, text_size: int, payload_size: int, count: int, limits: Limits) -> None:
+    """Raises ProtocolViolation if a frame with this header breaks ``limits``."""
+    if text_size > limits.text or payload_size > limits.payload or count > limits.buffers:
+        raise ProtocolViolation(
+            f'frame of kind {kind} is too large (text {text_size} bytes, payload '
+            f'{payload_size} bytes, {count} buffers)')

@@ -19,6 +19,7 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import grpc
@@ -145,8 +146,10 @@ class GrpcClientTransport(_base.ClientTransport):
         self._call_stream = self._channel.stream_unary(CALL_STREAM, _registered_method=True)
         self._fetch = self._channel.unary_stream(FETCH, _registered_method=True)
         self._list_methods = self._channel.unary_unary(LIST_METHODS, _registered_method=True)
-        self._fetchers = None  # Threads fetching large results of futures, made on demand.
-        self._fetchers_lock = threading.Lock()
+        # Threads fetching large results of futures (made on demand) and the channel: closed
+        # by close() or, for a transport dropped without it, by its finalizer.
+        self._held = _Held(self._channel)
+        self._release = weakref.finalize(self, self._held.close)
 
     def call(self, method, pickle, buffers, timeout):
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -156,24 +159,33 @@ class GrpcClientTransport(_base.ClientTransport):
                          wait_for_ready=self._wait_for_ready)
         except grpc.RpcError as error:
             raise self._translate(error, method, timeout) from None
-        response = _base.decode_response(reply, self.address)
+        except ValueError:  # gRPC's "Cannot invoke RPC on closed channel!"
+            raise self._closed_error(method) from None
+        response = _base.decode_response(reply, method, self.address)
         if response.result_id:
             self._fetch_result(method, response, deadline, timeout)
         return response
 
     def call_async(self, method, pickle, buffers, timeout, finish):
         deadline = None if timeout is None else time.monotonic() + timeout
-        send, request = self._request(method, pickle, buffers)
         future = _base.CallFuture()
-        rpc = send.future(request, timeout=timeout, metadata=self._metadata,
-                          wait_for_ready=self._wait_for_ready)
+        try:
+            send, request = self._request(method, pickle, buffers)
+            rpc = send.future(request, timeout=timeout, metadata=self._metadata,
+                              wait_for_ready=self._wait_for_ready)
+        except errors.CourierError as error:
+            future.fail(error)
+            return future
+        except ValueError:  # gRPC's "Cannot invoke RPC on closed channel!"
+            future.fail(self._closed_error(method))
+            return future
         future.track(rpc.cancel)
 
         def on_done(rpc_future):
             if future.cancelled():
                 return
             try:
-                response = _base.decode_response(rpc_future.result(), self.address)
+                response = _base.decode_response(rpc_future.result(), method, self.address)
             except grpc.RpcError as error:
                 future.fail(self._translate(error, method, timeout))
                 return
@@ -189,13 +201,19 @@ class GrpcClientTransport(_base.ClientTransport):
                 return finish(response)
 
             # Fetching blocks; gRPC's callback thread must not.
-            self._fetcher_pool().submit(future.resolve, fetch_and_finish, response)
+            try:
+                self._held.fetchers().submit(future.resolve, fetch_and_finish, response)
+            except RuntimeError:  # Closed meanwhile: the pool takes no more work.
+                future.fail(self._closed_error(method))
 
         rpc.add_done_callback(on_done)
         return future
 
     def _request(self, method: str, pickle: bytes, buffers: Sequence[memoryview]):
         """Returns the gRPC call to make and its request: one message, or a stream."""
+        _base.encode_method(method, self.address)  # Raises the courier error if it cannot go.
+        if self._held.closed:
+            raise self._closed_error(method)
         if not _streams(buffers):
             return self._call, wire.encode_request(method, pickle, buffers)
         header = wire.encode_request(method, pickle,
@@ -218,25 +236,24 @@ class GrpcClientTransport(_base.ClientTransport):
             raise errors.ProtocolError(f'malformed result of {method!r} from courier server '
                                        f'{self.address}: {error}') from None
 
-    def _fetcher_pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._fetchers_lock:
-            if self._fetchers is None:
-                self._fetchers = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=16, thread_name_prefix='courier-fetch')
-            return self._fetchers
-
     def list_methods(self, timeout):
+        method = _base.LIST_METHODS
+        if self._held.closed:
+            raise self._closed_error(method)
         try:
             reply = self._list_methods(b'', timeout=timeout, metadata=self._metadata,
                                        wait_for_ready=self._wait_for_ready)
         except grpc.RpcError as error:
-            raise self._translate(error, 'ListMethods', timeout) from None
+            raise self._translate(error, method, timeout) from None
+        except ValueError:  # gRPC's "Cannot invoke RPC on closed channel!"
+            raise self._closed_error(method) from None
         return _base.decode_method_list(reply, self.address)
 
     def close(self):
-        self._channel.close()
-        if self._fetchers is not None:
-            self._fetchers.shutdown(wait=False)
+        self._release()
+
+    def _closed_error(self, method: str) -> errors.CourierError:
+        return _base.closed(method, self.address)
 
     def _connected(self) -> bool:
         try:
@@ -259,6 +276,8 @@ class GrpcClientTransport(_base.ClientTransport):
             return _base.unavailable(method, address, details, self._wait_for_ready)
         if code in (codes.UNAUTHENTICATED, codes.PERMISSION_DENIED):
             return _base.refused(method, address, details)
+        if code == codes.CANCELLED and self._held.closed:
+            return self._closed_error(method)
         if code == codes.CANCELLED:
             return _base.call_error(errors.ServerUnavailableError, method, address,
                                     f'was cancelled: {details}')
@@ -270,6 +289,41 @@ class GrpcClientTransport(_base.ClientTransport):
             return _base.rejected_as_malformed(method, address, details)
         return _base.call_error(errors.RemoteError, method, address,
                                 f'failed with gRPC status {code.name}: {details}')
+
+
+class _Held:
+    """A client transport's channel and fetching threads, closed apart from the transport.
+
+    The finalizer of a transport dropped without ``close()`` holds this, not the transport.
+    """
+
+    def __init__(self, channel: grpc.Channel):
+        self.channel = channel
+        self.closed = False
+        self._fetchers: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._lock = threading.Lock()
+
+    def fetchers(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The threads fetching large results of futures (gRPC's callback thread must not).
+
+        Raises:
+          RuntimeError: closed.
+        """
+        with self._lock:
+            if self.closed:
+                raise RuntimeError('closed')
+            if self._fetchers is None:
+                self._fetchers = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=16, thread_name_prefix='courier-fetch')
+            return self._fetchers
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            fetchers, self._fetchers = self._fetchers, None
+        self.channel.close()
+        if fetchers is not None:
+            fetchers.shutdown(wait=False)
 
 
 class GrpcServerTransport(_base.ServerTransport):

@@ -1,7 +1,8 @@
 """The controller of a launched program, and the two small protocols a platform implements for it.
 
 A launcher starts a program's executables and hands the controller a `Runner` (its view of what it
-started); the controller watches the runner and the coordinator, ends stragglers after the notice
+started); the controller watches the runner and the coordinator, starts again the nodes that the
+coordinator marked restarting (their restart policy allows it), ends stragglers after the notice
 period, and serves the user's `wait`, `stop` and `status`. Runners of processes usually keep one
 `NodeProcess` per executable (`ProcessRunner`).
 """
@@ -15,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Dict, Optional, Protocol, Sequence
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 from launchpad.process.coordinator import Coordinator, NodeStatus
 
@@ -39,15 +40,33 @@ class Runner(Protocol):
     def kill(self, names: Sequence[str]) -> None:
         """Ends the named executables at once."""
 
+    def restart(self, name: str) -> None:
+        """Starts the named executable again, as it was first started; its last run has ended
+        (raises, saying why, where that is impossible). A runner without this method cannot
+        restart nodes: their first failure is final."""
+
     def release(self) -> None:
         """Frees what the launch holds (temporary directories, servers); called once at the end."""
 
+    # Optional: `last_output(name) -> str`, the last lines an executable printed, which explain
+    # its end when it exits without reporting an error.
+
 
 class ProcessRunner:
-    """A `Runner` over one `NodeProcess` per executable; subclasses add what `release` frees."""
+    """A `Runner` over one `NodeProcess` per executable; subclasses add what `release` frees.
+
+    An executable started with `start(name, starter)` can be restarted: `restart` ends whatever
+    is left of its last run (its children included) and calls `starter()` again.
+    """
 
     def __init__(self):
         self.processes: Dict[str, NodeProcess] = {}
+        self._starters: Dict[str, Callable[[], NodeProcess]] = {}
+
+    def start(self, name: str, starter: Callable[[], NodeProcess]) -> None:
+        """Starts executable `name` with `starter()`, which `restart` calls again."""
+        self.processes[name] = starter()
+        self._starters[name] = starter
 
     def poll(self) -> Dict[str, Optional[int]]:
         return {name: process.poll() for name, process in self.processes.items()}
@@ -55,6 +74,13 @@ class ProcessRunner:
     def kill(self, names: Sequence[str]) -> None:
         for name in names:
             self.processes[name].kill()
+
+    def restart(self, name: str) -> None:
+        starter = self._starters.get(name)
+        if starter is None:
+            raise RuntimeError(f'{type(self).__name__} cannot start {name} again')
+        self.processes[name].kill()  # what its last run left behind, e.g. its children
+        self.processes[name] = starter()
 
     def release(self) -> None:
         pass
@@ -76,6 +102,7 @@ class Controller:
     def __init__(self, program_name: str, coordinator: Coordinator, runner: Runner, *,
                  launch_type: str, notice_period: float = 10.0, poll_interval: float = 0.05,
                  detached: bool = False):
+        LaunchSignals.program_started()  # a signal from now on stops the program, not the launch
         self.program_name = program_name
         self.launch_type = launch_type
         self.detached = detached
@@ -91,25 +118,41 @@ class Controller:
                                          daemon=True)
         self._monitor.start()
 
-    def wait(self, labels: Optional[Sequence[str]] = None, timeout: Optional[float] = None) -> bool:
+    def wait(self, labels: Optional[Sequence[str]] = None, timeout: Optional[float] = None, *,
+             labels_to_wait_for: Optional[Sequence[str]] = None, raise_error: bool = True,
+             return_on_first_completed: bool = False) -> bool:
         """Blocks until the program (or the nodes of groups `labels`) ends.
 
-        Returns False if `timeout` seconds passed first. Raises NodeFailedError naming the node if a
-        node failed.
+        Args:
+          labels: group labels whose nodes to wait for (default: every node).
+          timeout: seconds to wait at most.
+          labels_to_wait_for: dm-launchpad's name for `labels`.
+          raise_error: raise NodeFailedError naming the node if a node failed (else only wait).
+          return_on_first_completed: return as soon as one of the awaited nodes has ended.
+
+        Returns False if `timeout` seconds passed first, else True.
         """
+        if labels is not None and labels_to_wait_for is not None:
+            raise TypeError('Pass the groups to wait for as labels= or labels_to_wait_for= (they '
+                            'are the same), not both.')
+        labels = labels if labels is not None else labels_to_wait_for
         deadline = None if timeout is None else time.monotonic() + timeout
         names = None
         if labels is not None:
             wanted = [labels] if isinstance(labels, str) else list(labels)
             names = [name for name in self._coordinator.status()
                      if any(name.startswith(label + '/') for label in wanted)]
+        awaited = list(self._coordinator.status()) if names is None else names
         while True:
-            if names is None:
-                ended = self._done.is_set()
+            running = self._coordinator.running(awaited)
+            if names is not None and not running:
+                ended = True
+            elif return_on_first_completed:
+                ended = len(running) < len(awaited) or self._done.is_set()
             else:
-                ended = (not self._coordinator.running(names)) or self._done.is_set()
+                ended = self._done.is_set()
             failure = self._coordinator.failure
-            if failure is not None and (ended or self._done.is_set()):
+            if raise_error and failure is not None and (ended or self._done.is_set()):
                 self._failure_reported = True
                 raise failure
             if ended:
@@ -118,6 +161,11 @@ class Controller:
                 return False
             self._coordinator.wait_for_change(0.1 if deadline is None
                                               else min(0.1, max(0.0, deadline - time.monotonic())))
+
+    def stop_and_wait(self) -> None:
+        """Stops the program and waits until every node has ended; a node failure is not raised."""
+        self.stop()
+        self.wait(raise_error=False)
 
     def stop(self, timeout: Optional[float] = None) -> None:
         """Stops the program: nodes get the stop signal and the notice period, then are killed.
@@ -161,8 +209,9 @@ class Controller:
                     if code is None:
                         running.append(name)
                     else:
-                        self._coordinator.executable_exited(name, code)
-                if not running:
+                        self._coordinator.executable_exited(name, code, self._last_output(name))
+                self._restart_due()
+                if not running and not self._coordinator.restarts_pending:
                     break
                 stop_time = self._coordinator.stop_time
                 if self._kill_now.is_set() or (
@@ -185,6 +234,26 @@ class Controller:
                 if self.observer is not None:  # it unregisters the program before wait returns
                     self.observer.program_ended()
                 self._done.set()
+
+    def _last_output(self, name: str) -> str:
+        last_output = getattr(self._runner, 'last_output', None)
+        return last_output(name) if last_output is not None else ''
+
+    def _restart_due(self) -> None:
+        """Starts again the nodes whose restart is due; a node that cannot be restarted fails."""
+        for name in self._coordinator.due_restarts(time.monotonic()):
+            restart = getattr(self._runner, 'restart', None)
+            if restart is None:
+                self._coordinator.restart_failed(
+                    name, f'the {self.launch_type} launcher cannot restart nodes')
+                continue
+            try:
+                restart(name)
+            except Exception as e:  # pylint: disable=broad-except
+                logging.exception('Could not restart %s.', name)
+                self._coordinator.restart_failed(name, f'{type(e).__name__}: {e}')
+            else:
+                self._coordinator.node_restarted(name)
 
     # A program launched in the foreground runs to the end when the script ends, and handles
     # Ctrl-C / SIGTERM; `lp.launch` calls these.
@@ -209,11 +278,16 @@ class Controller:
         register = getattr(threading, '_register_atexit', None) or atexit.register
         register(wait_at_exit)
 
-    def handle_signals(self) -> None:
-        """First Ctrl-C or SIGTERM stops gracefully, the second kills; only from the main thread."""
+    def handle_signals(self, launching: Optional['LaunchSignals'] = None) -> None:
+        """First Ctrl-C or SIGTERM stops gracefully, the second kills; only from the main thread.
+
+        `launching` holds the handlers that were in place before the launch, and the signals
+        that arrived after the program started but before this took over.
+        """
         if threading.current_thread() is not threading.main_thread():
             return
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = (launching.previous if launching is not None else
+                    {sig: signal.getsignal(sig) for sig in LaunchSignals.SIGNALS})
         received = []
 
         def handler(signum, frame):
@@ -230,6 +304,8 @@ class Controller:
 
         for sig in previous:
             signal.signal(sig, handler)
+        for signum in (launching.pending if launching is not None else ()):
+            handler(signum, None)
 
         def restore():
             self._done.wait()
@@ -241,3 +317,85 @@ class Controller:
                 pass
 
         threading.Thread(target=restore, daemon=True).start()
+
+
+class LaunchSignals:
+    """Ctrl-C and SIGTERM while a foreground program launches (a context manager).
+
+    Until the program has started (its launcher makes its `Controller`, which calls
+    `program_started`) they abort the launch as KeyboardInterrupt, so that the launcher undoes
+    what it started; after that they are kept for the controller (`Controller.handle_signals`),
+    which takes over the handlers without a moment in which a signal would kill the process.
+    Outside the main thread it does nothing.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    _current: Optional['LaunchSignals'] = None  # the launch in progress in the main thread
+
+    def __init__(self):
+        self.previous: Dict[int, Any] = {}
+        self.pending: List[int] = []
+        self._launching = True
+
+    def __enter__(self) -> 'LaunchSignals':
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
+            for sig in self.SIGNALS:
+                signal.signal(sig, self._handle)
+            LaunchSignals._current = self
+        return self
+
+    @classmethod
+    def program_started(cls) -> None:
+        """The program of the launch in progress runs: signals are now for its controller."""
+        current = cls._current
+        if current is not None and threading.current_thread() is threading.main_thread():
+            current.started()
+
+    def started(self) -> None:
+        """The program runs: signals from now on are for its controller."""
+        self._launching = False
+
+    def restore(self) -> None:
+        """Puts back the handlers that were there before (when no controller takes over)."""
+        for sig, old in self.previous.items():
+            if signal.getsignal(sig) == self._handle:
+                signal.signal(sig, old)
+
+    def __exit__(self, *exc_info) -> None:
+        if LaunchSignals._current is self:
+            LaunchSignals._current = None
+        if self._launching:
+            self.restore()
+
+    def _handle(self, signum, frame) -> None:
+        del frame
+        if self._launching:
+            raise KeyboardInterrupt(f'{signal.Signals(signum).name} while launching')
+        self.pending.append(signum)
+
+
+class Controllers(list):
+    """The controllers of several programs launched together (`lp.launch([a, b])`), in order,
+    with `wait`, `stop` and `stop_and_wait` acting on all of them."""
+
+    def wait(self, labels: Optional[Sequence[str]] = None, timeout: Optional[float] = None,
+             **kwargs) -> bool:
+        """`Controller.wait` on each program in turn, `timeout` seconds in all; False if it
+        passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for controller in self:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not controller.wait(labels, left, **kwargs):
+                return False
+        return True
+
+    def stop(self, timeout: Optional[float] = None) -> None:
+        """Stops every program (each gets `timeout` seconds)."""
+        for controller in self:
+            controller.stop(timeout)
+
+    def stop_and_wait(self) -> None:
+        """Stops every program and waits until all their nodes have ended."""
+        for controller in self:
+            controller.stop_and_wait()

@@ -18,8 +18,8 @@ calls `launch`. `examples/custom_launcher.py` is a complete launcher in forty li
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
-import enum
 import functools
 import importlib
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -28,28 +28,14 @@ from absl import flags
 
 import courier
 
-from launchpad.launch.controller import Controller
+from launchpad.context import launch_type_of
+from launchpad.launch.controller import Controller, Controllers, LaunchSignals
 from launchpad.nodes.base import Executable, LaunchInfo
 from launchpad.observe import observer as observers
-from launchpad.process.output import TERMINALS
+from launchpad.policy import NodePolicy
 from launchpad.program import Program
 
 
-class LaunchType(str, enum.Enum):
-    """The built-in launch types; `lp.launch` also accepts any registered name."""
-    LOCAL_MULTI_THREADING = 'local_mt'
-    LOCAL_MULTI_PROCESSING = 'local_mp'
-    TEST_MULTI_THREADING = 'test_mt'
-    TEST_MULTI_PROCESSING = 'test_mp'
-    SSH = 'ssh'
-    SLURM = 'slurm'
-    KUBERNETES = 'kubernetes'
-
-    def __str__(self) -> str:
-        return self.value
-
-
-_LOCAL_TYPES = ('local_mt', 'local_mp')
 _TEST_TYPES = ('test_mt', 'test_mp')
 
 flags.DEFINE_string('lp_launch_type', 'local_mt',
@@ -70,16 +56,6 @@ class _LaunchTypeFlag:
 LAUNCH_TYPE = _LaunchTypeFlag()
 
 
-def is_local_launch(launch_type) -> bool:
-    """True for launch types that run on this machine for real (local_mt, local_mp)."""
-    return str(launch_type) in _LOCAL_TYPES
-
-
-def is_local_launch_or_test(launch_type) -> bool:
-    """True for local and test launch types."""
-    return str(launch_type) in _LOCAL_TYPES + _TEST_TYPES
-
-
 def make_program_stopper(launch_type) -> Callable[[], None]:
     """A function that stops the running program (dm-launchpad compatibility)."""
     del launch_type  # every launch type stops the same way
@@ -96,7 +72,7 @@ class LaunchOptions:
     """What `lp.launch` passes to a launcher.
 
     Attributes:
-      launch_type: the launch type name.
+      launch_type: the launch type: an `lp.LaunchType` member, or the name of one of your own.
       resources: group label -> platform resources (e.g. `lp.PythonProcess` for local_mp).
       terminal: where node output goes (one of the launcher's `terminals`, its first by default).
       test_case: a unittest.TestCase for test launch types, or None.
@@ -209,16 +185,31 @@ def executables_of(program: Program, options: LaunchOptions) -> List[Tuple[str, 
     return result
 
 
-def launch(program: Program, launch_type=None, local_resources: Optional[Mapping[str, Any]] = None,
-           test_case=None, terminal: Optional[str] = None, *,
-           resources: Optional[Mapping[str, Any]] = None,
+def policies_of(program: Program, executables: Sequence[Tuple[str, Executable]]
+                ) -> Dict[str, NodePolicy]:
+    """Executable name -> its restart policy and progress deadline (for an executable that runs
+    several nodes, its first node's), for the executables that have one. Launchers give it to
+    the coordinator (`Coordinator(..., policies=)`) and to the workers (`Packer(policies=)`)."""
+    policies = {}
+    for _, executable in executables:
+        policy = program.policy_of(executable.node_names[0])
+        if policy != NodePolicy():
+            policies[executable.name] = policy
+    return policies
+
+
+def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
+           local_resources: Optional[Mapping[str, Any]] = None, test_case=None,
+           terminal: Optional[str] = None, *, resources: Optional[Mapping[str, Any]] = None,
            serialize_py_nodes: Optional[bool] = None, notice_period: float = 10.0,
            tls: Optional[courier.TLSConfig] = None, dashboard: Union[bool, int] = False,
-           **launcher_options) -> Controller:
-    """Launches `program` and returns its controller.
+           **launcher_options) -> Union[Controller, Controllers]:
+    """Launches `programs` (one program, or a sequence of them) and returns the controller.
 
     Args:
-      program: the program to run.
+      programs: the program to run, or several: each is launched on its own, as if by one call
+        each, and a `Controllers` list (with `wait`, `stop` and `stop_and_wait` over all of them)
+        is returned. The resources of a group go to the program that has that group.
       launch_type: a `lp.LaunchType` or registered name; default `--lp_launch_type` ('local_mt').
       local_resources: group label -> platform resources (`lp.PythonProcess` for local_mp, ...).
       resources: the same as `local_resources`, the name used for remote platforms.
@@ -233,7 +224,8 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
         certificate too when it has one, which makes TLS mutual). Same-host Unix sockets, which
         only this user can open, need none.
       dashboard: True serves the program's web dashboard on a free port of 127.0.0.1 (a port
-        number: on that port) and prints its URL, token included; needs
+        number: on that port; several programs each get one, on free ports only) and prints
+        its URL, token included; needs
         `pip install 'launchpad[dashboard]'`. It stays up after the program ends, until
         `controller.observer.close()` or the end of the process.
       **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh.
@@ -245,30 +237,77 @@ def launch(program: Program, launch_type=None, local_resources: Optional[Mapping
     script alive until the program ends and turn Ctrl-C into a graceful stop (twice: kill). Test
     launch types return at once and register `stop` as a cleanup of `test_case`.
     """
-    launch_type = str(launch_type if launch_type is not None else LAUNCH_TYPE.value)
+    name = str(launch_type if launch_type is not None else LAUNCH_TYPE.value)
     load_builtin_launchers()
-    if launch_type not in _registry:
-        raise ValueError(f'Unknown launch type {launch_type!r}; known launch types: '
+    if name not in _registry:
+        raise ValueError(f'Unknown launch type {name!r}; known launch types: '
                          f'{", ".join(registered_launch_types())}.')
-    program.validate()
+    several = not isinstance(programs, Program)
+    program_list = _programs(programs)
     dashboard_port = observers.check_dashboard_option(dashboard)
+    if several and dashboard_port:
+        raise ValueError(f'dashboard={dashboard!r} asks for one port, but several programs are '
+                         'launched: pass dashboard=True, which serves each on a free port.')
     if resources is not None and local_resources is not None:
         raise ValueError('Pass either resources= or local_resources= (they are the same), not both.')
-    resources = resources if resources is not None else local_resources
-    options = LaunchOptions(launch_type=launch_type, resources=dict(resources or {}),
-                            terminal=terminal, test_case=test_case,
-                            serialize_py_nodes=serialize_py_nodes, notice_period=notice_period,
-                            tls=tls, extra=launcher_options)
-    platform = _registry[launch_type]()
+    resources = dict(resources if resources is not None else local_resources or {})
+    _check_resources_have_a_program(resources, program_list)
+    controllers = Controllers()
+    for program in program_list:
+        options = LaunchOptions(
+            launch_type=launch_type_of(name), terminal=terminal, test_case=test_case,
+            resources={label: value for label, value in resources.items()
+                       if not several or label in program.groups},
+            serialize_py_nodes=serialize_py_nodes, notice_period=notice_period, tls=tls,
+            extra=dict(launcher_options))
+        controllers.append(_launch_one(program, options, dashboard_port))
+    return controllers if several else controllers[0]
+
+
+def _programs(programs) -> List[Program]:
+    """`programs` as a validated, non-empty list."""
+    if isinstance(programs, Program):
+        programs = [programs]
+    elif not isinstance(programs, Sequence) or isinstance(programs, str) or not all(
+            isinstance(program, Program) for program in programs):
+        raise TypeError(f'lp.launch takes an lp.Program or a sequence of them, got {programs!r}.')
+    if not programs:
+        raise ValueError('lp.launch was given an empty sequence of programs.')
+    for program in programs:
+        program.validate()
+    return list(programs)
+
+
+def _check_resources_have_a_program(resources: Mapping[str, Any],
+                                    programs: Sequence[Program]) -> None:
+    if len(programs) < 2:
+        return  # the launcher names the groups of the one program
+    groups = {label for program in programs for label in program.groups}
+    unknown = sorted(set(resources) - groups)
+    if unknown:
+        raise ValueError(f'Resources given for groups {unknown} that none of the programs has; '
+                         f'their groups are {sorted(groups)}.')
+
+
+def _launch_one(program: Program, options: LaunchOptions,
+                dashboard_port: Optional[int]) -> Controller:
+    platform = _registry[str(options.launch_type)]()
     platform.check(program, options)
-    controller = platform.launch(program, options)
+    foreground = options.launch_type not in _TEST_TYPES and platform.foreground
+    with LaunchSignals() if foreground else contextlib.nullcontext() as signals:
+        controller = platform.launch(program, options)
+        if signals is not None:
+            signals.started()
+    program.launched = True
     _launched.append(controller)
-    if launch_type in _TEST_TYPES and test_case is not None:
-        test_case.addCleanup(controller.stop)
-    if launch_type not in _TEST_TYPES and platform.foreground and not controller.detached:
-        controller.handle_signals()
+    if options.launch_type in _TEST_TYPES and options.test_case is not None:
+        options.test_case.addCleanup(controller.stop)
+    if foreground and not controller.detached:
+        controller.handle_signals(signals)
         if not _script_mode.caller_waits:
             controller.run_until_done_at_exit()
+    elif signals is not None:
+        signals.restore()
     try:  # after the signal handlers: nodes already run, and Ctrl-C must stop them
         controller.observer = observers.observe(program, controller, dashboard_port)
     except BaseException:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import secrets
 import shutil
@@ -12,6 +13,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import courier
 
+from launchpad import runtime
 from launchpad.address import local_address_table
 from launchpad.launch import launcher
 from launchpad.launch.controller import Controller, ProcessRunner
@@ -69,19 +71,35 @@ class _ProcessRunner(ProcessRunner):
         self._server = server
         self._output = output
         self._fork_server = fork_server
+        self.context: Optional[runtime.NodeContext] = None
+        self.released = threading.Event()
 
     def release(self) -> None:
+        self.released.set()
+        if self.context is not None:
+            runtime.clear_process_context(self.context)
+            self.context.stop.trigger()
         self._server.Stop()
         if self._fork_server is not None:
             self._fork_server.close()
         self._output.close()
         shutil.rmtree(self._workdir, ignore_errors=True)
 
-    def start(self, name: str, argv: List[str], env: Dict[str, str], forkable: bool):
-        """Starts a node process: through the fork server when it can, else a fresh interpreter."""
+    def last_output(self, name: str) -> str:
+        """The last lines node `name` printed (see `Runner.last_output`)."""
+        return self._output.tail(name)
+
+    def start_node(self, name: str, argv: List[str], env: Dict[str, str], forkable: bool):
+        """Starts a node process (and again on `restart`): through the fork server when it can,
+        else a fresh interpreter."""
+        self.start(name, functools.partial(self._start, name, argv, env, forkable, [0]))
+
+    def _start(self, name: str, argv: List[str], env: Dict[str, str], forkable: bool,
+               starts: List[int]):
+        starts[0] += 1
         if self._output.runs_commands:
-            self.processes[name] = self._output.start_command(name, argv, env, os.getcwd())
-            return
+            window = name if starts[0] == 1 else f'{name}~{starts[0] - 1}'
+            return self._output.start_command(window, argv, env, os.getcwd())
         stdout_fd, reader = self._output.open_for(name)
         try:
             if forkable and self._fork_server is not None:
@@ -92,7 +110,7 @@ class _ProcessRunner(ProcessRunner):
                                            start_new_session=True)
         finally:
             os.close(stdout_fd)
-        self.processes[name] = _NodeProcess(process, reader)
+        return _NodeProcess(process, reader)
 
     @property
     def output(self) -> Output:
@@ -121,15 +139,18 @@ class ProcessLauncher(launcher.Launcher):
         addresses = [address for _, executable in executables for address in executable.addresses]
         token = secrets.token_hex(16)
         coordinator_address = f'unix:{workdir}/coordinator.sock'
+        policies = launcher.policies_of(program, executables)
         packer = specs.Packer(program.name, options.launch_type,
                               local_address_table(addresses, workdir), coordinator_address,
-                              notice_period=options.notice_period, tls=options.tls)
+                              notice_period=options.notice_period, tls=options.tls,
+                              policies=policies)
         output = Output(options.terminal, program.name, workdir)
         groups = [options.resources.get(label) or PythonProcess() for label, _ in executables]
         fork_server = None
         if not output.runs_commands and any(forkserver.usable_for(r.env, r.interpreter)
                                             for r in groups):
-            fork_server = ForkServer(workdir)  # starts importing while the specs are packed
+            # It starts importing while the specs are packed.
+            fork_server = ForkServer(workdir, options.notice_period)
         try:
             starts = []
             for i, ((_, executable), resources) in enumerate(zip(executables, groups)):
@@ -147,15 +168,40 @@ class ProcessLauncher(launcher.Launcher):
                 fork_server.close()
             output.close()
             raise
-        coordinator = Coordinator([name for name, _, _, _ in starts])
+        coordinator = Coordinator([name for name, _, _, _ in starts], policies=policies)
         server = serve_coordinator(coordinator, coordinator_address, auth_token=token)
         runner = _ProcessRunner(workdir, server, output, fork_server)
         try:
             for name, argv, env, forkable in starts:  # every node was packed before any starts
-                runner.start(name, argv, env, forkable)
+                runner.start_node(name, argv, env, forkable)
         except BaseException:
             runner.kill(list(runner.processes))
             runner.release()
             raise
+        runner.context = _launcher_context(program.name, options, packer.address_table,
+                                           coordinator, token, runner.released)
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
                           notice_period=options.notice_period)
+
+
+def _launcher_context(program_name: str, options: launcher.LaunchOptions, table, coordinator,
+                      token: str, released: threading.Event) -> runtime.NodeContext:
+    """Installs, in the launching process, a context through which handles dereference into
+    clients of the program's nodes (e.g. a test talking to a node it launched). It carries the
+    program's auth token, which this process's environment does not, and is removed when the
+    program ends."""
+    stop = runtime.StopSignal(coordinator.request_stop)
+    context = runtime.NodeContext(
+        launch_type=options.launch_type, program_name=program_name, label='launcher', index=0,
+        address_table=dataclasses.replace(table, registry=coordinator), stop=stop,
+        coordinator=coordinator, notice_period=options.notice_period, tls=options.tls,
+        auth_token=token)
+
+    def watch_stop():
+        while not coordinator.wait_for_stop(0.5) and not released.is_set():
+            pass
+        stop.trigger()
+
+    threading.Thread(target=watch_stop, daemon=True, name=f'lp-{program_name}-stop').start()
+    runtime.set_process_context(context)
+    return context

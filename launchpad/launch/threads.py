@@ -1,41 +1,164 @@
-"""`local_mt` and `test_mt`: every executable runs as a thread of the launching process."""
+"""`local_mt` and `test_mt`: every executable runs as a thread of the launching process.
+
+Threads cannot be killed. Ending one at once (a node that does not cooperate with a stop, a hung
+node) raises `NodeStopped` inside it, which ends Python code at its next line but not a call
+blocked in C; a thread still alive after that is abandoned (it is a daemon) and counts as killed.
+A restarted node runs in a new thread.
+
+    lp-NODE threads      the nodes (a new one per restart)
+    lp-PROGRAM-stop      waits for the program's stop: runs each node's stop handlers, then ends
+                         the nodes that do not cooperate
+    lp-watchdog          with progress deadlines: reports hung nodes with every thread's stack
+    lp-PROGRAM           the controller's monitor thread (restarts, the notice period)
+"""
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import pickle
 import shutil
 import tempfile
 import threading
-from typing import Dict, Optional, Sequence
+import time
+from typing import Callable, Dict, Optional, Sequence
 
 from launchpad import runtime
 from launchpad.address import local_address_table
 from launchpad.launch import launcher
 from launchpad.launch.controller import Controller
-from launchpad.process.coordinator import Coordinator, run_reporting
+from launchpad.process.coordinator import Coordinator, NodeStopped, run_reporting
 from launchpad.process.output import TERMINALS
 from launchpad.process.spec import pickle_node
+from launchpad.process.watchdog import ProgressWatchdog
 from launchpad.program import Program
+
+_ABANDON_AFTER = 1.0  # seconds a thread gets to end after NodeStopped before it is abandoned
 
 
 class _ThreadRunner:
-    """Threads cannot be killed: after the notice period they are abandoned (they are daemons)."""
+    """The node threads of one launch (a controller `Runner`)."""
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, coordinator: Coordinator):
         self._workdir = workdir
+        self._coordinator = coordinator
+        self._lock = threading.Lock()
         self.threads: Dict[str, threading.Thread] = {}
+        self.contexts: Dict[str, runtime.NodeContext] = {}
+        self._runs: Dict[str, Callable[[], None]] = {}
         self.exit_codes: Dict[str, int] = {}
+        self._abandoned: Dict[str, float] = {}  # name -> when NodeStopped was raised in it
+        self._raised_twice: set = set()
         self.context: Optional[runtime.NodeContext] = None
+        self.watchdog: Optional[ProgressWatchdog] = None
+
+    def add(self, name: str, context: runtime.NodeContext, run: Callable[[], None]) -> None:
+        self.contexts[name] = context
+        self._runs[name] = run
+        self.threads[name] = threading.Thread(target=self._run_thread, args=(name, context),
+                                              name=f'lp-{name}', daemon=True)
+
+    def _run_thread(self, name: str, context: runtime.NodeContext) -> None:
+        runtime.set_thread_context(context)
+        if self.watchdog is not None and context.progress_deadline is not None:
+            self.watchdog.watch(name, context, context.progress_deadline, threading.get_ident())
+        code = run_reporting(self._runs[name], name, _Reports(self, name), context=context)
+        with self._lock:
+            if self._current(name):
+                self.exit_codes[name] = code
+                if self.watchdog is not None:
+                    self.watchdog.forget(name)
+
+    def _current(self, name: str) -> bool:
+        """Whether the calling thread runs node `name`'s latest instance (not an abandoned one)."""
+        return self.threads.get(name) is threading.current_thread()
 
     def poll(self) -> Dict[str, Optional[int]]:
-        return {name: self.exit_codes.get(name) if not thread.is_alive() else None
-                for name, thread in self.threads.items()}
+        now = time.monotonic()
+        with self._lock:
+            codes = {}
+            for name, thread in self.threads.items():
+                since = self._abandoned.get(name)
+                if not thread.is_alive():
+                    codes[name] = self.exit_codes.get(name, 1)
+                elif since is not None and now - since > _ABANDON_AFTER:
+                    codes[name] = -9  # abandoned: it ran on past NodeStopped
+                else:
+                    if since is not None and now - since > _ABANDON_AFTER / 2 and (
+                            name not in self._raised_twice):
+                        self._raised_twice.add(name)  # the first may have landed where it
+                        _raise_in(thread, NodeStopped)  # is ignored (a __del__, say)
+                    codes[name] = None
+            return codes
+
+    def end(self, names: Sequence[str]) -> None:
+        """Raises NodeStopped in the named nodes' threads (see the module docstring)."""
+        with self._lock:
+            for name in names:
+                thread = self.threads[name]
+                if thread.is_alive() and name not in self._abandoned:
+                    self._abandoned[name] = time.monotonic()
+                    _raise_in(thread, NodeStopped)
 
     def kill(self, names: Sequence[str]) -> None:
-        del names
+        self.end(names)
+
+    def restart(self, name: str) -> None:
+        old = self.contexts[name]
+        context = dataclasses.replace(old, stop=runtime.StopSignal(old.stop.request),
+                                      progress=runtime.Progress(), attempt=0)
+        with self._lock:
+            self._abandoned.pop(name, None)
+            self._raised_twice.discard(name)
+            self.exit_codes.pop(name, None)
+            self.add(name, context, self._runs[name])
+            self.threads[name].start()
+
+    def stop_all(self) -> None:
+        """The program stops: each node's stop handlers run, then the nodes that do not
+        cooperate are ended."""
+        contexts = list(self.contexts.values())
+        for context in contexts:  # every node sees the stop before any handler runs
+            context.stop.event.set()
+        for context in contexts:
+            context.stop.trigger()
+        self.end([name for name, context in list(self.contexts.items())
+                  if not context.stop.cooperating])
 
     def release(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.close()
         runtime.clear_process_context(self.context)
         shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def _raise_in(thread: threading.Thread, error: type) -> None:
+    """Raises `error` in `thread` at its next Python line."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                               ctypes.py_object(error))
+
+
+class _Reports:
+    """What a node thread reports to the coordinator; an abandoned thread (its node was
+    restarted, or it ran on past NodeStopped) no longer speaks for the node."""
+
+    def __init__(self, runner: _ThreadRunner, name: str):
+        self._runner = runner
+        self._coordinator = runner._coordinator  # pylint: disable=protected-access
+        self._name = name
+
+    def _speaks(self) -> bool:
+        return self._runner._current(self._name)  # pylint: disable=protected-access
+
+    def node_started(self, name: str, pid: int, host: str, instance=None) -> int:
+        return self._coordinator.node_started(name, pid, host, instance)
+
+    def node_finished(self, name: str) -> None:
+        if self._speaks():
+            self._coordinator.node_finished(name)
+
+    def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
+        if self._speaks():
+            self._coordinator.node_failed(name, message, traceback_text)
 
 
 class ThreadLauncher(launcher.Launcher):
@@ -55,34 +178,38 @@ class ThreadLauncher(launcher.Launcher):
                 executable.run = pickle.loads(pickle_node(executable.name, executable.run))
         workdir = tempfile.mkdtemp(prefix='launchpad-')
         addresses = [address for _, executable in executables for address in executable.addresses]
-        coordinator = Coordinator([executable.name for _, executable in executables])
+        policies = launcher.policies_of(program, executables)
+        coordinator = Coordinator([executable.name for _, executable in executables],
+                                  policies=policies)
         table = local_address_table(addresses, workdir, registry=coordinator)
-        stop = runtime.StopSignal(coordinator.request_stop)
-        runner = _ThreadRunner(workdir)
+        runner = _ThreadRunner(workdir, coordinator)
 
         def watch_stop():
             coordinator.wait_for_stop()
-            stop.trigger()
+            runner.stop_all()
 
+        def hung(name: str, summary: str, stacks: str) -> None:
+            coordinator.node_failed(name, f'hung: {summary}',
+                                    f'The stack of each thread, the node\'s own last:\n{stacks}')
+            runner.end([name])
+
+        if any(policy.progress_deadline for policy in policies.values()):
+            runner.watchdog = ProgressWatchdog(hung)
         threading.Thread(target=watch_stop, daemon=True, name=f'lp-{program.name}-stop').start()
         for _, executable in executables:
             label, index = executable.node_names[0].rsplit('/', 1)
+            policy = policies.get(executable.name)
             context = runtime.NodeContext(
                 launch_type=options.launch_type, program_name=program.name, label=label,
-                index=int(index), address_table=table, stop=stop, coordinator=coordinator,
-                notice_period=options.notice_period, tls=options.tls)
+                index=int(index), address_table=table,
+                stop=runtime.StopSignal(coordinator.request_stop), coordinator=coordinator,
+                notice_period=options.notice_period, tls=options.tls,
+                progress_deadline=policy.progress_deadline if policy else None)
             # Threads that node code starts itself see the first node's context.
             runner.context = runner.context or context
-
-            def run_thread(context=context, executable=executable):
-                runtime.set_thread_context(context)
-                runner.exit_codes[executable.name] = run_reporting(
-                    executable.run, executable.name, coordinator)
-
-            runner.threads[executable.name] = threading.Thread(
-                target=run_thread, name=f'lp-{executable.name}', daemon=True)
+            runner.add(executable.name, context, executable.run)
         runtime.set_process_context(runner.context)
-        for thread in runner.threads.values():
+        for thread in list(runner.threads.values()):
             thread.start()
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
                           notice_period=options.notice_period)

@@ -60,7 +60,7 @@ class LaunchInfo:
     """What a node type learns about the launch when it builds executables.
 
     Attributes:
-      launch_type: the launch type name.
+      launch_type: the launch type: an `lp.LaunchType` member, or the name of one of your own.
       resources: the group's platform resources (launcher-specific), or None.
     """
     launch_type: str

@@ -15,7 +15,7 @@ import functools
 import pickle
 import threading
 import time
-from typing import Any, Callable, Dict, Hashable, Optional
+from typing import Any, Callable, Dict, Hashable, List, Optional
 
 import courier
 
@@ -27,7 +27,8 @@ class CacherNode(CourierNode):
 
     A result is served from the cache for `refresh_interval_ms` after it was fetched; after that the
     next call still gets it but starts a refresh from the source, and once a result is
-    `stale_after_ms` old it is never served: callers wait for a fresh one. Calls with different
+    `stale_after_ms` old it is never served: callers wait for a fresh one, or get the source's
+    error (`courier.ServerUnavailableError` at once when the source is gone). Calls with different
     arguments are cached separately, concurrent misses of one call reach the source once, and a
     source error reaches its callers without being cached. Its handle is a `CourierHandle`, so a
     requester cannot tell the cacher from the source.
@@ -60,17 +61,44 @@ class CacherNode(CourierNode):
 
 
 class _CachingForwarder:
-    """Has one method per method of the `source` courier client; each answers from a `Cache`."""
+    """Has one method per method of the `source` courier client; each answers from a `Cache`.
+
+    It waits for the source to serve before it lists its methods (whatever the source client's
+    `wait_for_ready`), but then fetches with `wait_for_ready=False`: once the source is gone,
+    a caller the cache cannot serve gets the source's error at once instead of waiting for a
+    source that may never come back.
+    """
 
     def __init__(self, source: courier.Client, refresh_interval: float, stale_after: float):
-        self._source = source
+        self._source = _failing_fast(source)
         self._cache = Cache(refresh_interval, stale_after)
-        for method in courier.list_methods(source):  # waits until the source serves
+        for method in _methods_of(source):
             setattr(self, method, functools.partial(self._call, method))
 
     def _call(self, method: str, *args, **kwargs) -> Any:
         key = _call_key(method, args, kwargs)
         return self._cache.get(key, lambda: getattr(self._source, method)(*args, **kwargs))
+
+
+_FIRST_RETRY, _MAX_RETRY = 0.01, 1.0  # Seconds between attempts to list a source not up yet.
+
+
+def _methods_of(source: courier.Client) -> List[str]:
+    """The source's methods, once it serves (it may start after the cacher)."""
+    delay = _FIRST_RETRY
+    while True:
+        try:
+            return courier.list_methods(source)
+        except courier.ServerUnavailableError:  # Not up yet (or its call_timeout passed).
+            time.sleep(delay)
+            delay = min(2 * delay, _MAX_RETRY)
+
+
+def _failing_fast(source: courier.Client) -> courier.Client:
+    """A client of the same server (address, timeout, token, TLS) with `wait_for_ready=False`."""
+    state = source.__getstate__()  # What its pickle carries: its constructor's arguments.
+    state['wait_for_ready'] = False
+    return courier.Client(**state)
 
 
 def _call_key(method: str, args: tuple, kwargs: dict) -> bytes:

@@ -191,8 +191,8 @@ class _CoordinatorRelay:
     def end(self) -> None:
         self._ending.set()
 
-    def node_started(self, name: str, pid: int, host: str) -> None:
-        del name, pid, host
+    def node_started(self, name: str, pid: int, host: str, instance=None) -> None:
+        del name, pid, host, instance
 
     def node_finished(self, name: str) -> None:
         del name

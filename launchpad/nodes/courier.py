@@ -1,7 +1,6 @@
 """`CourierNode`: serves a Python object's public methods over courier RPC."""
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, Optional
 
 import courier
@@ -9,6 +8,7 @@ import courier
 from launchpad import runtime
 from launchpad.address import Address
 from launchpad.nodes.base import Handle
+from launchpad.nodes.endpoint import NodeClient, NodeEndpoint
 from launchpad.nodes.python import PyClassNode
 
 CourierClient = courier.Client
@@ -17,13 +17,10 @@ CourierClient = courier.Client
 _STOP_GRACE = 2.0
 
 
-def _resolve_endpoint(address: Address) -> str:
-    return address.resolve()
-
-
 class _MethodsInContext:
     """The served object as courier binds it: its methods run in the node's context on the
-    server's threads (which matters where several nodes share a process)."""
+    server's threads (which matters where several nodes share a process), and each call counts as
+    the node's progress."""
 
     def __init__(self, instance: Any, context: runtime.NodeContext):
         self._instance = instance
@@ -35,7 +32,7 @@ class _MethodsInContext:
     def __getattr__(self, name: str):
         value = getattr(self._instance, name)
         if callable(value) and name != 'set_courier_server':
-            return runtime.in_context(self._context, value)
+            return runtime.in_context(self._context, value, progress=True)
         return value
 
 
@@ -46,19 +43,26 @@ class CourierHandle(Handle):
         super().__init__(node)
         self._address = address
         self._client_kwargs = dict(client_kwargs or {})
+        self._node_name = node.name or node.node_id
 
     @property
     def address(self) -> Address:
         return self._address
 
     def dereference(self) -> courier.Client:
-        table = runtime.get_context().address_table
-        if table.is_published(self._address):  # known once its server is up: resolve at first call
-            endpoint = functools.partial(_resolve_endpoint, self._address)
-        else:
-            endpoint = table.resolve(self._address)
+        """A client that waits for the node to serve, follows its restarts, and fails at once
+        once the program stops and the node has ended (see `endpoint`)."""
         context = runtime.get_context()
-        return courier.Client(endpoint, **{'tls': context.tls_for(endpoint), **self._client_kwargs})
+        table = context.address_table
+        kwargs = dict(self._client_kwargs)
+        resolver = NodeEndpoint(self._address, self._node_name,
+                                wait=kwargs.pop('wait_for_ready', True),
+                                timeout=kwargs.get('call_timeout'))
+        static = table.static.get(self._address.id)  # a Unix socket needs no TLS
+        tls = kwargs.pop('tls', context.tls_for(static or resolver))
+        if context.auth_token is not None:  # the launching process's context carries it
+            kwargs.setdefault('auth_token', context.auth_token)
+        return NodeClient(resolver, wait_for_ready=False, tls=tls, **kwargs)
 
 
 class CourierNode(PyClassNode):
@@ -100,7 +104,7 @@ class CourierNode(PyClassNode):
             if self._run_enabled and callable(getattr(instance, 'run', None)):
                 instance.run()
             else:
-                context.stop.event.wait()
+                context.stop.watched().wait()  # serves until the program stops
         finally:
             if not owns_server:
                 server.Stop(grace=_STOP_GRACE)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, List
 
+from launchpad import runtime
+from launchpad.address import Address
 from launchpad.nodes.base import Handle, Node, dereference_all, find_handles
 
 
@@ -25,6 +27,24 @@ class _ArgumentsNode(Node):
         self._args = args
         self._kwargs = kwargs
 
+    def allocate_address(self, address: Address) -> None:
+        """Makes this node the server of `address`, for code that starts its own server on it.
+
+        The launcher gives the address a TCP endpoint: inside this node, `address.resolve()`
+        returns the 'host:port' to listen on (`lp.get_port_from_address` gives its port), chosen
+        when the node starts; every other node's `address.resolve()` waits until it is chosen and
+        returns it to connect to.
+        """
+        if not isinstance(address, Address):
+            raise TypeError(f'allocate_address takes an lp.Address, got {address!r}.')
+        if address.owner not in (None, self.node_id):
+            raise ValueError(f'{address} is already allocated to {address.owner}; an address has '
+                             'one server. Create one lp.Address() per node.')
+        if address.owner is None:
+            address.owner = self.node_id
+            address.tcp_only = True  # user code listens on the port it is given
+            self._addresses.append(address)
+
     def configure(self, *args, **kwargs) -> None:
         """Sets the arguments after construction, to build programs whose nodes refer to each other."""
         self._args = args
@@ -39,6 +59,11 @@ class _ArgumentsNode(Node):
         return find_handles((self._args, self._kwargs))
 
     def _call(self) -> Any:
+        if self._addresses:
+            table = runtime.get_context().address_table
+            for address in self._addresses:
+                if address.owner == self.node_id:
+                    table.reserve(address)
         args, kwargs = dereference_all((self._args, self._kwargs))
         return self._function(*args, **kwargs)
 

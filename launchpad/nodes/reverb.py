@@ -133,10 +133,10 @@ class ReverbNode(Node):
 
     def _serve(self, server: Any, context: runtime.NodeContext) -> None:
         if self._checkpoint_time_delta_minutes is None:
-            context.stop.event.wait()
+            context.stop.watched().wait()
             return
         interval = self._checkpoint_time_delta_minutes * 60
         client = server.localhost_client()
-        while not context.stop.event.wait(interval):
+        while not context.stop.watched().wait(interval):
             path = client.checkpoint()
             logging.info('%s: Reverb checkpoint written to %s', context.node_name, path)

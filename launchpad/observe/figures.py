@@ -168,7 +168,7 @@ def node_rows(status: Dict[str, NodeStatus], now_totals: Totals,
         rows.append({
             'name': name, 'group': name.split('/')[0], 'state': node.state.value,
             'host': node.host, 'pid': node.pid, 'uptime': uptime,
-            'restarts': getattr(node, 'restarts', 0),  # a NodeStatus field once nodes restart
+            'restarts': node.restarts,
             'calls': counts.calls, 'calls_per_s': counts.calls_per_s,
             'errors': counts.errors, 'errors_per_s': counts.errors_per_s,
             'error': node.error})

@@ -4,7 +4,7 @@ From one observer sample (`Observer.sample()`), every series labelled with `prog
 
     launchpad_node_state{state}                  1 for the node's state, 0 for the others
     launchpad_node_uptime_seconds                since the node started (until it ended)
-    launchpad_node_restarts_total                always 0 until a launcher restarts nodes
+    launchpad_node_restarts_total                times its restart policy started it again
     courier_server_calls_total{method}           calls served, per method
     courier_server_errors_total{method}          of those, the ones that failed
     courier_server_call_seconds{method}          histogram of their latencies
@@ -21,8 +21,9 @@ from typing import Any, Dict, Iterator, Tuple
 from courier import metrics as courier_metrics
 
 from launchpad.observe import report
+from launchpad.process.coordinator import NodeState
 
-STATES = ('pending', 'running', 'finished', 'failed', 'killed')
+STATES = tuple(state.value for state in NodeState)
 
 
 def content_type() -> str:

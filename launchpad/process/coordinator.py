@@ -5,6 +5,10 @@ stop signal; the controller reads it. In threads it is a plain object; for proce
 hosts the launcher serves it with courier and nodes call it through a client with the same methods.
 Stop and failure therefore travel one way on every platform: a node tells the coordinator, and every
 node learns it from the coordinator.
+
+A failure goes through the node's restart policy (`launchpad.policy`) here: the node is marked
+restarting (the controller starts it again once its process is gone and its backoff passed),
+dropped, or failed, which fails the program with every traceback the node left.
 """
 from __future__ import annotations
 
@@ -14,8 +18,12 @@ import os
 import socket
 import threading
 import time
+import logging
 import traceback
-from typing import Callable, Dict, Iterable, List, Optional
+import uuid
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from launchpad.policy import NodePolicy, RestartBudget
 
 # Seconds a node keeps running without reaching its coordinator before it decides that the
 # launcher is gone and stops itself.
@@ -28,10 +36,12 @@ class NodeState(str, enum.Enum):
     FINISHED = 'finished'
     FAILED = 'failed'
     KILLED = 'killed'
+    RESTARTING = 'restarting'  # failed; starts again once its process is gone and its backoff over
+    DROPPED = 'dropped'        # failed for good under on_failure='drop'; the program goes on
 
     @property
     def ended(self) -> bool:
-        return self in (NodeState.FINISHED, NodeState.FAILED, NodeState.KILLED)
+        return self in (NodeState.FINISHED, NodeState.FAILED, NodeState.KILLED, NodeState.DROPPED)
 
 
 @dataclasses.dataclass
@@ -43,7 +53,8 @@ class NodeStatus:
     host: Optional[str] = None
     exit_code: Optional[int] = None
     error: Optional[str] = None
-    started_at: Optional[float] = None  # wall-clock time the coordinator heard it start
+    restarts: int = 0
+    started_at: Optional[float] = None  # wall-clock time the coordinator heard its run start
 
 
 class NodeFailedError(RuntimeError):
@@ -52,28 +63,56 @@ class NodeFailedError(RuntimeError):
     Attributes:
       node_name: the failing node, 'group/index'.
       message: its error message.
-      remote_traceback: the traceback text printed where it failed.
+      remote_traceback: the traceback text printed where it failed (for a node that was
+        restarted, every failure's, oldest first).
+      failures: (message, traceback) of each failure of the node, oldest first.
     """
 
-    def __init__(self, node_name: str, message: str, remote_traceback: str = ''):
+    def __init__(self, node_name: str, message: str, remote_traceback: str = '',
+                 failures: Tuple[Tuple[str, str], ...] = ()):
         self.node_name = node_name
         self.message = message
         self.remote_traceback = remote_traceback
+        self.failures = tuple(failures) or ((message, remote_traceback),)
         text = f'Node {node_name} failed: {message}'
         if remote_traceback:
             text += f'\n\nTraceback in {node_name}:\n{remote_traceback.rstrip()}'
         super().__init__(text)
 
     def __reduce__(self):
-        return type(self), (self.node_name, self.message, self.remote_traceback)
+        return type(self), (self.node_name, self.message, self.remote_traceback, self.failures)
+
+
+def _all_tracebacks(failures: List[Tuple[str, str]]) -> str:
+    """The tracebacks of a node's failures, each under a line saying which one it was."""
+    if len(failures) == 1:
+        return failures[0][1]
+    return '\n'.join(f'--- failure {i} of {len(failures)}: {message}\n{text.rstrip()}\n'
+                     for i, (message, text) in enumerate(failures, 1))
+
+
+class _Incarnation:
+    """The coordinator's private record of a node across its restarts."""
+
+    def __init__(self, policy: NodePolicy):
+        self.policy = policy
+        self.budget = RestartBudget(policy.restart)
+        self.failures: List[Tuple[str, str]] = []
+        self.failed = False        # this instance failed (one failure counts per instance)
+        self.exited = False        # this instance's process is gone
+        self.restart_at = 0.0      # when a restarting node may start again (monotonic)
+        self.instance: Optional[str] = None  # the id its running process reported
 
 
 class Coordinator:
     """Node states, published addresses and the stop signal of one launched program."""
 
-    def __init__(self, node_names: Iterable[str]):
+    def __init__(self, node_names: Iterable[str], *,
+                 policies: Optional[Mapping[str, NodePolicy]] = None):
         self._changed = threading.Condition()
         self._nodes: Dict[str, NodeStatus] = {name: NodeStatus(name) for name in node_names}
+        self._incarnations = {name: _Incarnation((policies or {}).get(name) or NodePolicy())
+                              for name in self._nodes}
         self._addresses: Dict[str, str] = {}
         self._stop_reason: Optional[str] = None
         self._stop_time: Optional[float] = None
@@ -82,24 +121,39 @@ class Coordinator:
 
     # Called by nodes.
 
-    def node_started(self, name: str, pid: int, host: str) -> None:
+    def node_started(self, name: str, pid: int, host: str, instance: Optional[str] = None) -> int:
+        """Records that the node runs; returns its attempt (0 at first, then its restarts).
+
+        `instance` (a random id of the node's process) tells a node started again, by another
+        hand than this coordinator's controller (a Kubernetes pod coordinator's launcher), after
+        its last run ended unnoticed.
+        """
         with self._changed:
             status = self._status(name)
+            incarnation = self._incarnations[name]
+            if status.state is NodeState.RESTARTING or (
+                    status.state is NodeState.RUNNING and instance is not None
+                    and incarnation.instance not in (None, instance)):
+                self._restarted(name)  # started again by someone else's hand
+            incarnation.instance = instance or incarnation.instance
             if status.state is NodeState.PENDING:
                 status.state = NodeState.RUNNING
             status.pid, status.host = pid, host
             status.started_at = status.started_at or time.time()
             self._changed.notify_all()
+            return status.restarts
 
     def node_finished(self, name: str) -> None:
         with self._changed:
             status = self._status(name)
-            if not status.state.ended:
+            if not status.state.ended and not self._incarnations[name].failed:
                 status.state = NodeState.FINISHED
             self._changed.notify_all()
 
     def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
-        """Marks `name` failed; the first failure stops the program and is what `wait` raises."""
+        """Records a failure of `name`, which its restart policy turns into a restart, a drop or
+        the program's failure (the first such failure stops the program and is what `wait`
+        raises)."""
         with self._changed:
             self._fail(name, message, traceback_text)
 
@@ -130,12 +184,17 @@ class Coordinator:
 
     # Called by the launcher and the controller.
 
-    def executable_exited(self, name: str, exit_code: int) -> None:
-        """Records that the executable's process is gone, reporting a failure if it never did."""
+    def executable_exited(self, name: str, exit_code: int, last_output: str = '') -> None:
+        """Records that the executable's process is gone, reporting a failure if it never did
+        (with `last_output`, the last lines it printed, which say why)."""
         with self._changed:
             status = self._status(name)
             status.exit_code = exit_code
-            if status.state.ended:
+            incarnation = self._incarnations[name]
+            if incarnation.exited:
+                return  # told before
+            incarnation.exited = True
+            if status.state.ended or status.state is NodeState.RESTARTING:
                 pass  # it reported how it ended
             elif self._stop_reason is not None and exit_code != 0:
                 status.state = NodeState.KILLED
@@ -144,9 +203,46 @@ class Coordinator:
             else:
                 description = (f'killed by signal {-exit_code}' if exit_code < 0
                                else f'exit code {exit_code}')
-                self._fail(name, f'its process ended ({description}) without reporting an error; '
-                                 'see its output above or in its log.')
+                if last_output.strip():
+                    self._fail(name, f'its process ended ({description}) without reporting an '
+                                     'error; the last lines of its output:\n'
+                                     + last_output.rstrip())
+                else:
+                    self._fail(name, f'its process ended ({description}) without reporting an '
+                                     'error; see its output above or in its log.')
             self._changed.notify_all()
+
+    def due_restarts(self, now: float) -> List[str]:
+        """The restarting nodes whose process is gone and whose backoff is over at `now`."""
+        with self._changed:
+            return [name for name, status in self._nodes.items()
+                    if status.state is NodeState.RESTARTING and self._incarnations[name].exited
+                    and self._incarnations[name].restart_at <= now]
+
+    @property
+    def restarts_pending(self) -> bool:
+        """Whether a node waits to be started again."""
+        with self._changed:
+            return any(s.state is NodeState.RESTARTING for s in self._nodes.values())
+
+    def node_restarted(self, name: str) -> None:
+        """Records that the controller started the node again (it is pending until it runs)."""
+        with self._changed:
+            if self._status(name).state is NodeState.RESTARTING:
+                self._restarted(name)
+            self._changed.notify_all()
+
+    def restart_failed(self, name: str, reason: str) -> None:
+        """The node could not be started again: its last failure is final."""
+        with self._changed:
+            status = self._status(name)
+            if status.state is not NodeState.RESTARTING:
+                return
+            incarnation = self._incarnations[name]
+            incarnation.budget = RestartBudget(None)
+            message, text = incarnation.failures.pop() if incarnation.failures else (reason, '')
+            incarnation.failed = False
+            self._fail(name, f'{message} (and it could not be restarted: {reason})', text)
 
     def mark_killed(self, names: Iterable[str]) -> None:
         with self._changed:
@@ -198,16 +294,59 @@ class Coordinator:
 
     def _fail(self, name: str, message: str, traceback_text: str = '') -> None:
         status = self._status(name)
-        status.state = NodeState.FAILED
+        incarnation = self._incarnations[name]
+        if incarnation.failed:
+            return  # an instance fails once (reported by itself, then seen by its runner)
+        incarnation.failed = True
+        incarnation.failures.append((message, traceback_text))
         status.error = message
-        if self._failure is None and self._stop_reason is None:
-            self._failure = NodeFailedError(name, message, traceback_text)
+        if self._stop_reason is not None:
+            status.state = NodeState.FAILED
+            self._changed.notify_all()
+            return
+        now = time.monotonic()
+        delay = incarnation.budget.next_delay(now)
+        policy = incarnation.policy.restart
+        if delay is not None:
+            status.state = NodeState.RESTARTING
+            incarnation.restart_at = now + delay
+            logging.warning('Node %s failed (%s); restarting it in %g s (restart %d; its policy '
+                            'allows %s).', name, message, delay, status.restarts + 1,
+                            policy.describe())
+            self._changed.notify_all()
+            return
+        if policy is not None and incarnation.failures[:-1]:
+            restarts = f'{status.restarts} time{"s" * (status.restarts != 1)}'
+            message = (f'{message} (failed {len(incarnation.failures)} times: restarted '
+                       f'{restarts}, its policy allows {policy.describe()})')
+        if policy is not None and policy.on_failure == 'drop':
+            status.state = NodeState.DROPPED
+            logging.warning('Node %s failed for good and is dropped; the program goes on without '
+                            'it: %s', name, message)
+            self._changed.notify_all()
+            return
+        status.state = NodeState.FAILED
+        if self._failure is None:
+            self._failure = NodeFailedError(name, message, _all_tracebacks(incarnation.failures),
+                                            tuple(incarnation.failures))
         self._set_stopping(f'node {name} failed')
+
+    def _restarted(self, name: str) -> None:
+        status = self._nodes[name]
+        incarnation = self._incarnations[name]
+        status.state = NodeState.PENDING
+        status.restarts += 1
+        status.exit_code = None
+        status.started_at = None  # its uptime counts from its new start
+        incarnation.failed = incarnation.exited = False
 
     def _set_stopping(self, reason: str) -> None:
         if self._stop_reason is None:
             self._stop_reason = reason
             self._stop_time = time.monotonic()
+            for status in self._nodes.values():  # no restart once the program stops
+                if status.state is NodeState.RESTARTING:
+                    status.state = NodeState.FAILED
         self._changed.notify_all()
 
 
@@ -226,13 +365,20 @@ def serve_coordinator(coordinator: Coordinator, address: str, *, auth_token: Opt
     return server
 
 
-def run_reporting(run: Callable[[], None], name: str, coordinator, *, starting=None) -> int:
+def run_reporting(run: Callable[[], None], name: str, coordinator, *, starting=None,
+                  context=None) -> int:
     """Runs an executable, reporting to the coordinator how it ended; returns an exit code.
 
     `starting` (default: `coordinator`) reports the start; a worker passes a client that waits for
     a busy coordinator there, and reports the end through one that fails at once when it is gone.
+    `context` (the node's `runtime.NodeContext`) learns its attempt number from the start; an
+    error raised while the program stops because a node it called has gone (a ConnectionError)
+    is the node ending with the program, not a failure.
     """
-    (starting or coordinator).node_started(name, os.getpid(), socket.gethostname())
+    attempt = (starting or coordinator).node_started(name, os.getpid(), socket.gethostname(),
+                                                     uuid.uuid4().hex)
+    if context is not None:
+        context.attempt = attempt or 0
     try:
         run()
     except SystemExit as e:
@@ -240,8 +386,32 @@ def run_reporting(run: Callable[[], None], name: str, coordinator, *, starting=N
             coordinator.node_failed(name, f'SystemExit({e.code!r})', traceback.format_exc())
             return 1
     except BaseException as e:  # pylint: disable=broad-except
+        if _ended_by_stop(e, context):
+            logging.info('%s ended with the program: %s: %s', name, type(e).__name__, e)
+            coordinator.node_finished(name)
+            return 0
         traceback.print_exc()
         coordinator.node_failed(name, f'{type(e).__name__}: {e}', traceback.format_exc())
         return 1
     coordinator.node_finished(name)
     return 0
+
+
+class NodeStopped(BaseException):
+    """Raised inside a node's thread to end it at once on a stop (threads cannot be killed).
+
+    A BaseException, so that the node's own `except Exception` blocks let it through.
+    """
+
+
+def _ended_by_stop(error: BaseException, context) -> bool:
+    if isinstance(error, NodeStopped):
+        return True
+    if not isinstance(error, ConnectionError) or context is None or context.stop is None:
+        return False
+    if context.stop.event.is_set():
+        return True
+    try:  # the node may not have heard of the stop yet; a node it called already had
+        return bool(context.coordinator.wait_for_stop(0.0))
+    except Exception:  # pylint: disable=broad-except
+        return False

@@ -24,7 +24,8 @@ def overrides(args: FlagArgs) -> List[str]:
 
 
 def snapshot() -> Dict[str, Any]:
-    """The launching process's parsed flags (name -> (class, state)), to rebuild in a worker.
+    """The launching process's parsed flags (name -> (class, state, defining module)), to
+    rebuild in a worker.
 
     Validators stay behind: values were validated here.
     """
@@ -46,14 +47,19 @@ def snapshot() -> Dict[str, Any]:
                 logging.warning('Flag --%s cannot be sent to node processes; they see its default.',
                                 name)
             continue
-        shipped[name] = state
+        shipped[name] = state + (flags.FLAGS.find_module_defining_flag(name),)
     return shipped
 
 
 def install(shipped: Mapping[str, Any], flag_overrides: Sequence[str]) -> None:
-    """Rebuilds the shipped flags in this process, applies `flag_overrides` and marks them parsed."""
+    """Rebuilds the shipped flags in this process, applies `flag_overrides` and marks them parsed.
+
+    A rebuilt flag is registered under the module that defined it in the launching process, so
+    that node code importing that module later finds its flag defined (absl then keeps the
+    shipped flag and its value) instead of failing with a duplicate definition.
+    """
     from absl import flags  # pylint: disable=import-outside-toplevel
-    for name, (flag_class, state) in shipped.items():
+    for name, (flag_class, state, module_name) in shipped.items():
         if name in flags.FLAGS:
             if state['present']:
                 flags.FLAGS[name].value = state['_value']
@@ -62,6 +68,8 @@ def install(shipped: Mapping[str, Any], flag_overrides: Sequence[str]) -> None:
             flag = flag_class.__new__(flag_class)
             flag.__dict__.update(state, validators=[])
             flags.FLAGS[name] = flag
+            if module_name is not None:
+                flags.FLAGS.register_flag_by_module(module_name, flag)
     if flag_overrides:
         flags.FLAGS(['worker'] + list(flag_overrides), known_only=True)
     flags.FLAGS.mark_as_parsed()

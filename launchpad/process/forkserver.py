@@ -8,8 +8,11 @@ working directory, and runs the worker entry point exactly as a fresh process wo
 modules are imported only in the children, when the node's spec is unpickled.
 
 The fork server serves one launch: it reports each child's exit code to the launcher and exits when
-the launcher closes the connection (its children then notice that their parent is gone). The ssh
-launcher's host agent forks its host's nodes the same way, with `preload` and `fork_worker`.
+the launcher closes the connection or dies. It adopts what its nodes' processes leave behind (it
+is a child subreaper, see `tree`): before it exits it gives the nodes still running the time to
+notice that their launcher is gone and stop (their notice period), then ends every process left.
+The ssh launcher's host agent forks its host's nodes the same way, with `preload` and
+`fork_worker`.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from launchpad.process import spec
+from launchpad.process import tree
 
 _PRELOAD = ('launchpad', 'launchpad.process.coordinator', 'courier', 'courier.client',
             'courier.server', 'courier.transport', 'courier.transport.framed_client',
@@ -47,13 +51,13 @@ def usable_for(env_overrides: Mapping[str, str], interpreter: Optional[str]) -> 
 class ForkServer:
     """The launcher's side: starts the fork server and asks it for processes."""
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, notice_period: float = 10.0):
         path = os.path.join(workdir, 'forkserver.sock')
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(path)
         listener.listen(1)
         self.process = subprocess.Popen(
-            [sys.executable, '-m', __name__, path], stdin=subprocess.DEVNULL,
+            [sys.executable, '-m', __name__, path, str(notice_period)], stdin=subprocess.DEVNULL,
             start_new_session=True, env=spec.node_environment())
         listener.settimeout(0.1)
         try:
@@ -174,8 +178,10 @@ def fork_worker(request: dict, stdout_fd: int, close_fds: Sequence[int] = ()) ->
 
 
 def main() -> None:
-    """The fork server's own process."""
+    """The fork server's own process: `python -m launchpad.process.forkserver SOCKET NOTICE`."""
+    tree.become_subreaper()
     preload()
+    notice_period = float(sys.argv[2])
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(sys.argv[1])
     children_ended, wakeup = socket.socketpair()
@@ -186,18 +192,27 @@ def main() -> None:
     selector = selectors.DefaultSelector()
     selector.register(conn, selectors.EVENT_READ)
     selector.register(children_ended, selectors.EVENT_READ)
-    while True:
+    workers: set = set()
+    serving = True
+    while serving:
         for key, _ in selector.select(timeout=1.0):
             if key.fileobj is children_ended:
                 children_ended.recv(4096)
-            elif not _serve_request(conn):
-                return
-        _report_exits(conn)
+            elif not _serve_request(conn, workers):
+                serving = False
+        _report_exits(conn, workers)
         if os.getppid() != launcher_pid:
-            return
+            break
+    # Nodes whose launcher died stop by themselves once they notice (COORDINATOR_LOSS_TIMEOUT,
+    # 5 s) and their notice period is over; then whatever is left goes.
+    deadline = time.monotonic() + notice_period + 8.0
+    while workers and time.monotonic() < deadline:
+        time.sleep(0.1)
+        _report_exits(None, workers)
+    tree.end_descendants()
 
 
-def _serve_request(conn: socket.socket) -> bool:
+def _serve_request(conn: socket.socket, workers: set) -> bool:
     header, fds, _, _ = socket.recv_fds(conn, 4, 1)
     if not header:
         return False
@@ -210,12 +225,14 @@ def _serve_request(conn: socket.socket) -> bool:
         data += chunk
     request = json.loads(data)
     pid = fork_worker(request, fds[0], [conn.fileno()])
+    workers.add(pid)
     os.close(fds[0])
     conn.sendall(f'started {request["name"]} {pid}\n'.encode())
     return True
 
 
-def _report_exits(conn: socket.socket) -> None:
+def _report_exits(conn: Optional[socket.socket], workers: set) -> None:
+    """Reaps ended children (adopted ones too) and tells the launcher about its nodes'."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -223,7 +240,14 @@ def _report_exits(conn: socket.socket) -> None:
             return
         if pid == 0:
             return
-        conn.sendall(f'exited {pid} {os.waitstatus_to_exitcode(status)}\n'.encode())
+        if pid not in workers:
+            continue  # an orphan adopted from a node
+        workers.discard(pid)
+        if conn is not None:
+            try:
+                conn.sendall(f'exited {pid} {os.waitstatus_to_exitcode(status)}\n'.encode())
+            except OSError:
+                pass  # the launcher is gone
 
 
 def _become_worker(request: dict, stdout_fd: int, close_fds: Sequence[int]) -> None:

@@ -18,6 +18,8 @@ from launchpad.process import logs
 
 TERMINALS = ('current_terminal', 'output_to_files', 'tmux_session')
 _COLORS = [31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96]
+# Lines of a node's output that explain its death when it ends without reporting an error.
+TAIL_LINES = 20
 _write_lock = threading.Lock()
 
 
@@ -149,6 +151,15 @@ class Output:
         where = (f'in tmux session {self._session}' if self._session is not None
                  else 'on the launching terminal')
         raise LookupError(f'no log is kept of {name!r}: its output goes {where}.')
+
+    def tail(self, name: str) -> str:
+        """The last `TAIL_LINES` lines node `name` wrote (its standard error included), as far
+        as they are known here ('' in a tmux session)."""
+        try:
+            lines, _ = self.read_log(name)
+        except (LookupError, OSError):
+            return ''
+        return ''.join(line + '\n' for line in lines[-TAIL_LINES:])
 
     def _file_of(self, name: str) -> str:
         return os.path.join(self.log_dir, name.replace('/', '_') + '.log')

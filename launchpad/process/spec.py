@@ -7,7 +7,9 @@ environment and `worker_argv` its command line, which runs `launchpad.process.wo
 """
 from __future__ import annotations
 
+import copyreg
 import dataclasses
+import functools
 import os
 import pickle
 import sys
@@ -16,16 +18,40 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 import courier
 
 from launchpad.address import AddressTable
+from launchpad.policy import NodePolicy
 from launchpad.process import flags
 
 WORKER_MODULE = 'launchpad.process.worker'
+# Set to '1' in the environment of node processes that nothing contains (Slurm without cgroups):
+# the worker then runs the node in a child and ends whatever the node leaves behind when it dies.
+SUPERVISE_ENV = 'LAUNCHPAD_SUPERVISE_WORKER'
 
 _UNBUFFERED = {'PYTHONUNBUFFERED': '1'}
 _QUIET_GRPC = {'GRPC_VERBOSITY': 'ERROR'}
 
 
-class NodePicklingError(pickle.PicklingError):
-    """An executable could not be packed for another process."""
+class NodePicklingError(pickle.PicklingError, RuntimeError):
+    """An executable could not be packed for another process.
+
+    Also a RuntimeError, which is what code written for dm-launchpad catches there.
+    """
+
+
+class NodeUnpicklingError(RuntimeError):
+    """A worker could not unpickle its executable (something it refers to is missing there).
+
+    Attributes:
+      node_name: the node's name.
+      coordinator_address: where the worker reports the failure (None if only a callable knows).
+      tls: the TLS credentials to reach the coordinator with, or None.
+    """
+
+    def __init__(self, message: str, node_name: str, coordinator_address: Optional[str],
+                 tls: Any):
+        super().__init__(message)
+        self.node_name = node_name
+        self.coordinator_address = coordinator_address
+        self.tls = tls
 
 
 @dataclasses.dataclass
@@ -47,6 +73,9 @@ class WorkerSpec:
       cleanup_dir: a directory of the launch that the worker removes if the launcher dies, since
         the launcher cannot.
       tls: the program's TLS credentials (a courier.TLSConfig) for TCP traffic, or None.
+      progress_deadline: seconds the node may go without progress before it counts as hung.
+      stop_signal: the name of a signal (e.g. 'SIGUSR1') by which the platform warns that it
+        will end the program soon (Slurm before its time limit): the program then stops.
     """
     program_name: str
     launch_type: str
@@ -61,6 +90,8 @@ class WorkerSpec:
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
     cleanup_dir: Optional[str] = None
     tls: Any = None
+    progress_deadline: Optional[float] = None
+    stop_signal: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -74,6 +105,8 @@ class Packer:
       notice_period: seconds nodes get to end after a stop.
       tls: the program's TLS credentials for TCP traffic, or None.
       flags: the launching process's absl flags (taken when the packer is made).
+      policies: executable name -> its `NodePolicy` (its progress deadline reaches the worker).
+      stop_signal: see `WorkerSpec.stop_signal`.
     """
     program_name: str
     launch_type: str
@@ -82,6 +115,8 @@ class Packer:
     notice_period: float = 10.0
     tls: Any = None
     flags: Dict[str, Any] = dataclasses.field(default_factory=flags.snapshot)
+    policies: Mapping[str, NodePolicy] = dataclasses.field(default_factory=dict)
+    stop_signal: Optional[str] = None
 
     def spec(self, node_name: str, run: Callable[[], None], *, args: flags.FlagArgs = None,
              env: Optional[Mapping[str, str]] = None, parent_pid: Optional[int] = None,
@@ -101,13 +136,15 @@ class Packer:
             coordinator_address=self.coordinator_address, parent_pid=parent_pid,
             notice_period=self.notice_period, flags=self.flags,
             flag_overrides=flags.overrides(args), env=dict(env or {}), cleanup_dir=cleanup_dir,
-            tls=self.tls)
+            tls=self.tls, stop_signal=self.stop_signal,
+            progress_deadline=(self.policies.get(node_name) or NodePolicy()).progress_deadline)
 
 
 def pickle_node(node_name: str, value: Any) -> bytes:
     """cloudpickle of `value`, or a NodePicklingError naming the node and what cannot be pickled."""
     import cloudpickle  # pylint: disable=import-outside-toplevel
     flags.pickle_by_reference()
+    copyreg.pickle(_LRU_CACHE_TYPE, _reduce_lru_cache)
     try:
         return cloudpickle.dumps(value)
     except Exception as e:  # pylint: disable=broad-except
@@ -120,7 +157,11 @@ def pickle_node(node_name: str, value: Any) -> bytes:
 def pack(spec: WorkerSpec) -> bytes:
     """The bytes of a spec file, or a NodePicklingError naming the node and what cannot be pickled."""
     payload = pickle_node(spec.node_name, spec)
-    header = {'sys_path': [p for p in sys.path if p], 'env': spec.env}
+    coordinator = spec.coordinator_address
+    header = {'sys_path': [p for p in sys.path if p], 'env': spec.env,
+              # Enough to report a payload that cannot be unpickled where it runs.
+              'report': (spec.node_name, coordinator if isinstance(coordinator, str) else None,
+                         spec.tls)}
     return pickle.dumps((header, payload), protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -140,7 +181,15 @@ def load(path: str) -> WorkerSpec:
         if entry not in sys.path:
             sys.path.insert(0, entry)
     import cloudpickle  # pylint: disable=import-outside-toplevel
-    return cloudpickle.loads(payload)
+    try:
+        return cloudpickle.loads(payload)
+    except Exception as e:  # pylint: disable=broad-except
+        node_name, coordinator, tls = header['report']
+        raise NodeUnpicklingError(
+            f'Node {node_name} cannot be unpickled where it runs ({type(e).__name__}: {e}). '
+            'Everything its arguments refer to must be importable there: install the modules '
+            'it uses where it runs, and define its functions and classes at the top level of a '
+            'module or of the script.', node_name, coordinator, tls) from e
 
 
 def worker_argv(spec_path: str, python: Optional[str] = None) -> List[str]:
@@ -157,3 +206,22 @@ def node_environment(token: Optional[str] = None, *, base: Optional[Mapping[str,
     if token is not None:
         env[courier.AUTH_TOKEN_ENV] = token
     return env
+
+
+# functools.lru_cache wraps a function in an object that pickles by name, which fails in a node
+# process when the function was defined in the launching script (its __main__): such wrappers
+# travel as the function they wrap (by value, as cloudpickle sends the script's functions) and
+# their cache settings, and get a new, empty cache where they run.
+_LRU_CACHE_TYPE = type(functools.lru_cache()(len))
+
+
+def _reduce_lru_cache(wrapper):
+    module = sys.modules.get(getattr(wrapper, '__module__', None) or '')
+    if module is not None and module.__name__ != '__main__' and getattr(
+            module, wrapper.__qualname__, None) is wrapper:
+        return wrapper.__qualname__  # importable where it runs: by name, as pickle does
+    return _rebuild_lru_cache, (wrapper.__wrapped__, wrapper.cache_parameters())
+
+
+def _rebuild_lru_cache(function, parameters):
+    return functools.lru_cache(**parameters)(function)

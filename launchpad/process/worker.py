@@ -5,7 +5,17 @@ with `launchpad.process.spec`, ships the file to where the process runs and star
 it (`spec.worker_argv`). The worker installs the node's context, watches the coordinator for the
 stop signal (and for the launcher going away), runs the executable and reports how it ended.
 
-Nothing imports this module: it only runs as a program's main module.
+Its threads:
+
+    main thread       runs the node (`run_reporting`), then ends its process tree and exits
+    lp-stop-watcher   waits for the program's stop: runs the stop handlers, then exits at once
+                      if the node does not cooperate (see `runtime`), else after the notice period
+    lp-watchdog       with a progress deadline: reports a hung node with its stacks and exits
+    lp-preempted      on SIGTERM (the platform ends the node: preemption, eviction): reports a
+                      failure that the restart policy covers, runs the stop handlers, exits
+
+However it ends, the worker first ends every process its node started (`tree`). Nothing imports
+this module: it only runs as a program's main module.
 """
 from __future__ import annotations
 
@@ -13,9 +23,11 @@ import functools
 import logging
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
+import traceback
 
 import courier
 
@@ -23,6 +35,8 @@ from launchpad import runtime
 from launchpad.observe import report
 from launchpad.process import flags
 from launchpad.process import spec as specs
+from launchpad.process import tree
+from launchpad.process import watchdog
 from launchpad.process.coordinator import COORDINATOR_LOSS_TIMEOUT, run_reporting
 from launchpad.process.spec import WorkerSpec
 
@@ -58,13 +72,73 @@ def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
                 break
             time.sleep(0.2)
     stop.trigger()
+    if not stop.cooperating:  # nothing of the node waits for the stop: it ends at once
+        if coordinator.failed:  # the stop may be its own failure's: its exit code says so too
+            _exit_now(1, spec, launcher_lost)
+        if not launcher_lost.is_set():
+            _report(coordinator.node_finished, spec.node_name)
+        _exit_now(0, spec, launcher_lost)
     time.sleep(spec.notice_period + 1.0)
     logging.error('%s did not end within the %g s notice period; exiting.', spec.node_name,
                   spec.notice_period)
     _exit_now(3, spec, launcher_lost)
 
 
+def _preempted(signum: int, coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
+               done: threading.Event, launcher_lost: threading.Event) -> None:
+    """The platform ends this node (SIGTERM): a failure, unless the program is stopping anyway;
+    the node's stop handlers run, and a cooperating node gets the notice period to end."""
+    name = signal.Signals(signum).name
+    if not stop.event.is_set():
+        logging.warning('%s received %s: the platform is ending it (preemption?).',
+                        spec.node_name, name)
+        _report(coordinator.node_failed, spec.node_name,
+                f'{name}: the platform ({spec.launch_type}) ended this node: preempted, evicted, '
+                'cancelled or killed')
+    stop.trigger()
+    done.wait(spec.notice_period if stop.cooperating else 0.0)
+    _exit_now(128 + signum, spec, launcher_lost)
+
+
+def _hung(coordinator, spec: WorkerSpec, launcher_lost: threading.Event, name: str,
+          summary: str, stacks: str) -> None:
+    """The watchdog found the node silent past its deadline: it fails, with its stacks."""
+    print(f'{stacks}\n{name} hung: {summary}; above, the stack of each of its threads.',
+          file=sys.stderr, flush=True)
+    _report(coordinator.node_failed, name, f'hung: {summary}',
+            f'The stack of each thread, the node\'s own last:\n{stacks}')
+    _exit_now(1, spec, launcher_lost)
+
+
+class _Reports:
+    """The coordinator as the worker's threads report to it, remembering whether the node
+    reported a failure (a node that failed must not end with exit code 0, which a platform that
+    only sees exit codes, Kubernetes, would take for success)."""
+
+    def __init__(self, coordinator):
+        self._coordinator = coordinator
+        self.failed = False
+
+    def node_failed(self, *args) -> None:
+        self.failed = True
+        self._coordinator.node_failed(*args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._coordinator, name)
+
+
+def _report(method, *args) -> None:
+    """Tells the coordinator something on the way out; it may be gone already."""
+    try:
+        method(*args)
+    except Exception as e:  # pylint: disable=broad-except
+        logging.warning('Could not reach the coordinator on the way out: %s', e)
+
+
 def _exit_now(code: int, spec: WorkerSpec, launcher_lost: threading.Event) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    tree.end_descendants()
     if launcher_lost.is_set() and spec.cleanup_dir:
         shutil.rmtree(spec.cleanup_dir, ignore_errors=True)
     sys.stdout.flush()
@@ -72,28 +146,79 @@ def _exit_now(code: int, spec: WorkerSpec, launcher_lost: threading.Event) -> No
     os._exit(code)  # pylint: disable=protected-access
 
 
+def _report_unloadable(error: specs.NodeUnpicklingError) -> None:
+    """Tells the coordinator why this node could not start, so that the error names the cause."""
+    if error.coordinator_address is None:
+        return  # only the (unloaded) spec knows how to reach it; the traceback is in the output
+    try:
+        coordinator = courier.Client(error.coordinator_address, call_timeout=30.0,
+                                     tls=None if error.coordinator_address.startswith('unix:')
+                                     else error.tls)
+        coordinator.node_failed(error.node_name, str(error), traceback.format_exc())
+    except Exception:  # pylint: disable=broad-except
+        logging.exception('%s could not report to the coordinator.', error.node_name)
+
+
 def main() -> None:
     """Runs the executable of the spec file named by the last command-line argument, then exits."""
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
     if len(sys.argv) != 2:
         sys.exit(f'usage: python -m {specs.WORKER_MODULE} SPEC_FILE')
+    if os.environ.get(specs.SUPERVISE_ENV) == '1':
+        code = _supervise()
+        if code is not None:
+            sys.exit(code)
     sys.exit(_run(sys.argv[1]))
 
 
+def _supervise():
+    """Runs the node in a child process, and outlives it to end what it leaves (None: this is
+    the child, which runs the node).
+
+    The worker ends its node's processes itself, unless it is killed (SIGKILL, the OOM killer).
+    Where nothing else contains a node's processes, e.g. Slurm without cgroups, whatever it
+    started would outlive it, and hold its job step open by its output. This parent adopts them
+    (a subreaper), passes signals on to the node, and ends them once the node is gone.
+    """
+    tree.become_subreaper()
+    pid = os.fork()
+    if pid == 0:
+        return None
+    def pass_on(signum, frame):
+        del frame
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass  # it has just ended
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(signum, pass_on)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    tree.end_descendants()
+    return 128 - code if code < 0 else code
+
+
 def _run(spec_path: str) -> int:
-    spec = specs.load(spec_path)
+    try:
+        spec = specs.load(spec_path)
+    except specs.NodeUnpicklingError as e:
+        _report_unloadable(e)
+        raise
+    tree.become_subreaper()
     label, index = spec.node_name.rsplit('/', 1)
     context = runtime.NodeContext(
         launch_type=spec.launch_type, program_name=spec.program_name, label=label,
         index=int(index) if index.isdigit() else 0, address_table=spec.address_table, stop=None,
-        notice_period=spec.notice_period, tls=spec.tls)
+        notice_period=spec.notice_period, tls=spec.tls,
+        progress_deadline=spec.progress_deadline)
     tls = context.tls_for(spec.coordinator_address)
     # The start waits for a busy coordinator; everything later fails at once when it is gone, so
     # that a node whose launcher died ends within seconds.
     starting = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=True,
                               tls=tls)
-    coordinator = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=False,
-                                 tls=tls)
+    coordinator = _Reports(courier.Client(spec.coordinator_address, call_timeout=30.0,
+                                          wait_for_ready=False, tls=tls))
     # Address lookups wait for servers to come up, longer than other calls may take.
     table = spec.address_table
     lookup_deadline = None if table.lookup_timeout is None else table.lookup_timeout + 30.0
@@ -106,18 +231,49 @@ def _run(spec_path: str) -> int:
         spec.coordinator_address, call_timeout=report.REPORT_TIMEOUT, wait_for_ready=False,
         tls=tls))
     launcher_lost = threading.Event()
+    done = threading.Event()
+    _handle_signals(coordinator, stop, spec, done, launcher_lost)
+    if spec.progress_deadline is not None:
+        deadline = spec.progress_deadline
+        watchdog.ProgressWatchdog(
+            functools.partial(_hung, coordinator, spec, launcher_lost),
+            tick=functools.partial(watchdog.arm_fallback, deadline)).watch(
+                spec.node_name, context, deadline, threading.get_ident())
     threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost), daemon=True,
                      name='lp-stop-watcher').start()
     try:
         code = run_reporting(functools.partial(_run_with_flags, spec), spec.node_name, coordinator,
-                             starting=starting)
+                             starting=starting, context=context)
     except Exception:  # pylint: disable=broad-except
         # Reporting failed: the coordinator is gone.
         logging.exception('%s could not report to the coordinator.', spec.node_name)
         code = 1
+    done.set()
     if launcher_lost.is_set():
         _exit_now(code, spec, launcher_lost)
+    tree.end_descendants()
     return code
+
+
+def _handle_signals(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
+                    done: threading.Event, launcher_lost: threading.Event) -> None:
+    """SIGTERM ends the node as a preemption (`_preempted`); the platform's warning signal, if it
+    has one (`spec.stop_signal`), stops the program. Handlers only start a thread: the work
+    needs locks that the interrupted code may hold."""
+    def preempted(signum, frame):
+        del frame
+        threading.Thread(target=_preempted, name='lp-preempted', daemon=True,
+                         args=(signum, coordinator, stop, spec, done, launcher_lost)).start()
+
+    def warned(signum, frame):
+        del frame
+        threading.Thread(target=stop.request, name='lp-warned', daemon=True, args=(
+            f'{spec.node_name} received {signal.Signals(signum).name}: the platform ends the '
+            'program soon',)).start()
+
+    signal.signal(signal.SIGTERM, preempted)
+    if spec.stop_signal:
+        signal.signal(getattr(signal, spec.stop_signal), warned)
 
 
 if __name__ == '__main__':

@@ -75,8 +75,14 @@ def test_a_failing_node_ends_the_program_and_wait_names_it(launch_type):
     assert controller.status()['adder/0'].state.ended
 
 
-def stop_after(seconds):
+def stop_after(seconds, ready_dir=None, ready=()):
+    """Stops the program after `seconds`, once the files `ready` are in `ready_dir` (the nodes
+    that cooperate with the stop are ready for it: a node that has not yet registered its stop
+    handler or waited for the stop when the stop comes ends at once)."""
     time.sleep(seconds)
+    while ready_dir is not None and not all(os.path.exists(os.path.join(ready_dir, name))
+                                            for name in ready):
+        time.sleep(0.02)
     lp.stop()
 
 
@@ -89,6 +95,7 @@ class StopWatcher:
         unregistered = functools.partial(report, report_dir, 'unregistered handler ran')
         lp.register_stop_handler(unregistered)
         lp.unregister_stop_handler(unregistered)
+        report(os.path.join(report_dir, 'ready'), 'watcher')
 
     def _on_stop(self):
         assert lp.stop_event().is_set()
@@ -102,6 +109,7 @@ def report(report_dir, what, detail=''):
 
 def wait_then_report(report_dir):
     assert lp.wait_for_stop(timeout=0.01) is False
+    report(os.path.join(report_dir, 'ready'), 'waiter')
     assert lp.wait_for_stop(timeout=30) is True
     report(report_dir, 'wait_for_stop returned')
 
@@ -111,16 +119,19 @@ def test_lp_stop_from_a_node_stops_every_node_and_runs_handlers(launch_type, tmp
     program = lp.Program('stopping')
     program.add_node(lp.CourierNode(StopWatcher, str(tmp_path)), label='watcher')
     program.add_node(lp.PyNode(wait_then_report, str(tmp_path)), label='waiter')
-    program.add_node(lp.PyNode(stop_after, 0.3), label='stopper')
+    (tmp_path / 'ready').mkdir()
+    program.add_node(lp.PyNode(stop_after, 0.3, str(tmp_path / 'ready'), ['watcher', 'waiter']),
+                     label='stopper')
     controller = lp.launch(program, launch_type=launch_type)
     assert controller.wait(timeout=60)
     assert all(s.state is lp.NodeState.FINISHED for s in controller.status().values())
-    assert sorted(os.listdir(tmp_path)) == ['stop handler ran', 'wait_for_stop returned']
+    assert sorted(os.listdir(tmp_path)) == ['ready', 'stop handler ran', 'wait_for_stop returned']
     assert (tmp_path / 'stop handler ran').read_text() == 'watcher/0'
 
 
 def ignore_stop():
-    while True:
+    lp.register_stop_handler(lambda: None)  # it cooperates, so it gets the notice period...
+    while True:  # ...but never ends
         time.sleep(0.05)
 
 
@@ -227,6 +238,9 @@ class TestCaseIntegration(unittest.TestCase):
         controller = lp.launch(program, launch_type='test_mp', test_case=self,
                                notice_period=0.2)
         self.assertFalse(controller.wait(timeout=0.2))
+        self.assertTrue(wait_until(lambda: controller.status()['ignore_stop/0'].state
+                                   is lp.NodeState.RUNNING, timeout=30))
+        time.sleep(0.5)  # it registers its stop handler as it starts: it cooperates
         self.doCleanups()
         self.assertTrue(controller.done)
         self.assertIs(controller.status()['ignore_stop/0'].state, lp.NodeState.KILLED)

@@ -4,6 +4,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import psutil
@@ -110,6 +111,51 @@ def test_ctrl_c_or_sigterm_stops_gracefully(tmp_path, launch_type, signum):
     assert_gone(pids)
 
 
+SLOW_LAUNCH_PROGRAM = textwrap.dedent('''
+    import os, sys, time
+    import launchpad as lp
+
+    REPORT_DIR = sys.argv[1]
+
+    class SlowLauncher(lp.Launcher):
+        """Takes its time to start, like a Slurm job waiting for its allocation."""
+        foreground = True
+
+        def launch(self, program, options):
+            open(os.path.join(REPORT_DIR, 'launching'), 'w').close()
+            try:
+                time.sleep(60)
+            except BaseException as e:
+                with open(os.path.join(REPORT_DIR, 'undone'), 'w') as f:
+                    f.write(type(e).__name__)
+                raise
+            raise AssertionError('the launch was not interrupted')
+
+    lp.register_launcher('slow', SlowLauncher)
+    program = lp.Program('slow')
+    program.add_node(lp.PyNode(print, 'never runs'), label='node')
+    lp.launch(program, launch_type='slow')
+''')
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_the_launch_aborts_it_and_the_launcher_undoes_it(tmp_path, signum):
+    with tempfile.NamedTemporaryFile('w', suffix='.py', dir=tmp_path, delete=False) as f:
+        f.write(SLOW_LAUNCH_PROGRAM)
+    process = subprocess.Popen([sys.executable, f.name, str(tmp_path)], env=script_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: (tmp_path / 'launching').exists(), timeout=30)
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode != 0
+    assert (tmp_path / 'undone').read_text() == 'KeyboardInterrupt'
+    assert 'KeyboardInterrupt' in err
+
+
 def test_second_ctrl_c_kills_at_once(tmp_path):
     process, reports = start_script(tmp_path, 'stubborn', notice='60')
     pids = node_pids(reports)
@@ -187,6 +233,42 @@ def test_absl_flags_of_the_script_reach_node_processes():
     assert result.returncode == 0, result.stdout + result.stderr
     assert '[plain/0] node sees answer 42' in result.stdout
     assert '[overridden/0] node sees answer 7' in result.stdout
+
+
+FLAG_MODULE = textwrap.dedent('''
+    from absl import flags
+    flags.DEFINE_integer('steps', 1, 'how many steps the nodes take')
+''')
+
+LATE_IMPORT_PROGRAM = textwrap.dedent('''
+    import sys
+    from absl import app
+    import launchpad as lp
+    import stepflags  # defines --steps
+
+    def check():
+        import importlib
+        # Node code that imports a flag-defining module only when it runs: the module's
+        # DEFINE meets the flag shipped from the launcher, and the launcher's value stays.
+        module = importlib.import_module('stepflags')
+        print('node sees steps', module.flags.FLAGS.steps, flush=True)
+
+    def main(argv):
+        program = lp.Program('late_flags')
+        program.add_node(lp.PyNode(check), label='node')
+        lp.launch(program, launch_type='local_mp')
+
+    if __name__ == '__main__':
+        app.run(main)
+''')
+
+
+def test_a_node_may_import_a_flag_defining_module_while_it_runs(tmp_path):
+    (tmp_path / 'stepflags.py').write_text(FLAG_MODULE)
+    result = run_script(LATE_IMPORT_PROGRAM, '--steps=5', env={
+        'PYTHONPATH': os.pathsep.join([str(tmp_path), REPO])})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert '[node/0] node sees steps 5' in result.stdout
 
 
 FILES_PROGRAM = textwrap.dedent('''

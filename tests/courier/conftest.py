@@ -16,9 +16,11 @@ import tempfile
 import time
 
 import pytest
+from hypothesis import configuration as hypothesis_configuration
 
 import courier
 from courier.transport import _here
+from courier.transport import frames
 from tests.leftovers import no_new_children
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -35,10 +37,20 @@ def pytest_collection_modifyitems(items):
 
 TRANSPORTS = ('grpc', 'unix', 'in_process')
 
+# Hypothesis (test_properties.py) writes caches, and patches for failing examples, into a
+# directory of the working directory unless told another: a temporary one, removed at the end.
+_HYPOTHESIS_HOME = tempfile.mkdtemp(prefix='courier-hypothesis-')
+hypothesis_configuration.set_hypothesis_home_dir(_HYPOTHESIS_HOME)
+
 
 def pytest_configure(config):
     config.addinivalue_line(
         'markers', 'grpc_only: the test talks gRPC to the server fixture itself')
+
+
+def pytest_unconfigure(config):
+    del config
+    shutil.rmtree(_HYPOTHESIS_HOME, ignore_errors=True)
 
 
 def pytest_generate_tests(metafunc):
@@ -48,11 +60,25 @@ def pytest_generate_tests(metafunc):
                              indirect=True)
 
 
-class _NoServersHere(dict):
+class NoServersHere(dict):
     """Stands in for the in-process registry: every client then goes through the socket."""
 
     def __setitem__(self, key, value):
         pass
+
+
+def serve_add_and_sleep(make_server, address: str, **kwargs) -> courier.Server:
+    """A started server at ``address`` with methods ``add`` and ``sleep``."""
+    server = make_server(address=address, **kwargs)
+    server.Bind('add', lambda x, y: x + y)
+    server.Bind('sleep', lambda seconds: time.sleep(seconds) or 'slept')
+    server.Start()
+    return server
+
+
+def hello_frame(mode: int = frames.SYNC, token: bytes = b'') -> bytes:
+    """The bytes of a framed client's hello."""
+    return b''.join(frames.encode(frames.HELLO, mode, frames.VERSION, token, frames.MAGIC))
 
 
 @pytest.fixture
@@ -60,7 +86,7 @@ def transport_kind(request, monkeypatch) -> str:
     """Which transport the ``server`` fixture's clients use (see TRANSPORTS)."""
     kind = getattr(request, 'param', 'grpc')
     if kind == 'unix':
-        monkeypatch.setattr(_here, 'servers', _NoServersHere())
+        monkeypatch.setattr(_here, 'servers', NoServersHere())
     return kind
 
 

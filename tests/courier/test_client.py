@@ -14,6 +14,7 @@ import pytest
 
 import courier
 from courier import transport
+from tests.core.conftest import wait_until
 
 def _call_in_child(client, queue):
     queue.put(client.add(20, 22))
@@ -193,3 +194,100 @@ def test_client_works_in_a_forked_child(scenario, environment, tmp_path, subproc
         check=False, env={**subprocess_env, **environment})
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ['7', '10']
+
+
+# ----- releasing a client -----------------------------------------------------------------------
+
+def _resources():
+    """The client threads and the open file descriptors of this process."""
+    import psutil  # pylint: disable=import-outside-toplevel
+    threads = [thread for thread in threading.enumerate()
+               if thread.name.startswith(('courier-client', 'courier-deadlines', 'courier-fetch'))]
+    return len(threads), psutil.Process().num_fds()
+
+
+def _use(client):
+    assert client.add(1, 2) == 3
+    assert client.futures.add(2, 3).result(timeout=30) == 5
+
+
+def test_close_releases_the_client_and_later_calls_fail_clearly(server):
+    client = courier.Client(server.address, call_timeout=30)
+    _use(client)
+    client.close()
+    for call in (lambda: client.add(1, 2), lambda: client.futures.add(1, 2).result(timeout=30),
+                 lambda: courier.list_methods(client)):
+        with pytest.raises(courier.ServerUnavailableError, match='closed') as info:
+            call()
+        assert server.address in str(info.value)
+    client.close()  # Twice is harmless.
+    with courier.Client(server.address) as fresh:
+        assert fresh.add(2, 2) == 4
+    with pytest.raises(courier.ServerUnavailableError, match="'add'.*closed"):
+        fresh.add(2, 2)
+    unused = courier.Client(server.address)
+    unused.close()  # Never connected: its calls still fail.
+    with pytest.raises(courier.ServerUnavailableError, match='closed'):
+        unused.add(1, 1)
+
+
+def test_a_future_in_flight_fails_when_its_client_closes(server, transport_kind):
+    client = courier.Client(server.address, call_timeout=30)
+    future = client.futures.sleep(1)
+    client.close()
+    if transport_kind == 'in_process':  # Holds nothing of the client: it completes.
+        assert future.result(timeout=30) == 'slept'
+        return
+    with pytest.raises(courier.ServerUnavailableError):
+        future.result(timeout=30)
+
+
+def test_dropped_clients_release_their_connections_and_threads(server):
+    import gc  # pylint: disable=import-outside-toplevel
+    _use(courier.Client(server.address, call_timeout=30))  # Warms up what every client shares.
+    gc.collect()
+    threads, fds = _resources()
+    for _ in range(30):
+        client = courier.Client(server.address, call_timeout=30)
+        _use(client)
+        del client
+    gc.collect()
+    assert wait_until(lambda: _resources()[0] <= threads + 2, timeout=20), _resources()
+    assert wait_until(lambda: _resources()[1] <= fds + 4, timeout=20), (fds, _fds())
+
+
+def _fds():
+    import os  # pylint: disable=import-outside-toplevel
+    return sorted(os.readlink(f'/proc/self/fd/{fd}') for fd in os.listdir('/proc/self/fd')
+                  if os.path.exists(f'/proc/self/fd/{fd}'))
+
+
+def test_a_client_dropped_with_a_future_in_flight_still_answers_it(server):
+    import gc  # pylint: disable=import-outside-toplevel
+    future = courier.Client(server.address, call_timeout=30).futures.sleep(0.3)
+    gc.collect()
+    assert future.result(timeout=30) == 'slept'
+
+
+@pytest.mark.grpc_only
+def test_a_large_result_arriving_after_close_fails_its_future(server):
+    import time  # pylint: disable=import-outside-toplevel
+    server.Bind('big_later', lambda: time.sleep(0.5) or np.ones(5 << 20, dtype=np.uint8))
+    client = courier.Client(server.address, call_timeout=30)
+    assert client.futures.big_later().result().nbytes == 5 << 20  # Fetching works at all.
+    future = client.futures.big_later()
+    client.close()
+    with pytest.raises(courier.ServerUnavailableError, match="'big_later'"):
+        future.result(timeout=30)
+
+
+def test_a_completed_future_is_not_kept_until_its_deadline(server):
+    import gc  # pylint: disable=import-outside-toplevel
+    import weakref  # pylint: disable=import-outside-toplevel
+    client = courier.Client(server.address, call_timeout=600)
+    future = client.futures.echo(np.ones(1000))
+    assert future.result(timeout=30).sum() == 1000
+    finished = weakref.ref(future)
+    del future
+    gc.collect()
+    assert finished() is None  # Nor its result, which may be large.

@@ -88,6 +88,7 @@ def test_unknown_method_names_method_address_and_existing_methods(server):
     message = str(info.value)
     assert "'sub'" in message and server.address in message
     assert "'add'" in message and "'echo'" in message
+    assert 'not found' in message  # What code written for dm-launchpad looks for.
     assert isinstance(info.value, AttributeError)
     with pytest.raises(courier.UnknownMethodError):
         client.futures.sub(1, 2).result(timeout=10)
@@ -134,7 +135,8 @@ def test_call_timeout_names_method_and_address(server, timeout):
     assert isinstance(info.value, TimeoutError)
     assert not isinstance(info.value, courier.ServerUnavailableError)
     assert "'sleep'" in str(info.value) and server.address in str(info.value)
-    with pytest.raises(TimeoutError):
+    assert 'Deadline Exceeded' in str(info.value)  # What code written for dm-launchpad looks for.
+    with pytest.raises(TimeoutError, match='Deadline Exceeded'):
         client.futures.sleep(5).result(timeout=10)
     assert client.add(1, 1) == 2
 
@@ -213,6 +215,16 @@ def test_cancelling_a_running_call_leaves_server_serving(server):
     assert client.add(3, 4) == 7
 
 
+def test_cancelled_futures_count_as_done_for_concurrent_futures(server):
+    client = courier.Client(server.address)
+    running, waiting = client.futures.sleep(2), client.futures.sleep(2)
+    assert running.cancel() and waiting.cancel()
+    done, not_done = concurrent.futures.wait([running, waiting], timeout=10)
+    assert done == {running, waiting} and not not_done
+    assert list(concurrent.futures.as_completed([running], timeout=10)) == [running]
+    assert running.cancel()  # Cancelling again is harmless.
+
+
 def test_done_future_cannot_be_cancelled(server):
     future = courier.Client(server.address).futures.add(1, 2)
     assert future.result(timeout=10) == 3
@@ -262,8 +274,11 @@ def test_address_callable_that_fails_is_retried():
 
 
 def test_malformed_client_arguments():
-    with pytest.raises(ValueError, match='address'):
-        courier.Client('no-port')
+    client = courier.Client('no-port')  # resolved at the first call, as in dm-launchpad
+    with pytest.raises(ValueError, match="'no-port' is not 'host:port'.*no name service"):
+        client.f()
+    with pytest.raises(ValueError, match="'no-port' is not 'host:port'"):
+        client.futures.f().result()
     with pytest.raises(TypeError, match='address must be'):
         courier.Client(1234)
     with pytest.raises(TypeError, match='needs a courier.Client'):
@@ -279,3 +294,14 @@ def test_async_method_fails_clearly(server):
     with pytest.raises(TypeError, match='returned a coroutine'):
         client.async_method()
     assert client.add(1, 1) == 2
+
+
+@pytest.mark.parametrize('method', ['x\udcff', 'y' * (2 << 20)], ids=['not_unicode', 'too_long'])
+def test_a_method_name_that_cannot_travel_is_a_clear_error(server, method):
+    client = courier.Client(server.address, call_timeout=10)
+    for call in (lambda: getattr(client, method)(),
+                 lambda: getattr(client.futures, method)().result(timeout=10)):
+        with pytest.raises(courier.SerializationError, match='method name') as info:
+            call()
+        assert server.address in str(info.value) and repr(method[:10])[:-1] in str(info.value)
+    assert client.add(1, 2) == 3

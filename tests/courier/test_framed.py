@@ -21,32 +21,20 @@ import courier
 from courier.transport import _here
 from courier.transport import frames
 from courier import wire
+from tests.courier.conftest import NoServersHere, hello_frame, serve_add_and_sleep
 
 
 @pytest.fixture(params=['unix', 'in_process'])
 def kind(request, monkeypatch):
     """Runs a test through the socket and through the in-process path."""
     if request.param == 'unix':
-        monkeypatch.setattr(_here, 'servers', _NoServersHere())
+        monkeypatch.setattr(_here, 'servers', NoServersHere())
     return request.param
-
-
-class _NoServersHere(dict):
-    def __setitem__(self, key, value):
-        pass
 
 
 @pytest.fixture
 def address(socket_dir):
     return f'unix:{socket_dir}/s.sock'
-
-
-def _serve(make_server, address, **kwargs) -> courier.Server:
-    server = make_server(address=address, **kwargs)
-    server.Bind('add', lambda x, y: x + y)
-    server.Bind('sleep', lambda seconds: time.sleep(seconds) or 'slept')
-    server.Start()
-    return server
 
 
 # ----- servers that are not there, or go away ---------------------------------------------------
@@ -78,7 +66,7 @@ def test_calls_wait_for_a_server_that_comes_up_later(make_server, address, kind)
         blocking = pool.submit(client.add, 3, 4)
         time.sleep(0.2)
         assert not future.done() and not blocking.done()
-        _serve(make_server, address)
+        serve_add_and_sleep(make_server, address)
         assert future.result(timeout=20) == 3
         assert blocking.result(timeout=20) == 7
 
@@ -99,7 +87,7 @@ def test_cancelled_call_waiting_for_its_server_never_runs(make_server, address):
 
 
 def test_server_stopping_during_calls(make_server, address, kind):
-    server = _serve(make_server, address)
+    server = serve_add_and_sleep(make_server, address)
     client = courier.Client(address, wait_for_ready=False)
     future = client.futures.sleep(2)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -114,7 +102,7 @@ def test_server_stopping_during_calls(make_server, address, kind):
 
 
 def test_graceful_stop_lets_calls_in_flight_answer(make_server, address, kind):
-    server = _serve(make_server, address)
+    server = serve_add_and_sleep(make_server, address)
     client = courier.Client(address, call_timeout=20)
     future = client.futures.sleep(0.3)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -126,10 +114,10 @@ def test_graceful_stop_lets_calls_in_flight_answer(make_server, address, kind):
 
 def test_a_restarted_server_is_found_again(make_server, address, kind):
     client = courier.Client(address, call_timeout=20)
-    first = _serve(make_server, address)
+    first = serve_add_and_sleep(make_server, address)
     assert client.add(1, 1) == 2 and client.futures.add(2, 2).result() == 4
     first.Stop()
-    second = _serve(make_server, address)
+    second = serve_add_and_sleep(make_server, address)
     second.Bind('add', lambda x, y: x * y)
     assert client.add(3, 3) == 9
     assert client.futures.add(4, 4).result() == 16
@@ -163,7 +151,7 @@ def test_socket_that_is_not_a_courier_server(socket_dir):
 def test_calls_without_the_token_are_refused(make_server, address, kind, token, message,
                                              monkeypatch):
     monkeypatch.delenv(courier.AUTH_TOKEN_ENV, raising=False)
-    _serve(make_server, address, auth_token='s3cret')
+    serve_add_and_sleep(make_server, address, auth_token='s3cret')
     client = courier.Client(address, call_timeout=10, auth_token=token)
     with pytest.raises(courier.PermissionDeniedError, match=message) as info:
         client.add(1, 2)
@@ -185,17 +173,8 @@ def _raw(path: str, data: bytes) -> bytes:
         sock.connect(path)
         sock.sendall(data)
         sock.shutdown(socket.SHUT_WR)
-        received = b''
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return received
-            received += chunk
+        return _read_all(sock)
 
-
-def _hello(token: bytes = b'', mode: int = frames.SYNC) -> bytes:
-    return b''.join(frames.encode(frames.HELLO, mode, frames.VERSION, token,
-                                  frames.MAGIC))
 
 
 def _frames(data: bytes):
@@ -213,7 +192,7 @@ def _frames(data: bytes):
 
 
 def test_garbage_never_hurts_the_server(make_server, address):
-    _serve(make_server, address)
+    serve_add_and_sleep(make_server, address)
     path = address[len('unix:'):]
     import random  # pylint: disable=import-outside-toplevel
     rng = random.Random(3)
@@ -228,13 +207,13 @@ def test_garbage_never_hurts_the_server(make_server, address):
                  b''.join(frames.encode(frames.CALL, 0, 0, b'add', b'x' * 100))[:60],
                  frames.HEADER.pack(frames.CALL, 0, 2, 0, 0, 0) + b'\xff\xfe'):
         for mode in (frames.SYNC, frames.PIPELINED):
-            _raw(path, _hello(mode=mode) + tail)
+            _raw(path, hello_frame(mode=mode) + tail)
     assert courier.Client(address, call_timeout=10).add(20, 22) == 42
     assert courier.Client(address, call_timeout=10).futures.add(1, 1).result() == 2
 
 
 def test_bad_hello_is_refused_with_a_reason(make_server, address):
-    _serve(make_server, address)
+    serve_add_and_sleep(make_server, address)
     path = address[len('unix:'):]
     wrong_version = b''.join(frames.encode(frames.HELLO, 0, 99, b'', frames.MAGIC))
     received = _frames(_raw(path, wrong_version))
@@ -243,9 +222,9 @@ def test_bad_hello_is_refused_with_a_reason(make_server, address):
 
 
 def test_protocol_fault_is_explained_to_the_peer(make_server, address):
-    _serve(make_server, address)
+    serve_add_and_sleep(make_server, address)
     path = address[len('unix:'):]
-    received = _frames(_raw(path, _hello() + frames.HEADER.pack(77, 0, 0, 0, 0, 0)))
+    received = _frames(_raw(path, hello_frame() + frames.HEADER.pack(77, 0, 0, 0, 0, 0)))
     assert [frame.kind for frame in received] == [frames.WELCOME, frames.FAULT]
     assert b'kind 77' in received[1].text
 
@@ -256,9 +235,9 @@ def test_protocol_fault_is_explained_to_the_peer(make_server, address):
                  buffer_callback=lambda _: False),  # Claims a buffer that is not sent.
 ])
 def test_well_framed_bad_pickles_get_a_serialization_error(make_server, address, payload):
-    _serve(make_server, address)
+    serve_add_and_sleep(make_server, address)
     call = b''.join(frames.encode(frames.CALL, 0, 0, b'add', payload))
-    received = _frames(_raw(address[len('unix:'):], _hello() + call))
+    received = _frames(_raw(address[len('unix:'):], hello_frame() + call))
     assert [frame.kind for frame in received] == [frames.WELCOME, frames.RESPONSE]
     assert received[1].status == wire.SERIALIZATION_ERROR
     assert "arguments of 'add'" in wire.decode_response(received[1].payload).message
@@ -309,7 +288,7 @@ def test_batched_handler_gathers_calls_from_threads_and_futures(make_server, add
 
 
 def test_futures_complete_in_any_order(make_server, address, kind):
-    _serve(make_server, address)
+    serve_add_and_sleep(make_server, address)
     client = courier.Client(address, call_timeout=20)
     slow = client.futures.sleep(1)
     fast = client.futures.add(1, 2)
@@ -319,7 +298,7 @@ def test_futures_complete_in_any_order(make_server, address, kind):
 
 
 def test_a_timed_out_blocking_call_does_not_confuse_the_next_one(make_server, address, kind):
-    _serve(make_server, address)
+    serve_add_and_sleep(make_server, address)
     client = courier.Client(address, call_timeout=0.2)
     with pytest.raises(courier.CallTimeoutError):
         client.sleep(0.5)
@@ -375,7 +354,7 @@ def test_large_arrays_both_ways(make_server, address, kind):
 
 
 def test_one_gib_round_trip(make_server, address, monkeypatch):
-    monkeypatch.setattr(_here, 'servers', _NoServersHere())
+    monkeypatch.setattr(_here, 'servers', NoServersHere())
     server = make_server(address=address)
     server.Bind('echo', lambda x: x)
     server.Start()
@@ -389,7 +368,7 @@ def test_one_gib_round_trip(make_server, address, monkeypatch):
 # ----- fork -------------------------------------------------------------------------------------
 
 def test_a_client_used_before_fork_works_in_the_child(make_server, address):
-    server = _serve(make_server, address)
+    server = serve_add_and_sleep(make_server, address)
     server.Bind('pid', os.getpid)
     client = courier.Client(address, call_timeout=20)
     assert client.pid() == os.getpid() and client.futures.add(1, 1).result() == 2
@@ -419,3 +398,122 @@ def test_large_receive_buffers_are_reused_only_once_released():
     assert list(array[:3]) == [1, 2, 3]
     del array
     assert id(frames.allocate(4 << 20)) == first_id  # Released: reused.
+
+
+# ----- peers that misbehave ---------------------------------------------------------------------
+
+class _Peer:
+    """A Unix socket server that answers each connection with ``answer(connection)``."""
+
+    def __init__(self, path: str, answer):
+        self.connections = 0
+        self._listener = socket.socket(socket.AF_UNIX)
+        self._listener.bind(path)
+        self._listener.listen(64)
+        self._answer = answer
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with connection:
+                self._answer(connection)
+
+    def close(self):
+        self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._thread.join(10)
+
+
+def test_a_socket_that_closes_every_hello_is_not_retried_forever(socket_dir):
+    path = f'{socket_dir}/closer.sock'
+    peer = _Peer(path, lambda connection: None)  # Accepts, then closes at once.
+    try:
+        for timeout in (None, 30):
+            client = courier.Client(f'unix:{path}', call_timeout=timeout)
+            with pytest.raises(courier.ProtocolError, match='courier protocol') as info:
+                client.anything()
+            assert "'anything'" in str(info.value) and path in str(info.value)
+            with pytest.raises(courier.ProtocolError):
+                client.futures.anything().result(timeout=30)
+    finally:
+        peer.close()
+    assert peer.connections < 30  # A few attempts each, not one per stack frame.
+
+
+def test_a_call_whose_connections_close_before_it_goes_out(socket_dir):
+    path = f'{socket_dir}/welcomer.sock'
+
+    def welcome_and_close(connection):
+        connection.recv(4096)
+        connection.sendall(b''.join(frames.encode(frames.WELCOME)))
+
+    peer = _Peer(path, welcome_and_close)
+    try:
+        client = courier.Client(f'unix:{path}', call_timeout=30)
+        with pytest.raises(courier.ServerUnavailableError) as info:
+            client.method(b'x' * (8 << 20))  # Too large to leave before the peer closes.
+        assert "'method'" in str(info.value) and path in str(info.value)
+    finally:
+        peer.close()
+
+
+def test_a_server_refusing_a_call_mid_send_explains_why(make_server, address, monkeypatch):
+    monkeypatch.setattr(_here, 'servers', NoServersHere())
+    serve_add_and_sleep(make_server, address)
+    path = address[len('unix:'):]
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(20)
+        sock.connect(path)
+        sock.sendall(hello_frame())
+        huge = frames.HEADER.pack(frames.CALL, 0, 2 << 20, 0, 0, 0)  # A 2 MiB method name.
+        sock.sendall(huge)
+        received = _frames(_read_all(sock))
+    assert [frame.kind for frame in received] == [frames.WELCOME, frames.FAULT]
+    assert b'too large' in received[1].text
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    received = b''
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return received
+        received += chunk
+
+
+def test_pipelined_calls_sharing_a_call_id_each_get_their_answer(make_server, address):
+    serve_add_and_sleep(make_server, address)
+    path = address[len('unix:'):]
+    call = frames.encode(frames.CALL, 0, 7, b'add', pickle.dumps(((1, 2), {})))[0]
+    slow = frames.encode(frames.CALL, 0, 7, b'sleep', pickle.dumps(((0.2,), {})))[0]
+    received = _frames(_raw(path, hello_frame(mode=frames.PIPELINED) + slow + call))
+    assert [frame.kind for frame in received] == [frames.WELCOME] + [frames.RESPONSE] * 2
+    assert all(frame.status == wire.OK for frame in received[1:])
+    assert {pickle.loads(frame.payload) for frame in received[1:]} == {3, 'slept'}
+
+
+def test_a_reader_with_a_receive_timeout_stops_between_frames_only():
+    left, right = socket.socketpair()
+    with left, right:
+        frames.set_receive_timeout(right, 0.05)
+        reader = frames.FrameReader(right)
+        with pytest.raises(BlockingIOError):  # Nothing came: the caller may stop waiting.
+            reader.read_frame()
+        frame = b''.join(frames.encode(frames.CALL, 0, 3, b'add', b'x' * 100_000))
+        left.sendall(frame[:10])
+        later = threading.Timer(0.3, left.sendall, (frame[10:],))  # Several timeouts later.
+        later.start()
+        try:
+            received = reader.read_frame()
+        finally:
+            later.join()
+        assert (received.call_id, received.text, bytes(received.payload)) == (
+            3, b'add', b'x' * 100_000)
+        with pytest.raises(BlockingIOError):
+            reader.read_frame()

@@ -182,3 +182,37 @@ def test_parameter_server_behind_cacher_node(run_example, tmp_path, launch_type)
     results = _parameter_server(run_example, tmp_path, launch_type, '--cacher=node',
                                 '--refresh_ms=50', '--partitions=2')
     assert 2 <= sum(results['served']) < results['queries'] / 5
+
+
+def _es_pool(run_example, tmp_path, launch_type, *args):
+    history_path = tmp_path / f'history{len(args)}.json'
+    run = _ok(run_example('es_pool', launch_type, '--workers=2', '--generations=12',
+                          f'--history={history_path}', *args))
+    return run, json.loads(history_path.read_text())
+
+
+def test_es_pool_improves_and_a_worker_killed_mid_map_changes_nothing(run_example, tmp_path):
+    run, clean = _es_pool(run_example, tmp_path, 'local_mp')
+    assert clean['initial_score'] == pytest.approx(-5.0)
+    assert clean['scores'][-1] > clean['initial_score'] + 2.5, clean['scores']  # 0 is perfect
+    assert clean['pool'].get('lost', 0) == 0
+    assert run.final_line.endswith('on 2 pool workers; 0 worker(s) lost, 0 task(s) re-run.')
+    run, killed = _es_pool(run_example, tmp_path, 'local_mp', '--kill_worker_at=4')
+    assert killed['pool']['lost'] == 1 and killed['pool']['requeued'] >= 1, killed['pool']
+    assert killed['scores'] == clean['scores']  # every score arrived once, in its place
+    assert ' 1 worker(s) lost' in run.final_line
+
+
+@pytest.mark.parametrize('name, args', [('a3c_flow', ['--updates=150']),
+                                        ('ppo_flow', ['--rounds=25'])])
+def test_dataflow_agents_learn_cartpole(run_example, tmp_path, name, args):
+    results_path = tmp_path / 'results.json'
+    run = _ok(run_example(name, 'local_mp', '--workers=2', '--seed=1',
+                          f'--results={results_path}', *args))
+    returns = json.loads(results_path.read_text())['returns']
+    first, last = sum(returns[:20]) / 20, sum(returns[-20:]) / 20
+    # The untrained (uniform) policy balances about 22 steps; a trained one nears the 200 limit.
+    # (A3C's actors are asynchronous: on a busy machine its first 20 episodes already learned.)
+    assert first < 60 and last > 80 and last > 2 * first, (first, last)
+    assert run.final_line.startswith(f'Average return rose from {first:.1f} (first 20 episodes) '
+                                     f'to {last:.1f} (last 20)')

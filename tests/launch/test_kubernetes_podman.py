@@ -10,7 +10,8 @@ translating only what `kube play` lacks:
   * the image has launchpad's dependencies but not launchpad: the source tree is mounted at its
     own path and put on PYTHONPATH.
 Everything else (init containers, the spec ConfigMaps as volumes, commands, env, restart policy,
-hostnames, grace periods) runs as generated.
+hostnames, grace periods) runs as generated. As on a cluster, a pod cannot be created again
+(a restarted node) until the deleted one is gone.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import launchpad as lp
 from tests.leftovers import no_new_children
 from launchpad.launch import kubernetes
 from launchpad.launch.kubernetes import launcher as kubernetes_launcher
+from launchpad.launch.kubernetes.api import AlreadyExists
 from tests.launch import kubernetes_programs
 
 pytestmark = pytest.mark.timeout(120)
@@ -76,8 +78,14 @@ class PodmanApi:
             _podman('secret', 'create', name, str(path))
             self._secrets.append(name)
         elif kind == 'Pod':
+            if self._being_deleted(name):  # as the API answers while a pod terminates
+                raise AlreadyExists(f'Cannot create Pod {name}: it already exists (terminating).')
             self._play(document)
         return document
+
+    def _being_deleted(self, name):
+        return any(thread.is_alive() and thread.name == f'delete-{name}'
+                   for thread in self._deleting)
 
     def _play(self, pod):
         name = pod['metadata']['name']

@@ -1,5 +1,6 @@
 """CacherNode: a courier node that answers another courier node's methods from a cache."""
 import collections
+import tempfile
 import threading
 import time
 
@@ -212,3 +213,46 @@ def test_requesters_behind_a_cacher_spare_the_source(launch_type):
         lp.CacherNode(source, refresh_interval_ms=1000, stale_after_ms=10000), label='cacher')
     program.add_node(lp.PyNode(check_cacher, cacher, source), label='check')
     launch_and_wait(program, launch_type)
+
+
+@pytest.fixture
+def short_dir():
+    """A directory with a short path: Unix socket paths are limited to 107 bytes."""
+    with tempfile.TemporaryDirectory(prefix='lp-') as path:
+        yield path
+
+
+def test_once_the_source_is_gone_stale_calls_get_its_error_at_once(short_dir):
+    from launchpad.nodes.cacher import _CachingForwarder  # pylint: disable=import-outside-toplevel
+    server = courier.Server(address=f'unix:{short_dir}/source.sock')
+    server.bind_object(Source())
+    server.Start()
+    try:
+        forwarder = _CachingForwarder(courier.Client(server.address), 0.05, 0.1)
+        assert forwarder.square(3) == 9
+    finally:
+        server.Stop()
+    time.sleep(0.2)  # Stale now.
+    started = time.monotonic()
+    with pytest.raises(courier.ServerUnavailableError, match="'square'"):
+        forwarder.square(3)  # The source client has neither call_timeout nor wait_for_ready=False.
+    assert time.monotonic() - started < 10
+
+
+def test_a_cacher_starting_before_its_source_waits_for_it(short_dir):
+    from launchpad.nodes.cacher import _CachingForwarder  # pylint: disable=import-outside-toplevel
+    address = f'unix:{short_dir}/source.sock'
+    built = []
+    thread = threading.Thread(target=lambda: built.append(_CachingForwarder(
+        courier.Client(address, wait_for_ready=False), 1.0, 5.0)))
+    thread.start()
+    time.sleep(0.3)
+    assert not built
+    server = courier.Server(address=address)
+    server.bind_object(Source())
+    server.Start()
+    try:
+        thread.join(20)
+        assert built and built[0].square(4) == 16
+    finally:
+        server.Stop()

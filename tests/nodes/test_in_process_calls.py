@@ -1,5 +1,6 @@
 """Nodes sharing a process (local_mt, thread colocation) call each other without a socket."""
 import collections
+import time
 
 import psutil
 import pytest
@@ -42,6 +43,11 @@ def call_and_check(store):
     owned.append(3)  # The caller got a copy of the server's list.
     assert store.get_owned() == [1, 2]
     assert store.futures.get_owned().result(timeout=30) == [1, 2]
+    # The client checked once that the server accepts connections (a connection made and closed
+    # at once); a call through a socket would keep its connection open.
+    deadline = time.monotonic() + 5
+    while _accepted_connections() and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert _accepted_connections() == 0, 'a call went through a socket'
     lp.stop()
 

@@ -1,10 +1,12 @@
 """The coordinator's state machine, without any process: how reports move a node through its
-states, which failure ends the program, and how stop, exits and kills are recorded."""
+states, which failure ends the program (or restarts or drops the node, as its policy says), and
+how stop, exits and kills are recorded."""
 import threading
 import time
 
 import pytest
 
+from launchpad.policy import NodePolicy, RestartBudget, RestartPolicy
 from launchpad.process.coordinator import (Coordinator, NodeFailedError, NodeState,
                                            run_reporting)
 
@@ -132,3 +134,68 @@ def test_run_reporting_reports_how_the_executable_ended():
     assert status['raises/0'].error == 'ValueError: broken'
     assert 'raise ValueError' in coordinator.failure.remote_traceback
     assert status['exit2/0'].error == 'SystemExit(2)'
+
+
+# --- Restart policies -------------------------------------------------------------------------
+
+def test_a_failure_within_the_budget_restarts_the_node_after_its_backoff():
+    policy = RestartPolicy(max_restarts=2, backoff=0.5, max_backoff=0.8)
+    coordinator = Coordinator(['a/0', 'b/0'], policies={'a/0': NodePolicy(policy)})
+    assert coordinator.node_started('a/0', 1, 'h') == 0
+    coordinator.node_failed('a/0', 'ValueError: once', 'tb 1')
+    coordinator.executable_exited('a/0', 1)  # reported already: not a second failure
+    assert coordinator.status()['a/0'].state is NodeState.RESTARTING
+    assert not coordinator.stopping and coordinator.restarts_pending
+    assert coordinator.due_restarts(time.monotonic()) == []  # the backoff
+    assert coordinator.due_restarts(time.monotonic() + 0.5) == ['a/0']
+    coordinator.node_restarted('a/0')
+    status = coordinator.status()['a/0']
+    assert (status.state, status.restarts, status.exit_code) == (NodeState.PENDING, 1, None)
+    assert coordinator.node_started('a/0', 2, 'h') == 1  # the attempt the node sees
+    coordinator.node_failed('a/0', 'ValueError: twice', 'tb 2')
+    coordinator.executable_exited('a/0', 1)
+    assert coordinator.due_restarts(time.monotonic() + 0.79) == []  # doubled, up to 0.8 s
+    assert coordinator.due_restarts(time.monotonic() + 0.81) == ['a/0']
+    coordinator.node_restarted('a/0')
+    coordinator.node_started('a/0', 3, 'h')
+    coordinator.executable_exited('a/0', -9)  # died without reporting: the third failure
+    assert coordinator.stopping  # over the budget: the program fails, with all three failures
+    failure = coordinator.failure
+    assert failure.node_name == 'a/0'
+    assert [message for message, _ in failure.failures] == [
+        'ValueError: once', 'ValueError: twice', failure.failures[2][0]]
+    assert 'killed by signal 9' in failure.message
+    assert 'restarted 2 times, its policy allows 2 restarts within 600 s' in failure.message
+    assert 'tb 1' in failure.remote_traceback and 'tb 2' in failure.remote_traceback
+
+
+def test_restarts_are_counted_within_the_window():
+    budget = RestartBudget(RestartPolicy(max_restarts=1, window=10.0, backoff=1.0))
+    assert budget.next_delay(100.0) == 1.0
+    assert budget.next_delay(105.0) is None  # one restart within 10 s already
+    assert budget.next_delay(111.0) == 1.0  # the first has left the window
+    assert RestartBudget(None).next_delay(0.0) is None
+
+
+def test_a_dropped_node_ends_and_the_program_goes_on():
+    policy = NodePolicy(RestartPolicy(max_restarts=0, on_failure='drop'))
+    coordinator = Coordinator(['a/0', 'b/0'], policies={'a/0': policy})
+    coordinator.node_failed('a/0', 'ValueError: gone', 'tb')
+    assert coordinator.status()['a/0'].state is NodeState.DROPPED
+    assert not coordinator.stopping and coordinator.failure is None
+    assert coordinator.running() == ['b/0']
+
+
+def test_a_stop_ends_the_restarts_and_a_node_that_cannot_restart_fails():
+    policy = NodePolicy(RestartPolicy(max_restarts=5, backoff=0.0))
+    coordinator = Coordinator(['a/0', 'b/0'], policies={'a/0': policy, 'b/0': policy})
+    coordinator.node_failed('a/0', 'ValueError: a', 'tb a')
+    coordinator.node_finished('a/0')  # a failed instance cannot finish too
+    assert coordinator.status()['a/0'].state is NodeState.RESTARTING
+    coordinator.restart_failed('a/0', 'the job has ended')
+    assert coordinator.failure.node_name == 'a/0'
+    assert coordinator.failure.message == 'ValueError: a (and it could not be restarted: the job ' \
+                                          'has ended)'
+    coordinator.node_failed('b/0', 'ValueError: b')
+    assert coordinator.status()['b/0'].state is NodeState.FAILED  # stopping: no restart
+    assert not coordinator.restarts_pending

@@ -24,6 +24,10 @@ class NotFound(KubernetesError):
     """The object does not exist."""
 
 
+class AlreadyExists(KubernetesError):
+    """An object of that name exists (it may be on its way out)."""
+
+
 def _import_kubernetes():
     try:
         import kubernetes  # pylint: disable=import-outside-toplevel
@@ -168,8 +172,8 @@ def _api_error(status: int, reason: str, action: str, namespace: str) -> Kuberne
             'cluster admin for a Role allowing it (see the RBAC section of the kubernetes '
             'launcher\'s documentation), or use a namespace where you have it.')
     if status == 409:
-        return KubernetesError(f'Cannot {action}: it already exists ({reason}). Choose another '
-                               'name= or delete the old launch.')
+        return AlreadyExists(f'Cannot {action}: it already exists ({reason}). Choose another '
+                             'name= or delete the old launch.')
     return KubernetesError(f'Cannot {action}: the API server answered {status} ({reason}).')
 
 

@@ -1,6 +1,7 @@
 """The launching machine's side of the kubernetes platform: `KubernetesLauncher` creates a launch's
-objects through the API, `PodRunner` follows its pods for the controller, and `program_to_manifests`
-writes the objects as YAML instead.
+objects through the API, `PodRunner` follows its pods for the controller (and creates a failed
+node's pod again when its restart policy says so), and `program_to_manifests` writes the objects as
+YAML instead.
 
 Runs on the launching machine and needs nothing there but the API server (see the package
 docstring). Threads, in an attached launch:
@@ -23,7 +24,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from launchpad.launch.controller import Controller
-from launchpad.launch.kubernetes.api import KubernetesApi, terminated
+from launchpad.launch.kubernetes.api import AlreadyExists, KubernetesApi, terminated
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
 from launchpad.launch.kubernetes.manifests import LaunchPlan, grace_period, plan_launch, to_yaml
 from launchpad.launch.kubernetes.names import COORDINATOR_CONTAINER, NODE_CONTAINER
@@ -35,6 +36,8 @@ from launchpad.program import Program
 _IMAGE_PULL_FAILURES = ('ErrImagePull', 'ImagePullBackOff', 'InvalidImageName',
                         'ErrImageNeverPull')
 _CONFIG_FAILURES = ('CreateContainerConfigError', 'CreateContainerError', 'RunContainerError')
+# Seconds a restart waits for a node's old pod to be gone before it can create it again.
+RECREATE_SECONDS = 120.0
 
 
 class KubernetesLauncher(Launcher):
@@ -56,9 +59,9 @@ class KubernetesLauncher(Launcher):
         config = options.settings
         api = self._api_factory(config)
         api.check_namespace()
-        plan = plan_launch(program, options)
+        plan = plan_launch(program, options, restarts=not config.detach)
         _create(api, plan)
-        mirror = Coordinator(list(plan.node_pods))
+        mirror = Coordinator(list(plan.node_pods), policies=plan.policies)
         runner = PodRunner(api, plan, mirror, config, options.notice_period)
         if config.detach:
             print(_detached_summary(plan), flush=True)
@@ -117,7 +120,8 @@ def program_to_manifests(program: Program, *, image: str, path: Optional[str] = 
 
 
 class PodRunner:
-    """Follows the program's pods through the API for the controller (a `controller.Runner`).
+    """Follows the program's pods through the API for the controller (a `controller.Runner`),
+    and restarts a node by creating its pod again.
 
     It reports what the pods show to `mirror`, the launcher's own view of the program's state: the
     program's coordinator runs in its pod, which the launcher may not be able to reach.
@@ -153,6 +157,23 @@ class PodRunner:
             # until the nodes have ended or the grace period is over.
             self._api.delete('Pod', self._plan.coordinator_pod, grace_period_seconds=self._grace)
         return dict(self._codes)
+
+    def restart(self, name: str) -> None:
+        """Creates the node's pod again (same name, so same DNS name), once the old one is gone."""
+        pod_name = self._plan.node_pods[name]
+        self._api.delete('Pod', pod_name, grace_period_seconds=0)
+        deadline = self._clock() + RECREATE_SECONDS
+        while True:
+            try:
+                self._api.create(self._plan.pod_document(pod_name))
+                break
+            except AlreadyExists:  # the old pod is still on its way out
+                if self._clock() > deadline:
+                    raise
+                time.sleep(0.5)
+        self._codes[name] = None
+        self._followers.pop(pod_name, None)  # the new container's log is followed anew
+        self._unschedulable_since.pop(name, None)
 
     def kill(self, names: Sequence[str]) -> None:
         """Deletes the named nodes' pods and the coordinator pod at once."""

@@ -20,7 +20,8 @@ import courier
 from launchpad.address import AddressTable
 from launchpad.launch.kubernetes import names
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
-from launchpad.launch.launcher import LaunchOptions, executables_of
+from launchpad.launch.launcher import LaunchOptions, executables_of, policies_of
+from launchpad.policy import NodePolicy
 from launchpad.process import spec as specs
 from launchpad.program import Program
 
@@ -48,12 +49,19 @@ class LaunchPlan:
       documents: the objects, root ConfigMap first, coordinator pod before node pods.
       node_pods: executable name -> its pod name.
       coordinator_pod: the coordinator's pod name.
+      policies: executable name -> its restart policy and progress deadline.
     """
     run: str
     namespace: str
     documents: List[Dict[str, Any]]
     node_pods: Dict[str, str]
     coordinator_pod: str
+    policies: Dict[str, NodePolicy] = dataclasses.field(default_factory=dict)
+
+    def pod_document(self, pod_name: str) -> Dict[str, Any]:
+        """The Pod `pod_name` as the launch creates it."""
+        return next(document for document in self.documents if document['kind'] == 'Pod'
+                    and document['metadata']['name'] == pod_name)
 
     def selector(self) -> str:
         """The label selector of every object of the launch."""
@@ -71,10 +79,13 @@ def grace_period(notice_period: float) -> int:
     return int(math.ceil(notice_period)) + 5
 
 
-def plan_launch(program: Program, options: LaunchOptions) -> LaunchPlan:
+def plan_launch(program: Program, options: LaunchOptions, *,
+                restarts: bool = False) -> LaunchPlan:
     """Builds (without creating) the objects that run `program`; packs every executable first.
 
     `options` were checked by `KubernetesLauncher.check` (their settings are a KubernetesConfig).
+    `restarts`: a launcher stays attached to create failed node pods again; without one, the
+    coordinator pod treats every failure as final (its restart policy still says what it does).
     """
     config: KubernetesConfig = options.settings
     resources = options.resources
@@ -110,8 +121,11 @@ def plan_launch(program: Program, options: LaunchOptions) -> LaunchPlan:
         for j, address in enumerate(executable.addresses):
             static[address.id] = f'{pod}.{domain}:{config.port + j}'
         pods.append(_PodPlan(pod, executable.name, label, len(executable.addresses)))
+    policies = policies_of(program, executables)
+    if not restarts:
+        policies = {name: policy.without_restarts() for name, policy in policies.items()}
     packer = specs.Packer(program.name, options.launch_type, AddressTable(static=static),
-                          coordinator_address, notice_period=notice_period)
+                          coordinator_address, notice_period=notice_period, policies=policies)
     for plan, (label, executable) in zip(pods, executables):
         group = resources.get(label) or KubernetesResources()
         plan.spec = specs.pack(packer.spec(executable.name, executable.run, args=group.args))
@@ -128,7 +142,8 @@ def plan_launch(program: Program, options: LaunchOptions) -> LaunchPlan:
     documents = [builder.root(pod_of), builder.secret(), builder.service()]
     if config.create_rbac:
         documents += coordinator_rbac_manifests(run, config.namespace)
-    documents.append(builder.coordinator_pod(coordinator_pod, [p.node_name for p in pods]))
+    documents.append(builder.coordinator_pod(coordinator_pod, [p.node_name for p in pods],
+                                             policies))
     for plan in pods:
         group = resources.get(plan.label) or KubernetesResources()
         configmaps = builder.spec_configmaps(plan)
@@ -137,7 +152,7 @@ def plan_launch(program: Program, options: LaunchOptions) -> LaunchPlan:
                                           coordinator_host))
     return LaunchPlan(run=run, namespace=config.namespace, documents=documents,
                       node_pods={p.node_name: p.name for p in pods},
-                      coordinator_pod=coordinator_pod)
+                      coordinator_pod=coordinator_pod, policies=policies)
 
 
 def coordinator_rbac_manifests(run: str, namespace: str) -> List[Dict[str, Any]]:
@@ -238,11 +253,13 @@ class _ManifestBuilder:
             spec['automountServiceAccountToken'] = False
         return spec
 
-    def coordinator_pod(self, name: str, node_names: List[str]) -> Dict[str, Any]:
+    def coordinator_pod(self, name: str, node_names: List[str],
+                        policies: Mapping[str, NodePolicy]) -> Dict[str, Any]:
         """The pod that serves the program's coordinator (`pod.py coordinator`)."""
         settings = names.CoordinatorSettings(
             run=self._run, namespace=self._config.namespace, nodes=node_names,
-            port=self._config.port, notice_period=self._grace - 5)
+            port=self._config.port, notice_period=self._grace - 5,
+            policies={node: policy.to_json() for node, policy in policies.items()})
         command = names.pod_command(self._config.python, names.COORDINATOR_COMMAND,
                                     settings.to_json())
         container = self._container(names.COORDINATOR_CONTAINER, command, self._env({}))

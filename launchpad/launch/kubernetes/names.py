@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 INSTALL_HINT = "pip install 'launchpad[kubernetes]'"
 
@@ -65,12 +65,14 @@ class CoordinatorSettings:
       nodes: the names of the program's executables.
       port: the port to serve on.
       notice_period: seconds nodes get to end after the stop signal.
+      policies: node name -> its restart policy and progress deadline (`NodePolicy.to_json`).
     """
     run: str
     namespace: str
     nodes: List[str]
     port: int
     notice_period: float
+    policies: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 
 from launchpad.launch.kubernetes import names
 from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, terminated
+from launchpad.policy import NodePolicy
 from launchpad.process import coordinator as coordination
 from launchpad.process.coordinator import Coordinator
 
@@ -70,7 +71,8 @@ class PodCoordinator(Coordinator):
 def run_coordinator(settings: names.CoordinatorSettings) -> None:
     """The coordinator pod's main: serves the coordinator until every node has ended."""
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
-    coordinator = PodCoordinator(settings.nodes)
+    coordinator = PodCoordinator(settings.nodes, policies={
+        name: NodePolicy.from_json(policy) for name, policy in settings.policies.items()})
     server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}')
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(
         target=coordinator.request_stop, args=('the coordinator pod was deleted',)).start())

@@ -23,6 +23,7 @@ from typing import Sequence
 from launchpad.launch.controller import Controller
 from launchpad.launch.slurm import job, shared
 from launchpad.launch.slurm.steps import StepRunner
+from launchpad.policy import NodePolicy
 from launchpad.process.coordinator import Coordinator, NodeFailedError, serve_coordinator
 
 
@@ -33,7 +34,8 @@ def main(argv: Sequence[str]) -> None:
     run_dir = argv[-1]
     info = shared.JobDescription.read(run_dir)
     job_id = os.environ['SLURM_JOB_ID']
-    coordinator = Coordinator(info.nodes)
+    coordinator = Coordinator(info.nodes, policies={
+        name: NodePolicy.from_json(policy) for name, policy in info.policies.items()})
     server = serve_coordinator(coordinator, job.coordinator_bind_endpoint(), tls=info.tls)
     shared.write_coordinator_endpoint(run_dir, server.address)
     runner = StepRunner(job_id, run_dir, info.steps, coordinator, watch_job=False,

@@ -30,7 +30,6 @@ A detached program (detach=True) has its coordinator and step runner inside the 
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
@@ -38,15 +37,14 @@ import re
 import secrets
 import shlex
 import shutil
-import signal
 import sys
 import tempfile
 import threading
 import time
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from launchpad.launch.controller import Controller
-from launchpad.launch.launcher import Launcher, LaunchOptions, executables_of
+from launchpad.launch.launcher import Launcher, LaunchOptions, executables_of, policies_of
 from launchpad.launch.slurm import addresses, job, script, shared
 from launchpad.launch.slurm.resources import SlurmResources
 from launchpad.launch.slurm.steps import StepRunner
@@ -67,11 +65,22 @@ class SlurmOptions:
       job_dir: where the job's files go, on a filesystem the compute nodes share.
       start_timeout: seconds to wait for the job to start; None waits for ever.
       coordinator_host: the address compute nodes reach this host at.
+      stop_before_time_limit: seconds before the job's time limit at which Slurm warns the steps
+        (SIGUSR1, `--signal`), which stops the program: stop handlers run while there is time.
+        Slurm may send it up to a minute early. None: the time limit ends the job unannounced.
     """
     detach: bool = False
     job_dir: Optional[str] = None
     start_timeout: Optional[float] = 600.0
     coordinator_host: Optional[str] = None
+    stop_before_time_limit: Optional[int] = None
+
+    def __post_init__(self):
+        value = self.stop_before_time_limit
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or not 0 < value <= 65535):
+            raise ValueError(f'stop_before_time_limit must be a whole number of seconds from 1 to '
+                             f'65535 (Slurm\'s --signal), got {value!r}.')
 
 
 class SlurmController(Controller):
@@ -120,13 +129,16 @@ class SlurmLauncher(Launcher):
         names = [step.executable.name for step in steps]
         watched = [step.watched() for step in steps]
         token = secrets.token_hex(16)
+        policies = policies_of(program, executables)
         server = coordinator = None
         if settings.detach:
             coordinator_address = functools.partial(shared.read_coordinator_endpoint, run_dir)
             shared.JobDescription(program.name, names, options.notice_period, batch_log, watched,
-                                  tls=options.tls).write(run_dir)
+                                  tls=options.tls, policies={
+                                      name: policy.to_json() for name, policy in policies.items()}
+                                  ).write(run_dir)
         else:
-            coordinator = Coordinator(names)
+            coordinator = Coordinator(names, policies=policies)
             server = serve_coordinator(
                 coordinator, job.coordinator_bind_endpoint(settings.coordinator_host),
                 auth_token=token, tls=options.tls)
@@ -136,8 +148,10 @@ class SlurmLauncher(Launcher):
                 published={address.id: '<node address>:0'
                            for _, executable in executables for address in executable.addresses},
                 coordinator=coordinator_address)
-            packer = specs.Packer(program.name, options.launch_type, table, coordinator_address,
-                                  notice_period=options.notice_period, tls=options.tls)
+            packer = specs.Packer(
+                program.name, options.launch_type, table, coordinator_address,
+                notice_period=options.notice_period, tls=options.tls, policies=policies,
+                stop_signal=script.WARNING_SIGNAL if settings.stop_before_time_limit else None)
             spec_paths = {}
             for step in steps:
                 spec_paths[step.index] = os.path.join(run_dir, f'{step.index}.spec')
@@ -146,8 +160,10 @@ class SlurmLauncher(Launcher):
                             spec_paths[step.index])
             script_path = os.path.join(run_dir, 'job.sh')
             with open(script_path, 'w') as f:
-                f.write(script.batch_script(program.name, components, run_dir, spec_paths,
-                                            detached=settings.detach))
+                f.write(script.batch_script(
+                    program.name, components, run_dir, spec_paths, detached=settings.detach,
+                    restart_waits=_restart_waits(steps, policies),
+                    warning_seconds=settings.stop_before_time_limit))
             job_id = job.submit(script_path, program.name, batch_log, _job_environment(token))
         except BaseException:
             if server is not None:
@@ -165,10 +181,9 @@ class SlurmLauncher(Launcher):
                                    detached=True)
         print(f'Program {program.name!r} is Slurm job {job_id} ({len(names)} nodes); node logs in '
               f'{log_dir}; cancel with scancel {job_id}.', file=sys.stderr, flush=True)
-        try:
-            with _sigterm_interrupts():
-                job.wait_for_start(job_id, settings.start_timeout, ran=lambda: any(
-                    name.endswith(shared.EXIT_SUFFIX) for name in os.listdir(run_dir)))
+        try:  # lp.launch turns Ctrl-C and SIGTERM into KeyboardInterrupt while this waits
+            job.wait_for_start(job_id, settings.start_timeout, ran=lambda: any(
+                name.endswith(shared.EXIT_SUFFIX) for name in os.listdir(run_dir)))
         except BaseException:
             job.cancel(job_id)
             server.Stop()
@@ -182,6 +197,17 @@ class SlurmLauncher(Launcher):
                             closing=closing, batch_log=batch_log)
         return SlurmController(program.name, coordinator, runner, launch_type=options.launch_type,
                                notice_period=options.notice_period, job_id=job_id, log_dir=log_dir)
+
+
+def _restart_waits(steps, policies) -> Dict[int, float]:
+    """Step index -> how long its failed step waits to be restarted: the longest backoff of its
+    policy and a minute for the runner to notice (steps without restarts do not wait)."""
+    waits = {}
+    for step in steps:
+        policy = policies.get(step.executable.name)
+        if policy is not None and policy.restart is not None and policy.restart.max_restarts:
+            waits[step.index] = policy.restart.max_backoff + 60.0
+    return waits
 
 
 def _make_job_dir(base: Optional[str], program_name: str) -> str:
@@ -202,29 +228,11 @@ def _make_job_dir(base: Optional[str], program_name: str) -> str:
 
 def _job_environment(token: str) -> Dict[str, str]:
     """The environment sbatch passes to the job: ours (without a surrounding job's SLURM_
-    variables), the program's auth token, and unbuffered Python output."""
-    return specs.node_environment(token, base={
-        key: value for key, value in os.environ.items()
-        if not key.startswith('SLURM_') or key == 'SLURM_CONF'})
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Turns SIGTERM into KeyboardInterrupt (in the main thread), so that a launch being killed
-    still cancels the job it submitted."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        del frame
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    variables), the program's auth token, unbuffered Python output, and the worker's supervising
+    parent (without cgroups, Slurm loses track of what a killed node leaves)."""
+    ours = {key: value for key, value in os.environ.items()
+            if not key.startswith('SLURM_') or key == 'SLURM_CONF'}
+    return specs.node_environment(token, base=ours, extra={specs.SUPERVISE_ENV: '1'})
 
 
 class _LogFollower:

@@ -11,12 +11,15 @@ import os
 import re
 import shlex
 import sys
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from launchpad.launch.slurm import shared
 from launchpad.launch.slurm.resources import SlurmResources
 from launchpad.nodes.base import Executable
 from launchpad.process import spec as specs
+
+# What Slurm sends the steps before the time limit (`--signal`), and the worker turns into a stop.
+WARNING_SIGNAL = 'SIGUSR1'
 
 
 @dataclasses.dataclass
@@ -67,12 +70,18 @@ def plan(executables: Sequence[Tuple[str, Executable]], resources: Mapping[str, 
 
 
 def batch_script(program_name: str, components: Sequence[Component], run_dir: str,
-                 spec_paths: Mapping[int, str], detached: bool = False) -> str:
+                 spec_paths: Mapping[int, str], detached: bool = False,
+                 restart_waits: Optional[Mapping[int, float]] = None,
+                 warning_seconds: Optional[int] = None) -> str:
     """The sbatch script: one component per `components`, one `srun` step per executable.
 
-    Every step records its exit code in `run_dir` for the step runner. A `detached` program's
-    script first starts the in-job driver (driver.py), which serves the program's coordinator, and
-    waits until it has written its address; the job then ends with the driver's exit code.
+    Every step records its exit code in `run_dir` for the step runner. A step in
+    `restart_waits` (index -> seconds) that fails then waits that long for the runner to ask for
+    a restart (`shared.restart_file`), and runs again as a new job step in the same allocation.
+    `warning_seconds` asks Slurm to send the steps SIGUSR1 that long before the time limit. A
+    `detached` program's script first starts the in-job driver (driver.py), which serves the
+    program's coordinator, and waits until it has written its address; the job then ends with the
+    driver's exit code.
     """
     lines = ['#!/bin/bash']
     for number, component in enumerate(components):
@@ -80,17 +89,32 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
             lines.append('#SBATCH hetjob')
         lines.append(f'#SBATCH --ntasks={len(component.steps)}')
         lines += [f'#SBATCH {option}' for option in component.resources.sbatch_options()]
+        if warning_seconds:
+            lines.append(f'#SBATCH --signal={WARNING_SIGNAL[3:]}@{warning_seconds}')
     exit_file = f'$run/$index{shared.EXIT_SUFFIX}'
+    restart = f'$run/$index{shared.RESTART_SUFFIX}'
     lines += [
         f'# Program {program_name!r}, written by the launchpad slurm launcher: every node runs as',
-        '# a job step; each step writes its exit code to the run directory.',
+        '# a job step; each step writes its exit code to the run directory, and a failed step',
+        '# with a restart policy runs again when the step runner asks for it.',
         f'run={shlex.quote(run_dir)}',
-        'step() {  # INDEX SRUN_ARGUMENTS...',
-        '  local index=$1 code',
-        '  shift',
-        '  srun "$@"',
-        '  code=$?',
-        f'  {{ echo "$code" >"{exit_file}.tmp" && mv "{exit_file}.tmp" "{exit_file}"; }} 2>/dev/null',
+        'step() {  # INDEX RESTART_WAIT_TICKS SRUN_ARGUMENTS...',
+        '  local index=$1 ticks=$2 code waited',
+        '  shift 2',
+        '  while :; do',
+        '    srun "$@"',
+        '    code=$?',
+        f'    {{ echo "$code" >"{exit_file}.tmp" && mv "{exit_file}.tmp" "{exit_file}"; }} '
+        '2>/dev/null',
+        '    [ "$code" = 0 ] && return',
+        '    waited=0',
+        f'    until [ -e "{restart}" ]; do',
+        '      [ "$waited" -ge "$ticks" ] || [ ! -d "$run" ] && return',
+        '      sleep 0.2',
+        '      waited=$((waited + 1))',
+        '    done',
+        f'    rm -f "{restart}"',
+        '  done',
         '}',
     ]
     if detached:
@@ -112,7 +136,8 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
                 *step.resources.per_task_options(),
                 f'--job-name={step.executable.name}', f'--output={step.log}', '--input=none',
                 *specs.worker_argv(spec_paths[step.index], python)]
-            lines.append(f'step {step.index} {shlex.join(srun)} &')
+            ticks = int((restart_waits or {}).get(step.index, 0) * 5)  # sleep 0.2 per tick
+            lines.append(f'step {step.index} {ticks} {shlex.join(srun)} &')
     if detached:
         lines += ['wait "$driver"', 'status=$?', 'wait', 'exit "$status"']
     else:

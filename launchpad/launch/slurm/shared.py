@@ -15,7 +15,7 @@ import json
 import os
 import pickle
 import sys
-from typing import Any, List, NamedTuple
+from typing import Any, Dict, List, NamedTuple
 
 # `python -m DRIVER_MODULE RUN_DIR` serves a detached program's coordinator inside its job.
 DRIVER_MODULE = 'launchpad.launch.slurm.driver'
@@ -23,6 +23,8 @@ DRIVER_MODULE = 'launchpad.launch.slurm.driver'
 COORDINATOR_FILE = 'coordinator'
 # The batch script writes step INDEX's exit code to INDEX + EXIT_SUFFIX (whole, by a rename).
 EXIT_SUFFIX = '.exit'
+# The step runner asks the batch script to run failed step INDEX again with INDEX + RESTART_SUFFIX.
+RESTART_SUFFIX = '.restart'
 _DESCRIPTION_FILE = 'job.json'
 _TLS_FILE = 'tls.pickle'
 
@@ -36,6 +38,11 @@ def driver_argv(run_dir: str) -> List[str]:
 def exit_file(run_dir: str, index: int) -> str:
     """Where the batch script writes the exit code of step `index`."""
     return os.path.join(run_dir, f'{index}{EXIT_SUFFIX}')
+
+
+def restart_file(run_dir: str, index: int) -> str:
+    """Where the step runner asks the batch script to run step `index` again."""
+    return os.path.join(run_dir, f'{index}{RESTART_SUFFIX}')
 
 
 def write_coordinator_endpoint(run_dir: str, endpoint: str) -> None:
@@ -70,6 +77,7 @@ class JobDescription:
       batch_log: the batch script's output file.
       steps: the job's steps.
       tls: the program's TLS credentials (a courier.TLSConfig), or None.
+      policies: node name -> its NodePolicy as JSON (`NodePolicy.to_json`).
     """
     program: str
     nodes: List[str]
@@ -77,6 +85,7 @@ class JobDescription:
     batch_log: str
     steps: List[WatchedStep]
     tls: Any = None
+    policies: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def write(self, run_dir: str) -> None:
         """Writes the description to `run_dir`; the credentials go to a file only we can read."""
@@ -86,7 +95,8 @@ class JobDescription:
         with open(os.path.join(run_dir, _DESCRIPTION_FILE), 'w') as f:
             json.dump({'program': self.program, 'nodes': self.nodes,
                        'notice_period': self.notice_period, 'batch_log': self.batch_log,
-                       'steps': [list(step) for step in self.steps]}, f)
+                       'steps': [list(step) for step in self.steps],
+                       'policies': self.policies}, f)
 
     @classmethod
     def read(cls, run_dir: str) -> JobDescription:
@@ -96,4 +106,4 @@ class JobDescription:
         with open(os.path.join(run_dir, _TLS_FILE), 'rb') as f:
             tls = pickle.load(f)
         return cls(info['program'], info['nodes'], info['notice_period'], info['batch_log'],
-                   [WatchedStep(*step) for step in info['steps']], tls)
+                   [WatchedStep(*step) for step in info['steps']], tls, info.get('policies', {}))

@@ -24,7 +24,7 @@ class StepRunner:
 
     A step's exit code comes from the file the batch script writes when its `srun` returns; a step
     that ends with a non-zero code without having reported a failure fails with the end of its
-    log. With `watch_job` (on the launching machine) squeue also says when the whole job ended, for
+    log. A restart asks the batch script, through a file, to run the step again. With `watch_job` (on the launching machine) squeue also says when the whole job ended, for
     instance cancelled by hand or out of time, which fails the steps still running. Inside the job
     the runner does not watch it: when the job ends, the runner ends too.
 
@@ -90,6 +90,23 @@ class StepRunner:
                     name, f'its Slurm step ended with exit code {code} without reporting an error. '
                           f'Its log, {log}, ends with:\n{_tail(log) or _tail(self._batch_log)}')
             self._codes[name] = code
+
+    def restart(self, name: str) -> None:
+        """Asks the batch script to run the node's step again, in the job's allocation."""
+        step = next(step for step in self._steps if step.name == name)
+        if self._run_dir is None:
+            raise RuntimeError('this runner does not follow the job\'s steps')
+        if self._watch_job and job.ended(job.states(self._job_id)):
+            raise RuntimeError(f'Slurm job {self._job_id} has ended')
+        try:
+            os.remove(shared.exit_file(self._run_dir, step.index))
+        except FileNotFoundError:
+            pass
+        self._codes[name] = None
+        partial = shared.restart_file(self._run_dir, step.index) + '.tmp'
+        with open(partial, 'w'):
+            pass
+        os.replace(partial, shared.restart_file(self._run_dir, step.index))
 
     def kill(self, names: Sequence[str]) -> None:
         """Cancels the job, which ends every step."""

@@ -8,7 +8,7 @@ the launcher side: what the two share is in `protocol`.
 
 One single-threaded process per connection, and one forked child per node:
 
-    launcher ==ssh==> agent stdin:  commands (specs, start, kill) and heartbeats
+    launcher ==ssh==> agent stdin:  commands (specs, kill, start again) and heartbeats
     launcher <==ssh== agent stdout: events (hello, ready, exited...) and node output
                         |
                         +-- fork --> node (a session of its own, marked with NODE_ENV)
@@ -131,6 +131,10 @@ class _HostAgent:
         elif kind == 'kill':
             self._kill(body)
             self.announce(event='killed')
+        elif kind == 'start':  # nodes to start again (restarted): what is left of them goes first
+            _kill_nodes({protocol.node_marker(self.directory, i) for i in body}, self.directory)
+            for index in body:
+                self._start(index)
 
     def _start(self, index: int) -> None:
         argv, env = protocol.node_command(self.directory, index)

@@ -29,7 +29,7 @@ import courier
 
 from launchpad.address import AddressTable
 from launchpad.launch.controller import Controller, ProcessRunner
-from launchpad.launch.launcher import Launcher, LaunchOptions, executables_of
+from launchpad.launch.launcher import Launcher, LaunchOptions, executables_of, policies_of
 from launchpad.launch.ssh import protocol
 from launchpad.launch.ssh.connection import Connection, ForkedNode
 from launchpad.launch.ssh.hosts import SshHost, SshHosts, connection_key, hosts_of
@@ -63,6 +63,7 @@ class _SshRunner(ProcessRunner):
         self.server: Optional[courier.Server] = None
         self.output: Optional[Output] = None
         self.placement: Dict[str, Tuple[Connection, int]] = {}
+        self._restarts: Dict[str, int] = {}
         self._released = threading.Event()
         threading.Thread(target=self._heartbeat, daemon=True, name='lp-ssh-heartbeat').start()
 
@@ -76,10 +77,24 @@ class _SshRunner(ProcessRunner):
         stdout_fd, reader = self.output.open_for(name, title=f'{connection.host.host} {name}')
         self.processes[name] = connection.forked[index] = ForkedNode(stdout_fd, reader)
 
-    def start_session(self, name: str, connection: Connection, index: int) -> None:
+    def start_session(self, name: str, connection: Connection, index: int,
+                      window: Optional[str] = None) -> None:
         """Starts a node in an ssh session of its own, in a tmux window."""
-        self.processes[name] = self.output.start_command(name, connection.node_argv(index),
+        self.processes[name] = self.output.start_command(window or name,
+                                                         connection.node_argv(index),
                                                          dict(os.environ), os.getcwd())
+
+    def restart(self, name: str) -> None:
+        """Has the node's host agent fork it again (in a tmux window: a new ssh session)."""
+        connection, index = self.placement[name]
+        self._restarts[name] = self._restarts.get(name, 0) + 1
+        if isinstance(self.processes[name], ForkedNode):
+            self.expect_fork(name, connection, index)
+            if not connection.send('start', [index]):
+                raise RuntimeError(f'the connection to {connection.host} is gone')
+        else:
+            connection.kill([index])  # what is left of its last run
+            self.start_session(name, connection, index, f'{name}~{self._restarts[name]}')
 
     def kill(self, names: Sequence[str]) -> None:
         """Has the agents kill the named nodes on their hosts, then ends what is left of them
@@ -186,7 +201,9 @@ class SshLauncher(Launcher):
         preflight(runner.connections)
 
         token = secrets.token_hex(16)
-        coordinator = Coordinator([executable.name for _, executable in executables])
+        policies = policies_of(program, executables)
+        coordinator = Coordinator([executable.name for _, executable in executables],
+                                  policies=policies)
         bind_host = options.settings.coordinator_host or _coordinator_host(runner.connections)
         try:
             runner.server = serve_coordinator(coordinator, _endpoint(bind_host, 0),
@@ -202,7 +219,8 @@ class SshLauncher(Launcher):
             for (connection, _), (_, executable) in zip(placed, executables)
             for address in executable.addresses})
         packer = specs.Packer(program.name, options.launch_type, table, '',
-                              notice_period=options.notice_period, tls=options.tls)
+                              notice_period=options.notice_period, tls=options.tls,
+                              policies=policies)
         files: Dict[int, Dict[str, bytes]] = {id(c): {} for c in runner.connections}
         for (connection, i), (_, executable) in zip(placed, executables):
             # Each host reaches the coordinator at the address it sees the launcher at.

@@ -9,7 +9,8 @@ over that session's standard streams:
 - launcher -> agent (the agent's stdin): commands, each an 8-byte big-endian length and a pickle
   of `(kind, body)`: `('files', {'files': {name: bytes}, 'start': [index, ...], 'grace': s})`
   writes the node specs and forks the nodes listed in `start`; `('kill', [index, ...] or None)`
-  kills nodes; `('ping', None)` is the heartbeat.
+  kills nodes; `('start', [index, ...])` forks ended nodes again (restarts, after killing what is
+  left of them); `('ping', None)` is the heartbeat.
 - agent -> launcher (the agent's stdout): events, each a line `AGENT_LINE + json`, followed by
   `size` bytes of node output for an `output` event. Events: `hello` (the preflight facts, see
   `agent.main`), `ready` (specs written and nodes forked), `output` (`node`, `size`), `exited`

@@ -6,9 +6,12 @@
 (function () {
   const TOKEN = new URLSearchParams(location.search).get('token') || '';
   const SVG = 'http://www.w3.org/2000/svg';
-  const STATES = ['pending', 'running', 'finished', 'failed', 'killed'];
-  const STATE_COLORS = {pending: '#b8bec8', running: '#3aa55d', finished: '#4a78c2',
-                        failed: '#d63c3c', killed: '#e08a2c'};
+  // launchpad.NodeState's values: restarting (failed, about to start again) and dropped
+  // (failed for good, the program goes on) come from restart policies.
+  const STATES = ['pending', 'running', 'restarting', 'finished', 'failed', 'dropped', 'killed'];
+  const STATE_COLORS = {pending: '#b8bec8', running: '#3aa55d', restarting: '#d9b526',
+                        finished: '#4a78c2', failed: '#d63c3c', dropped: '#8a5c7a',
+                        killed: '#e08a2c'};
   const PALETTE = ['#4a78c2', '#d63c3c', '#3aa55d', '#e08a2c', '#8a5cc2', '#2aa5a5', '#c25c9a',
                    '#7a8a2c', '#5c6b80', '#b5651d'];
   const MAX_POINTS = 600;

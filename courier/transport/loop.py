@@ -1,0 +1,464 @@
+"""The framed server's event loop: one thread accepts connections, reads their hellos and
+watches the idle ones, so that a connection costs a socket and a little memory, not a thread.
+
+    listener ──accept──▶ hello (the loop reads it, non-blocking, within hello_timeout)
+                             │ welcomed                        refused, timed out: closed
+                             ▼
+          idle (in the selector) ──readable──▶ serve(connection): the server hands it to
+                             ▲                  a worker of its pool, which reads its calls
+                             │                                     │
+                             └── resume(connection) ◀── the worker is done with it for now
+                                 (the wake socket tells the loop)
+
+Accepting stops for a while (doubling from 10 ms up to 1 s) when the process runs out of
+file descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): pending clients wait in the
+listen backlog instead of the loop spinning, and serving resumes by itself. A connection
+beyond ``max_connections``, or beyond ``max_connections_per_client`` from one client
+process (one host for TCP), gets a REFUSED frame saying which limit it hit.
+
+The loop reads nothing but hellos and never blocks, and it does not care which family
+its sockets are (Unix or TCP): only :func:`client_of` looks at it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import errno
+import logging
+import os
+import selectors
+import socket
+import struct
+import threading
+import time
+from typing import Any, Callable, Deque, Dict, List, Optional, Set
+
+from courier.transport import frames
+
+_logger = logging.getLogger('courier')
+
+BACKLOG = 1024
+_ACCEPTS_PER_WAKE = 64  # Then the loop looks at its other sockets again.
+_BACKOFF_FIRST = 0.01
+_BACKOFF_MAX = 1.0
+# Accept errors that mean "out of a resource for now": accepting again later may work.
+_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# Accept errors about one connection that went away before it was accepted.
+_GONE = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN})
+
+HELLO, IDLE, ACTIVE, CLOSED = 'hello', 'idle', 'active', 'closed'
+
+
+def _environment_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f'{name} must be a whole number, got {value!r}') from None
+    if number < 1:
+        raise ValueError(f'{name} must be at least 1, got {value!r}')
+    return number
+
+
+def _default_max_connections() -> int:
+    try:
+        import resource  # pylint: disable=import-outside-toplevel
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        soft = -1
+    if soft < 0:
+        return 4096
+    # Half the descriptors a process may open: the rest stay for its clients, files, pipes.
+    return max(64, min(4096, soft // 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerLimits:
+    """The limits of one framed server; the defaults read ``COURIER_*`` environment variables.
+
+    Attributes:
+      max_connections: connections open at once, in any state (``COURIER_MAX_CONNECTIONS``;
+        default half the process's file descriptor limit, at most 4096).
+      max_connections_per_client: of those, from one client process (a Unix socket's peer)
+        or one host (TCP) (``COURIER_MAX_CONNECTIONS_PER_CLIENT``; default: max_connections
+        // 2, at least 1).
+      hello_timeout: seconds a new connection may take to introduce itself
+        (``COURIER_HELLO_TIMEOUT``, default 10).
+      max_calls_in_flight: calls of one futures connection the server holds at once; past it
+        the server reads no more of that connection until some are answered
+        (``COURIER_MAX_CALLS_IN_FLIGHT``, default 4096).
+      linger_ms: how long a worker keeps waiting on a connection that just made a call before
+        it hands the connection back to the loop (``COURIER_LINGER_MS``, default 20: long
+        enough for a client descheduled between two calls on a busy machine).
+    """
+
+    max_connections: int = dataclasses.field(
+        default_factory=lambda: _environment_int('COURIER_MAX_CONNECTIONS',
+                                                 _default_max_connections()))
+    max_connections_per_client: int = 0
+    hello_timeout: float = dataclasses.field(
+        default_factory=lambda: float(_environment_int('COURIER_HELLO_TIMEOUT', 10)))
+    max_calls_in_flight: int = dataclasses.field(
+        default_factory=lambda: _environment_int('COURIER_MAX_CALLS_IN_FLIGHT', 4096))
+    linger_ms: int = dataclasses.field(
+        default_factory=lambda: _environment_int('COURIER_LINGER_MS', 20))
+
+    def __post_init__(self):
+        if not self.max_connections_per_client:
+            object.__setattr__(self, 'max_connections_per_client', _environment_int(
+                'COURIER_MAX_CONNECTIONS_PER_CLIENT', max(1, self.max_connections // 2)))
+
+
+class Connection:
+    """A client's connection as the server sees it, from accept to close."""
+
+    __slots__ = ('sock', 'client', 'state', 'mode', 'reader', 'hello', 'deadline', 'outbox',
+                 'calls', 'lock', 'busy', 'parked', 'ended', '__weakref__')
+
+    def __init__(self, sock: socket.socket, client: Any):
+        self.sock = sock
+        self.client = client
+        self.state = HELLO
+        self.mode = frames.SYNC
+        self.reader = frames.FrameReader(sock)
+        self.hello = bytearray()  # The hello's bytes so far.
+        self.deadline = 0.0
+        self.outbox: Optional[frames.Outbox] = None
+        # Futures connections: call id -> [calls with that id not answered, cancelled].
+        self.calls: Dict[int, List[Any]] = {}
+        self.lock = threading.Lock()  # Orders a cancellation or the end against a call's end.
+        self.busy = False  # A blocking call is running or answering.
+        self.parked = False  # Too many calls in flight: nobody reads it until some end.
+        self.ended = False  # The client closed its side: close once the calls in flight end.
+
+    @property
+    def idle(self) -> bool:
+        return not self.busy and not self.calls
+
+
+def client_of(sock: socket.socket) -> Any:
+    """Who is calling, for the per-client limit: the peer's process (Unix) or host (TCP)."""
+    if sock.family == socket.AF_UNIX and hasattr(socket, 'SO_PEERCRED'):
+        try:
+            credentials = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                          struct.calcsize('3i'))
+            return ('pid', struct.unpack('3i', credentials)[0])
+        except OSError:
+            return ('pid', None)
+    try:
+        return ('host', sock.getpeername()[0])
+    except (OSError, IndexError, TypeError):
+        return ('host', None)
+
+
+class Loop:
+    """The thread that accepts, greets and watches the connections of one listening socket.
+
+    Args:
+      listener: a bound, listening stream socket of any family.
+      greet: ``greet(connection, hello)`` returns None to welcome the connection, or the
+        REFUSED frame's (reason, message); runs on the loop thread, so it must not block.
+      serve: ``serve(connection)`` is called on the loop thread when a welcomed connection has
+        something to read; the connection is the caller's until it calls :meth:`resume`.
+      limits: the server's limits.
+      name: names the thread.
+    """
+
+    def __init__(self, listener: socket.socket, *, greet: Callable[[Connection, frames.Frame],
+                                                                  Optional[tuple]],
+                 serve: Callable[[Connection], None], limits: ServerLimits, name: str):
+        self._listener = listener
+        self._greet = greet
+        self._serve = serve
+        self.limits = limits
+        self._name = name
+        self._selector = selectors.DefaultSelector()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
+        self._wake_write.setblocking(False)
+        self._woken = False
+        self._lock = threading.Lock()
+        self._connections: Set[Connection] = set()
+        self._per_client: Dict[Any, int] = collections.Counter()
+        self._hellos: Deque[Connection] = collections.deque()  # In order of their deadlines.
+        self._resumed: Deque[Connection] = collections.deque()
+        self._backoff = _BACKOFF_FIRST
+        self._accepting_at: Optional[float] = None  # While backing off: when to accept again.
+        self._stopping = False
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        self._listener.setblocking(False)
+        self._selector.register(self._listener, selectors.EVENT_READ, self._accept)
+        self._selector.register(self._wake_read, selectors.EVENT_READ, self._drain_wake)
+        self._thread = threading.Thread(target=self._run, daemon=True, name=self._name)
+        self._thread.start()
+
+    def connections(self) -> List[Connection]:
+        with self._lock:
+            return list(self._connections)
+
+    def resume(self, connection: Connection) -> None:
+        """Gives ``connection`` back to the loop: it watches it for the next call. Any thread."""
+        self._resumed.append(connection)
+        self._wake()
+
+    def close(self, connection: Connection) -> None:
+        """Closes ``connection`` and forgets it. Any thread, any number of times."""
+        with self._lock:
+            if connection.state == CLOSED:
+                return
+            connection.state = CLOSED
+            self._connections.discard(connection)
+            self._per_client[connection.client] -= 1
+            if not self._per_client[connection.client]:
+                del self._per_client[connection.client]
+        _close_socket(connection.sock)
+
+    def stop(self) -> List[Connection]:
+        """Stops accepting and watching; returns the connections still open (the caller's now)."""
+        self._stopping = True
+        self._wake()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        else:
+            self._shut()
+        return self.connections()
+
+    # The loop thread.
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                for key, _ in self._selector.select(self._timeout()):
+                    if self._stopping:
+                        break
+                    if isinstance(key.data, Connection):
+                        self._readable(key.data)
+                    else:  # The listener or the wake socket: its handler.
+                        key.data(key.fileobj)
+                self._take_resumed()
+                now = time.monotonic()
+                self._expire_hellos(now)
+                if self._accepting_at is not None and now >= self._accepting_at:
+                    self._accepting_at = None
+                    self._selector.register(self._listener, selectors.EVENT_READ, self._accept)
+        except Exception:  # pylint: disable=broad-except
+            _logger.exception('courier server %s: its event loop failed', self._name)
+        finally:
+            self._shut()
+
+    def _shut(self) -> None:
+        self._stopping = True
+        for connection in self.connections():
+            if connection.state == HELLO:
+                self.close(connection)
+        self._selector.close()
+        _close_socket(self._listener)
+        _close_socket(self._wake_read)
+        _close_socket(self._wake_write)
+
+    def _timeout(self) -> Optional[float]:
+        ends = []
+        if self._hellos:
+            ends.append(self._hellos[0].deadline)
+        if self._accepting_at is not None:
+            ends.append(self._accepting_at)
+        return max(0.0, min(ends) - time.monotonic()) if ends else None
+
+    def _wake(self) -> None:
+        if self._woken:
+            return
+        self._woken = True
+        try:
+            self._wake_write.send(b'!')
+        except OSError:  # Full (the loop is awake anyway) or closed (stopped).
+            pass
+
+    def _drain_wake(self, sock: socket.socket) -> None:
+        try:
+            while sock.recv(4096):
+                pass
+        except OSError:
+            pass
+        # Only now: a thread waking the loop meanwhile did not write, but the loop looks at
+        # what it resumed after this anyway.
+        self._woken = False
+
+    def _take_resumed(self) -> None:
+        resumed = self._resumed
+        while resumed:
+            connection = resumed.popleft()
+            if connection.state != ACTIVE:
+                continue  # Closed meanwhile.
+            if connection.reader.buffered:  # Its next call is read already.
+                self._serve(connection)
+                continue
+            connection.reader.release()
+            connection.state = IDLE
+            try:
+                self._selector.register(connection.sock, selectors.EVENT_READ, connection)
+            except (OSError, ValueError):  # Closed by its worker meanwhile.
+                self.close(connection)
+
+    def _readable(self, connection: Connection) -> None:
+        if connection.state == HELLO:
+            self._read_hello(connection)
+            return
+        self._selector.unregister(connection.sock)
+        connection.state = ACTIVE
+        self._serve(connection)
+
+    def _accept(self, listener: socket.socket) -> None:
+        for _ in range(_ACCEPTS_PER_WAKE):
+            try:
+                sock, _ = listener.accept()
+            except BlockingIOError:
+                self._backoff = _BACKOFF_FIRST
+                return
+            except OSError as error:
+                if error.errno in _GONE:
+                    continue
+                self._back_off(error)
+                return
+            self._admit(sock)
+
+    def _back_off(self, error: OSError) -> None:
+        """Stops accepting for a while: the process is out of descriptors or memory."""
+        delay = self._backoff
+        self._backoff = min(2 * delay, _BACKOFF_MAX)
+        if delay == _BACKOFF_FIRST or delay == _BACKOFF_MAX:
+            _logger.warning('courier server %s cannot accept connections (%s); trying again in '
+                            '%g s (%d connections open)', self._name, error, delay,
+                            len(self._connections))
+        self._selector.unregister(self._listener)
+        self._accepting_at = time.monotonic() + delay
+
+    def _admit(self, sock: socket.socket) -> None:
+        client = client_of(sock)
+        limits = self.limits
+        with self._lock:
+            if len(self._connections) >= limits.max_connections:
+                refusal = (f'it has {len(self._connections)} connections open, its limit '
+                           f'(max_connections)')
+            elif self._per_client[client] >= limits.max_connections_per_client:
+                refusal = (f'this client has {self._per_client[client]} connections open to '
+                           f'it, its limit (max_connections_per_client)')
+            else:
+                refusal = None
+                connection = Connection(sock, client)
+                self._connections.add(connection)
+                self._per_client[client] += 1
+        if refusal is not None:
+            _refuse(sock, frames.BUSY, refusal)
+            return
+        sock.setblocking(False)
+        connection.deadline = time.monotonic() + limits.hello_timeout
+        self._hellos.append(connection)
+        self._selector.register(sock, selectors.EVENT_READ, connection)
+
+    def _read_hello(self, connection: Connection) -> None:
+        data = connection.hello
+        try:
+            received = connection.sock.recv(frames.HELLO_BYTES - len(data))
+        except BlockingIOError:
+            return
+        except OSError:
+            received = b''
+        if not received:
+            self._drop(connection)
+            return
+        data += received
+        if len(data) < frames.HEADER.size:
+            return
+        kind, status, text_size, count, call_id, payload_size = frames.HEADER.unpack_from(data)
+        try:
+            frames.check(kind, text_size, payload_size, count, frames.HELLO_LIMITS)
+        except frames.ProtocolViolation as error:
+            self._drop(connection, frames.encode(frames.FAULT, 0, 0, str(error).encode()))
+            return
+        size = frames.HEADER.size + text_size + payload_size
+        if len(data) < size:
+            return
+        body = frames.HEADER.size
+        hello = frames.Frame(kind, status, call_id, bytes(data[body:body + text_size]),
+                             bytes(data[body + text_size:size]), [])
+        refusal = self._greet(connection, hello)
+        if refusal is not None:
+            self._drop(connection, frames.encode(frames.REFUSED, refusal[0], 0, refusal[1]))
+            return
+        connection.hello = bytearray()
+        connection.mode = hello.status
+        if len(data) > size:  # The client did not wait for its welcome: keep what follows.
+            connection.reader.feed(bytes(data[size:]))
+        try:
+            connection.sock.sendall(frames.encode(frames.WELCOME)[0])
+            connection.sock.setblocking(True)
+            frames.set_receive_timeout(connection.sock, self.limits.linger_ms / 1000)
+        except OSError:
+            self._drop(connection)
+            return
+        connection.outbox = frames.Outbox(connection.sock)
+        frames.enlarge_send_buffer(connection.sock)
+        if connection.reader.buffered:
+            self._selector.unregister(connection.sock)
+            connection.state = ACTIVE
+            self._serve(connection)
+        else:
+            connection.state = IDLE
+
+    def _drop(self, connection: Connection, parts: Optional[List[Any]] = None) -> None:
+        """Ends a connection in its hello, after sending ``parts`` (a refusal) if given."""
+        try:
+            self._selector.unregister(connection.sock)
+        except (KeyError, ValueError):
+            pass
+        if parts is not None:
+            try:
+                connection.sock.send(parts[0])
+            except OSError:
+                pass
+            _discard_input(connection.sock)
+        self.close(connection)
+
+    def _expire_hellos(self, now: float) -> None:
+        hellos = self._hellos
+        while hellos and (hellos[0].deadline <= now or hellos[0].state != HELLO):
+            connection = hellos.popleft()
+            if connection.state == HELLO:
+                self._drop(connection)
+
+
+def _refuse(sock: socket.socket, reason: int, message: str) -> None:
+    try:
+        sock.setblocking(False)
+        sock.send(frames.encode(frames.REFUSED, reason, 0, message.encode())[0])
+    except OSError:
+        pass
+    _discard_input(sock)
+    sock.close()
+
+
+def _discard_input(sock: socket.socket) -> None:
+    """Reads what the peer sent and nobody will read (a hello, mostly), without waiting.
+
+    Closing a socket with unread input resets the connection, and the peer may then lose the
+    refusal or fault just sent to it.
+    """
+    try:
+        for _ in range(16):
+            if not sock.recv(frames.HELLO_BYTES):
+                return
+    except OSError:  # Nothing more for now (or the peer is gone).
+        pass
+
+
+def _close_socket(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)  # Wakes a thread blocked reading it.
+    except OSError:
+        pass
+    sock.close()

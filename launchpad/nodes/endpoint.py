@@ -1,0 +1,161 @@
+"""Where a handle's client connects: `NodeEndpoint`, an address that follows a node's restarts and
+gives up on it once the program stops.
+
+A `CourierHandle` dereferences into a `NodeClient`, a courier.Client whose address is a
+`NodeEndpoint`. courier calls it for the first call, and again after a call found the server gone
+(a client with a callable address resolves it anew then), so this is the one place where a client
+waits for its node:
+
+* while the node is not serving (not up yet, or restarting after a failure), the call waits until
+  it accepts connections: at the same Unix socket, or at the endpoint a restarted node published
+  (SSH and Slurm nodes bind a new port when they start again);
+* once the program is stopping, a node that no longer serves will not come back: the call fails at
+  once with `NodeStoppedError` instead of waiting, and a call waiting here is released within a
+  fifth of a second.
+
+The transport underneath does not wait for servers itself (`wait_for_ready=False`): a call whose
+node went away fails promptly (calls in flight at a crash fail with courier's
+ServerUnavailableError) and the next call comes back here. What `wait_for_ready` also did, riding
+out a connection that fails to establish while the node is up (gRPC's handshake on a loaded
+machine), `NodeClient` does for a blocking call on a connection that has not carried a call yet:
+it tries again while the node accepts connections, within the call's timeout. A call on a
+connection that has carried calls is never repeated: it may have reached the node.
+"""
+from __future__ import annotations
+
+import socket
+import time
+from typing import Optional
+
+import courier
+
+from launchpad import runtime
+from launchpad.address import Address
+
+_MAX_PAUSE = 0.05     # seconds between checks while a node is down (Unix sockets: a local check)
+_MAX_LOOKUP = 0.2     # ... and between asking the coordinator for a published endpoint
+_PROBE_TIMEOUT = 2.0  # seconds a connection attempt may take
+
+
+class NodeStoppedError(courier.ServerUnavailableError):
+    """A call to a node that has ended while the program stops: it will not come back."""
+
+
+class NodeEndpoint:
+    """The endpoint of a node's address, found when a client (re)connects (a picklable callable).
+
+    Args:
+      address: the address placeholder.
+      node_name: the node serving it, for messages.
+      wait: wait for the node to serve (the client's `wait_for_ready`); False fails at once
+        when its endpoint does not accept connections (it still waits for a node to publish
+        its endpoint, up to the address table's lookup timeout, as clients always did).
+      timeout: seconds to wait (the client's `call_timeout`); None waits until the program stops.
+    """
+
+    def __init__(self, address: Address, node_name: str, wait: bool = True,
+                 timeout: Optional[float] = None):
+        self.address = address
+        self.node_name = node_name
+        self.wait = wait
+        self.timeout = timeout
+        self.fresh = True  # no call has gone through the connection made to the endpoint found
+
+    def serving(self) -> bool:
+        """Whether the node accepts connections now, and the program is not stopping."""
+        context = runtime.get_context()
+        endpoint = context.address_table.current(self.address)
+        return (not context.stop.event.is_set() and endpoint is not None
+                and _accepts(endpoint))
+
+    def __call__(self) -> str:
+        context = runtime.get_context()
+        table = context.address_table
+        published = table.is_published(self.address)
+        started = time.monotonic()
+        pause = 0.001
+        while True:
+            stopping = context.stop.event.is_set()
+            endpoint = table.current(self.address)
+            if endpoint is not None and _accepts(endpoint):
+                self.fresh = True
+                return endpoint
+            where = f'at {endpoint}' if endpoint else '(it has not published its endpoint)'
+            if stopping:
+                raise NodeStoppedError(
+                    f'node {self.node_name} is not serving {where} and the program is stopping, '
+                    'so it will not come back; a node that calls others while the program stops '
+                    'can only reach those still running.')
+            if endpoint is not None and not self.wait:
+                raise courier.ServerUnavailableError(
+                    f'node {self.node_name} is not serving {where} (its clients were made with '
+                    'wait_for_ready=False, so calls do not wait for it to come up).')
+            waited = time.monotonic() - started
+            limit = table.lookup_timeout if endpoint is None else self.timeout
+            if limit is not None and waited > limit:
+                raise courier.ServerUnreachableTimeoutError(
+                    f'node {self.node_name} was not serving {where} for {waited:.0f} s; look '
+                    'for its error in the program output.')
+            time.sleep(pause)
+            pause = min(2 * pause, _MAX_LOOKUP if published else _MAX_PAUSE)
+
+    def __repr__(self) -> str:
+        return f'NodeEndpoint({self.node_name}, {self.address})'
+
+
+class NodeClient(courier.Client):
+    """A courier.Client of a node, as `CourierHandle.dereference` makes it (its address is a
+    `NodeEndpoint`): it tries again a blocking call (or a method listing) that could not connect
+    to a node that is up (see the module docstring), and a copy pickled into another node keeps its NodeEndpoint
+    (rather than the endpoint it resolved), so it follows the node's restarts too."""
+
+    def _call(self, method: str, args: tuple, kwargs: dict):
+        return self._patiently(super()._call, method, args, kwargs)
+
+    def _list_methods(self):
+        return self._patiently(super()._list_methods)
+
+    def _patiently(self, call, *args):
+        """`call(*args)`, tried again while it fails to connect to a node that is up (see the
+        module docstring)."""
+        endpoint = self._address  # pylint: disable=no-member
+        started = time.monotonic()
+        while True:
+            fresh = endpoint.fresh
+            try:
+                result = call(*args)
+            except courier.ServerUnavailableError:
+                if not fresh or not _patience_left(endpoint, started) or not endpoint.serving():
+                    raise
+                time.sleep(_MAX_PAUSE)
+                continue
+            if fresh:
+                endpoint.fresh = False
+            return result
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        for key in state:
+            if key.endswith('address'):  # the server's address: the endpoint it resolved
+                state[key] = self._address  # pylint: disable=no-member
+        return state
+
+
+def _patience_left(endpoint: NodeEndpoint, started: float) -> bool:
+    return endpoint.wait and (endpoint.timeout is None
+                              or time.monotonic() - started < endpoint.timeout)
+
+
+def _accepts(endpoint: str) -> bool:
+    """Whether a server accepts connections at `endpoint` (a connection made and closed)."""
+    try:
+        if endpoint.startswith('unix:'):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(_PROBE_TIMEOUT)
+                probe.connect(endpoint[len('unix:'):])
+        else:
+            host, port = endpoint.rsplit(':', 1)
+            socket.create_connection((host.strip('[]'), int(port)), _PROBE_TIMEOUT).close()
+        return True
+    except (OSError, ValueError):
+        return False

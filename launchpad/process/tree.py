@@ -1,0 +1,53 @@
+"""A node's whole process tree: the worker adopts what its node starts, and ends all of it.
+
+A node may start processes of its own (`subprocess.Popen(['sleep', '300'])`, a simulator, a data
+loader). When the node ends (it returns, fails, is stopped, or its launcher dies) they must end
+too. A process group would not do: a child may start a session of its own, and a child whose
+parent exited is re-parented to init, where nothing links it to the node any more. So the worker
+makes itself a *child subreaper* (Linux's `prctl(PR_SET_CHILD_SUBREAPER)`): orphaned descendants
+become its children instead of init's, and `end_descendants` finds every one of them with psutil
+before the worker exits. The fork server of local_mp does the same for what outlives a worker
+killed with SIGKILL. Where prctl is unavailable, only descendants still attached are found.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Makes this process adopt its orphaned descendants (Linux); False where it cannot."""
+    if not sys.platform.startswith('linux'):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6', use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def end_descendants(grace: float = 1.0) -> None:
+    """Ends every descendant of this process: SIGTERM, then SIGKILL to those still alive after
+    `grace` seconds; repeated while new ones appear (a dying child may start another)."""
+    import psutil  # pylint: disable=import-outside-toplevel
+    me = psutil.Process()
+    for _ in range(5):
+        try:
+            found = me.children(recursive=True)
+        except psutil.Error:
+            return
+        if not found:
+            return
+        for signal_them in ('terminate', 'kill'):
+            for process in found:
+                try:
+                    getattr(process, signal_them)()
+                except psutil.Error:
+                    pass
+            _, found = psutil.wait_procs(found, timeout=grace if signal_them == 'terminate'
+                                         else 2.0)
+            if not found:
+                break

@@ -1,0 +1,184 @@
+"""Long runs on threads and local processes: restarts, drops, hangs, fast stops and process trees
+(the programs are in tests/failure_programs.py; tests/launch runs them on the other platforms)."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import launchpad as lp
+from tests import failure_checks as checks
+from tests import failure_programs as programs
+from tests.core.conftest import script_env, wait_until
+
+LAUNCH_TYPES = ['test_mt', 'test_mp']
+
+
+def wait_running(controller, *names, timeout=60):
+    assert wait_until(lambda: all(controller.status()[name].state is lp.NodeState.RUNNING
+                                  for name in names), timeout=timeout), controller.status()
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+def test_a_killed_node_is_restarted_and_its_clients_reach_the_new_one(launch_type, capfd):
+    threads = launch_type == 'test_mt'  # a thread cannot be killed: there it crashes
+    controller = lp.launch(programs.restart_program(crash=threads), launch_type=launch_type)
+    wait_running(controller, 'worker/0', 'prober/0')
+    if not threads:
+        assert wait_until(lambda: 'PROBE first answer' in capfd.readouterr().out, timeout=30)
+        os.kill(controller.status()['worker/0'].pid, signal.SIGKILL)
+    assert controller.wait(timeout=60)
+    status = controller.status()
+    assert (status['worker/0'].state, status['worker/0'].restarts) == (lp.NodeState.FINISHED, 1)
+    assert status['prober/0'].state is lp.NodeState.FINISHED  # it saw attempt 1 answer
+    expected = 'RuntimeError: worker crashed' if threads else 'killed by signal 9'
+    assert expected in status['worker/0'].error
+
+
+def test_sigterm_is_a_preemption_the_restart_policy_covers(capfd):
+    controller = lp.launch(programs.restart_program(), launch_type='test_mp')
+    wait_running(controller, 'worker/0', 'prober/0')
+    assert wait_until(lambda: 'PROBE first answer' in capfd.readouterr().out, timeout=30)
+    os.kill(controller.status()['worker/0'].pid, signal.SIGTERM)
+    assert controller.wait(timeout=60)
+    status = controller.status()['worker/0']
+    assert (status.state, status.restarts) == (lp.NodeState.FINISHED, 1)
+    assert status.error.startswith('SIGTERM: the platform (test_mp) ended this node')
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+def test_drop_hang_and_restart_budget(launch_type):
+    controller = lp.launch(programs.failure_program(deadline=1.5), launch_type=launch_type)
+    error = checks.failed_over_budget(controller)
+    checks.check_reported_hang(error)
+    assert 'progress deadline is 1.5 s' in error.failures[0][0]
+    assert controller.status()['dropped/0'].error == 'ValueError: dropped on purpose'
+
+
+@pytest.mark.parametrize('launch_type, runs', [('test_mt', 2), ('test_mp', 3)])
+def test_stop_ends_nodes_that_do_not_cooperate_at_once_and_kills_none(launch_type, runs):
+    """Acme's DQN shape (a learner loop without a stop handler, actors calling it) and four
+    actors with stop handlers loop-calling a counter, one of which calls lp.stop()."""
+    for _ in range(runs):
+        notice_period = 20.0
+        controller = lp.launch(programs.stop_program(), launch_type=launch_type,
+                               notice_period=notice_period)
+        checks.stopped_promptly(controller, notice_period)
+
+
+class Server:
+    def ping(self):
+        return 'pong'
+
+
+class Broken:
+    def __init__(self):
+        raise ValueError('never serves')
+
+
+def call_broken(broken, server, record: str) -> None:
+    lp.register_stop_handler(lambda: None)  # it cooperates: the stop does not end it at once
+    server.ping()
+    try:
+        broken.ping()  # waits: broken/0 never serves
+    except lp.NodeStoppedError as e:
+        with open(record, 'w') as f:
+            f.write(str(e))
+        raise
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+def test_a_call_waiting_for_a_node_that_is_gone_is_released_by_the_stop(launch_type, tmp_path):
+    record = tmp_path / 'error.txt'
+    program = lp.Program('released')
+    server = program.add_node(lp.CourierNode(Server), label='server')
+    broken = program.add_node(lp.CourierNode(Broken), label='broken',
+                              restart=lp.RestartPolicy(max_restarts=0, on_failure='drop'))
+    program.add_node(lp.PyNode(call_broken, broken, server, str(record)), label='caller')
+    controller = lp.launch(program, launch_type=launch_type, notice_period=20)
+    assert wait_until(lambda: controller.status()['broken/0'].state is lp.NodeState.DROPPED,
+                      timeout=60)
+    wait_running(controller, 'caller/0')
+    time.sleep(0.5)
+    started = time.monotonic()
+    controller.stop()
+    assert time.monotonic() - started < 5  # released at once, not after the 20 s notice
+    assert 'node broken/0 is not serving' in record.read_text()
+    assert 'the program is stopping' in record.read_text()
+    assert controller.status()['caller/0'].state is lp.NodeState.FINISHED  # ended with the stop
+
+
+def test_processes_a_node_started_end_when_it_crashes_or_stops():
+    seconds = random.randint(30000, 39999)
+    controller = lp.launch(programs.spawning_program(seconds), launch_type='test_mp')
+    # spawner/0 crashed: before its process ended, its three sleeps did.
+    assert wait_until(lambda: controller.status()['spawner/0'].exit_code is not None, 60)
+    assert controller.status()['spawner/0'].state is lp.NodeState.DROPPED
+    assert programs.sleepers(seconds) == []
+    assert wait_until(lambda: len(programs.sleepers(seconds + 1)) == 3, timeout=30)
+    controller.stop()  # spawner/1 ends with the program, and so do its three sleeps
+    assert programs.sleepers(seconds + 1) == []
+
+
+LAUNCHER_DIES = '''
+import sys, launchpad as lp
+from tests import failure_checks as checks
+from tests import failure_programs as programs
+program = lp.Program('orphans')
+program.add_node(lp.PyNode(programs.spawn, int(sys.argv[1]), False), label='spawner')  # sleeps
+lp.launch(program, launch_type='local_mp')
+'''
+
+
+def test_processes_a_node_started_end_when_its_launcher_is_killed():
+    seconds = random.randint(40000, 49999)
+    launcher = subprocess.Popen([sys.executable, '-c', LAUNCHER_DIES, str(seconds)],
+                                env=script_env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: len(programs.sleepers(seconds)) == 3, timeout=60)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    killed = time.monotonic()
+    assert wait_until(lambda: programs.sleepers(seconds) == [], timeout=30)
+    assert time.monotonic() - killed < 20
+
+
+def test_a_launcher_that_cannot_restart_fails_the_node_saying_so():
+    program = programs.restart_program(crash=True)
+    controller = lp.launch(program, launch_type='test_mt')
+    controller._runner.restart = None  # pylint: disable=protected-access  (no restart method)
+    with pytest.raises(lp.NodeFailedError) as failure:
+        controller.wait(timeout=60)
+    assert failure.value.node_name == 'worker/0'
+    assert 'could not be restarted: the test_mt launcher cannot restart nodes' in str(
+        failure.value)
+
+
+def test_policies_are_checked_with_the_fix_in_the_message():
+    with pytest.raises(ValueError, match=r"on_failure=...\) must be 'fail'"):
+        lp.RestartPolicy(on_failure='ignore')
+    with pytest.raises(ValueError, match='max_restarts=...\\) must be an int >= 0'):
+        lp.RestartPolicy(max_restarts=-1)
+    with pytest.raises(ValueError, match='window=...\\) must be a number of seconds > 0, or None'):
+        lp.RestartPolicy(window=0)
+    program = lp.Program('p')
+    with pytest.raises(TypeError, match=r'restart= takes an lp.RestartPolicy'):
+        with program.group('a', restart=3):
+            pass
+    with pytest.raises(ValueError, match='progress_deadline must be a number of seconds > 0'):
+        program.add_node(lp.PyNode(print), label='a', progress_deadline=-1)
+    policy = lp.RestartPolicy(max_restarts=1)
+    with program.group('a', restart=policy, progress_deadline=5):
+        program.add_node(lp.PyNode(print))
+        program.add_node(lp.PyNode(print), restart=lp.RestartPolicy(on_failure='drop'))
+    with pytest.raises(lp.ProgramError, match="group 'a' already has restart="):
+        with program.group('a', restart=lp.RestartPolicy(max_restarts=2)):
+            pass
+    assert program.policy_of('a/0').restart is policy
+    assert program.policy_of('a/1').restart.on_failure == 'drop'
+    assert program.policy_of('a/1').progress_deadline == 5

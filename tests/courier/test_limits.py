@@ -1,0 +1,159 @@
+"""The framed server under a hostile or careless load: its limits, and what a client gets at each.
+
+A connection must cost no thread; a server out of file descriptors must serve again once
+they are back; the limits on connections, hellos and calls in flight refuse or pace with a
+clear error instead of failing somewhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import courier
+from courier.transport import _here
+from courier.transport import frames
+from tests.core.conftest import wait_until
+from tests.courier.conftest import NoServersHere, hello_frame, serve_add_and_sleep
+
+
+@pytest.fixture
+def address(socket_dir, monkeypatch):
+    """The address of a server reached through its socket, even from this process."""
+    monkeypatch.setattr(_here, 'servers', NoServersHere())
+    return f'unix:{socket_dir}/s.sock'
+
+
+@contextlib.contextmanager
+def _connections(path: str, count: int, hello: bool):
+    """Opens ``count`` connections to ``path`` (saying hello, or nothing) and closes them after."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_UNIX)
+            socks.append(sock)
+            sock.settimeout(20)
+            sock.connect(path)
+            if hello:
+                sock.sendall(hello_frame())
+        for sock in socks if hello else ():
+            assert frames.HEADER.unpack(_receive(sock, frames.HEADER.size))[0] == frames.WELCOME
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _receive(sock: socket.socket, size: int) -> bytes:
+    data = b''
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_idle_connections_hold_no_thread(make_server, address):
+    before = threading.active_count()
+    server = serve_add_and_sleep(make_server, address, thread_pool_size=4)
+    path = address[len('unix:'):]
+    with _connections(path, 300, hello=True), _connections(path, 300, hello=False):
+        assert threading.active_count() <= before + 1 + 4  # The loop, and at most the pool.
+        client = courier.Client(address, call_timeout=20)
+        assert client.add(1, 2) == 3 and client.futures.add(2, 3).result() == 5
+        assert threading.active_count() <= before + 1 + 4 + 2  # + the client's reader and timer.
+        client.close()
+    server.Stop()
+    assert wait_until(lambda: threading.active_count() <= before, timeout=10)
+
+
+def test_at_the_connection_limit_a_client_is_refused_with_a_clear_error(make_server, address,
+                                                                          monkeypatch):
+    monkeypatch.setenv('COURIER_MAX_CONNECTIONS', '4')
+    server = serve_add_and_sleep(make_server, address)
+    assert server._transport.limits.max_connections == 4  # pylint: disable=protected-access
+    path = address[len('unix:'):]
+    with _connections(path, 4, hello=False):
+        client = courier.Client(address, call_timeout=20)
+        with pytest.raises(courier.ServerUnavailableError, match='max_connections') as info:
+            client.add(1, 2)
+        assert "'add'" in str(info.value) and address in str(info.value)
+        with pytest.raises(courier.ServerUnavailableError, match='max_connections'):
+            client.futures.add(1, 2).result(timeout=20)
+    # The connections closed: the limit no longer applies.
+    assert wait_until(lambda: _call_works(address), timeout=10)
+
+
+def test_one_client_at_its_limit_is_refused(make_server, address, monkeypatch):
+    monkeypatch.setenv('COURIER_MAX_CONNECTIONS_PER_CLIENT', '2')
+    serve_add_and_sleep(make_server, address)
+    with _connections(address[len('unix:'):], 2, hello=True):
+        with pytest.raises(courier.ServerUnavailableError, match='max_connections_per_client'):
+            courier.Client(address, call_timeout=20).add(1, 2)
+    assert wait_until(lambda: _call_works(address), timeout=10)
+
+
+def _call_works(address: str) -> bool:
+    with courier.Client(address, call_timeout=20) as client:
+        try:
+            return client.add(1, 1) == 2
+        except courier.ServerUnavailableError:
+            return False
+
+
+def test_a_connection_that_never_says_hello_is_closed(make_server, address, monkeypatch):
+    monkeypatch.setenv('COURIER_HELLO_TIMEOUT', '1')
+    serve_add_and_sleep(make_server, address)
+    with _connections(address[len('unix:'):], 3, hello=False) as socks:
+        for sock in socks:
+            assert sock.recv(100) == b''  # Closed by the server (the timeout would raise).
+
+
+def test_calls_beyond_the_in_flight_limit_wait_their_turn(make_server, address, monkeypatch):
+    monkeypatch.setenv('COURIER_MAX_CALLS_IN_FLIGHT', '3')
+    serve_add_and_sleep(make_server, address, thread_pool_size=8)
+    client = courier.Client(address, call_timeout=30)
+    futures = [client.futures.sleep(0.01) for _ in range(40)]
+    assert [future.result() for future in futures] == ['slept'] * 40
+
+
+_EXHAUSTED_SERVER = '''
+import logging, resource, sys, time
+import courier
+logging.basicConfig(level=logging.WARNING)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+server = courier.Server(address=sys.argv[1])
+server.Bind('add', lambda x, y: x + y)
+server.Start()
+print('serving', flush=True)
+sys.stdin.read()  # Until the test closes it.
+server.Stop()
+'''
+
+
+def test_a_server_out_of_file_descriptors_serves_again_once_they_are_back(
+        socket_dir, subprocess_env, address):
+    environment = {**subprocess_env, 'COURIER_MAX_CONNECTIONS': '100000'}
+    child = subprocess.Popen([sys.executable, '-c', textwrap.dedent(_EXHAUSTED_SERVER), address],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=environment)
+    try:
+        assert child.stdout.readline().strip() == 'serving'
+        path = address[len('unix:'):]
+        with _connections(path, 150, hello=False):  # Far more than its 64 descriptors.
+            time.sleep(0.5)
+        assert wait_until(lambda: _call_works(address), timeout=20)
+        with courier.Client(address, call_timeout=20) as client:
+            assert client.futures.add(2, 2).result() == 4
+    finally:
+        _, errors = child.communicate('', timeout=30)
+    assert child.returncode == 0, errors[-3000:]
+    assert 'cannot accept connections' in errors and 'Too many open files' in errors
