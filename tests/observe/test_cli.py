@@ -74,13 +74,15 @@ def _look_then_stop(process: subprocess.Popen, launch_type: str) -> dict:
         assert f'Stopped observed ({entry.id})' in stopped.stdout
         assert dashboard.wait(timeout=30) == 0
         assert 'ended' in dashboard.stdout.read()
+        # It sees the end at its next poll, which may come after the dashboard's.
+        _, follow_err = follow.communicate(timeout=30)
+        assert follow.returncode == 0, follow_err
+        assert 'ended' in follow_err
     finally:
         for child in (follow, locals().get('dashboard')):
             if child is not None and child.poll() is None:
                 child.kill()
                 child.wait()
-    assert follow.wait(timeout=30) == 0
-    assert 'ended' in follow.stderr.read()
     out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
     assert running('observed') is None
