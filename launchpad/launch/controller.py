@@ -210,7 +210,7 @@ class Controller:
                         running.append(name)
                     else:
                         self._coordinator.executable_exited(name, code, self._last_output(name))
-                self._restart_due()
+                running += self._restart_due()
                 if not running and not self._coordinator.restarts_pending:
                     break
                 stop_time = self._coordinator.stop_time
@@ -239,8 +239,10 @@ class Controller:
         last_output = getattr(self._runner, 'last_output', None)
         return last_output(name) if last_output is not None else ''
 
-    def _restart_due(self) -> None:
-        """Starts again the nodes whose restart is due; a node that cannot be restarted fails."""
+    def _restart_due(self) -> List[str]:
+        """Starts again the nodes whose restart is due, and returns them (they run now, though
+        the poll before did not see them); a node that cannot be restarted fails."""
+        restarted = []
         for name in self._coordinator.due_restarts(time.monotonic()):
             restart = getattr(self._runner, 'restart', None)
             if restart is None:
@@ -254,6 +256,8 @@ class Controller:
                 self._coordinator.restart_failed(name, f'{type(e).__name__}: {e}')
             else:
                 self._coordinator.node_restarted(name)
+                restarted.append(name)
+        return restarted
 
     # A program launched in the foreground runs to the end when the script ends, and handles
     # Ctrl-C / SIGTERM; `lp.launch` calls these.
