@@ -180,21 +180,39 @@ class Client:
             future.set_exception(error)
             return future
         address, calls, started = transport.address, self._calls, metrics.clock()
+        counted = False  # by whichever comes first: the response, or the transport's error
 
         def finish(response: wire.Response) -> Any:
+            nonlocal counted
             try:
                 result = _result(method, address, response)
             except BaseException:
-                calls.record(method, started, True)
+                if not counted:
+                    counted = True
+                    calls.record(method, started, True)
                 raise
-            calls.record(method, started, False)
+            if not counted:
+                counted = True
+                calls.record(method, started, False)
             return result
 
+        # Resolves a callable address again after the server was found unavailable.
+        server_gone = self._server_gone if callable(self._address) else None
+
+        def ended(done: concurrent.futures.Future) -> None:
+            """Counts a call that failed without a response (timed out, unreachable, closed)."""
+            nonlocal counted
+            error = None if done.cancelled() else done.exception()
+            if error is None:
+                return
+            if not counted:
+                counted = True
+                calls.record(method, started, True)
+            if server_gone is not None and isinstance(error, errors.ServerUnavailableError):
+                server_gone(transport)
+
         future = transport.call_async(method, data, buffers, self._call_timeout, finish)
-        if callable(self._address):
-            future.add_done_callback(lambda done: isinstance(
-                done.exception() if not done.cancelled() else None,
-                errors.ServerUnavailableError) and self._server_gone(transport))
+        future.add_done_callback(ended)
         return future
 
     def _list_methods(self) -> List[str]:

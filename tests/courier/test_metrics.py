@@ -40,8 +40,11 @@ def test_a_call_that_times_out_is_a_client_error_and_a_served_call(server):
     client = courier.Client(server.address, call_timeout=0.05)
     with pytest.raises(courier.CallTimeoutError):
         client.sleep(0.5)
+    late = client.futures.sleep(0.5)
+    with pytest.raises(courier.CallTimeoutError):
+        late.result()
     made = _table('client', server.address)['sleep']
-    assert (made['calls'], made['errors']) == (1, 1)
+    assert (made['calls'], made['errors']) == (2, 2)
 
 
 def test_unknown_methods_are_not_counted_by_the_server(server):
@@ -120,3 +123,38 @@ def test_calls_from_many_threads_are_all_counted(server):
     for role in ('server', 'client'):
         counted = _table(role, server.address)['add']
         assert counted['calls'] == 1600 and sum(counted['buckets']) == 1600
+
+
+def test_calls_after_close_are_client_errors(server):
+    client = courier.Client(server.address)
+    assert client.add(1, 1) == 2
+    client.close()
+    with pytest.raises(courier.ServerUnavailableError):
+        client.add(2, 2)
+    with pytest.raises(courier.ServerUnavailableError):
+        client.futures.add(3, 3).result()
+    made = _table('client', server.address)['add']
+    assert (made['calls'], made['errors']) == (3, 2)
+    assert _table('server', server.address)['add']['calls'] == 1
+
+
+def test_a_client_that_moves_to_a_new_server_counts_its_calls_there(make_server, socket_dir):
+    addresses = iter([f'unix:{socket_dir}/old.sock', f'unix:{socket_dir}/new.sock'])
+    current = [next(addresses)]
+    old = make_server(address=current[0])
+    old.Bind('add', lambda x, y: x + y)
+    old.Start()
+    client = courier.Client(lambda: current[0], wait_for_ready=False)
+    assert client.add(1, 1) == 2
+    old.Stop()
+    with pytest.raises(courier.ServerUnavailableError):
+        client.add(2, 2)  # counted as failed, and the next call resolves the address again
+    made = _table('client', old.address)['add']
+    assert (made['calls'], made['errors']) == (2, 1)
+    current[0] = next(addresses)
+    new = make_server(address=current[0])
+    new.Bind('add', lambda x, y: x + y)
+    new.Start()
+    assert client.add(3, 3) == 6
+    made = _table('client', new.address)['add']
+    assert (made['calls'], made['errors']) == (1, 0)
