@@ -10,7 +10,8 @@ process, as in courier_bench.py, and this process calls it:
   futures   calls/s with 64 calls in flight through client.futures
 
   paths     the CPU time of courier's own code for one no-op call, without a socket: the client
-            against a transport that answers at once, and the server's call handling; counting
+            against a transport that answers at once (sync calls, and futures), and the server's
+            call handling; counting
             on and off alternate in one process, so the difference is what counting adds
 
 It prints the median of each over the rounds and the ratio on/off (1.00: free). On a busy
@@ -35,12 +36,14 @@ import courier
 from courier import metrics
 from courier import serialization
 from courier import wire
+from courier.transport import _base
 
 import courier_bench
 
 MEASURES = {'sync': 'sync calls/s', 'futures': 'futures calls/s',
             'client_cpu_us': 'sync: client CPU us/call', 'server_cpu_us': 'sync: server CPU us/call',
-            'client_path_us': 'client code us/call', 'server_path_us': 'server code us/call'}
+            'client_path_us': 'client code us/call', 'server_path_us': 'server code us/call',
+            'futures_path_us': 'client futures us/call'}
 SOCKET_MEASURES = ('sync', 'futures', 'client_cpu_us', 'server_cpu_us')
 PATH_ROUNDS_PER_ROUND = 20
 
@@ -103,6 +106,11 @@ class _Instant:
         del method, data, buffers, timeout
         return wire.Response(wire.OK, self._result[0], list(self._result[1]))
 
+    def call_async(self, method, data, buffers, timeout, finish):
+        future = _base.CallFuture()
+        future.resolve(finish, self.call(method, data, buffers, timeout))
+        return future
+
 
 def measure_paths(rounds: int, calls: int = 2000) -> Dict[str, Dict[str, List[float]]]:
     """CPU microseconds of courier's client and server code per no-op call, counting on and off
@@ -122,8 +130,8 @@ def measure_paths(rounds: int, calls: int = 2000) -> Dict[str, Dict[str, List[fl
                     server.Bind('noop', lambda: None)
                     server.Start()
                 sides['on' if enabled else 'off'] = (client, server)
-            results = {counting: {'client_path_us': [], 'server_path_us': []}
-                       for counting in sides}
+            results = {counting: {'client_path_us': [], 'server_path_us': [],
+                                  'futures_path_us': []} for counting in sides}
             for index in range(rounds):
                 for counting in (('on', 'off') if index % 2 == 0 else ('off', 'on')):
                     client, server = sides[counting]
@@ -135,8 +143,14 @@ def measure_paths(rounds: int, calls: int = 2000) -> Dict[str, Dict[str, List[fl
                     for _ in range(calls):
                         handle('noop', arguments, [])
                     ended = time.process_time()
+                    start_future = client.futures.noop
+                    for _ in range(calls):
+                        start_future().result()
+                    futures_ended = time.process_time()
                     results[counting]['client_path_us'].append((middle - started) / calls * 1e6)
                     results[counting]['server_path_us'].append((ended - middle) / calls * 1e6)
+                    results[counting]['futures_path_us'].append(
+                        (futures_ended - ended) / calls * 1e6)
         finally:
             transport.connect = connect
             for _, server in sides.values():
@@ -159,11 +173,17 @@ def run(transports: List[str], seconds: float, rounds: int) -> Dict[str, Dict[st
 
 
 def print_table(results: Dict[str, Dict[str, Dict]]) -> None:
-    print(f'{"":6} {"":24} {"counting on":>12} {"off":>12} {"on/off":>7}')
+    """Medians, their ratio, and the spread of the rounds' own on/off ratios (their middle
+    half, 25th to 75th percentile): the noise floor a ratio must stand out of."""
+    print(f'{"":6} {"":24} {"counting on":>12} {"off":>12} {"on/off":>7} {"rounds 25-75%":>14}')
     for transport, runs in results.items():
         for name in runs['on']:
             on, off = statistics.median(runs['on'][name]), statistics.median(runs['off'][name])
-            print(f'{transport:6} {MEASURES[name]:24} {on:12,.2f} {off:12,.2f} {on / off:7.3f}')
+            ratios = [a / b for a, b in zip(runs['on'][name], runs['off'][name])]
+            low, _, high = (statistics.quantiles(ratios, n=4) if len(ratios) > 1
+                            else ratios * 3)
+            print(f'{transport:6} {MEASURES[name]:24} {on:12,.2f} {off:12,.2f} {on / off:7.3f} '
+                  f'{low:6.3f}-{high:.3f}')
 
 
 def main() -> None:

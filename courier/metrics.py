@@ -5,7 +5,8 @@ Every started :class:`courier.Server` and every connected :class:`courier.Client
 total and a histogram of their latencies (upper bounds :data:`LATENCY_BUCKETS`). A server counts
 the time its method took (unpickling and pickling included) and a failure when the response is not
 a result; a client counts the whole round trip and a failure when the call raised, whether the
-error was the remote method's or the transport's.
+error was the remote method's or the transport's (a future that fails without any response, e.g.
+timed out, is not counted: counting it would take a callback per future).
 
 :func:`snapshot` reads every live table of the process, which is what launchpad's nodes send to
 their program. Recording costs a clock read and a few increments of the calling thread's own

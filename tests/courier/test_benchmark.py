@@ -30,7 +30,7 @@ def test_metrics_cost_benchmark_smoke(capsys, monkeypatch):
     for counting in ('on', 'off'):
         for measure in ('sync', 'futures', 'client_cpu_us', 'server_cpu_us'):
             assert results['uds'][counting][measure][0] > 0
-        for measure in ('client_path_us', 'server_path_us'):
+        for measure in ('client_path_us', 'server_path_us', 'futures_path_us'):
             assert results['paths'][counting][measure][0] > 0
     bench.print_table(results)
     printed = capsys.readouterr().out
