@@ -22,6 +22,23 @@ def test_a_bad_dashboard_option_fails_before_anything_starts(runtime_dir):
         lp.launch(nodes.agent('unused'), launch_type='test_mt', dashboard='yes')
 
 
+def test_several_programs_get_a_dashboard_each_on_free_ports(runtime_dir, tmp_path):
+    del runtime_dir
+    programs = [nodes.agent(str(tmp_path / 'never')) for _ in range(2)]
+    with pytest.raises(ValueError, match=r'several programs .* pass dashboard=True'):
+        lp.launch(programs, launch_type='test_mt', dashboard=8765)
+    controllers = lp.launch(programs, launch_type='test_mt', dashboard=True)
+    try:
+        urls = [controller.observer.dashboard_url for controller in controllers]
+        assert len(set(urls)) == 2 and all(url.startswith('http://127.0.0.1:') for url in urls)
+        assert len({controller.observer.entry.id for controller in controllers}) == 2
+    finally:
+        controllers.stop()
+        controllers.wait()
+        for controller in controllers:
+            controller.observer.close()
+
+
 def test_without_its_extra_the_dashboard_names_the_extra(runtime_dir, monkeypatch):
     del runtime_dir
     monkeypatch.setitem(sys.modules, 'aiohttp', None)  # makes `import aiohttp` fail
