@@ -24,7 +24,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # Upper bounds, in seconds, of the latency histogram's buckets; the last one catches the rest.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -56,7 +56,9 @@ class CallTable:
     """The calls of one server or one client, per method (see the module docstring).
 
     Each thread records into counts of its own, so recording takes no lock and no increment
-    can be lost, with or without the GIL; `read` adds up the threads' counts.
+    can be lost, with or without the GIL; `read` adds up the threads' counts. When a thread
+    first records, the counts of threads that ended are folded into one, so that a table holds
+    counts per live thread however many threads came and went.
 
     Attributes:
       role: ``'server'`` or ``'client'``.
@@ -64,15 +66,17 @@ class CallTable:
       owner: who made it, as the function given to :func:`set_owner` said (None: nobody said).
     """
 
-    __slots__ = ('role', 'address', 'owner', '_local', '_shards', '_lock', '__weakref__')
+    __slots__ = ('role', 'address', 'owner', '_local', '_shards', '_ended', '_lock',
+                 '__weakref__')
 
     def __init__(self, role: str, address: str, owner: Optional[str]):
         self.role = role
         self.address = address
         self.owner = owner
         self._local = threading.local()  # .methods: this thread's name -> counts
-        self._shards: List[Dict[str, list]] = []  # every thread's .methods, kept when it ends
-        self._lock = threading.Lock()  # guards _shards
+        self._shards: List[Tuple[threading.Thread, Dict[str, list]]] = []  # (thread, .methods)
+        self._ended: Dict[str, list] = {}  # the counts of threads that ended, added up
+        self._lock = threading.Lock()  # guards _shards and _ended
 
     def record(self, method: str, started: float, failed: bool) -> None:
         """Counts one call of ``method`` that began at ``clock()`` time ``started``."""
@@ -93,14 +97,21 @@ class CallTable:
         if methods is None:
             methods = self._local.methods = {}
             with self._lock:
-                self._shards.append(methods)
+                live = []
+                for thread, counts in self._shards:
+                    if thread.is_alive():
+                        live.append((thread, counts))
+                    else:  # it records no more
+                        _add(self._ended, counts)
+                live.append((threading.current_thread(), methods))
+                self._shards = live
         stats = methods[method] = [0, 0, 0.0, [0] * len(LATENCY_BUCKETS)]
         return stats
 
     def read(self) -> Dict[str, Any]:
         """This table as plain data: role, address, owner and per method its counts."""
         with self._lock:
-            shards = list(self._shards)
+            shards = [_add({}, self._ended)] + [counts for _, counts in self._shards]
         methods: Dict[str, Dict[str, Any]] = {}
         for shard in shards:
             for name, (calls, errors, seconds, buckets) in list(shard.items()):
@@ -115,6 +126,17 @@ class CallTable:
 
     def __repr__(self) -> str:
         return f'courier.metrics.CallTable({self.role}, {self.address!r}, owner={self.owner!r})'
+
+
+def _add(total: Dict[str, list], counts: Dict[str, list]) -> Dict[str, list]:
+    """Adds one thread's `counts` (method -> [calls, errors, seconds, buckets]) to `total`."""
+    for name, (calls, errors, seconds, buckets) in list(counts.items()):
+        stats = total.setdefault(name, [0, 0, 0.0, [0] * len(LATENCY_BUCKETS)])
+        stats[0] += calls
+        stats[1] += errors
+        stats[2] += seconds
+        stats[3] = [a + b for a, b in zip(stats[3], list(buckets))]
+    return total
 
 
 class _Uncounted:

@@ -156,3 +156,17 @@ def test_a_client_that_moves_to_a_new_server_counts_its_calls_there(make_server,
     assert client.add(3, 3) == 6
     made = _table('client', new.address)['add']
     assert (made['calls'], made['errors']) == (1, 0)
+
+
+def test_threads_that_ended_keep_their_counts_and_leave_no_counts_of_their_own():
+    table = metrics.CallTable('client', 'unix:/nowhere', None)
+    for index in range(50):  # one thread after another, each gone before the next starts
+        worker = threading.Thread(target=table.record,
+                                  args=('f', metrics.clock(), index % 10 == 0))
+        worker.start()
+        worker.join()
+    table.record('g', metrics.clock(), False)  # this thread's counts fold the ended ones
+    assert len(table._shards) == 1  # pylint: disable=protected-access  (this thread's only)
+    methods = table.read()['methods']
+    assert (methods['f']['calls'], methods['f']['errors']) == (50, 5)
+    assert sum(methods['f']['buckets']) == 50 and methods['g']['calls'] == 1
