@@ -28,6 +28,7 @@ from launchpad.nodes.courier import CourierClient, CourierHandle, CourierNode
 from launchpad.nodes.endpoint import NodeStoppedError
 from launchpad.nodes.python import PyClassNode, PyNode
 from launchpad.nodes.reverb import ReverbHandle, ReverbNode
+from launchpad.observe.report import count, report
 from launchpad.pool import Pool, PoolWorker, PoolWorkerNode
 from launchpad.policy import RestartPolicy
 from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus
@@ -56,11 +57,11 @@ __all__ = [
     'NodePicklingError', 'NodeState', 'NodeStatus', 'NodeStoppedError', 'Pool', 'PoolWorker',
     'PoolWorkerNode', 'Program', 'ProgramError', 'PyClassNode', 'PyNode', 'PythonProcess',
     'ReverbHandle', 'ReverbNode', 'RestartPolicy', 'SlurmController', 'SlurmError',
-    'SlurmResources', 'SshHost', 'SshHosts', 'batched_handler', 'context', 'dataflow',
+    'SlurmResources', 'SshHost', 'SshHosts', 'batched_handler', 'context', 'count', 'dataflow',
     'executables_of', 'get_context', 'get_port_from_address', 'heartbeat', 'is_local_launch',
     'is_local_launch_or_test', 'launch', 'make_program', 'make_program_stopper',
-    'program_to_manifests', 'register_launcher', 'register_stop_handler', 'stop', 'stop_event',
-    'unregister_stop_handler', 'wait_for_stop',
+    'program_to_manifests', 'register_launcher', 'register_stop_handler', 'report', 'stop',
+    'stop_event', 'unregister_stop_handler', 'wait_for_stop',
 ]
 
 

@@ -36,6 +36,7 @@ LAYERS = [
     ('launchpad.dataflow', 10),              # dataflow operators: courier clients only
     ('launchpad.policy', 10),
     ('launchpad.address', 11),
+    ('launchpad.observe.report', 11),       # what a node reports: lp.report, its calls
     ('launchpad.process', 12),
     ('launchpad.nodes', 13),
     ('launchpad.pool.results', 12),          # what a pool's callers wait on
@@ -43,6 +44,8 @@ LAYERS = [
     ('launchpad.pool.worker', 13),           # the pool worker and its node
     ('launchpad.program', 14),
     ('launchpad.launch.controller', 15),
+    ('launchpad.observe.cli', 16),          # the commands looking at running programs
+    ('launchpad.observe', 15),              # registry, observer, dashboard: lp.launch uses them
     ('launchpad.launch.launcher', 15),
     ('launchpad.launch.__main__', 17),
     ('launchpad.launch', 16),  # the platforms: threads, processes, ssh, slurm, kubernetes
