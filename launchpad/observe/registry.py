@@ -134,7 +134,9 @@ def unregister(program_id: str) -> None:
 
 
 def entries() -> List[Entry]:
-    """Every registered program that is still running, oldest first; prunes the others."""
+    """Every registered program that is still running and whose observer listens, oldest
+    first; prunes the others. (A program is registered just before its observer binds its
+    socket: until then it is left out, so what is listed can be called.)"""
     folder = directory(create=False)
     if not folder.exists():
         return []
@@ -144,10 +146,10 @@ def entries() -> List[Entry]:
             entry = Entry(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             continue  # being written, or not ours to read
-        if _alive(entry):
-            found.append(entry)
-        else:
+        if not _alive(entry):
             unregister(entry.id)
+        elif path.with_suffix('.sock').exists():
+            found.append(entry)
     _remove_orphan_sockets(folder)
     return sorted(found, key=lambda entry: entry.started)
 

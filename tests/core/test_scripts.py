@@ -122,8 +122,8 @@ SLOW_LAUNCH_PROGRAM = textwrap.dedent('''
         foreground = True
 
         def launch(self, program, options):
-            open(os.path.join(REPORT_DIR, 'launching'), 'w').close()
-            try:
+            try:  # (the test signals once 'launching' exists: it must be inside the try)
+                open(os.path.join(REPORT_DIR, 'launching'), 'w').close()
                 time.sleep(60)
             except BaseException as e:
                 with open(os.path.join(REPORT_DIR, 'undone'), 'w') as f:

@@ -15,9 +15,17 @@ def _entry(name: str, **fields) -> registry.Entry:
                           address='unix:/nowhere', token='t', **fields)
 
 
+def _listening(entry: registry.Entry) -> None:
+    """Registers `entry` and makes its socket, as an observer does when it binds."""
+    registry.register(entry)
+    open(registry.socket_path(entry.id), 'w').close()
+
+
 def test_entries_are_private_files_in_a_private_directory(runtime_dir):
     entry = _entry('my program/1')
     registry.register(entry)
+    assert registry.entries() == []  # not listed until its observer listens
+    open(registry.socket_path(entry.id), 'w').close()
     assert entry.id.startswith('my-program-1-')
     assert os.stat(runtime_dir).st_mode & 0o777 == 0o700
     assert os.stat(os.path.join(runtime_dir, f'{entry.id}.json')).st_mode & 0o777 == 0o600
@@ -29,11 +37,11 @@ def test_entries_are_private_files_in_a_private_directory(runtime_dir):
 def test_a_program_whose_launcher_is_gone_is_pruned(runtime_dir):
     done = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'],
                           capture_output=True, text=True, check=True)
-    registry.register(_entry('dead', pid=int(done.stdout)))
+    _listening(_entry('dead', pid=int(done.stdout)))
     alive = _entry('alive')
-    registry.register(alive)
+    _listening(alive)
     assert registry.entries() == [alive]
-    assert sorted(os.listdir(runtime_dir)) == [f'{alive.id}.json']
+    assert sorted(os.listdir(runtime_dir)) == [f'{alive.id}.json', f'{alive.id}.sock']
     registry.unregister(alive.id)
 
 
@@ -51,7 +59,7 @@ def test_find_by_id_its_start_or_name_and_say_what_runs_otherwise(runtime_dir):
     del runtime_dir
     first, second = _entry('twin'), _entry('twin')
     for entry in (first, second):
-        registry.register(entry)
+        _listening(entry)
     assert registry.find(first.id) == first
     assert registry.find(second.id[:-1]) == second
     with pytest.raises(registry.RegistryError, match='2 running programs match .twin.'):
