@@ -36,10 +36,13 @@ from cartpole import Adam, RolloutWorker, policy_gradient  # noqa: E402  (beside
 _ACTORS = flags.DEFINE_integer('actors', 1, 'Actors at the start.')
 _MAX_ACTORS = flags.DEFINE_integer('max_actors', 6, 'Most actors the policy may start.')
 _EPISODES = flags.DEFINE_integer('episodes', 2, 'Episodes each actor plays per round.')
-_ROUNDS = flags.DEFINE_integer('rounds', 150, 'Most training rounds.')
-_TARGET = flags.DEFINE_float('target', 150.0, 'Average return (last 5 rounds) that ends training.')
+_ROUNDS = flags.DEFINE_integer('rounds', 1000, 'Most training rounds.')
+_LEARNING_RATE = flags.DEFINE_float('learning_rate', 0.03, 'Step size of the (Adam) updates.')
+_STEP_MS = flags.DEFINE_float('step_ms', 0.3, 'Milliseconds an environment step takes (numpy '
+                              'CartPole takes microseconds; real simulators take longer).')
+_TARGET = flags.DEFINE_float('target', 190.0, 'Average return (last 5 rounds) that ends training.')
 _INTERVAL = flags.DEFINE_float('interval', 0.5, 'Seconds between two asks of the scaling policy.')
-_ROUND = flags.DEFINE_float('policy_round', 2.0, 'Seconds over which the policy measures progress.')
+_ROUND = flags.DEFINE_float('policy_round', 1.5, 'Seconds over which the policy measures progress.')
 _BUDGET = flags.DEFINE_float('budget', None, 'Actor-seconds the actors may use in all.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Random seed.')
 _RESULTS = flags.DEFINE_string('results', None, 'Write the timeline and decisions to this JSON.')
@@ -48,10 +51,23 @@ _PLOT = flags.DEFINE_string('plot', None, 'Write the plot of actors and return t
 _WINDOW = 5  # rounds averaged for the average return
 
 
-def learner(actors, episodes: int, rounds: int, target: float,
+class Actor(RolloutWorker):
+    """A rollout worker whose environment steps take `step_ms` milliseconds each."""
+
+    def __init__(self, seed: int, episodes: int, step_ms: float):
+        super().__init__(seed, episodes)
+        self._step_seconds = step_ms / 1000
+
+    def sample(self):
+        batch = super().sample()
+        time.sleep(len(batch['actions']) * self._step_seconds)
+        return batch
+
+
+def learner(actors, episodes: int, rounds: int, learning_rate: float, target: float,
             results_path: Optional[str]) -> None:
     """Trains in rounds on whichever actors are members; records (time, actors, return)."""
-    adam = Adam(np.zeros((2, 5)), learning_rate=0.1)
+    adam = Adam(np.zeros((2, 5)), learning_rate=learning_rate)
     returns: List[float] = []
     timeline = []
     started = time.monotonic()
@@ -83,21 +99,22 @@ def learner(actors, episodes: int, rounds: int, target: float,
     lp.stop()
 
 
-def make_program(actors: int, max_actors: int, episodes: int, rounds: int, target: float,
-                 budget: Optional[float], policy_round: float, interval: float, seed: int,
+def make_program(actors: int, max_actors: int, episodes: int, step_ms: float, rounds: int,
+                 learning_rate: float, target: float, budget: Optional[float],
+                 policy_round: float, interval: float, seed: int,
                  results_path: Optional[str]) -> lp.Program:
     program = lp.Program('elastic_actors')
     seeds = iter(range(seed * 1000, seed * 1000 + 1000))
 
     def make_actor():
-        return lp.CourierNode(RolloutWorker, next(seeds), episodes)
+        return lp.CourierNode(Actor, next(seeds), episodes, step_ms)
 
     elastic = lp.Elastic(make_node=make_actor, min_size=1, max_size=max_actors, budget=budget)
     with program.group('actor', elastic=elastic):
         for _ in range(actors):
             program.add_node(make_actor())
-    program.add_node(lp.PyNode(learner, program.group_handle('actor'), episodes, rounds, target,
-                               results_path), label='learner')
+    program.add_node(lp.PyNode(learner, program.group_handle('actor'), episodes, rounds,
+                               learning_rate, target, results_path), label='learner')
     program.set_scaling_policy(lp.ProgressPerActorPolicy(
         actors='actor', learner='learner', metric='avg_return', round=policy_round),
         interval=interval)
@@ -122,7 +139,9 @@ def plot(path: str, timeline, decisions) -> None:
                label='average return (learner progress)')
     right.set_ylabel('average return', color='tab:orange')
     left.set_title('Elastic actors: ProgressPerActorPolicy on CartPole (faint lines: decisions)')
-    figure.legend(loc='lower right')
+    left.yaxis.get_major_locator().set_params(integer=True)
+    handles = left.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    left.legend(handles, [h.get_label() for h in handles], loc='upper left')
     figure.tight_layout()
     figure.savefig(path, dpi=100)
 
@@ -134,9 +153,10 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError('--actors must be between 1 and --max_actors.')
     results = _RESULTS.value or (os.path.splitext(_PLOT.value)[0] + '.json' if _PLOT.value
                                  else None)
-    program = make_program(_ACTORS.value, _MAX_ACTORS.value, _EPISODES.value, _ROUNDS.value,
-                           _TARGET.value, _BUDGET.value, _ROUND.value, _INTERVAL.value,
-                           _SEED.value, os.path.abspath(results) if results else None)
+    program = make_program(_ACTORS.value, _MAX_ACTORS.value, _EPISODES.value, _STEP_MS.value,
+                           _ROUNDS.value, _LEARNING_RATE.value, _TARGET.value, _BUDGET.value,
+                           _ROUND.value, _INTERVAL.value, _SEED.value,
+                           os.path.abspath(results) if results else None)
     controller = lp.launch(program)
     controller.wait()
     decisions = controller.scaling_log
