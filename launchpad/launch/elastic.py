@@ -17,6 +17,7 @@ and `resize` called from elsewhere (the launching script, a scaling policy's dec
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import queue
 import threading
@@ -263,9 +264,9 @@ def gather_metrics(coordinator, program_name: str) -> Dict[str, Dict[str, float]
     if callable(metrics):
         snapshots.extend(metrics().values())
     try:
-        from launchpad.observe import report  # pylint: disable=import-outside-toplevel
+        report = importlib.import_module('launchpad.observe.report')
         snapshots.append(report.snapshot(program_name))
-    except ImportError:
+    except ImportError:  # a launchpad without lp.report
         pass
     for snapshot in snapshots:
         for owner, values in (snapshot or {}).get('values', {}).items():
