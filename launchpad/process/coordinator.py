@@ -223,9 +223,9 @@ class Coordinator:
                     if not self._nodes[name].state.ended}
 
     def has_left(self, name: str) -> bool:
-        """Whether node `name` was removed from the program (or never was part of it)."""
+        """Whether node `name` was removed from the program."""
         with self._changed:
-            return name in self._removing or name not in self._nodes
+            return name in self._removing
 
     def members(self, label: str) -> List[Tuple[str, List[str]]]:
         """The live members of group `label`: (name, address ids) of each node that runs, was
