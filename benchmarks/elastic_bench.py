@@ -38,7 +38,8 @@ class Echo:
         return 'pong'
 
 
-def measure(launch_type: str, adds: int, resources: Optional[dict] = None) -> Dict[str, List[float]]:
+def measure(launch_type: str, adds: int,
+            resources: Optional[dict] = None) -> Dict[str, List[float]]:
     os.environ.setdefault('LAUNCHPAD_LOGGING_DIR', tempfile.mkdtemp(prefix='elastic-bench-'))
     program = lp.Program('elastic_bench')
     with program.group('echo', elastic=lp.Elastic(make_node=lambda: lp.CourierNode(Echo))):

@@ -52,7 +52,8 @@ _PLATFORM_NAMES = {
 
 __all__ = [
     'Address', 'CacherNode', 'ColocationNode', 'Controller', 'Controllers', 'CourierClient',
-    'CourierHandle', 'CourierNode', 'Elastic', 'Executable', 'GroupClient', 'GroupHandle', 'Handle', 'KubernetesResources',
+    'CourierHandle', 'CourierNode', 'Elastic', 'Executable', 'GroupClient', 'GroupHandle',
+    'Handle', 'KubernetesResources',
     'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType', 'Launcher',
     'MultiProcessingColocation', 'MultiThreadingColocation', 'Node', 'NodeFailedError',
     'NodeLeftError', 'NodePicklingError', 'NodeState', 'NodeStatus', 'NodeStoppedError', 'Pool',

@@ -54,8 +54,9 @@ class Runner(Protocol):
     # Optional: `last_output(name) -> str`, the last lines an executable printed, which explain
     # its end when it exits without reporting an error.
     # Optional, for nodes added to the running program (`launchpad.launch.elastic`):
-    # `add_executable(label, executable, policy)` starts a new executable as the launch started the others;
-    # `remove(name)` gives one node the stop, where its worker does not watch the coordinator.
+    # `add_executable(label, executable, policy)` starts a new executable as the launch started
+    # the others; `remove(name)` gives one node the stop, where its worker does not watch the
+    # coordinator.
 
 
 class ProcessRunner:

@@ -197,13 +197,14 @@ def test_groups_with_equal_resources_share_one_component(tmp_path):
 
 def test_an_elastic_group_reserves_its_room_to_grow_and_the_script_runs_added_steps(tmp_path):
     program = actor_learner(actors=2)
-    options = lp.LaunchOptions('slurm', resources={'actor': lp.SlurmResources(cpus=1)})
+    options = lp.LaunchOptions('slurm', resources={'actor': lp.SlurmResources(cpus=2)})
     components = plan(lp.executables_of(program, options), options.resources, str(tmp_path),
                       spare={'actor': 4})
     assert [(len(c.steps), c.spare) for c in components] == [(1, 0), (2, 4)]
     script = batch_script('al', components, str(tmp_path), {i: f'{i}.spec' for i in range(3)},
                           growing=True)
-    assert '#SBATCH --ntasks=6' in script and '"$run"/*.add' in script
+    assert '#SBATCH --ntasks=1\n' in script and '#SBATCH --ntasks=6\n' in script
+    assert '"$run"/*.add' in script
     assert '.add' not in batch_script('al', components, str(tmp_path),
                                       {i: f'{i}.spec' for i in range(3)})
 
