@@ -11,7 +11,12 @@ TEST_REQUIRES = [
     'kubernetes-validate>=1.28',
     'kubernetes>=28',        # the kubernetes launcher's API layer, against a canned server
     'pyyaml>=6',
+    'aiohttp>=3.8',          # the dashboard (DASHBOARD_REQUIRES), tested in a real browser:
+    'prometheus_client>=0.16',
+    'playwright>=1.40',      # drives Debian's chromium; never downloads a browser of its own
 ]
+
+DASHBOARD_REQUIRES = ['aiohttp>=3.8', 'prometheus_client>=0.16']
 
 setuptools.setup(
     name='launchpad',
@@ -21,6 +26,7 @@ setuptools.setup(
     long_description=open('README.md').read(),
     long_description_content_type='text/markdown',
     packages=setuptools.find_packages(include=['launchpad', 'launchpad.*', 'courier', 'courier.*']),
+    package_data={'launchpad.observe': ['static/*']},  # the dashboard's page, script and style
     python_requires='>=3.9',
     install_requires=[
         'grpcio>=1.76.0',
@@ -34,6 +40,7 @@ setuptools.setup(
         'test': TEST_REQUIRES,
         'reverb': ['dm-reverb>=0.14.0', 'tensorflow~=2.15.0'],
         'kubernetes': ['kubernetes>=28', 'pyyaml>=6'],
+        'dashboard': DASHBOARD_REQUIRES,
         'benchmarks': ['matplotlib>=3.5'],
     },
     classifiers=[

@@ -9,6 +9,7 @@ from typing import Any, Callable, List, Optional, Union
 
 from courier import durations
 from courier import errors
+from courier import metrics
 from courier import security
 from courier import serialization
 from courier import wire
@@ -155,12 +156,19 @@ class Client:
         data, buffers = serialization.dumps((args, kwargs), f'the arguments of {method!r}',
                                             _ARGUMENT_NAMES, compress=self._compress)
         transport = self._connection()
+        calls, started = self._calls, metrics.clock()
         try:
-            response = transport.call(method, data, buffers, self._call_timeout)
-        except errors.ServerUnavailableError:
-            self._server_gone(transport)
+            try:
+                response = transport.call(method, data, buffers, self._call_timeout)
+            except errors.ServerUnavailableError:
+                self._server_gone(transport)
+                raise
+            result = _result(method, transport.address, response)
+        except BaseException:
+            calls.record(method, started, True)
             raise
-        return _result(method, transport.address, response)
+        calls.record(method, started, False)
+        return result
 
     def _call_async(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
         try:
@@ -171,9 +179,20 @@ class Client:
             future = concurrent.futures.Future()
             future.set_exception(error)
             return future
-        address = transport.address
-        future = transport.call_async(method, data, buffers, self._call_timeout,
-                                      lambda response: _result(method, address, response))
+        address, calls, started = transport.address, self._calls, metrics.clock()
+
+        def finish(response: wire.Response) -> Any:
+            try:
+                result = _result(method, address, response)
+            except BaseException:
+                calls.record(method, started, True)
+                raise
+            calls.record(method, started, False)
+            return result
+
+        # A future that fails without a response (timed out, unreachable, closed) is not
+        # counted: a done-callback to count it would cost the client ~30% of a future's CPU.
+        future = transport.call_async(method, data, buffers, self._call_timeout, finish)
         if callable(self._address):
             future.add_done_callback(lambda done: isinstance(
                 done.exception() if not done.cancelled() else None,
@@ -202,6 +221,7 @@ class Client:
                 self._transport = transports.connect(
                     self._resolve_address(), auth_token=security.resolve_auth_token(
                         self._auth_token), tls=self._tls, wait_for_ready=self._wait_for_ready)
+                self._calls = metrics.table(metrics.CLIENT, self._transport.address)
                 self._transport_generation = generation
                 if self._closed:  # Its calls raise the error that says the client was closed.
                     self._transport.close()

@@ -9,6 +9,7 @@ import types
 from typing import Any, Callable, Dict, List, Optional
 
 from courier import errors
+from courier import metrics
 from courier import security
 from courier import serialization
 from courier import wire
@@ -182,6 +183,7 @@ class Server:
                                    f'server cannot be restarted, create a new one')
             if self._state == _STARTED:
                 return
+            self._calls = metrics.table(metrics.SERVER, self.address)
             self._transport.start()
             self._state = _STARTED
 
@@ -212,11 +214,19 @@ class Server:
 
     def _handle_call(self, method: str, pickle: memoryview, buffers: List[Any]
                      ) -> wire.Response:
-        """Runs one call; every failure becomes an error response, never an exception."""
+        """Runs one call, counted in the server's metrics (methods it has, not typos)."""
         fn = self._methods.get(method)
         if fn is None:
             return wire.Response(wire.UNKNOWN_METHOD, methods=self._method_names(),
                                  message=f'no method {method!r}')
+        started = metrics.clock()
+        response = self._run_call(method, fn, pickle, buffers)
+        self._calls.record(method, started, response.status != wire.OK)
+        return response
+
+    def _run_call(self, method: str, fn: Callable[..., Any], pickle: memoryview,
+                  buffers: List[Any]) -> wire.Response:
+        """Runs one call; every failure becomes an error response, never an exception."""
         try:
             args, kwargs = _unpack_arguments(method, serialization.loads(
                 pickle, buffers, f'the arguments of {method!r}'))

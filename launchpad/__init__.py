@@ -29,6 +29,7 @@ from launchpad.nodes.endpoint import NodeLeftError, NodeStoppedError
 from launchpad.nodes.group import GroupClient, GroupHandle
 from launchpad.nodes.python import PyClassNode, PyNode
 from launchpad.nodes.reverb import ReverbHandle, ReverbNode
+from launchpad.observe.report import count, report
 from launchpad.pool import Pool, PoolWorker, PoolWorkerNode
 from launchpad.policy import RestartPolicy
 from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus
@@ -60,12 +61,11 @@ __all__ = [
     'PoolWorker', 'PoolWorkerNode', 'ProgressPerActorPolicy', 'Program', 'ProgramError',
     'QueueLengthPolicy', 'PyClassNode', 'PyNode', 'PythonProcess',
     'ReverbHandle', 'ReverbNode', 'RestartPolicy', 'SlurmController', 'SlurmError',
-    'SlurmResources', 'SshHost', 'SshHosts', 'batched_handler', 'context', 'dataflow',
+    'SlurmResources', 'SshHost', 'SshHosts', 'batched_handler', 'context', 'count', 'dataflow',
     'executables_of', 'get_context', 'get_port_from_address', 'heartbeat', 'is_local_launch',
     'is_local_launch_or_test', 'launch', 'make_program', 'make_program_stopper',
-    'program_to_manifests', 'register_launcher', 'register_stop_handler', 'resize', 'stop',
-    'stop_event',
-    'unregister_stop_handler', 'wait_for_stop',
+    'program_to_manifests', 'register_launcher', 'register_stop_handler', 'report', 'resize',
+    'stop', 'stop_event', 'unregister_stop_handler', 'wait_for_stop',
 ]
 
 

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import subprocess
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from launchpad.nodes.base import Handle, Node
@@ -211,18 +214,50 @@ class Program:
 
     def to_dot(self) -> str:
         """The program as Graphviz text: one cluster per group, one arrow per edge."""
-        lines = [f'digraph {_quote(self.name)} {{', '  rankdir=LR;']
+        lines = [f'digraph {_quote(self.name)} {{', '  rankdir=LR;',
+                 '  node [shape=box, style="rounded,filled", fillcolor="#eef2f8", '
+                 'fontname="Helvetica"];',
+                 '  graph [fontname="Helvetica", style=rounded, color="#b8bec8"];']
         for index, (label, nodes) in enumerate(self._groups.items()):
             lines.append(f'  subgraph cluster_{index} {{')
             lines.append(f'    label={_quote(label)};')
             for node in nodes:
-                lines.append(f'    {_quote(node.name)} [label={_quote(repr(node))}];')
+                lines.append(f'    {_quote(node.name)} [label={_quote(f"{node.name}: {node!r}")}];')
             lines.append('  }')
         for source, user in self.edges:
             lines.append(f'  {_quote(source.name or source.node_id)} -> '
                          f'{_quote(user.name or user.node_id)};')
         lines.append('}')
         return '\n'.join(lines) + '\n'
+
+    def draw(self, path: str, format: Optional[str] = None) -> str:  # pylint: disable=redefined-builtin
+        """Renders `to_dot()` to the image file `path` with Graphviz's `dot`; returns `path`.
+
+        Args:
+          path: where to write, e.g. 'graph.svg' or 'graph.png'.
+          format: any output format of `dot` (svg, png, pdf, ...); default: `path`'s suffix.
+
+        Raises:
+          FileNotFoundError: Graphviz is not installed (the message says how to install it).
+          ValueError: `dot` refused the format (or the graph); its message is included.
+        """
+        format = format or os.path.splitext(path)[1].lstrip('.').lower()
+        if not format:
+            raise ValueError(f'program.draw({path!r}) cannot tell the image format: give the '
+                             "file a suffix such as .svg or .png, or pass format='svg'.")
+        dot = shutil.which('dot')
+        if dot is None:
+            raise FileNotFoundError(
+                "program.draw renders with Graphviz's `dot` program, which is not on PATH: "
+                'install Graphviz (Debian/Ubuntu: apt-get install graphviz; macOS: brew install '
+                'graphviz; conda: conda install graphviz), or render program.to_dot() '
+                'elsewhere.')
+        done = subprocess.run([dot, f'-T{format}', '-o', path], input=self.to_dot().encode(),
+                              capture_output=True, check=False)
+        if done.returncode != 0:
+            raise ValueError(f'Graphviz could not draw program {self.name!r} as {format!r}: '
+                             f'{done.stderr.decode(errors="replace").strip()}')
+        return path
 
     def __repr__(self) -> str:
         sizes = ', '.join(f'{label}: {len(nodes)}' for label, nodes in self._groups.items())

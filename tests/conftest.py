@@ -1,7 +1,10 @@
 """Fixtures shared by the whole test suite: the multi-host test beds (see tests/testbeds)."""
 from __future__ import annotations
 
+import os
 import pathlib
+import shutil
+import tempfile
 from typing import Iterator
 
 import pytest
@@ -15,6 +18,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Runs the test beds' own tests first: they bring each bed up and down themselves, which
     they cannot do while a session fixture below holds that bed."""
     items.sort(key=lambda item: TESTBEDS_DIR not in pathlib.Path(str(item.path)).parents)
+
+
+@pytest.fixture(scope='session', autouse=True)
+def private_registry() -> Iterator[str]:
+    """Programs the tests launch register in a registry of their own (launchpad/observe/
+    registry.py), not in the user's, and leave no registry directory behind."""
+    path = tempfile.mkdtemp(prefix='lp-runtime-tests-')
+    before = os.environ.get('LAUNCHPAD_RUNTIME_DIR')
+    os.environ['LAUNCHPAD_RUNTIME_DIR'] = path
+    yield path
+    if before is None:
+        del os.environ['LAUNCHPAD_RUNTIME_DIR']
+    else:
+        os.environ['LAUNCHPAD_RUNTIME_DIR'] = before
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope='session')

@@ -37,6 +37,7 @@ LAYERS = [
     ('launchpad.policy', 10),
     ('launchpad.scaling', 10),               # elastic groups' bounds, scaling policies
     ('launchpad.address', 11),
+    ('launchpad.observe.report', 11),       # what a node reports: lp.report, its calls
     ('launchpad.process', 12),
     ('launchpad.nodes', 13),
     ('launchpad.pool.results', 12),          # what a pool's callers wait on
@@ -45,6 +46,8 @@ LAYERS = [
     ('launchpad.program', 14),
     ('launchpad.launch.controller', 15),
     ('launchpad.launch.elastic', 15),        # nodes joining and leaving a running program
+    ('launchpad.observe.cli', 16),          # the commands looking at running programs
+    ('launchpad.observe', 15),              # registry, observer, dashboard: lp.launch uses them
     ('launchpad.launch.launcher', 15),
     ('launchpad.launch.__main__', 17),
     ('launchpad.launch', 16),  # the platforms: threads, processes, ssh, slurm, kubernetes

@@ -1,10 +1,13 @@
-"""Runs a script that builds and launches a program, with the launch type chosen here.
+"""Runs a script that builds and launches a program, with the launch type chosen here; or looks
+at running programs.
 
     python -m launchpad.launch --type=local_mp script.py [script args]
+    python -m launchpad.launch list | status | logs | stop | dashboard | metrics ...
 
 The script runs as `__main__` with `sys.argv = [script.py, script args...]`; every `lp.launch` in it
 without an explicit launch type uses `--type`. The command waits for the launched programs to end
-and exits non-zero, after printing the error, if a node failed.
+and exits non-zero, after printing the error, if a node failed. The other commands are those of
+`launchpad.observe.cli`.
 """
 from __future__ import annotations
 
@@ -14,13 +17,16 @@ import sys
 from typing import List, Optional
 
 from launchpad.launch import launcher
+from launchpad.observe import cli
 from launchpad.process.coordinator import NodeFailedError
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog='python -m launchpad.launch',
-        description='Run a launchpad program script with the given launch type.')
+        description='Run a launchpad program script with the given launch type.',
+        epilog=f'To look at running programs: python -m launchpad.launch '
+               f'{{{",".join(cli.COMMANDS)}}} ... (each has --help).')
     parser.add_argument('--type', default='local_mp',
                         help='launch type: ' + ', '.join(launcher.registered_launch_types())
                              + ' (default: local_mp)')
@@ -31,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in cli.COMMANDS:
+        return cli.main(argv)
     parser = _parser()
     args = parser.parse_args(argv)
     known = launcher.registered_launch_types()

@@ -102,6 +102,8 @@ class Controller:
       detached: True if the program runs on its own, without this process (e.g. a Slurm job or
         Kubernetes objects launched with detach=True): `lp.launch` then returns at once and does
         not keep the script alive.
+      observer: what `lp.launch` made to let others see the program (its registry entry and
+        dashboard: a `launchpad.observe.observer.Observer`), or None.
     """
 
     def __init__(self, program_name: str, coordinator: Coordinator, runner: Runner, *,
@@ -111,6 +113,7 @@ class Controller:
         self.program_name = program_name
         self.launch_type = launch_type
         self.detached = detached
+        self.observer = None
         self._coordinator = coordinator
         self._runner = runner
         self._notice_period = notice_period
@@ -195,6 +198,17 @@ class Controller:
     def done(self) -> bool:
         return self._done.is_set()
 
+    @property
+    def coordinator(self) -> Coordinator:
+        """The program's coordinator: node states and what nodes reported."""
+        return self._coordinator
+
+    @property
+    def output(self):
+        """Where node output goes (a `launchpad.process.output.Output` with `read_log`), if the
+        platform handles it in this process; else None."""
+        return getattr(self._runner, 'output', None)
+
     # Elastic programs: nodes join and leave while it runs (`launchpad.launch.elastic`).
 
     def attach(self, program, resources: Dict[str, Any]) -> None:
@@ -242,7 +256,7 @@ class Controller:
                         running.append(name)
                     else:
                         self._coordinator.executable_exited(name, code, self._last_output(name))
-                self._restart_due()
+                running += self._restart_due()
                 if not running and not self._coordinator.restarts_pending:
                     break
                 stop_time = self._coordinator.stop_time
@@ -264,14 +278,18 @@ class Controller:
             try:
                 self._runner.release()
             finally:
+                if self.observer is not None:  # it unregisters the program before wait returns
+                    self.observer.program_ended()
                 self._done.set()
 
     def _last_output(self, name: str) -> str:
         last_output = getattr(self._runner, 'last_output', None)
         return last_output(name) if last_output is not None else ''
 
-    def _restart_due(self) -> None:
-        """Starts again the nodes whose restart is due; a node that cannot be restarted fails."""
+    def _restart_due(self) -> List[str]:
+        """Starts again the nodes whose restart is due, and returns them (they run now, though
+        the poll before did not see them); a node that cannot be restarted fails."""
+        restarted = []
         for name in self._coordinator.due_restarts(time.monotonic()):
             restart = getattr(self._runner, 'restart', None)
             if restart is None:
@@ -285,6 +303,8 @@ class Controller:
                 self._coordinator.restart_failed(name, f'{type(e).__name__}: {e}')
             else:
                 self._coordinator.node_restarted(name)
+                restarted.append(name)
+        return restarted
 
     # A program launched in the foreground runs to the end when the script ends, and handles
     # Ctrl-C / SIGTERM; `lp.launch` calls these.

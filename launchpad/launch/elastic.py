@@ -18,7 +18,6 @@ and `resize` called from elsewhere (the launching script, a scaling policy's dec
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import queue
 import threading
@@ -26,6 +25,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from launchpad.nodes.base import Handle, LaunchInfo, Node
+from launchpad.observe import report
 from launchpad.process.coordinator import Coordinator, NodeState
 from launchpad.scaling import Decision, Scaler
 
@@ -264,11 +264,7 @@ def gather_metrics(coordinator, program_name: str) -> Dict[str, Dict[str, float]
     metrics = getattr(coordinator, 'metrics', None)
     if callable(metrics):
         snapshots.extend(metrics().values())
-    try:
-        report = importlib.import_module('launchpad.observe.report')
-        snapshots.append(report.snapshot(program_name))
-    except ImportError:  # a launchpad without lp.report
-        pass
+    snapshots.append(report.snapshot(program_name))
     for snapshot in snapshots:
         for owner, values in (snapshot or {}).get('values', {}).items():
             node = owner[1] if isinstance(owner, (tuple, list)) else str(owner)

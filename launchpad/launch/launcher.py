@@ -31,6 +31,7 @@ import courier
 from launchpad.context import launch_type_of
 from launchpad.launch.controller import Controller, Controllers, LaunchSignals
 from launchpad.nodes.base import Executable, LaunchInfo
+from launchpad.observe import observer as observers
 from launchpad.policy import NodePolicy
 from launchpad.program import Program
 
@@ -201,7 +202,7 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
            local_resources: Optional[Mapping[str, Any]] = None, test_case=None,
            terminal: Optional[str] = None, *, resources: Optional[Mapping[str, Any]] = None,
            serialize_py_nodes: Optional[bool] = None, notice_period: float = 10.0,
-           tls: Optional[courier.TLSConfig] = None,
+           tls: Optional[courier.TLSConfig] = None, dashboard: Union[bool, int] = False,
            **launcher_options) -> Union[Controller, Controllers]:
     """Launches `programs` (one program, or a sequence of them) and returns the controller.
 
@@ -222,7 +223,15 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
         present its certificate, clients verify peers with its root certificates (and present its
         certificate too when it has one, which makes TLS mutual). Same-host Unix sockets, which
         only this user can open, need none.
+      dashboard: True serves the program's web dashboard on a free port of 127.0.0.1 (a port
+        number: on that port; several programs each get one, on free ports only) and prints
+        its URL, token included; needs
+        `pip install 'launchpad[dashboard]'`. It stays up after the program ends, until
+        `controller.observer.close()` or the end of the process.
       **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh.
+
+    Every program that runs from this process is registered for `python -m launchpad.launch
+    list / status / logs / stop / dashboard` (`launchpad.observe`) until it ends.
 
     Local launch types (local_mt, local_mp) and foreground launchers (ssh, slurm) also keep the
     script alive until the program ends and turn Ctrl-C into a graceful stop (twice: kill). Test
@@ -235,6 +244,10 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
                          f'{", ".join(registered_launch_types())}.')
     several = not isinstance(programs, Program)
     program_list = _programs(programs)
+    dashboard_port = observers.check_dashboard_option(dashboard)
+    if several and dashboard_port:
+        raise ValueError(f'dashboard={dashboard!r} asks for one port, but several programs are '
+                         'launched: pass dashboard=True, which serves each on a free port.')
     if resources is not None and local_resources is not None:
         raise ValueError('Pass either resources= or local_resources= (they are the same), not both.')
     resources = dict(resources if resources is not None else local_resources or {})
@@ -247,7 +260,7 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
                        if not several or label in program.groups},
             serialize_py_nodes=serialize_py_nodes, notice_period=notice_period, tls=tls,
             extra=dict(launcher_options))
-        controllers.append(_launch_one(program, options))
+        controllers.append(_launch_one(program, options, dashboard_port))
     return controllers if several else controllers[0]
 
 
@@ -276,7 +289,8 @@ def _check_resources_have_a_program(resources: Mapping[str, Any],
                          f'their groups are {sorted(groups)}.')
 
 
-def _launch_one(program: Program, options: LaunchOptions) -> Controller:
+def _launch_one(program: Program, options: LaunchOptions,
+                dashboard_port: Optional[int]) -> Controller:
     platform = _registry[str(options.launch_type)]()
     platform.check(program, options)
     foreground = options.launch_type not in _TEST_TYPES and platform.foreground
@@ -297,6 +311,11 @@ def _launch_one(program: Program, options: LaunchOptions) -> Controller:
             controller.run_until_done_at_exit()
     elif signals is not None:
         signals.restore()
+    try:  # after the signal handlers: nodes already run, and Ctrl-C must stop them
+        controller.observer = observers.observe(program, controller, dashboard_port)
+    except BaseException:
+        controller.stop()
+        raise
     return controller
 
 

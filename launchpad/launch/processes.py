@@ -135,6 +135,11 @@ class _ProcessRunner(ProcessRunner):
             os.close(stdout_fd)
         return _NodeProcess(process, reader)
 
+    @property
+    def output(self) -> Output:
+        """Where the nodes' output goes (read by `Controller.output`)."""
+        return self._output
+
 
 class ProcessLauncher(launcher.Launcher):
     """Runs every executable in a worker process; servers listen on Unix sockets in a private

@@ -180,7 +180,7 @@ class _CoordinatorRelay:
     """
 
     SERVED = ('node_started', 'node_finished', 'node_failed', 'request_stop', 'wait_for_stop',
-              'publish_address', 'lookup_address')
+              'publish_address', 'lookup_address', 'report_metrics')
 
     def __init__(self, context: runtime.NodeContext):
         self._context = context
@@ -217,6 +217,9 @@ class _CoordinatorRelay:
 
     def lookup_address(self, address_id: str, timeout: Optional[float] = None) -> Optional[str]:
         return self._context.coordinator.lookup_address(address_id, timeout)
+
+    def report_metrics(self, name: str, snapshot: dict) -> None:
+        self._context.coordinator.report_metrics(name, snapshot)
 
 
 class _Supervisor:

@@ -58,6 +58,7 @@ class NodeStatus:
     exit_code: Optional[int] = None
     error: Optional[str] = None
     restarts: int = 0
+    started_at: Optional[float] = None  # wall-clock time the coordinator heard its run start
 
 
 class NodeFailedError(RuntimeError):
@@ -123,6 +124,7 @@ class Coordinator:
         self._stop_reason: Optional[str] = None
         self._stop_time: Optional[float] = None
         self._failure: Optional[NodeFailedError] = None
+        self._metrics: Dict[str, dict] = {}
 
     # Called by nodes.
 
@@ -144,6 +146,7 @@ class Coordinator:
             if status.state is NodeState.PENDING:
                 status.state = NodeState.RUNNING
             status.pid, status.host = pid, host
+            status.started_at = status.started_at or time.time()
             self._changed.notify_all()
             return status.restarts
 
@@ -177,6 +180,11 @@ class Coordinator:
         with self._changed:
             self._addresses[address_id] = endpoint
             self._changed.notify_all()
+
+    def report_metrics(self, name: str, snapshot: dict) -> None:
+        """Keeps the latest metrics executable `name` reported (`launchpad.observe.report`)."""
+        with self._changed:
+            self._metrics[name] = snapshot
 
     def lookup_address(self, address_id: str, timeout: Optional[float] = None) -> Optional[str]:
         """The endpoint published for `address_id`, waiting up to `timeout`; None if none came."""
@@ -341,6 +349,11 @@ class Coordinator:
         with self._changed:
             return {name: dataclasses.replace(status) for name, status in self._nodes.items()}
 
+    def metrics(self) -> Dict[str, dict]:
+        """Executable name -> the metrics it reported last."""
+        with self._changed:
+            return dict(self._metrics)
+
     @property
     def stopping(self) -> bool:
         return self._stop_reason is not None
@@ -421,6 +434,7 @@ class Coordinator:
         status.state = NodeState.PENDING
         status.restarts += 1
         status.exit_code = None
+        status.started_at = None  # its uptime counts from its new start
         incarnation.failed = incarnation.exited = False
 
     def _set_stopping(self, reason: str) -> None:

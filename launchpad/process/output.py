@@ -1,7 +1,10 @@
-"""Where node processes' output goes: the current terminal, per-node files, or a tmux session."""
+"""Where node processes' output goes: the current terminal, per-node files, or a tmux session.
+
+Output shown on the terminal is also kept (its last lines, per node) and output to files can be
+read back, for `read_log` (`launchpad.process.logs`).
+"""
 from __future__ import annotations
 
-import collections
 import os
 import shlex
 import signal
@@ -11,9 +14,11 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
+from launchpad.process import logs
+
 TERMINALS = ('current_terminal', 'output_to_files', 'tmux_session')
 _COLORS = [31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96]
-# Lines of a node's output kept to explain its death when it ends without reporting an error.
+# Lines of a node's output that explain its death when it ends without reporting an error.
 TAIL_LINES = 20
 _write_lock = threading.Lock()
 
@@ -31,15 +36,15 @@ def prefix_for(name: str, index: int, *, color: bool) -> str:
     return f'\x1b[{_COLORS[index % len(_COLORS)]}m[{name}]\x1b[0m '
 
 
-def copy_lines(source, prefix: bytes, tail: Optional[collections.deque] = None) -> None:
-    """Copies lines from the binary stream `source` to our stdout, each behind `prefix`; the
-    last ones are also kept in `tail`."""
+def copy_lines(source, prefix: bytes, tail: Optional[logs.LogTail] = None) -> None:
+    """Copies lines from the binary stream `source` to our stdout, each behind `prefix` (and
+    keeps them in `tail`)."""
     out = getattr(sys.stdout, 'buffer', None)
     for line in iter(source.readline, b''):
         if not line.endswith(b'\n'):
             line += b'\n'
         if tail is not None:
-            tail.append(line)
+            tail.add(line[:-1].decode(errors='replace'))
         with _write_lock:
             if out is not None:
                 out.write(prefix + line)
@@ -94,10 +99,9 @@ class Output:
         self.terminal = check_terminal(terminal)
         self._workdir = workdir
         self._count = 0
-        self._tails: Dict[str, collections.deque] = {}
-        self._log_paths: Dict[str, str] = {}
         self._session: Optional[str] = None
         self.log_dir: Optional[str] = None
+        self._tails: Dict[str, logs.LogTail] = {}
         if self.terminal == 'output_to_files':
             base = os.environ.get('LAUNCHPAD_LOGGING_DIR') or os.path.join(
                 os.path.expanduser('~'), 'launchpad_logs')
@@ -124,32 +128,41 @@ class Output:
         prefixes its lines on the terminal."""
         index, self._count = self._count, self._count + 1
         if self.terminal == 'output_to_files':
-            path = os.path.join(self.log_dir, name.replace('/', '_') + '.log')
-            self._log_paths[name] = path
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), None
+            return os.open(self._file_of(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                           0o644), None
         read_fd, write_fd = os.pipe()
         prefix = prefix_for(title or name, index, color=sys.stdout.isatty()).encode()
-        tail = self._tails[name] = collections.deque(maxlen=TAIL_LINES)
+        tail = self._tails[name] = logs.LogTail()
         reader = threading.Thread(target=copy_lines, args=(os.fdopen(read_fd, 'rb'), prefix, tail),
                                   daemon=True, name=f'lp-out-{name}')
         reader.start()
         return write_fd, reader
 
-    def tail(self, name: str) -> str:
-        """The last lines node `name` wrote (its standard error included), as far as they are
-        known here ('' in a tmux session)."""
+    def read_log(self, name: str, cursor: Optional[int] = None) -> Tuple[List[str], int]:
+        """Lines node `name` printed after `cursor` (None: its last lines) and the next cursor.
+
+        Raises:
+          LookupError: this output keeps no log of `name` (tmux windows keep their own).
+        """
         if name in self._tails:
-            lines = list(self._tails[name])
-        elif name in self._log_paths:
-            try:
-                with open(self._log_paths[name], 'rb') as f:
-                    f.seek(max(0, os.path.getsize(self._log_paths[name]) - 64 * 1024))
-                    lines = f.read().splitlines(keepends=True)[-TAIL_LINES:]
-            except OSError:
-                return ''
-        else:
+            return self._tails[name].read(cursor)
+        if self.log_dir is not None:
+            return logs.read_file(self._file_of(name), cursor)
+        where = (f'in tmux session {self._session}' if self._session is not None
+                 else 'on the launching terminal')
+        raise LookupError(f'no log is kept of {name!r}: its output goes {where}.')
+
+    def tail(self, name: str) -> str:
+        """The last `TAIL_LINES` lines node `name` wrote (its standard error included), as far
+        as they are known here ('' in a tmux session)."""
+        try:
+            lines, _ = self.read_log(name)
+        except (LookupError, OSError):
             return ''
-        return b''.join(lines).decode(errors='replace')
+        return ''.join(line + '\n' for line in lines[-TAIL_LINES:])
+
+    def _file_of(self, name: str) -> str:
+        return os.path.join(self.log_dir, name.replace('/', '_') + '.log')
 
     def start_command(self, name: str, argv: List[str], env: Dict[str, str], cwd: str) -> TmuxPane:
         """Runs `argv` in a new tmux window named after the node."""

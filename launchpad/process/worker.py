@@ -32,6 +32,7 @@ import traceback
 import courier
 
 from launchpad import runtime
+from launchpad.observe import report
 from launchpad.process import flags
 from launchpad.process import spec as specs
 from launchpad.process import tree
@@ -226,6 +227,9 @@ def _run(spec_path: str) -> int:
     stop = runtime.StopSignal(coordinator.request_stop)
     context.stop, context.coordinator = stop, coordinator
     runtime.set_process_context(context)
+    report.start_reporting(spec.node_name, courier.Client(
+        spec.coordinator_address, call_timeout=report.REPORT_TIMEOUT, wait_for_ready=False,
+        tls=tls))
     launcher_lost = threading.Event()
     done = threading.Event()
     _handle_signals(coordinator, stop, spec, done, launcher_lost)

@@ -182,3 +182,26 @@ def test_policies_are_checked_with_the_fix_in_the_message():
     assert program.policy_of('a/0').restart is policy
     assert program.policy_of('a/1').restart.on_failure == 'drop'
     assert program.policy_of('a/1').progress_deadline == 5
+
+
+def fail_at_first_attempt() -> None:
+    if lp.get_context().attempt == 0:
+        raise RuntimeError('the first attempt fails')
+    lp.wait_for_stop()
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+def test_a_program_whose_only_node_restarts_runs_on(launch_type):
+    # The controller's poll saw no node running before the restart: the restarted one counts.
+    program = lp.Program('alone')
+    program.add_node(lp.PyNode(fail_at_first_attempt), label='alone',
+                     restart=lp.RestartPolicy(max_restarts=1, backoff=0.1))
+    controller = lp.launch(program, launch_type=launch_type)
+    try:
+        assert wait_until(lambda: controller.status()['alone/0'].restarts == 1, timeout=60)
+        wait_running(controller, 'alone/0')
+        assert not controller.done
+    finally:
+        controller.stop()
+    assert controller.wait(timeout=60)
+    assert controller.status()['alone/0'].state is lp.NodeState.FINISHED

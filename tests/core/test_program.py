@@ -1,10 +1,13 @@
 """The program graph: groups, handles, edges and validation."""
 import collections
 import dataclasses
+import pathlib
+import shutil
 
 import pytest
 
 import launchpad as lp
+from tests.testbeds import require_testbed
 
 
 class Service:
@@ -135,3 +138,32 @@ def test_launch_type_helpers():
     assert lp.is_local_launch_or_test('test_mt')
     assert not lp.is_local_launch_or_test('ssh')
     assert lp.LAUNCH_TYPE.value == 'local_mt'  # flags were never parsed here
+
+
+def _server_and_user() -> lp.Program:
+    program = lp.Program('drawn')
+    server = program.add_node(lp.CourierNode(Service), label='server')
+    program.add_node(lp.PyNode(noop, server), label='user')
+    return program
+
+
+@pytest.mark.parametrize('suffix, start', [('svg', b'<?xml'), ('png', b'\x89PNG')])
+def test_draw_renders_the_graph_with_graphviz(tmp_path, suffix, start):
+    if shutil.which('dot') is None:
+        require_testbed('Graphviz is not installed: tests/testbeds/install_packages.sh (as root)')
+    path = _server_and_user().draw(str(tmp_path / f'graph.{suffix}'))
+    data = pathlib.Path(path).read_bytes()
+    assert data.startswith(start)
+    if suffix == 'svg':
+        assert b'server/0' in data and b'user/0' in data
+
+
+def test_draw_says_what_to_install_without_graphviz(tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, 'which', lambda name: None)
+    with pytest.raises(FileNotFoundError, match='install Graphviz .*apt-get install graphviz'):
+        _server_and_user().draw(str(tmp_path / 'graph.svg'))
+
+
+def test_draw_needs_a_format(tmp_path):
+    with pytest.raises(ValueError, match="suffix such as .svg"):
+        _server_and_user().draw(str(tmp_path / 'graph'))

@@ -21,3 +21,17 @@ def test_benchmark_smoke(capsys, monkeypatch):
     bench._print_table(results)  # pylint: disable=protected-access
     printed = capsys.readouterr().out
     assert 'courier uds / bare grpcio: sync' in printed and 'MB/s each way' in printed
+
+
+def test_metrics_cost_benchmark_smoke(capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / 'benchmarks'))
+    bench = importlib.import_module('metrics_cost')
+    results = bench.run(['uds'], seconds=0.1, rounds=1)
+    for counting in ('on', 'off'):
+        for measure in ('sync', 'futures', 'client_cpu_us', 'server_cpu_us'):
+            assert results['uds'][counting][measure][0] > 0
+        for measure in ('client_path_us', 'server_path_us', 'futures_path_us'):
+            assert results['paths'][counting][measure][0] > 0
+    bench.print_table(results)
+    printed = capsys.readouterr().out
+    assert 'uds    sync: server CPU us/call' in printed and 'paths  client code us/call' in printed

@@ -238,6 +238,9 @@ def test_a_step_loads_nothing_of_the_launchers_side():
 def test_resources_are_checked_when_written():
     with pytest.raises(ValueError, match='mem'):
         lp.SlurmResources(mem='lots')
+    with pytest.raises(ValueError, match='500B'):  # bytes are not megabytes
+        lp.SlurmResources(mem='500B')
+    assert lp.SlurmResources(mem='2GB').per_task_options()[1] == '--mem-per-cpu=2048M'
     with pytest.raises(ValueError, match='cpus'):
         lp.SlurmResources(cpus=0)
     with pytest.raises(ValueError, match='--qos=high'):

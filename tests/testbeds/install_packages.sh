@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the multi-host test beds need (run as root).
+# Installs the Debian packages the test beds need (run as root): the multi-host beds, the
+# dashboard's browser and Graphviz.
 # Idempotent and quiet: when every package is already installed it does nothing at all.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -9,6 +10,8 @@ PACKAGES=(
   openssh-server openssh-client                                   # ssh_hosts.sh
   slurm-wlm munge                                                 # slurm_cluster.sh
   podman runc catatonit containernetworking-plugins iptables      # podman_image.sh
+  chromium                                                        # the dashboard's browser test
+  graphviz                                                        # program.draw
 )
 
 missing=()

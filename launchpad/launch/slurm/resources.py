@@ -98,7 +98,7 @@ class SlurmResources:
 
 
 def _megabytes(mem: str) -> float:
-    match = re.fullmatch(r'(\d+(?:\.\d+)?)([KMGT]?)B?', str(mem).strip(), re.IGNORECASE)
+    match = re.fullmatch(r'(\d+(?:\.\d+)?)(?:([KMGT])B?)?', str(mem).strip(), re.IGNORECASE)
     if match is None:
         raise ValueError(f'SlurmResources(mem={mem!r}): write memory like "500M" or "32G".')
     return float(match[1]) * _MEM_UNITS[(match[2] or 'M').upper()]

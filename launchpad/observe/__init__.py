@@ -1,0 +1,18 @@
+"""Seeing a running program from outside it: a registry of running programs, node metrics, a
+command line and a web dashboard.
+
+Which module runs where:
+
+    report.py      every node: `lp.report` / `lp.count`, and sending the node's numbers (its
+                   courier call counts included) to the coordinator
+    figures.py     the launching process: raw numbers -> rows, edge rates, plot points
+    observer.py    the launching process: one per program; registers it, samples it, serves
+                   its view to the CLI and dashboards
+    registry.py    the launching process and the CLI: the user's private directory of running
+                   programs
+    prometheus.py  wherever a dashboard serves /metrics (needs prometheus_client)
+    dashboard.py   the launching process (`lp.launch(..., dashboard=True)`) or the CLI's
+                   (`dashboard PROGRAM`): the web page and its API (needs aiohttp)
+    cli.py         `python -m launchpad.launch list|status|logs|stop|dashboard|metrics`
+    static/        the page, its script and style
+"""

@@ -1,0 +1,214 @@
+"""The commands that look at running programs from any shell of their user:
+
+    python -m launchpad.launch list [--json]
+    python -m launchpad.launch status PROGRAM [--json]
+    python -m launchpad.launch logs PROGRAM [NODE] [--follow]
+    python -m launchpad.launch stop PROGRAM [--no-wait] [--timeout SECONDS]
+    python -m launchpad.launch dashboard PROGRAM [--port PORT]
+    python -m launchpad.launch metrics PROGRAM
+
+PROGRAM is a program's id (or the start of one) or its name, as `list` shows them. Each command
+finds the program in the user's registry (`registry`) and calls its observer through courier
+with the token of the registry entry (`observer`); nothing else is needed, and another user
+can do none of it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import courier
+
+from launchpad.observe import registry
+
+COMMANDS = ('list', 'status', 'logs', 'stop', 'dashboard', 'metrics')
+_FOLLOW_INTERVAL = 0.5
+_CALL_TIMEOUT = 30.0
+
+
+class CommandError(RuntimeError):
+    """A command cannot do what it was asked; its message says why and what to do."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog='python -m launchpad.launch',
+        description='Look at the launchpad programs you are running on this machine.')
+    commands = parser.add_subparsers(dest='command', required=True, metavar='COMMAND')
+    listing = commands.add_parser('list', help='the running programs')
+    listing.add_argument('--json', action='store_true', help='print JSON')
+    status = commands.add_parser('status', help="every node's state, host, pid, uptime, "
+                                                'restarts, calls/s and last error')
+    status.add_argument('program', help='id (or its start) or name of the program')
+    status.add_argument('--json', action='store_true', help='print JSON')
+    logs = commands.add_parser('logs', help="the nodes' output")
+    logs.add_argument('program', help='id (or its start) or name of the program')
+    logs.add_argument('node', nargs='?', help="one node's name (default: every node's)")
+    logs.add_argument('-f', '--follow', action='store_true',
+                      help='keep printing new lines until the program ends')
+    stop = commands.add_parser('stop', help='stop the program')
+    stop.add_argument('program', help='id (or its start) or name of the program')
+    stop.add_argument('--no-wait', action='store_true', help='return without waiting for it')
+    stop.add_argument('--timeout', type=float, default=120.0,
+                      help='seconds to wait for it to end (default 120)')
+    dashboard = commands.add_parser('dashboard', help="serve the program's web dashboard here")
+    dashboard.add_argument('program', help='id (or its start) or name of the program')
+    dashboard.add_argument('--port', type=int, default=0, help='port on 127.0.0.1 (default: any)')
+    metrics = commands.add_parser('metrics', help='print its metrics in the Prometheus format')
+    metrics.add_argument('program', help='id (or its start) or name of the program')
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """Runs one command; returns the exit status (errors are printed, not raised)."""
+    args = _parser().parse_args(list(argv))
+    try:
+        return _COMMANDS[args.command](args)
+    except (CommandError, registry.RegistryError) as e:
+        print(f'python -m launchpad.launch {args.command}: {e}', file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _connect(query: str):
+    """(registry entry, courier client of its observer) of the program `query` names."""
+    entry = registry.find(query)
+    return entry, courier.Client(entry.address, auth_token=entry.token,
+                                 call_timeout=_CALL_TIMEOUT, wait_for_ready=False)
+
+
+def _call(entry: registry.Entry, call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except courier.ServerUnavailableError as e:
+        raise CommandError(f'program {entry.name} ({entry.id}) cannot be reached; it has '
+                           f'probably just ended ({e}).') from e
+
+
+def _list(args) -> int:
+    entries = registry.entries()
+    if args.json:
+        print(json.dumps([{k: v for k, v in vars(e).items() if k != 'token'} for e in entries],
+                         indent=1))
+        return 0
+    if not entries:
+        print('No launchpad program of yours is running on this machine.')
+        return 0
+    now = time.time()
+    _table(['PROGRAM', 'ID', 'TYPE', 'NODES', 'UP', 'PID', 'DASHBOARD'],
+           [[e.name, e.id, e.launch_type, e.nodes, _duration(now - e.started), e.pid,
+             e.dashboard or ''] for e in entries])
+    return 0
+
+
+def _status(args) -> int:
+    entry, client = _connect(args.program)
+    view = _call(entry, client.view)
+    if args.json:
+        print(json.dumps({'id': entry.id, 'name': entry.name, 'launch_type': entry.launch_type,
+                          **view}, indent=1))
+        return 0
+    ended = f', ended ({view["stop_reason"]})' if view.get('ended') else ''
+    print(f'{entry.name} ({entry.id}): {entry.launch_type}, launched on {entry.host} by pid '
+          f'{entry.pid} {_duration(time.time() - entry.started)} ago{ended}')
+    _table(['NODE', 'STATE', 'HOST', 'PID', 'UPTIME', 'RESTARTS', 'CALLS/S', 'LAST ERROR'],
+           [[row['name'], row['state'], row['host'] or '', row['pid'] or '',
+             _duration(row['uptime']), row['restarts'], f'{row["calls_per_s"]:.1f}',
+             (row['error'] or '').splitlines()[0] if row['error'] else '']
+            for row in view['nodes']])
+    return 0
+
+
+def _logs(args) -> int:
+    entry, client = _connect(args.program)
+    cursor: Optional[Dict[str, int]] = None
+    while True:
+        try:
+            result = _call(entry, lambda: client.logs(args.node, cursor))
+        except LookupError as e:
+            raise CommandError(str(e)) from None
+        except CommandError:
+            if cursor is None:
+                raise
+            print(f'(program {entry.name} ended)', file=sys.stderr)
+            return 0
+        cursor = result['cursor']
+        for node, line in result['lines']:
+            print(line if args.node else f'[{node}] {line}')
+        sys.stdout.flush()
+        if not args.follow:
+            return 0
+        time.sleep(_FOLLOW_INTERVAL)
+
+
+def _stop(args) -> int:
+    entry, client = _connect(args.program)
+    _call(entry, client.stop)
+    if args.no_wait:
+        print(f'Stopping {entry.name} ({entry.id}).')
+        return 0
+    deadline = time.monotonic() + args.timeout
+    while any(e.id == entry.id for e in registry.entries()):
+        if time.monotonic() > deadline:
+            raise CommandError(f'program {entry.name} ({entry.id}) is still running '
+                               f'{args.timeout:g} s after the stop; its launcher kills nodes '
+                               f'that outlive the notice period, see `status`.')
+        time.sleep(0.2)
+    print(f'Stopped {entry.name} ({entry.id}).')
+    return 0
+
+
+def _dashboard(args) -> int:
+    from launchpad.observe import dashboard  # pylint: disable=import-outside-toplevel
+    entry, client = _connect(args.program)
+    try:
+        dashboard.require()
+    except ImportError as e:
+        raise CommandError(str(e)) from None
+    served = dashboard.Dashboard(client, port=args.port)
+    print(f'Dashboard of {entry.name} ({entry.id}): {served.url}\n'
+          f'It runs until the program ends or you press Ctrl-C.', flush=True)
+    try:
+        while any(e.id == entry.id for e in registry.entries()):
+            time.sleep(1.0)
+    finally:
+        served.close()
+    print(f'Program {entry.name} ({entry.id}) ended.')
+    return 0
+
+
+def _metrics(args) -> int:
+    from launchpad.observe import dashboard, prometheus  # pylint: disable=import-outside-toplevel
+    try:
+        dashboard.require()
+    except ImportError as e:
+        raise CommandError(str(e)) from None
+    entry, client = _connect(args.program)
+    sys.stdout.write(prometheus.exposition(_call(entry, client.sample)).decode())
+    return 0
+
+
+_COMMANDS: Dict[str, Callable[[Any], int]] = {
+    'list': _list, 'status': _status, 'logs': _logs, 'stop': _stop, 'dashboard': _dashboard,
+    'metrics': _metrics}
+
+
+def _duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return ''
+    seconds = int(seconds)
+    hours, minutes = seconds // 3600, seconds // 60 % 60
+    if hours:
+        return f'{hours}h{minutes:02d}m'
+    return f'{minutes}m{seconds % 60:02d}s' if minutes else f'{seconds}s'
+
+
+def _table(header: List[str], rows: List[List[Any]]) -> None:
+    cells = [header] + [[str(cell) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    for row in cells:
+        print('  '.join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())

@@ -1,0 +1,282 @@
+"""The observer: lets its user see and stop a running program from outside the launching process.
+
+`lp.launch` makes one for every program it runs in this process (`observe`). It runs in the
+launching process, beside the controller:
+
+    lp-observe-<id>    samples the program once a second: node states from the coordinator,
+                       metrics the nodes reported to it (or, for threads, this process's own),
+                       turned into rows, edge rates and plot points (`figures`); keeps the last
+                       HISTORY samples
+    the controller's   when the program has ended, `program_ended`: a last sample, and the
+                       entry and its server go
+    its courier server on `<registry>/<id>.sock`, token-protected (`registry`), serving
+                       describe, view, history, sample, logs and stop to the CLI and to
+                       dashboards of other processes
+    the dashboard      only with `lp.launch(..., dashboard=True)` (`dashboard`); it reads the
+                       observer directly and stays up, showing how the program ended, until
+                       `close()` or the end of the process
+
+The served methods return plain data (dicts, lists, numbers, strings), the same whether called
+here or through courier.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import secrets
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional, Union
+
+import courier
+
+from launchpad.launch.controller import Controller
+from launchpad.observe import figures
+from launchpad.observe import registry
+from launchpad.observe import report
+from launchpad.program import Program
+
+SAMPLE_INTERVAL = 1.0
+HISTORY = 600  # samples kept for the plots: ten minutes at one a second
+
+SERVED = ('describe', 'view', 'history', 'sample', 'logs', 'stop')
+
+
+class Observer:
+    """One launched program as others see it (see the module docstring).
+
+    Attributes:
+      id: the program's id in the registry.
+      entry: its registry entry, or None if it could not be registered.
+      dashboard_url: the dashboard's URL (with its token), once `open_dashboard` ran.
+    """
+
+    def __init__(self, program: Program, controller: Controller, *,
+                 interval: float = SAMPLE_INTERVAL):
+        self.id = registry.new_id(program.name)
+        self.entry: Optional[registry.Entry] = None
+        self.dashboard_url: Optional[str] = None
+        self._program = program.name
+        self._controller = controller
+        self._interval = interval
+        self._graph = figures.Graph.of(program, controller.status())
+        self._started = time.time()
+        self._lock = threading.Lock()
+        self._totals: Optional[figures.Totals] = None
+        self._view: Dict[str, Any] = {}
+        self._sample: Dict[str, Any] = {}
+        self._history: collections.deque = collections.deque(maxlen=HISTORY)
+        self._sequence = 0
+        self._ended_at: Dict[str, float] = {}
+        self._server: Optional[courier.Server] = None
+        self._dashboard = None
+        self._closed = threading.Event()
+        self._finishing = threading.Lock()
+        self._finished = False
+        self._refresh()
+
+    def start(self) -> 'Observer':
+        """Registers the program (a warning if it cannot be) and starts sampling it."""
+        try:
+            self._register()
+        except (registry.RegistryError, OSError) as e:
+            logging.warning('Program %r is not registered, so `python -m launchpad.launch` '
+                            'cannot see it: %s', self._program, e)
+        threading.Thread(target=self._loop, daemon=True, name=f'lp-observe-{self.id}').start()
+        return self
+
+    def _register(self) -> None:
+        # The entry first: a launcher killed before its server is up leaves an entry of a dead
+        # process, which readers prune (with the socket), never a socket nobody knows of.
+        token = secrets.token_hex(16)
+        entry = registry.Entry(id=self.id, name=self._program,
+                               launch_type=self._controller.launch_type,
+                               address=f'unix:{registry.socket_path(self.id)}', token=token,
+                               nodes=len(self._graph.nodes), started=self._started)
+        registry.register(entry)
+        try:
+            server = courier.Server(address=entry.address, auth_token=token, thread_pool_size=8)
+            for name in SERVED:
+                server.Bind(name, getattr(self, name))
+            server.Start()
+        except BaseException:
+            registry.unregister(self.id)
+            raise
+        self._server, self.entry = server, entry
+
+    def _loop(self) -> None:
+        next_sample = time.monotonic() + self._interval
+        while not (self._controller.done or self._closed.is_set() or self._finished):
+            time.sleep(min(0.1, max(0.0, next_sample - time.monotonic())))
+            if time.monotonic() >= next_sample and not self._finished:
+                try:
+                    self._refresh()
+                except Exception:  # pylint: disable=broad-except  (the next one may do)
+                    logging.exception('The observer of %r failed to take a sample.',
+                                      self._program)
+                next_sample += self._interval
+        self._finish(ended=self._controller.done)
+
+    def program_ended(self) -> None:
+        """Takes the last sample and unregisters the program; the controller calls this when
+        the program has ended (before its `wait` returns), so that no entry outlives it."""
+        self._finish(ended=True)
+
+    def _finish(self, ended: bool) -> None:
+        with self._finishing:
+            if self._finished:
+                return
+            self._finished = True
+            try:
+                self._refresh(ended=ended)
+            except Exception:  # pylint: disable=broad-except
+                logging.exception('The observer of %r failed to take its last sample.',
+                                  self._program)
+            finally:
+                if self.entry is not None:
+                    registry.unregister(self.id)
+                if self._server is not None:
+                    self._server.Stop()
+
+    def _refresh(self, ended: bool = False) -> None:
+        """Takes one sample of the program."""
+        coordinator = self._controller.coordinator
+        status = coordinator.status()
+        reports = list(coordinator.metrics().values()) + [report.snapshot(self._program)]
+        ignored = [self._server.address] if self._server is not None else []
+        merged = figures.merge(reports, self._graph, self._program, ignored)
+        now = time.time()
+        for name, node in status.items():
+            if node.state.ended:
+                self._ended_at.setdefault(name, now)
+        with self._lock:
+            totals = figures.totals(merged, now, self._totals)
+            rows = figures.node_rows(status, totals, self._ended_at)
+            edges = figures.edge_rows(self._graph, totals)
+            self._totals = totals
+            if not self._history or now - self._history[-1]['time'] > 0.5 * self._interval:
+                self._sequence += 1
+                self._history.append({'seq': self._sequence, 'time': now,
+                                      'values': figures.plotted(rows, merged['values'])})
+            self._view = {'time': now, 'ended': ended or self._controller.done,
+                          'stop_reason': coordinator.stop_reason, 'nodes': rows, 'edges': edges}
+            self._sample = {'time': now, 'program': self._program, 'nodes': rows, **merged}
+
+    # What is served (and what an in-process dashboard calls).
+
+    def describe(self) -> Dict[str, Any]:
+        """The program: id, name, launch type, launcher host and pid, start time, node names,
+        the graph's edges (caller, callee) and the dashboard's URL if there is one."""
+        entry = self.entry
+        return {'id': self.id, 'name': self._program,
+                'launch_type': self._controller.launch_type,
+                'host': entry.host if entry else None, 'pid': entry.pid if entry else None,
+                'started': self._started, 'nodes': list(self._graph.nodes),
+                'edges': [list(edge) for edge in self._graph.edges],
+                'dashboard': self.dashboard_url}
+
+    def view(self) -> Dict[str, Any]:
+        """The latest sample: time, ended, stop_reason, a row per node (`figures.node_rows`) and
+        per edge (`figures.edge_rows`)."""
+        with self._lock:
+            return dict(self._view)
+
+    def history(self, since: int = 0) -> Dict[str, Any]:
+        """Plot points taken after sample number `since`: {'next': the latest number,
+        'samples': [{'seq', 'time', 'values': {metric: {node: value}}}]}."""
+        with self._lock:
+            return {'next': self._sequence,
+                    'samples': [s for s in self._history if s['seq'] > since]}
+
+    def sample(self) -> Dict[str, Any]:
+        """The latest sample's raw numbers: node rows, the courier tables of servers and clients
+        (cumulative, per method) and the reported values (`figures.merge`)."""
+        with self._lock:
+            return dict(self._sample)
+
+    def logs(self, node: Optional[str] = None,
+             cursor: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
+        """Lines nodes printed: {'lines': [[node, line], ...], 'cursor': {node: position}}.
+
+        Args:
+          node: one node's name (default: every node's, node after node).
+          cursor: the 'cursor' of the previous call, for the lines printed since (None: the last
+            lines kept).
+
+        Raises:
+          LookupError: no such node, or its output is not kept here (the message says where).
+        """
+        output = self._controller.output
+        names = list(self._graph.nodes)
+        if node is not None:
+            if node not in names:
+                raise LookupError(f'program {self._program!r} has no node {node!r}; its nodes '
+                                  f'are {", ".join(names)}.')
+            names = [node]
+        if output is None:
+            raise LookupError(f'the {self._controller.launch_type} launcher keeps no logs of '
+                              f'nodes in the launching process: their output goes where the '
+                              f'platform puts it (threads: the launching process\'s own).')
+        lines: List[List[str]] = []
+        positions = dict(cursor or {})
+        for name in names:
+            read, positions[name] = output.read_log(name, (cursor or {}).get(name))
+            lines.extend([name, line] for line in read)
+        return {'lines': lines, 'cursor': positions}
+
+    def stop(self) -> None:
+        """Stops the program (in the background: returns at once)."""
+        threading.Thread(target=self._controller.stop, daemon=True,
+                         name=f'lp-observe-stop-{self.id}').start()
+
+    # In the launching process only.
+
+    def open_dashboard(self, port: int = 0) -> str:
+        """Serves the dashboard on 127.0.0.1:`port` (0: any free port); returns its URL."""
+        from launchpad.observe import dashboard  # pylint: disable=import-outside-toplevel
+        if self._dashboard is None:
+            self._dashboard = dashboard.Dashboard(self, port=port)
+            self.dashboard_url = self._dashboard.url
+            if self.entry is not None:
+                self.entry.dashboard = self.dashboard_url
+                registry.register(self.entry)
+        return self.dashboard_url
+
+    def close(self) -> None:
+        """Closes the dashboard and, if the program still runs, unregisters it (it keeps
+        running, unseen)."""
+        self._closed.set()
+        if self._dashboard is not None:
+            self._dashboard.close()
+            self._dashboard = None
+
+
+def check_dashboard_option(dashboard: Union[bool, int]) -> Optional[int]:
+    """The port `lp.launch(dashboard=...)` asks for (None: no dashboard); raises a clear error
+    for a bad value or a missing extra, before anything is launched."""
+    if dashboard is False or dashboard is None:
+        return None
+    if dashboard is True:
+        port = 0
+    elif isinstance(dashboard, int) and 0 < dashboard < 65536:
+        port = dashboard
+    else:
+        raise ValueError(f'dashboard= takes True (any free port) or a port number, got '
+                         f'{dashboard!r}.')
+    from launchpad.observe import dashboard as module  # pylint: disable=import-outside-toplevel
+    module.require()
+    return port
+
+
+def observe(program: Program, controller: Controller,
+            dashboard_port: Optional[int] = None) -> Optional[Observer]:
+    """Registers a launched program and, if asked, serves its dashboard (`lp.launch` calls
+    this); None for programs that do not run from this process (detached)."""
+    if controller.detached:
+        return None
+    observer = Observer(program, controller).start()
+    if dashboard_port is not None:
+        url = observer.open_dashboard(dashboard_port)
+        print(f'Dashboard of {program.name!r}: {url}', file=sys.stderr, flush=True)
+    return observer

@@ -1,0 +1,386 @@
+// The dashboard page of a launchpad program: polls the dashboard server's /api once a second
+// and draws, with plain SVG, the program graph (nodes coloured by state, arrows from caller to
+// callee sized and labelled by calls/s), a table of nodes, plots of the metrics over time and
+// a node's log. No library, nothing fetched from elsewhere.
+'use strict';
+(function () {
+  const TOKEN = new URLSearchParams(location.search).get('token') || '';
+  const SVG = 'http://www.w3.org/2000/svg';
+  // launchpad.NodeState's values: restarting (failed, about to start again) and dropped
+  // (failed for good, the program goes on) come from restart policies.
+  const STATES = ['pending', 'running', 'restarting', 'finished', 'failed', 'dropped', 'killed'];
+  const STATE_COLORS = {pending: '#b8bec8', running: '#3aa55d', restarting: '#d9b526',
+                        finished: '#4a78c2', failed: '#d63c3c', dropped: '#8a5c7a',
+                        killed: '#e08a2c'};
+  const PALETTE = ['#4a78c2', '#d63c3c', '#3aa55d', '#e08a2c', '#8a5cc2', '#2aa5a5', '#c25c9a',
+                   '#7a8a2c', '#5c6b80', '#b5651d'];
+  const MAX_POINTS = 600;
+  const MAX_LOG_LINES = 1000;
+  const POLL_MS = 1000;
+
+  let program = null;      // /api/describe
+  let view = null;         // /api/view
+  let historySeq = 0;
+  const series = {};       // metric -> node -> [[time, value], ...]
+  let selected = null;     // the node whose log is shown
+  let logCursor = null;
+  let logLines = [];
+
+  async function get(path, params) {
+    const query = new URLSearchParams(params || {}).toString();
+    const response = await fetch(path + (query ? '?' + query : ''),
+                                 {headers: {'X-Launchpad-Token': TOKEN}, cache: 'no-store'});
+    let body;
+    try { body = await response.json(); } catch (e) { body = {error: response.statusText}; }
+    if (!response.ok) { const error = new Error(body.error || response.statusText); error.status = response.status; throw error; }
+    return body;
+  }
+
+  function svg(tag, attributes, parent) {
+    const element = document.createElementNS(SVG, tag);
+    for (const [key, value] of Object.entries(attributes || {})) element.setAttribute(key, value);
+    if (parent) parent.appendChild(element);
+    return element;
+  }
+
+  function html(tag, attributes, text, parent) {
+    const element = document.createElement(tag);
+    for (const [key, value] of Object.entries(attributes || {})) element.setAttribute(key, value);
+    if (text !== undefined && text !== null) element.textContent = text;
+    if (parent) parent.appendChild(element);
+    return element;
+  }
+
+  function groupOf(name) { return name.split('/')[0]; }
+
+  function formatRate(value) {
+    if (!value) return '0';
+    if (value >= 1000) return (value / 1000).toFixed(1) + 'k';
+    return value >= 10 ? value.toFixed(0) : value.toFixed(1);
+  }
+
+  function formatNumber(value) {
+    if (value === null || value === undefined || !isFinite(value)) return String(value);
+    const size = Math.abs(value);
+    if (size >= 1e6 || (size > 0 && size < 1e-3)) return value.toExponential(2);
+    return Number(value.toPrecision(4)).toString();
+  }
+
+  function formatDuration(seconds) {
+    if (seconds === null || seconds === undefined) return '';
+    seconds = Math.floor(seconds);
+    const h = Math.floor(seconds / 3600), m = Math.floor(seconds / 60) % 60, s = seconds % 60;
+    return h ? `${h}h ${m}m` : m ? `${m}m ${s}s` : `${s}s`;
+  }
+
+  // ---- The graph ------------------------------------------------------------------------
+
+  // Columns of groups: a group is placed right of every group calling it (longest path over
+  // the group graph without its back edges), so calls flow left to right.
+  function groupColumns(nodes, edges) {
+    const groups = [];
+    for (const name of nodes) if (!groups.includes(groupOf(name))) groups.push(groupOf(name));
+    const calls = {};
+    for (const g of groups) calls[g] = [];
+    for (const [caller, callee] of edges) {
+      const a = groupOf(caller), b = groupOf(callee);
+      if (a !== b && calls[a] && calls[b] && !calls[a].includes(b)) calls[a].push(b);
+    }
+    const forward = [], state = {};
+    function visit(g) {
+      state[g] = 1;
+      for (const h of calls[g]) {
+        if (state[h] === 1) continue;  // a back edge: ignored for placement
+        forward.push([g, h]);
+        if (!state[h]) visit(h);
+      }
+      state[g] = 2;
+    }
+    for (const g of groups) if (!state[g]) visit(g);
+    const column = {};
+    for (const g of groups) column[g] = 0;
+    for (let round = 0; round < groups.length; round++) {
+      for (const [a, b] of forward) column[b] = Math.max(column[b], column[a] + 1);
+    }
+    return {groups, column};
+  }
+
+  function layout(nodes, edges) {
+    const {groups, column} = groupColumns(nodes, edges);
+    const members = {};
+    for (const g of groups) members[g] = nodes.filter((name) => groupOf(name) === g);
+    const columns = [];
+    for (const g of groups) (columns[column[g]] = columns[column[g]] || []).push(g);
+    const boxes = {}, frames = [];
+    let x = 10;
+    for (const inColumn of columns) {
+      if (!inColumn) continue;
+      let y = 10, columnWidth = 0;
+      for (const g of inColumn) {
+        const count = members[g].length;
+        const perColumn = 10;
+        const sub = Math.ceil(count / perColumn);
+        const width = count > perColumn ? 84 : 120, height = count > perColumn ? 20 : 28;
+        const rows = Math.min(count, perColumn);
+        const frame = {group: g, x, y, width: sub * (width + 8) + 12, height: rows * (height + 8) + 28};
+        members[g].forEach((name, i) => {
+          boxes[name] = {x: x + 10 + Math.floor(i / perColumn) * (width + 8),
+                         y: y + 24 + (i % perColumn) * (height + 8), width, height};
+        });
+        frames.push(frame);
+        y += frame.height + 14;
+        columnWidth = Math.max(columnWidth, frame.width);
+      }
+      x += columnWidth + 110;
+    }
+    const width = Math.max(200, x - 100), height = Math.max(120, ...frames.map((f) => f.y + f.height + 10));
+    return {boxes, frames, width, height};
+  }
+
+  function edgeStyle(edge) {
+    const rate = edge ? edge.calls_per_s : 0;
+    const width = 1.2 + Math.min(6, Math.log10(1 + rate) * 1.6);
+    let color = '#b9bfc9';
+    if (edge && edge.errors_per_s > 0) color = '#d63c3c';
+    else if (rate > 0) color = `hsl(215, 65%, ${Math.max(28, 58 - Math.log10(1 + rate) * 7)}%)`;
+    return {width, color};
+  }
+
+  function drawGraph() {
+    const root = document.getElementById('graph');
+    const nodes = program.nodes;
+    const edgeRows = (view && view.edges) || program.edges.map(([source, target]) =>
+      ({source, target, calls_per_s: 0, errors_per_s: 0, in_graph: true}));
+    const {boxes, frames, width, height} = layout(nodes, edgeRows.map((e) => [e.source, e.target]));
+    while (root.firstChild) root.removeChild(root.firstChild);
+    root.setAttribute('viewBox', `0 0 ${width} ${height}`);
+    root.style.height = Math.min(560, Math.max(200, height)) + 'px';
+    const defs = svg('defs', {}, root);
+    const marker = svg('marker', {id: 'arrow', viewBox: '0 0 10 10', refX: 9, refY: 5,
+                                  markerWidth: 7, markerHeight: 7, orient: 'auto-start-reverse',
+                                  markerUnits: 'userSpaceOnUse'}, defs);
+    svg('path', {d: 'M0,0 L10,5 L0,10 z', fill: '#5c6b80'}, marker);
+    for (const frame of frames) {
+      svg('rect', {x: frame.x, y: frame.y, width: frame.width, height: frame.height,
+                   fill: '#f1f3f6', stroke: '#d8dce3', rx: 8}, root);
+      svg('text', {x: frame.x + 10, y: frame.y + 16, class: 'group-label'}, root).textContent = frame.group;
+    }
+    const states = {};
+    for (const row of (view ? view.nodes : [])) states[row.name] = row;
+    const labelled = edgeRows.length <= 40;
+    for (const edge of edgeRows) {
+      const a = boxes[edge.source], b = boxes[edge.target];
+      if (!a || !b) continue;
+      const style = edgeStyle(edge);
+      const x1 = a.x + a.width, y1 = a.y + a.height / 2, x2 = b.x, y2 = b.y + b.height / 2;
+      const bend = Math.max(50, Math.abs(x2 - x1) / 2);
+      const group = svg('g', {class: 'edge', 'data-source': edge.source, 'data-target': edge.target,
+                              'data-calls-per-s': edge.calls_per_s.toFixed(2)}, root);
+      svg('path', {d: `M${x1},${y1} C${x1 + bend},${y1} ${x2 - bend},${y2} ${x2},${y2}`,
+                   stroke: style.color, 'stroke-width': style.width,
+                   'stroke-dasharray': edge.in_graph ? '' : '4 3', 'marker-end': 'url(#arrow)'}, group);
+      const latency = edge.latency_ms === null || edge.latency_ms === undefined ? ''
+        : `, ${formatNumber(edge.latency_ms)} ms`;
+      svg('title', {}, group).textContent =
+        `${edge.source} → ${edge.target}: ${formatRate(edge.calls_per_s)} calls/s${latency}` +
+        (edge.errors_per_s ? `, ${formatRate(edge.errors_per_s)} errors/s` : '');
+      if (labelled && edge.calls_per_s > 0) {
+        // On the curve a third of the way from the caller, where edges have not met yet.
+        const t = 0.33, u = 1 - t;
+        const lx = u * u * u * x1 + 3 * u * u * t * (x1 + bend) + 3 * u * t * t * (x2 - bend) + t * t * t * x2;
+        const ly = u * u * u * y1 + 3 * u * u * t * y1 + 3 * u * t * t * y2 + t * t * t * y2;
+        svg('text', {x: lx, y: ly - 5, 'text-anchor': 'middle'}, group)
+          .textContent = formatRate(edge.calls_per_s) + '/s';
+      }
+    }
+    for (const name of nodes) {
+      const box = boxes[name];
+      const state = states[name] ? states[name].state : 'pending';
+      const group = svg('g', {class: 'node' + (name === selected ? ' selected' : ''),
+                              'data-node': name, 'data-state': state}, root);
+      svg('rect', {x: box.x, y: box.y, width: box.width, height: box.height,
+                   fill: STATE_COLORS[state] || '#888'}, group);
+      const label = name.length > (box.width / 7) ? name.slice(0, Math.floor(box.width / 7) - 1) + '…' : name;
+      svg('text', {x: box.x + 8, y: box.y + box.height / 2 + 4}, group).textContent = label;
+      const row = states[name];
+      svg('title', {}, group).textContent = `${name}: ${state}` +
+        (row && row.calls_per_s ? `, serves ${formatRate(row.calls_per_s)} calls/s` : '') +
+        (row && row.error ? `\n${row.error}` : '');
+      group.addEventListener('click', () => selectNode(name));
+    }
+  }
+
+  function drawLegend() {
+    const legend = document.getElementById('legend');
+    legend.textContent = '';
+    for (const state of STATES) {
+      const item = html('span', {}, null, legend);
+      html('i', {style: `background:${STATE_COLORS[state]}`}, null, item);
+      item.appendChild(document.createTextNode(state));
+    }
+  }
+
+  // ---- The table ------------------------------------------------------------------------
+
+  function drawTable() {
+    const body = document.querySelector('#nodes tbody');
+    body.textContent = '';
+    for (const row of view.nodes) {
+      const tr = html('tr', {'data-node': row.name, 'data-state': row.state}, null, body);
+      html('td', {}, row.name, tr);
+      html('span', {class: 'state ' + row.state}, row.state, html('td', {}, null, tr));
+      html('td', {}, row.host || '', tr);
+      html('td', {class: 'number'}, row.pid === null ? '' : row.pid, tr);
+      html('td', {class: 'number'}, formatDuration(row.uptime), tr);
+      html('td', {class: 'number'}, row.restarts, tr);
+      html('td', {class: 'number'}, formatRate(row.calls_per_s), tr);
+      html('td', {class: 'number'}, formatRate(row.errors_per_s), tr);
+      html('td', {class: 'error'}, row.error || '', tr);
+      tr.addEventListener('click', () => selectNode(row.name));
+    }
+  }
+
+  // ---- The plots ------------------------------------------------------------------------
+
+  function addHistory(samples) {
+    for (const sample of samples) {
+      for (const [metric, byNode] of Object.entries(sample.values)) {
+        const lines = series[metric] = series[metric] || {};
+        for (const [node, value] of Object.entries(byNode)) {
+          const points = lines[node] = lines[node] || [];
+          points.push([sample.time, value]);
+          if (points.length > MAX_POINTS) points.shift();
+        }
+      }
+    }
+  }
+
+  function drawPlot(metric) {
+    const container = document.getElementById('plots');
+    let plot = container.querySelector(`.plot[data-metric="${CSS.escape(metric)}"]`);
+    if (!plot) {
+      plot = html('div', {class: 'plot', 'data-metric': metric}, null, container);
+      html('h3', {}, metric, plot);
+      svg('svg', {viewBox: '0 0 300 150', preserveAspectRatio: 'none'}, plot);
+      html('div', {class: 'keys'}, null, plot);
+    }
+    const chart = plot.querySelector('svg');
+    while (chart.firstChild) chart.removeChild(chart.firstChild);
+    const lines = Object.entries(series[metric]).sort();
+    const all = lines.flatMap(([, points]) => points);
+    let t0 = Math.min(...all.map((p) => p[0])), t1 = Math.max(...all.map((p) => p[0]));
+    let v0 = Math.min(0, ...all.map((p) => p[1]).filter(isFinite));
+    let v1 = Math.max(...all.map((p) => p[1]).filter(isFinite));
+    if (!(v1 > v0)) v1 = v0 + 1;
+    if (!(t1 > t0)) t0 = t1 - 1;
+    const left = 34, right = 296, top = 8, bottom = 134;
+    const x = (t) => left + (t - t0) / (t1 - t0) * (right - left);
+    const y = (v) => bottom - (v - v0) / (v1 - v0) * (bottom - top);
+    svg('line', {x1: left, y1: bottom, x2: right, y2: bottom, stroke: '#d8dce3'}, chart);
+    svg('text', {x: 2, y: top + 8, class: 'axis'}, chart).textContent = formatNumber(v1);
+    svg('text', {x: 2, y: bottom, class: 'axis'}, chart).textContent = formatNumber(v0);
+    svg('text', {x: right, y: 147, class: 'axis', 'text-anchor': 'end'}, chart).textContent =
+      `last ${formatDuration(t1 - t0)}`;
+    const keys = plot.querySelector('.keys');
+    keys.textContent = '';
+    let count = 0;
+    lines.forEach(([node, points], i) => {
+      const color = PALETTE[i % PALETTE.length];
+      const drawn = points.filter((p) => isFinite(p[1]));
+      count = Math.max(count, drawn.length);
+      svg('polyline', {points: drawn.map((p) => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(' '),
+                       fill: 'none', stroke: color, 'stroke-width': 1.5,
+                       'vector-effect': 'non-scaling-stroke', 'data-node': node}, chart);
+      const last = drawn.length ? formatNumber(drawn[drawn.length - 1][1]) : '';
+      html('span', {style: `color:${color}`}, `${node} ${last}`, keys);
+    });
+    plot.setAttribute('data-points', count);
+  }
+
+  function drawPlots() {
+    const metrics = Object.keys(series).sort((a, b) =>
+      (a === 'calls served/s' ? -1 : b === 'calls served/s' ? 1 : a.localeCompare(b)));
+    for (const metric of metrics) drawPlot(metric);
+  }
+
+  // ---- The log --------------------------------------------------------------------------
+
+  function selectNode(name) {
+    if (selected === name) return;
+    selected = name;
+    logCursor = null;
+    logLines = [];
+    document.getElementById('log').textContent = '';
+    document.getElementById('log-node').value = name;
+    drawGraph();
+    pollLog();
+  }
+
+  async function pollLog() {
+    if (!selected) return;
+    const asked = selected;
+    const log = document.getElementById('log');
+    try {
+      const params = {node: asked};
+      if (logCursor) params.cursor = JSON.stringify(logCursor);
+      const result = await get('/api/logs', params);
+      if (asked !== selected) return;
+      logCursor = result.cursor;
+      const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+      logLines = logLines.concat(result.lines.map(([, line]) => line)).slice(-MAX_LOG_LINES);
+      log.textContent = logLines.length ? logLines.join('\n') : `(${asked} has printed nothing yet)`;
+      if (atBottom) log.scrollTop = log.scrollHeight;
+    } catch (error) {
+      if (asked === selected && error.status === 404) log.textContent = error.message;
+    }
+  }
+
+  // ---- Polling --------------------------------------------------------------------------
+
+  function banner(text) {
+    const element = document.getElementById('banner');
+    element.hidden = !text;
+    element.textContent = text || '';
+  }
+
+  async function start() {
+    try {
+      program = await get('/api/describe');
+    } catch (error) {
+      banner('cannot reach the program: ' + error.message);
+      setTimeout(start, 2 * POLL_MS);
+      return;
+    }
+    document.title = `${program.name} - launchpad`;
+    document.getElementById('title').textContent = program.name;
+    document.getElementById('subtitle').textContent =
+      `${program.launch_type} · ${program.id} · ${program.nodes.length} nodes` +
+      (program.host ? ` · launched on ${program.host} (pid ${program.pid})` : '');
+    const choice = document.getElementById('log-node');
+    for (const name of program.nodes) html('option', {value: name}, name, choice);
+    choice.addEventListener('change', () => selectNode(choice.value));
+    drawLegend();
+    drawGraph();
+    selectNode(program.nodes[0]);
+    tick();
+  }
+
+  async function tick() {
+    try {
+      view = await get('/api/view');
+      const history = await get('/api/history', {since: historySeq});
+      historySeq = history.next;
+      addHistory(history.samples);
+      drawGraph();
+      drawTable();
+      drawPlots();
+      banner(view.ended ? `program ended${view.stop_reason ? ': ' + view.stop_reason : ''}` : '');
+      await pollLog();
+    } catch (error) {
+      banner('disconnected: ' + error.message);
+    }
+    setTimeout(tick, POLL_MS);
+  }
+
+  start();
+})();

@@ -1,0 +1,178 @@
+"""The CLI from another process: list, status, logs, stop, metrics and dashboard of programs
+running locally (local_mp) and across SSH hosts; another user gets nothing."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from tests.observe.programs import (cli, cli_json, environment, launch, observer_of, running,
+                                    wait_until)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _busy(observer):
+    """The status rows once every node runs and the counter serves calls."""
+    rows = {row['name']: row for row in observer.view()['nodes']}
+    if all(row['state'] == 'running' for row in rows.values()) and \
+            rows['counter/0']['calls_per_s'] > 0:
+        return rows
+    return None
+
+
+def _look_then_stop(process: subprocess.Popen, launch_type: str) -> dict:
+    """Runs every command against the running program 'observed', stops it, and returns its
+    status rows as they were while it ran."""
+    entry = wait_until(lambda: running('observed'), what='the program in the registry')
+    observer = observer_of(entry)
+    wait_until(lambda: _busy(observer), what='every node running, calls served')
+    wait_until(lambda: len(observer.logs()['lines']) >= 2, what='lines from both producers')
+
+    listed = cli_json('list')
+    assert [(e['id'], e['name'], e['launch_type'], e['nodes']) for e in listed] == [
+        (entry.id, 'observed', launch_type, 3)]
+    assert 'token' not in listed[0]
+    rows = {row['name']: row for row in cli_json('status', entry.id)['nodes']}
+    assert rows['counter/0']['calls_per_s'] > 0 and rows['counter/0']['calls'] > 0
+    for row in rows.values():
+        assert row['state'] == 'running' and row['pid'] > 0 and row['uptime'] > 0
+        assert row['restarts'] == 0 and row['error'] is None
+    text = cli('status', 'observed').stdout  # by name, as a table
+    assert 'NODE' in text and 'RESTARTS' in text and 'producer/1' in text
+
+    one = cli('logs', entry.id[:-2], 'producer/0').stdout  # an id's start is enough
+    assert one.startswith('producer 0 made ')
+    assert '[producer/1] producer 1 made' in cli('logs', 'observed').stdout
+    follow = subprocess.Popen([sys.executable, '-m', 'launchpad.launch', 'logs', 'observed',
+                               'producer/1', '--follow'], env=environment(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert follow.stdout.readline().startswith('producer 1 made ')
+
+        samples = cli('metrics', 'observed')
+        assert samples.returncode == 0, samples.stderr
+        assert 'courier_server_calls_total{method="add",node="counter/0"' in samples.stdout
+
+        dashboard = subprocess.Popen([sys.executable, '-m', 'launchpad.launch', 'dashboard',
+                                      entry.id], env=environment(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        url = dashboard.stdout.readline().split(': ', 1)[1].strip()
+        base, token = url.split('/?token=')
+        request = urllib.request.Request(base + '/api/view',
+                                         headers={'X-Launchpad-Token': token})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            view = json.loads(response.read())
+        assert {row['name'] for row in view['nodes']} == set(rows)
+
+        stopped = cli('stop', 'observed')
+        assert stopped.returncode == 0, stopped.stderr
+        assert f'Stopped observed ({entry.id})' in stopped.stdout
+        assert dashboard.wait(timeout=30) == 0
+        assert 'ended' in dashboard.stdout.read()
+        # It sees the end at its next poll, which may come after the dashboard's.
+        _, follow_err = follow.communicate(timeout=30)
+        assert follow.returncode == 0, follow_err
+        assert 'ended' in follow_err
+    finally:
+        for child in (follow, locals().get('dashboard')):
+            if child is not None and child.poll() is None:
+                child.kill()
+                child.wait()
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert running('observed') is None
+    assert cli('status', 'observed').returncode == 1
+    return rows
+
+
+def test_cli_sees_and_stops_a_local_program(runtime_dir, tmp_path):
+    process = launch(tmp_path, 'local_mp')
+    try:
+        rows = _look_then_stop(process, 'local_mp')
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, 9)
+            process.wait()
+    assert {row['host'] for row in rows.values()} == {os.uname().nodename}
+
+
+def test_cli_sees_and_stops_a_program_on_ssh_hosts(runtime_dir, tmp_path, ssh_testbed):
+    from tests.launch.test_ssh import host_options  # pylint: disable=import-outside-toplevel
+    options = {host.name: host_options(host) for host in ssh_testbed}
+    process = launch(tmp_path, 'ssh', json.dumps(options))
+    try:
+        rows = _look_then_stop(process, 'ssh')
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, 2)
+            process.wait(timeout=60)
+    assert {name: row['host'] for name, row in rows.items()} == {
+        'counter/0': 'lp-h1', 'producer/0': 'lp-h2', 'producer/1': 'lp-h3'}
+
+
+# What another user tries, in a process that loaded what it needs and then dropped root.
+AS_NOBODY = '''
+import json, os, sys, io, contextlib
+import psutil
+import courier
+from courier.transport import framed_client
+from launchpad.observe import cli, registry
+NOBODY = 65534
+os.setgroups([])
+os.setgid(NOBODY)
+os.setuid(NOBODY)
+entry_path, socket_path = sys.argv[1], sys.argv[2]
+tried = {}
+for command in (['list'], ['status', 'observed'], ['stop', 'observed'], ['logs', 'observed']):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(command)
+    tried[command[0]] = [code, err.getvalue()]
+try:
+    open(entry_path).read()
+    tried['read'] = 'read it'
+except OSError as e:
+    tried['read'] = type(e).__name__
+try:
+    courier.Client('unix:' + socket_path, wait_for_ready=False, call_timeout=10).stop()
+    tried['call'] = 'called stop'
+except Exception as e:
+    tried['call'] = str(e)
+print(json.dumps(tried))
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='dropping to another user needs root')
+def test_another_user_can_neither_see_nor_stop_the_program(runtime_dir, tmp_path):
+    import courier  # pylint: disable=import-outside-toplevel
+    process = launch(tmp_path, 'local_mp')
+    try:
+        entry = wait_until(lambda: running('observed'), what='the program in the registry')
+        entry_path = os.path.join(runtime_dir, f'{entry.id}.json')
+        socket_path = os.path.join(runtime_dir, f'{entry.id}.sock')
+        done = subprocess.run([sys.executable, '-c', AS_NOBODY, entry_path, socket_path],
+                              env=environment(), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        tried = json.loads(done.stdout)
+        for command in ('list', 'status', 'stop', 'logs'):
+            code, message = tried[command]
+            assert code == 1 and 'belongs to another user' in message, tried
+        assert tried['read'] == 'PermissionError'
+        assert 'ermission denied' in tried['call'], tried
+        # Without the entry's token, not even this user's processes get an answer.
+        for token in (None, 'not-the-token'):
+            with pytest.raises(courier.PermissionDeniedError):
+                courier.Client('unix:' + socket_path, auth_token=token,
+                               wait_for_ready=False).stop()
+        assert wait_until(lambda: _busy(observer_of(entry)))  # untouched
+        assert cli('stop', entry.id).returncode == 0
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, 9)
+            process.wait()
