@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import tempfile
 import pathlib
 import statistics
@@ -40,7 +41,6 @@ class Echo:
 
 def measure(launch_type: str, adds: int,
             resources: Optional[dict] = None) -> Dict[str, List[float]]:
-    os.environ.setdefault('LAUNCHPAD_LOGGING_DIR', tempfile.mkdtemp(prefix='elastic-bench-'))
     program = lp.Program('elastic_bench')
     with program.group('echo', elastic=lp.Elastic(make_node=lambda: lp.CourierNode(Echo))):
         program.add_node(lp.CourierNode(Echo))
@@ -74,13 +74,12 @@ def main() -> None:
     parser.add_argument('--pythonpath', help='PYTHONPATH on --hosts')
     args = parser.parse_args()
     args.env = {'PYTHONPATH': args.pythonpath} if args.pythonpath else {}
-    results = {}
-    for launch_type in ('local_mt', 'local_mp'):
-        results[launch_type] = measure(launch_type, args.adds)
-    if not args.no_ssh:
-        from ssh_bench import bed_hosts  # pylint: disable=import-outside-toplevel
-        with bed_hosts(args) as hosts:
-            results['ssh'] = measure('ssh', args.adds, {'echo': lp.SshHosts(hosts[:2])})
+    logs = tempfile.mkdtemp(prefix='elastic-bench-')  # node output, removed at the end
+    os.environ['LAUNCHPAD_LOGGING_DIR'] = logs
+    try:
+        results = measure_all(args)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
     print(f'{"launcher":10} {"running median / max (s)":>26} {"serving median / max (s)":>26}')
     for launch_type, times in results.items():
         cells = []
@@ -89,6 +88,17 @@ def main() -> None:
             cells.append(f'{statistics.median(values):.3f} / {max(values):.3f}' if values
                          else 'n/a')
         print(f'{launch_type:10} {cells[0]:>26} {cells[1]:>26}')
+
+
+def measure_all(args) -> Dict[str, Dict[str, List[float]]]:
+    results = {}
+    for launch_type in ('local_mt', 'local_mp'):
+        results[launch_type] = measure(launch_type, args.adds)
+    if not args.no_ssh:
+        from ssh_bench import bed_hosts  # pylint: disable=import-outside-toplevel
+        with bed_hosts(args) as hosts:
+            results['ssh'] = measure('ssh', args.adds, {'echo': lp.SshHosts(hosts[:2])})
+    return results
 
 
 if __name__ == '__main__':
