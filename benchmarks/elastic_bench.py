@@ -9,10 +9,11 @@ For each launch type it launches a program with one courier node in an elastic g
             node answered.
 
 local_mp forks new nodes from its pre-started fork server and SSH hosts' agents fork them from
-theirs, as at launch. SSH uses the SSH test bed (root; see tests/testbeds) unless --hosts names
-two machines that run this launchpad.
+theirs, as at launch; Slurm runs a new job step in the job's allocation. SSH uses the SSH test
+bed (root; see tests/testbeds) unless --hosts names two machines that run this launchpad; Slurm
+(--slurm) the Slurm test bed.
 
-  python benchmarks/elastic_bench.py [--adds 5] [--no-ssh]
+  python benchmarks/elastic_bench.py [--adds 5] [--no-ssh] [--slurm]
 """
 from __future__ import annotations
 
@@ -39,13 +40,15 @@ class Echo:
         return 'pong'
 
 
-def measure(launch_type: str, adds: int,
-            resources: Optional[dict] = None) -> Dict[str, List[float]]:
+def measure(launch_type: str, adds: int, resources: Optional[dict] = None,
+            **options) -> Dict[str, List[float]]:
     program = lp.Program('elastic_bench')
-    with program.group('echo', elastic=lp.Elastic(make_node=lambda: lp.CourierNode(Echo))):
+    # On Slurm the job reserves max_size - 1 spare tasks for the group.
+    with program.group('echo', elastic=lp.Elastic(make_node=lambda: lp.CourierNode(Echo),
+                                                  max_size=adds + 1)):
         program.add_node(lp.CourierNode(Echo))
     controller = lp.launch(program, launch_type=launch_type, resources=resources,
-                           terminal='output_to_files')
+                           terminal='output_to_files', **options)
     serving = []
     try:
         local = launch_type in ('local_mt', 'local_mp')
@@ -69,6 +72,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--adds', type=int, default=5)
     parser.add_argument('--no-ssh', action='store_true', help='skip SSH (no test bed here)')
+    parser.add_argument('--slurm', action='store_true',
+                        help='also Slurm, on the Slurm test bed (one node; needs root)')
     parser.add_argument('--hosts', type=lambda s: s.split(','), help='ssh hosts, a,b')
     parser.add_argument('--python', default='python3', help='interpreter on --hosts')
     parser.add_argument('--pythonpath', help='PYTHONPATH on --hosts')
@@ -98,6 +103,12 @@ def measure_all(args) -> Dict[str, Dict[str, List[float]]]:
         from ssh_bench import bed_hosts  # pylint: disable=import-outside-toplevel
         with bed_hosts(args) as hosts:
             results['ssh'] = measure('ssh', args.adds, {'echo': lp.SshHosts(hosts[:2])})
+    if args.slurm:
+        from tests import testbeds  # pylint: disable=import-outside-toplevel
+        with testbeds.slurm_cluster('single'):
+            # The bed's node has 4 CPUs: the job holds the first node and 3 spare tasks.
+            results['slurm'] = measure('slurm', min(args.adds, 3), job_dir=os.environ[
+                'LAUNCHPAD_LOGGING_DIR'])
     return results
 
 
