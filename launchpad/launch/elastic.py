@@ -191,12 +191,15 @@ class Elasticity:
         if label not in self._program.groups and label not in self._program.elastic_groups:
             raise KeyError(f'The program has no group {label!r}; its groups are '
                            f'{sorted(self._program.groups)}.')
+        elastic = self._program.elastic_groups.get(label)
+        if elastic is not None and elastic.clip(size) != size:
+            raise ValueError(f'Group {label!r} cannot have {size} nodes: its lp.Elastic allows '
+                             f'{elastic.min_size} to {elastic.max_size}.')
         members = self._members(label)
         if size < len(members):
             for name in members[size:][::-1]:  # the newest leave first
                 self._remove(name)
             return
-        elastic = self._program.elastic_groups.get(label)
         if size > len(members) and (elastic is None or elastic.make_node is None):
             raise ValueError(f'Group {label!r} cannot grow to {size} nodes by itself: it has no '
                              'node factory. Give it program.group(label, elastic=lp.Elastic('

@@ -109,6 +109,8 @@ def test_bad_requests_say_what_to_do():
     controller = lp.launch(program, launch_type='test_mt')
     with pytest.raises(ValueError, match='no node factory'):
         controller.resize('fixed', 3)
+    with pytest.raises(ValueError, match='allows 1 to 8'):
+        controller.resize('actor', 9)
     with pytest.raises(KeyError, match='no group'):
         controller.resize('nope', 3)
     with pytest.raises(KeyError, match='not a node of this program'):
