@@ -25,7 +25,8 @@ from launchpad.nodes.cacher import CacherNode
 from launchpad.nodes.colocation import (ColocationNode, MultiProcessingColocation,
                                         MultiThreadingColocation)
 from launchpad.nodes.courier import CourierClient, CourierHandle, CourierNode
-from launchpad.nodes.endpoint import NodeStoppedError
+from launchpad.nodes.endpoint import NodeLeftError, NodeStoppedError
+from launchpad.nodes.group import GroupClient, GroupHandle
 from launchpad.nodes.python import PyClassNode, PyNode
 from launchpad.nodes.reverb import ReverbHandle, ReverbNode
 from launchpad.observe.report import count, report
@@ -34,8 +35,9 @@ from launchpad.policy import RestartPolicy
 from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus
 from launchpad.process.spec import NodePicklingError
 from launchpad.program import Program, ProgramError, make_program
-from launchpad.runtime import (get_context, heartbeat, register_stop_handler, stop, stop_event,
-                               unregister_stop_handler, wait_for_stop)
+from launchpad.runtime import (get_context, heartbeat, register_stop_handler, resize, stop,
+                               stop_event, unregister_stop_handler, wait_for_stop)
+from launchpad.scaling import Elastic, ProgressPerActorPolicy, QueueLengthPolicy
 
 # Public names of the platform modules, imported on first use (see __getattr__).
 _PLATFORM_NAMES = {
@@ -51,17 +53,19 @@ _PLATFORM_NAMES = {
 
 __all__ = [
     'Address', 'CacherNode', 'ColocationNode', 'Controller', 'Controllers', 'CourierClient',
-    'CourierHandle', 'CourierNode', 'Executable', 'Handle', 'KubernetesResources',
+    'CourierHandle', 'CourierNode', 'Elastic', 'Executable', 'GroupClient', 'GroupHandle',
+    'Handle', 'KubernetesResources',
     'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType', 'Launcher',
     'MultiProcessingColocation', 'MultiThreadingColocation', 'Node', 'NodeFailedError',
-    'NodePicklingError', 'NodeState', 'NodeStatus', 'NodeStoppedError', 'Pool', 'PoolWorker',
-    'PoolWorkerNode', 'Program', 'ProgramError', 'PyClassNode', 'PyNode', 'PythonProcess',
+    'NodeLeftError', 'NodePicklingError', 'NodeState', 'NodeStatus', 'NodeStoppedError', 'Pool',
+    'PoolWorker', 'PoolWorkerNode', 'ProgressPerActorPolicy', 'Program', 'ProgramError',
+    'QueueLengthPolicy', 'PyClassNode', 'PyNode', 'PythonProcess',
     'ReverbHandle', 'ReverbNode', 'RestartPolicy', 'SlurmController', 'SlurmError',
     'SlurmResources', 'SshHost', 'SshHosts', 'batched_handler', 'context', 'count', 'dataflow',
     'executables_of', 'get_context', 'get_port_from_address', 'heartbeat', 'is_local_launch',
     'is_local_launch_or_test', 'launch', 'make_program', 'make_program_stopper',
-    'program_to_manifests', 'register_launcher', 'register_stop_handler', 'report', 'stop',
-    'stop_event', 'unregister_stop_handler', 'wait_for_stop',
+    'program_to_manifests', 'register_launcher', 'register_stop_handler', 'report', 'resize',
+    'stop', 'stop_event', 'unregister_stop_handler', 'wait_for_stop',
 ]
 
 

@@ -87,7 +87,13 @@ class AddressTable:
         raise AddressNotFoundError(self._missing(address))
 
     def is_published(self, address: Address) -> bool:
-        return address.id in self.published
+        return address.id in self.published or self._added(address)
+
+    def _added(self, address: Address) -> bool:
+        """Whether `address` is one of a node added after the launch: not in this table, which
+        was made before, but its launcher registers its endpoint with the registry."""
+        return (self.registry is not None and address.id not in self.static
+                and address.id not in self.published)
 
     def publish(self, address: Address, endpoint: str) -> None:
         """Records the endpoint a server bound for a published address."""
@@ -122,7 +128,7 @@ class AddressTable:
             return self.reserved[address.id]
         if address.id in self.static:
             return self.static[address.id]
-        if address.id in self.published:
+        if address.id in self.published or self._added(address):
             endpoint = self._registry().lookup_address(address.id, self.lookup_timeout)
             if endpoint is None:
                 raise TimeoutError(
@@ -134,10 +140,10 @@ class AddressTable:
     def current(self, address: Address) -> Optional[str]:
         """The endpoint clients connect to now, without waiting: a published address's latest
         endpoint (a restarted node publishes a new one), or None while it has none."""
-        if address.id in self.published:
-            return self._registry().lookup_address(address.id, 0.0)
         if address.id in self.static:
             return self.static[address.id]
+        if address.id in self.published or self._added(address):
+            return self._registry().lookup_address(address.id, 0.0)
         raise AddressNotFoundError(self._missing(address))
 
     def _registry(self) -> Registry:
@@ -164,6 +170,22 @@ def local_address_table(addresses: Iterable[Address], socket_dir: str,
             table.published[address.id] = '127.0.0.1:0'
         else:
             table.static[address.id] = f'unix:{socket_dir}/{i}.sock'
+    return table
+
+
+def add_to_local_table(table: AddressTable, addresses: Iterable[Address], socket_dir: str,
+                       registry: Optional[Registry] = None) -> AddressTable:
+    """Adds the addresses of a node added to a running local launch to `table` (as
+    `local_address_table` would have) and registers the static ones with `registry`, where the
+    nodes started before it find them."""
+    for address in addresses:
+        if address.tcp_only:
+            table.published[address.id] = '127.0.0.1:0'
+        else:
+            endpoint = f'unix:{socket_dir}/a{uuid.uuid4().hex[:8]}.sock'
+            table.static[address.id] = endpoint
+            if registry is not None:
+                registry.publish_address(address.id, endpoint)
     return table
 
 

@@ -5,10 +5,12 @@ import contextlib
 import os
 import shutil
 import subprocess
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from launchpad.nodes.base import Handle, Node
+from launchpad.nodes.group import GroupHandle
 from launchpad.policy import NodePolicy, RestartPolicy, check_progress_deadline, check_restart
+from launchpad.scaling import Elastic, ScalingPolicy
 
 
 class ProgramError(ValueError):
@@ -23,7 +25,9 @@ class Program:
 
     Attributes:
       name: the program's name.
-      launched: True once `lp.launch` has started it; nodes cannot be added after that.
+      launched: True once `lp.launch` has started it; from then on `add_node` adds the node to
+        the running program (through its controller).
+      scaling: (policy, interval) given by `set_scaling_policy`, or None.
     """
 
     def __init__(self, name: str = 'launchpad'):
@@ -32,10 +36,14 @@ class Program:
         self._groups: Dict[str, List[Node]] = {}
         self._current_group: Optional[str] = None
         self._policies: Dict[str, NodePolicy] = {}  # by group label, and by node name
+        self.elastic_groups: Dict[str, Elastic] = {}
+        self.scaling: Optional[Tuple[ScalingPolicy, float]] = None
+        self.controller: Any = None  # the running program's controller, set by lp.launch
 
     @contextlib.contextmanager
     def group(self, label: str, *, restart: Optional[RestartPolicy] = None,
-              progress_deadline: Optional[float] = None) -> Iterator[None]:
+              progress_deadline: Optional[float] = None,
+              elastic: Optional[Elastic] = None) -> Iterator[None]:
         """Adds the nodes added inside the block to the resource group `label`.
 
         Args:
@@ -43,7 +51,13 @@ class Program:
             default it fails the program.
           progress_deadline: seconds a node of the group may go without progress
             (`lp.heartbeat()`, or serving a call) before it counts as hung and fails.
+          elastic: `lp.Elastic(make_node, min_size, max_size, budget)`: the group may grow and
+            shrink while the program runs (`controller.resize`, `lp.resize`, a scaling policy).
         """
+        if elastic is not None:
+            if not isinstance(elastic, Elastic):
+                raise ProgramError(f'group(elastic=...) takes an lp.Elastic, got {elastic!r}.')
+            self.elastic_groups[label] = elastic
         if self._current_group is not None:
             raise ProgramError(f'group() cannot be nested: group({label!r}) inside group('
                                f'{self._current_group!r}). Close the outer group first.')
@@ -61,12 +75,48 @@ class Program:
         """Adds `node` to the group `label` (or the current group) and returns a handle to it.
 
         `restart` and `progress_deadline` override the group's (see `group`) for this node.
+        Once the program runs, the node is added to the running program and starts at once
+        (`Controller.add_node`).
         """
         if self.launched:
-            raise ProgramError(
-                f'Program {self.name!r} was already launched: nodes cannot be added to a running '
-                f'program, so {node!r} would never run. Add every node before lp.launch, or build '
-                'and launch another program for it.')
+            if self.controller is None or restart is not None or progress_deadline is not None:
+                raise ProgramError(
+                    f'Program {self.name!r} was already launched and {node!r} cannot join it: '
+                    + ('a node added to a running program takes its group\'s restart policy and '
+                       'progress deadline; give them to the group before the launch.'
+                       if self.controller is not None else
+                       'its controller is gone. Add every node before lp.launch, or build and '
+                       'launch another program for it.'))
+            return self.controller.add_node(node, label or self._current_group)
+        return self._add(node, label, restart, progress_deadline)
+
+    def add_running_node(self, node: Node, label: Optional[str]) -> Handle:
+        """Names `node` as the next node of group `label` of the running program (the
+        controller starts it; see `launchpad.launch.elastic`)."""
+        if label is None:
+            raise ProgramError(f'A node added to a running program needs a group: pass label=... '
+                               f'(its groups are {sorted(self._groups)}).')
+        return self._add(node, label, None, None)
+
+    def group_handle(self, label: str) -> GroupHandle:
+        """A handle to the whole group `label`, as it grows and shrinks: inside a node it is an
+        `lp.GroupClient` listing the live members, calling all or any of them."""
+        _check_label(label)
+        return GroupHandle(label)
+
+    def set_scaling_policy(self, policy: ScalingPolicy, interval: float = 1.0) -> None:
+        """Has the launcher ask `policy(metrics, now, sizes)` every `interval` seconds for the
+        sizes of the elastic groups (see `launchpad.scaling`)."""
+        if not callable(policy):
+            raise ProgramError(f'set_scaling_policy takes a function (metrics, now, sizes) -> '
+                               f'{{group: size}}, got {policy!r}.')
+        if not interval > 0:
+            raise ProgramError(f'set_scaling_policy(interval=...) is seconds > 0, got '
+                               f'{interval!r}.')
+        self.scaling = (policy, float(interval))
+
+    def _add(self, node: Node, label: Optional[str], restart: Optional[RestartPolicy],
+             progress_deadline: Optional[float]) -> Handle:
         if not isinstance(node, Node):
             raise ProgramError(f'add_node takes a launchpad node (lp.PyNode, lp.CourierNode, ...), '
                                f'got {node!r}.')
@@ -151,6 +201,12 @@ class Program:
         by_id = self._nodes_by_id()
         for user in by_id.values():
             for handle in user.input_handles:
+                if isinstance(handle, GroupHandle):
+                    if handle.label not in self._groups and handle.label not in self.elastic_groups:
+                        raise ProgramError(
+                            f'{user!r} received a handle of group {handle.label!r}, which program '
+                            f'{self.name!r} does not have; its groups are {sorted(self._groups)}.')
+                    continue
                 if handle.node_id not in by_id:
                     raise ProgramError(
                         f'{user!r} received a handle of {handle.node_id}, which is not in program '

@@ -3,7 +3,7 @@
 Launchers install a `NodeContext` for every executable before it runs (per thread for threads,
 per process for processes). The module-level functions here are re-exported as `lp.stop`,
 `lp.wait_for_stop`, `lp.stop_event`, `lp.register_stop_handler`, `lp.unregister_stop_handler` and
-`lp.get_context` and `lp.heartbeat`.
+`lp.get_context`, `lp.heartbeat` and `lp.resize`.
 
 A node *cooperates* with a stop when it registers a stop handler or waits for or watches the stop
 (`lp.wait_for_stop`, `lp.stop_event`); such a node gets the notice period to end, while one that
@@ -196,6 +196,18 @@ def wait_for_stop(timeout: Optional[float] = None) -> bool:
 def heartbeat() -> None:
     """Reports that the node makes progress (see `progress_deadline` of `Program.group`)."""
     get_context().progress.report()
+
+
+def resize(label: str, size: int) -> None:
+    """Asks for group `label` of the program to have `size` nodes: the launcher adds nodes (made
+    by the group's `lp.Elastic(make_node=...)`) or removes the newest. Returns at once; the
+    group's `lp.GroupClient` sees the members join and leave."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ValueError(f'lp.resize({label!r}, {size!r}): a size is an int >= 0.')
+    context = get_context()
+    if context.coordinator is None:
+        raise RuntimeError('lp.resize needs the program\'s coordinator, which this node has not.')
+    context.coordinator.request_size(label, size)
 
 
 def register_stop_handler(handler: Callable[[], None]) -> None:

@@ -35,6 +35,7 @@ LAYERS = [
     ('launchpad.context', 10),  # launch types, and lp.context.get_context (from runtime)
     ('launchpad.dataflow', 10),              # dataflow operators: courier clients only
     ('launchpad.policy', 10),
+    ('launchpad.scaling', 10),               # elastic groups' bounds, scaling policies
     ('launchpad.address', 11),
     ('launchpad.observe.report', 11),       # what a node reports: lp.report, its calls
     ('launchpad.process', 12),
@@ -44,6 +45,7 @@ LAYERS = [
     ('launchpad.pool.worker', 13),           # the pool worker and its node
     ('launchpad.program', 14),
     ('launchpad.launch.controller', 15),
+    ('launchpad.launch.elastic', 15),        # nodes joining and leaving a running program
     ('launchpad.observe.cli', 16),          # the commands looking at running programs
     ('launchpad.observe', 15),              # registry, observer, dashboard: lp.launch uses them
     ('launchpad.launch.launcher', 15),
@@ -172,7 +174,7 @@ def _loaded_after(statement: str) -> Set[str]:
 def test_import_launchpad_loads_no_platform_module():
     loaded = _loaded_after('import launchpad')
     assert not {m for m in loaded if m.startswith('launchpad.launch.')} - {
-        'launchpad.launch.controller', 'launchpad.launch.launcher'}
+        'launchpad.launch.controller', 'launchpad.launch.elastic', 'launchpad.launch.launcher'}
     assert 'grpc' not in loaded
 
 

@@ -18,7 +18,10 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
+from launchpad.launch.elastic import Elasticity
+from launchpad.nodes.base import Handle, Node
 from launchpad.process.coordinator import Coordinator, NodeStatus
+from launchpad.scaling import Decision
 
 
 class NodeProcess(Protocol):
@@ -50,6 +53,10 @@ class Runner(Protocol):
 
     # Optional: `last_output(name) -> str`, the last lines an executable printed, which explain
     # its end when it exits without reporting an error.
+    # Optional, for nodes added to the running program (`launchpad.launch.elastic`):
+    # `add_executable(label, executable, policy)` starts a new executable as the launch started
+    # the others; `remove(name)` gives one node the stop, where its worker does not watch the
+    # coordinator.
 
 
 class ProcessRunner:
@@ -114,6 +121,7 @@ class Controller:
         self._kill_now = threading.Event()
         self._done = threading.Event()
         self._failure_reported = False
+        self._elastic = Elasticity(coordinator, runner, launch_type, notice_period)
         self._monitor = threading.Thread(target=self._monitor_loop, name=f'lp-{program_name}',
                                          daemon=True)
         self._monitor.start()
@@ -201,9 +209,47 @@ class Controller:
         platform handles it in this process; else None."""
         return getattr(self._runner, 'output', None)
 
+    # Elastic programs: nodes join and leave while it runs (`launchpad.launch.elastic`).
+
+    def attach(self, program, resources: Dict[str, Any]) -> None:
+        """Gives the controller the program it runs (`lp.launch` does), so that nodes can be
+        added to it and removed from it."""
+        self._elastic.attach(program, resources)
+        program.controller = self
+
+    def add_node(self, node: Node, label: Optional[str] = None) -> Handle:
+        """Adds `node` to group `label` of the running program and starts it; returns its handle
+        (for nodes added later). It gets handles of the nodes already running."""
+        return self._elastic.add_node(node, label)
+
+    def remove_node(self, name: str) -> None:
+        """Removes node `name` ('group/index'): its stop handlers run, it gets the notice period
+        and is then killed; it ends as `removed`, and calls to it fail with `lp.NodeLeftError`."""
+        self._elastic.remove_node(name)
+
+    def resize(self, label: str, size: int) -> None:
+        """Grows group `label` to `size` nodes (made by its `lp.Elastic(make_node=...)`) or
+        shrinks it, removing the newest nodes first."""
+        self._elastic.resize(label, size)
+
+    def group_size(self, label: str) -> int:
+        """How many nodes of group `label` run or start (not ended, not leaving)."""
+        return self._elastic.size(label)
+
+    @property
+    def scaling_log(self) -> List[Decision]:
+        """The decisions of the program's scaling policy so far, oldest first."""
+        return self._elastic.scaling_log
+
+    @property
+    def scale_up_times(self) -> List[float]:
+        """Seconds from each added node's request to its start (it reported running)."""
+        return list(self._elastic.scale_up_times)
+
     def _monitor_loop(self) -> None:
         try:
             while True:
+                self._elastic.tick()
                 running = []
                 for name, code in self._runner.poll().items():
                     if code is None:
@@ -228,6 +274,7 @@ class Controller:
             logging.exception('The controller of %s failed; killing the program.', self.program_name)
             self._runner.kill([name for name, code in self._runner.poll().items() if code is None])
         finally:
+            self._elastic.close(self._coordinator.stop_reason or 'every node ended')
             try:
                 self._runner.release()
             finally:

@@ -14,7 +14,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 import courier
 
 from launchpad import runtime
-from launchpad.address import local_address_table
+from launchpad.address import add_to_local_table, local_address_table
 from launchpad.launch import launcher
 from launchpad.launch.controller import Controller, ProcessRunner
 from launchpad.process import flags
@@ -73,6 +73,11 @@ class _ProcessRunner(ProcessRunner):
         self._fork_server = fork_server
         self.context: Optional[runtime.NodeContext] = None
         self.released = threading.Event()
+        # What nodes added to the running program are started with (set by the launch).
+        self.packer: Optional[specs.Packer] = None
+        self.token = ''
+        self.coordinator: Optional[Coordinator] = None
+        self.resources: Dict[str, PythonProcess] = {}
 
     def release(self) -> None:
         self.released.set()
@@ -84,6 +89,24 @@ class _ProcessRunner(ProcessRunner):
             self._fork_server.close()
         self._output.close()
         shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def add_executable(self, label: str, executable, policy) -> None:
+        """Starts a node added to the running program, as the launch started the others: forked
+        from the fork server when its group can be (`Runner.add_executable`)."""
+        resources = self.resources.get(label) or PythonProcess()
+        packer = self.packer
+        add_to_local_table(packer.address_table, executable.addresses, self._workdir,
+                           registry=self.coordinator)
+        packer.policies = {**packer.policies, executable.name: policy}
+        forkable = self._fork_server is not None and forkserver.usable_for(
+            resources.env, resources.interpreter)
+        parent = None if self._output.runs_commands else (
+            self._fork_server.pid if forkable else os.getpid())
+        path = os.path.join(self._workdir, f'added-{len(self.processes)}.spec')
+        specs.write(packer.spec(executable.name, executable.run, args=resources.args,
+                                parent_pid=parent, cleanup_dir=self._workdir), path)
+        self.start_node(executable.name, specs.worker_argv(path, resources.interpreter),
+                        specs.node_environment(self.token, extra=resources.env), forkable)
 
     def last_output(self, name: str) -> str:
         """The last lines node `name` printed (see `Runner.last_output`)."""
@@ -171,6 +194,8 @@ class ProcessLauncher(launcher.Launcher):
         coordinator = Coordinator([name for name, _, _, _ in starts], policies=policies)
         server = serve_coordinator(coordinator, coordinator_address, auth_token=token)
         runner = _ProcessRunner(workdir, server, output, fork_server)
+        runner.packer, runner.token, runner.coordinator = packer, token, coordinator
+        runner.resources = dict(options.resources)
         try:
             for name, argv, env, forkable in starts:  # every node was packed before any starts
                 runner.start_node(name, argv, env, forkable)

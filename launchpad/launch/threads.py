@@ -5,7 +5,7 @@ node) raises `NodeStopped` inside it, which ends Python code at its next line bu
 blocked in C; a thread still alive after that is abandoned (it is a daemon) and counts as killed.
 A restarted node runs in a new thread.
 
-    lp-NODE threads      the nodes (a new one per restart)
+    lp-NODE threads      the nodes (a new one per restart, and one per node added while it runs)
     lp-PROGRAM-stop      waits for the program's stop: runs each node's stop handlers, then ends
                          the nodes that do not cooperate
     lp-watchdog          with progress deadlines: reports hung nodes with every thread's stack
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import pickle
 import shutil
 import tempfile
@@ -23,7 +24,7 @@ import time
 from typing import Callable, Dict, Optional, Sequence
 
 from launchpad import runtime
-from launchpad.address import local_address_table
+from launchpad.address import add_to_local_table, local_address_table
 from launchpad.launch import launcher
 from launchpad.launch.controller import Controller
 from launchpad.process.coordinator import Coordinator, NodeStopped, run_reporting
@@ -50,6 +51,9 @@ class _ThreadRunner:
         self._raised_twice: set = set()
         self.context: Optional[runtime.NodeContext] = None
         self.watchdog: Optional[ProgressWatchdog] = None
+        self.hung: Optional[Callable[[str, str, str], None]] = None  # a watchdog's report
+        # (name, policy) -> the context of a node added to the running program
+        self.new_context: Optional[Callable[..., runtime.NodeContext]] = None
 
     def add(self, name: str, context: runtime.NodeContext, run: Callable[[], None]) -> None:
         self.contexts[name] = context
@@ -102,6 +106,18 @@ class _ThreadRunner:
     def kill(self, names: Sequence[str]) -> None:
         self.end(names)
 
+    def add_executable(self, label: str, executable, policy) -> None:
+        """Starts a node added to the running program in a thread of its own (`Runner.add`)."""
+        del label
+        add_to_local_table(self.context.address_table, executable.addresses, self._workdir)
+        context = self.new_context(executable.name, policy)
+        with self._lock:
+            self.add(executable.name, context, executable.run)
+            thread = self.threads[executable.name]
+        if self.watchdog is None and context.progress_deadline is not None:
+            self.watchdog = ProgressWatchdog(self.hung)
+        thread.start()
+
     def restart(self, name: str) -> None:
         old = self.contexts[name]
         context = dataclasses.replace(old, stop=runtime.StopSignal(old.stop.request),
@@ -112,6 +128,16 @@ class _ThreadRunner:
             self.exit_codes.pop(name, None)
             self.add(name, context, self._runs[name])
             self.threads[name].start()
+
+    def remove(self, name: str) -> None:
+        """Node `name` leaves the running program: its stop handlers run; it ends at once if it
+        does not cooperate (see `Controller.remove_node`)."""
+        context = self.contexts.get(name)
+        if context is None:
+            return
+        context.stop.trigger()
+        if not context.stop.cooperating:
+            self.end([name])
 
     def stop_all(self) -> None:
         """The program stops: each node's stop handlers run, then the nodes that do not
@@ -135,6 +161,17 @@ def _raise_in(thread: threading.Thread, error: type) -> None:
     """Raises `error` in `thread` at its next Python line."""
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
                                                ctypes.py_object(error))
+
+
+def _node_context(options: launcher.LaunchOptions, program_name: str, table, coordinator,
+                  name: str, policy) -> runtime.NodeContext:
+    label, index = name.split('+', 1)[0].rsplit('/', 1)
+    return runtime.NodeContext(
+        launch_type=options.launch_type, program_name=program_name, label=label,
+        index=int(index), address_table=table,
+        stop=runtime.StopSignal(coordinator.request_stop), coordinator=coordinator,
+        notice_period=options.notice_period, tls=options.tls,
+        progress_deadline=policy.progress_deadline if policy else None)
 
 
 class _Reports:
@@ -193,22 +230,19 @@ class ThreadLauncher(launcher.Launcher):
                                     f'The stack of each thread, the node\'s own last:\n{stacks}')
             runner.end([name])
 
+        runner.hung = hung
         if any(policy.progress_deadline for policy in policies.values()):
             runner.watchdog = ProgressWatchdog(hung)
         threading.Thread(target=watch_stop, daemon=True, name=f'lp-{program.name}-stop').start()
         for _, executable in executables:
-            label, index = executable.node_names[0].rsplit('/', 1)
-            policy = policies.get(executable.name)
-            context = runtime.NodeContext(
-                launch_type=options.launch_type, program_name=program.name, label=label,
-                index=int(index), address_table=table,
-                stop=runtime.StopSignal(coordinator.request_stop), coordinator=coordinator,
-                notice_period=options.notice_period, tls=options.tls,
-                progress_deadline=policy.progress_deadline if policy else None)
+            context = _node_context(options, program.name, table, coordinator,
+                                    executable.name, policies.get(executable.name))
             # Threads that node code starts itself see the first node's context.
             runner.context = runner.context or context
             runner.add(executable.name, context, executable.run)
         runtime.set_process_context(runner.context)
+        runner.new_context = functools.partial(
+            _node_context, options, program.name, table, coordinator)
         for thread in list(runner.threads.values()):
             thread.start()
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,

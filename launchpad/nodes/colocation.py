@@ -208,7 +208,8 @@ class _CoordinatorRelay:
     def request_stop(self, reason: str = 'stop requested') -> None:
         self._context.stop.request(reason)
 
-    def wait_for_stop(self, timeout: Optional[float] = None) -> bool:
+    def wait_for_stop(self, timeout: Optional[float] = None, name: Optional[str] = None) -> bool:
+        del name  # the inner nodes leave with their colocation, never one by one
         return self._ending.wait(timeout)
 
     def publish_address(self, address_id: str, endpoint: str) -> None:

@@ -41,6 +41,11 @@ class NodeStoppedError(courier.ServerUnavailableError):
     """A call to a node that has ended while the program stops: it will not come back."""
 
 
+class NodeLeftError(NodeStoppedError):
+    """A call to a node that was removed from the running program (an elastic group's member
+    that left): it will not come back."""
+
+
 class NodeEndpoint:
     """The endpoint of a node's address, found when a client (re)connects (a picklable callable).
 
@@ -74,6 +79,7 @@ class NodeEndpoint:
         published = table.is_published(self.address)
         started = time.monotonic()
         pause = 0.001
+        asked = 0.0  # when the coordinator was last asked whether the node left
         while True:
             stopping = context.stop.event.is_set()
             endpoint = table.current(self.address)
@@ -81,6 +87,12 @@ class NodeEndpoint:
                 self.fresh = True
                 return endpoint
             where = f'at {endpoint}' if endpoint else '(it has not published its endpoint)'
+            if time.monotonic() - asked >= _MAX_LOOKUP:
+                asked = time.monotonic()
+                if _has_left(context, self.node_name):
+                    raise NodeLeftError(
+                        f'node {self.node_name} was removed from the program and is not serving '
+                        f'{where}: it will not come back.')
             if stopping:
                 raise NodeStoppedError(
                     f'node {self.node_name} is not serving {where} and the program is stopping, '
@@ -139,6 +151,17 @@ class NodeClient(courier.Client):
             if key.endswith('address'):  # the server's address: the endpoint it resolved
                 state[key] = self._address  # pylint: disable=no-member
         return state
+
+
+def _has_left(context, node_name: str) -> bool:
+    """Whether the coordinator says `node_name` was removed from the program."""
+    has_left = getattr(context.coordinator, 'has_left', None)
+    if has_left is None:
+        return False
+    try:
+        return bool(has_left(node_name))
+    except Exception:  # pylint: disable=broad-except  (an older coordinator, or it is gone)
+        return False
 
 
 def _patience_left(endpoint: NodeEndpoint, started: float) -> bool:

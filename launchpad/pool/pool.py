@@ -30,8 +30,10 @@ from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, U
 
 import courier
 
+from launchpad import runtime
 from launchpad.context import is_local_launch_or_test
 from launchpad.launch.launcher import launch
+from launchpad.nodes.group import GroupClient
 from launchpad.pool.dispatch import Dispatcher
 from launchpad.pool.results import (AsyncResult, IMapIterator, IMapUnorderedIterator, Job,
                                     MapResult, Task)
@@ -62,7 +64,9 @@ class Pool:
       initializer, initargs: `initializer(*initargs)` runs once in every worker process, and again
         in a restarted one.
       maxtasksperchild: must be None (workers are not recycled; a dead one is restarted).
-      workers: worker handles (as clients) to run on instead of launching a program.
+      workers: worker handles (as clients) to run on instead of launching a program, or an
+        `lp.GroupClient` of a group of `lp.PoolWorkerNode`s: the pool follows the group as it
+        grows and shrinks (members that join get tasks, those that leave get none).
       launch_type: how to launch the standalone program (default 'local_mp').
       resources: the workers' resources, e.g. `lp.SshHosts([...])` for ssh.
       max_restarts: how many times each worker process is restarted after dying.
@@ -93,16 +97,19 @@ class Pool:
         self._tmpdir: Optional[str] = None
         self._endpoints: dict = {}
         self._shut_down = False
+        group = workers if isinstance(workers, GroupClient) else None
+        if group is not None:  # an elastic group: its members now, and those that join later
+            workers = list(group.members().items())
         if workers is not None:
             if processes is not None or launch_type is not None or resources is not None:
                 raise ValueError('Pass either workers= (a pool inside a program) or processes, '
                                  'launch_type and resources (a pool that launches its own '
                                  'program), not both.')
             workers = list(workers)
-            if not workers:
+            if not workers and group is None:
                 raise ValueError('workers= is empty: a pool needs at least one worker.')
             for worker in workers:
-                _check_worker(worker)
+                _check_worker(worker[1] if group is not None else worker)
             self._size = len(workers)
         else:
             processes = (os.cpu_count() or 1) if processes is None else processes
@@ -118,7 +125,12 @@ class Pool:
         self._dispatcher = Dispatcher(prefetch=prefetch, initialize=init)
         if workers is not None:
             for worker in workers:
-                self._add_worker(worker)
+                if group is not None:
+                    self._add_worker(worker[1], key=worker[0])
+                else:
+                    self._add_worker(worker)
+            if group is not None:
+                self._follow(group, {name for name, _ in workers})
             return
         try:
             self._launch(processes, launch_type or 'local_mp', resources, max_restarts,
@@ -215,6 +227,31 @@ class Pool:
             self._dispatcher.add_worker(key or worker.key, worker.connect)
         else:
             self._dispatcher.add_worker(key or repr(worker), functools.partial(_fresh, worker))
+
+    def _follow(self, group: GroupClient, members: set) -> None:
+        """Adds the members that join `group` as workers, and removes those that leave, from a
+        thread of its own until the pool shuts down."""
+        context = runtime.get_context()
+
+        def follow():
+            runtime.set_thread_context(context)
+            known = set(members)
+            while not self._shut_down and not context.stop.event.is_set():
+                try:
+                    if not group.wait_for_change(0.5):
+                        continue
+                    current = group.members()
+                except Exception:  # pylint: disable=broad-except  (the program stops)
+                    return
+                for name in known - set(current):
+                    self._remove_worker(name)
+                for name in set(current) - known:
+                    if current[name] is not None:
+                        self._add_worker(current[name], key=name)
+                known = set(current)
+                self._size = len(known)
+
+        threading.Thread(target=follow, daemon=True, name=f'lp-pool-{group.label}').start()
 
     def _remove_worker(self, key: str) -> None:
         """Gives worker `key` no more tasks; the ones it holds finish."""

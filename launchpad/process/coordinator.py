@@ -28,6 +28,8 @@ from launchpad.policy import NodePolicy, RestartBudget
 # Seconds a node keeps running without reaching its coordinator before it decides that the
 # launcher is gone and stops itself.
 COORDINATOR_LOSS_TIMEOUT = 5.0
+# Coordinator threads for nodes added to a running program (two each), beyond its first nodes'.
+_ROOM_TO_GROW = 64
 
 
 class NodeState(str, enum.Enum):
@@ -38,10 +40,12 @@ class NodeState(str, enum.Enum):
     KILLED = 'killed'
     RESTARTING = 'restarting'  # failed; starts again once its process is gone and its backoff over
     DROPPED = 'dropped'        # failed for good under on_failure='drop'; the program goes on
+    REMOVED = 'removed'        # taken out of the running program (`Controller.remove_node`)
 
     @property
     def ended(self) -> bool:
-        return self in (NodeState.FINISHED, NodeState.FAILED, NodeState.KILLED, NodeState.DROPPED)
+        return self in (NodeState.FINISHED, NodeState.FAILED, NodeState.KILLED, NodeState.DROPPED,
+                        NodeState.REMOVED)
 
 
 @dataclasses.dataclass
@@ -114,6 +118,9 @@ class Coordinator:
         self._incarnations = {name: _Incarnation((policies or {}).get(name) or NodePolicy())
                               for name in self._nodes}
         self._addresses: Dict[str, str] = {}
+        self._node_addresses: Dict[str, List[str]] = {}  # node -> its address ids (group members)
+        self._removing: Dict[str, float] = {}  # node -> when its removal was asked (monotonic)
+        self._size_requests: Dict[str, int] = {}  # group -> the size a node asked for
         self._stop_reason: Optional[str] = None
         self._stop_time: Optional[float] = None
         self._failure: Optional[NodeFailedError] = None
@@ -147,7 +154,8 @@ class Coordinator:
         with self._changed:
             status = self._status(name)
             if not status.state.ended and not self._incarnations[name].failed:
-                status.state = NodeState.FINISHED
+                status.state = (NodeState.REMOVED if name in self._removing
+                                else NodeState.FINISHED)
             self._changed.notify_all()
 
     def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
@@ -161,10 +169,12 @@ class Coordinator:
         with self._changed:
             self._set_stopping(reason)
 
-    def wait_for_stop(self, timeout: Optional[float] = None) -> bool:
-        """Blocks until the program is stopping or `timeout` passes; True if stopping."""
+    def wait_for_stop(self, timeout: Optional[float] = None, name: Optional[str] = None) -> bool:
+        """Blocks until the program is stopping (or node `name` is being removed from it) or
+        `timeout` passes; True if it is."""
         with self._changed:
-            return self._changed.wait_for(lambda: self._stop_reason is not None, timeout)
+            return self._changed.wait_for(
+                lambda: self._stop_reason is not None or name in self._removing, timeout)
 
     def publish_address(self, address_id: str, endpoint: str) -> None:
         with self._changed:
@@ -182,6 +192,87 @@ class Coordinator:
             self._changed.wait_for(lambda: address_id in self._addresses, timeout)
             return self._addresses.get(address_id)
 
+    # Elastic groups: nodes join and leave while the program runs.
+
+    def add_nodes(self, names: Iterable[str], *,
+                  policies: Optional[Mapping[str, NodePolicy]] = None) -> None:
+        """Adds executables to the running program (pending until they report their start)."""
+        with self._changed:
+            if self._stop_reason is not None:
+                raise RuntimeError(f'The program is stopping ({self._stop_reason}): no node can '
+                                   'be added to it any more.')
+            for name in names:
+                if name in self._nodes:
+                    raise KeyError(f'{name!r} is already a node of this program.')
+                self._nodes[name] = NodeStatus(name)
+                self._incarnations[name] = _Incarnation((policies or {}).get(name) or NodePolicy())
+            self._changed.notify_all()
+
+    def set_node_addresses(self, addresses: Mapping[str, List[str]]) -> None:
+        """Node name -> the ids of the addresses it serves, for clients of its group."""
+        with self._changed:
+            self._node_addresses.update({name: list(ids) for name, ids in addresses.items()})
+            self._changed.notify_all()
+
+    def remove_node(self, name: str) -> None:
+        """Gives node `name` the stop: its stop handlers run, and it gets the notice period."""
+        with self._changed:
+            status = self._status(name)
+            if name not in self._removing:
+                self._removing[name] = time.monotonic()
+            if status.state is NodeState.RESTARTING:
+                status.state = NodeState.REMOVED
+            self._changed.notify_all()
+
+    def removals(self) -> Dict[str, float]:
+        """Nodes being removed that have not ended yet -> when their removal was asked."""
+        with self._changed:
+            return {name: at for name, at in self._removing.items()
+                    if not self._nodes[name].state.ended}
+
+    def has_left(self, name: str) -> bool:
+        """Whether node `name` was removed from the program."""
+        with self._changed:
+            return name in self._removing
+
+    def members(self, label: str) -> List[Tuple[str, List[str]]]:
+        """The live members of group `label`: (name, address ids) of each node that runs, was
+        not removed and whose addresses are known, in the order they were added."""
+        with self._changed:
+            return self._members(label)
+
+    def wait_for_members(self, label: str, known: Optional[List] = None,
+                         timeout: Optional[float] = None) -> List[Tuple[str, List[str]]]:
+        """`members(label)` once it differs from `known` (or `timeout` passes, or the program
+        stops): the cheap way to hear of members that join or leave."""
+        known = [(name, list(ids)) for name, ids in known] if known is not None else None
+        with self._changed:
+            self._changed.wait_for(lambda: self._members(label) != known
+                                   or self._stop_reason is not None, timeout)
+            return self._members(label)
+
+    def request_size(self, label: str, size: int) -> None:
+        """Asks for group `label` to have `size` nodes (a node's `lp.resize`); the controller
+        grows or shrinks it."""
+        if not isinstance(size, int) or size < 0:
+            raise ValueError(f'A group size is an int >= 0, got {size!r}.')
+        with self._changed:
+            self._size_requests[label] = size
+            self._changed.notify_all()
+
+    def take_size_requests(self) -> Dict[str, int]:
+        """The group sizes asked for since the last call."""
+        with self._changed:
+            requests, self._size_requests = self._size_requests, {}
+            return requests
+
+    def _members(self, label: str) -> List[Tuple[str, List[str]]]:
+        prefix = label + '/'
+        return [(name, self._node_addresses[name]) for name, status in self._nodes.items()
+                if name.startswith(prefix) and '+' not in name
+                and status.state is NodeState.RUNNING and name not in self._removing
+                and name in self._node_addresses]
+
     # Called by the launcher and the controller.
 
     def executable_exited(self, name: str, exit_code: int, last_output: str = '') -> None:
@@ -196,6 +287,8 @@ class Coordinator:
             incarnation.exited = True
             if status.state.ended or status.state is NodeState.RESTARTING:
                 pass  # it reported how it ended
+            elif name in self._removing:
+                status.state = NodeState.REMOVED
             elif self._stop_reason is not None and exit_code != 0:
                 status.state = NodeState.KILLED
             elif exit_code == 0:
@@ -300,6 +393,10 @@ class Coordinator:
         incarnation.failed = True
         incarnation.failures.append((message, traceback_text))
         status.error = message
+        if name in self._removing:  # it was leaving anyway: no restart, no failed program
+            status.state = NodeState.REMOVED
+            self._changed.notify_all()
+            return
         if self._stop_reason is not None:
             status.state = NodeState.FAILED
             self._changed.notify_all()
@@ -355,11 +452,11 @@ def serve_coordinator(coordinator: Coordinator, address: str, *, auth_token: Opt
     """Serves `coordinator` with courier on `address` and returns the started courier.Server.
 
     Every node keeps a call to `wait_for_stop` open, so the server gets two threads per node and
-    some to spare. `auth_token` None reads COURIER_AUTH_TOKEN, as courier does.
+    some to spare, and room for nodes added while the program runs (threads start when needed). `auth_token` None reads COURIER_AUTH_TOKEN, as courier does.
     """
     import courier  # pylint: disable=import-outside-toplevel
     server = courier.Server(address=address, auth_token=auth_token, tls=tls,
-                            thread_pool_size=2 * len(coordinator.status()) + 8)
+                            thread_pool_size=2 * len(coordinator.status()) + 8 + _ROOM_TO_GROW)
     server.bind_object(coordinator)
     server.Start()
     return server

@@ -59,7 +59,7 @@ def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
             launcher_lost.set()
             break
         try:
-            if coordinator.wait_for_stop(_POLL):
+            if coordinator.wait_for_stop(_POLL, spec.node_name):  # or it is removed
                 break
             unreachable_since = None
         except Exception as e:  # pylint: disable=broad-except

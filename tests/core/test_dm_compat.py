@@ -138,16 +138,19 @@ def write_file(path):
         f.write(os.environ.get('WHICH', ''))
 
 
-def test_add_node_after_launch_is_refused():
+def test_add_node_after_launch_joins_the_running_program_and_is_refused_once_it_ended():
     program = lp.Program('running')
     program.add_node(lp.PyNode(block), label='daemon')
     controller = lp.launch(program, launch_type='test_mt')
     try:
-        with pytest.raises(lp.ProgramError, match='already launched.*would never run'):
-            program.add_node(lp.PyNode(block), label='late')
+        program.add_node(lp.PyNode(lp.wait_for_stop), label='late')
+        assert controller.status()['late/0'].state in (lp.NodeState.PENDING,
+                                                      lp.NodeState.RUNNING)
     finally:
         controller.stop()
-    assert list(program.groups) == ['daemon']
+    assert list(program.groups) == ['daemon', 'late']
+    with pytest.raises(RuntimeError, match='no longer be added|stopping'):
+        program.add_node(lp.PyNode(block), label='later')
 
 
 class Unpicklable:

@@ -216,3 +216,18 @@ def test_dataflow_agents_learn_cartpole(run_example, tmp_path, name, args):
     assert first < 60 and last > 80 and last > 2 * first, (first, last)
     assert run.final_line.startswith(f'Average return rose from {first:.1f} (first 20 episodes) '
                                      f'to {last:.1f} (last 20)')
+
+
+def test_elastic_actors_follow_the_learner_and_plot_it(run_example, tmp_path):
+    """local_mp, as CI runs it: the policy changes the actors while the learner trains, every
+    change within [1, max_actors], and the plot is written."""
+    plot = tmp_path / 'elastic.png'
+    run = _ok(run_example('elastic_actors', 'local_mp', '--max_actors=4', f'--plot={plot}'))
+    data = json.loads((tmp_path / 'elastic.json').read_text())
+    actors = [n for _, n, _ in data['timeline']]
+    decisions = data['decisions']
+    assert decisions and all(1 <= d['target'] <= 4 for d in decisions), decisions
+    assert max(actors) > 1, actors  # the actors grew while training ...
+    returns = [r for _, _, r in data['timeline']]
+    assert returns[-1] > returns[0] + 50, returns  # ... which made progress
+    assert plot.stat().st_size > 10_000 and f'Wrote {plot}.' in run.stdout

@@ -195,6 +195,20 @@ def test_groups_with_equal_resources_share_one_component(tmp_path):
     assert 'COURIER_AUTH_TOKEN' not in script
 
 
+def test_an_elastic_group_reserves_its_room_to_grow_and_the_script_runs_added_steps(tmp_path):
+    program = actor_learner(actors=2)
+    options = lp.LaunchOptions('slurm', resources={'actor': lp.SlurmResources(cpus=2)})
+    components = plan(lp.executables_of(program, options), options.resources, str(tmp_path),
+                      spare={'actor': 4})
+    assert [(len(c.steps), c.spare) for c in components] == [(1, 0), (2, 4)]
+    script = batch_script('al', components, str(tmp_path), {i: f'{i}.spec' for i in range(3)},
+                          growing=True)
+    assert '#SBATCH --ntasks=1\n' in script and '#SBATCH --ntasks=6\n' in script
+    assert '"$run"/*.add' in script
+    assert '.add' not in batch_script('al', components, str(tmp_path),
+                                      {i: f'{i}.spec' for i in range(3)})
+
+
 def test_detached_script_starts_the_driver_as_a_module(tmp_path):
     program = producer_consumer('unused')
     options = lp.LaunchOptions('slurm', resources={})
@@ -473,3 +487,18 @@ def test_detached_program_outlives_the_launching_process(slurm_multi, tmp_path):
     with open(os.path.join(job_dir, 'logs', 'job.out')) as f:
         assert "Program 'producer-consumer' ended" in f.read()
     assert wait_until(lambda: not our_processes(job_dir), timeout=10)
+
+
+@pytest.mark.timeout(240)
+def test_an_elastic_group_grows_and_shrinks_within_the_allocation(slurm_multi, tmp_path, capfd):
+    """tests/elastic_program.py: a node grows the actors 2 -> 6 -> 1; the job reserved the
+    group's spare tasks (max_size 8) and the batch script runs the added steps."""
+    from tests import elastic_program  # pylint: disable=import-outside-toplevel
+    controller = launch(elastic_program.build(), tmp_path)
+    assert controller.wait(timeout=200)
+    status = controller.status()
+    assert {name: s.state for name, s in status.items() if name.startswith('actor/')} == {
+        'actor/0': lp.NodeState.FINISHED,
+        **{f'actor/{i}': lp.NodeState.REMOVED for i in range(1, 6)}}
+    assert 'ELASTIC shrank to 1' in capfd.readouterr().out
+    assert_nothing_left(controller, tmp_path)

@@ -403,3 +403,20 @@ def test_tls_between_hosts(ssh_testbed, hosts):
     assert controller.wait(labels=['visitor'], timeout=60)
     controller.stop()
     assert controller.status()['visitor/0'].state is lp.NodeState.FINISHED
+
+
+@pytest.mark.timeout(170)
+def test_an_elastic_group_grows_and_shrinks_across_hosts(hosts, capfd):
+    """tests/elastic_program.py: a node grows the actors 2 -> 6 -> 1 (forked by the hosts'
+    agents) while the learner receives from, and broadcasts to, whoever is alive."""
+    from tests import elastic_program  # pylint: disable=import-outside-toplevel
+    controller = lp.launch(elastic_program.build(), launch_type='ssh', resources={
+        'learner': hosts['lp-h1'], 'driver': hosts['lp-h1'],
+        'actor': lp.SshHosts([hosts['lp-h2'], hosts['lp-h3']])})
+    assert controller.wait(timeout=150)
+    status = controller.status()
+    assert {name: s.state for name, s in status.items() if name.startswith('actor/')} == {
+        'actor/0': lp.NodeState.FINISHED,
+        **{f'actor/{i}': lp.NodeState.REMOVED for i in range(1, 6)}}
+    assert {status[f'actor/{i}'].host for i in range(6)} == {'lp-h2', 'lp-h3'}
+    assert 'ELASTIC shrank to 1' in capfd.readouterr().out

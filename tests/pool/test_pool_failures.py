@@ -187,3 +187,38 @@ def test_a_stopped_worker_server_counts_as_lost_and_its_tasks_go_to_the_others(t
 def _sleepy_identity(x):
     time.sleep(0.01)
     return x
+
+
+# --- An elastic group of workers: the pool follows it --------------------------------------
+
+def _elastic_pool_main(workers, results_path):
+    """Maps while the group grows 1 -> 3 -> 1 (lp.resize); the pool takes the members."""
+    sizes = []
+    with lp.Pool(workers=workers) as pool:
+        results = [pool.map(abs, range(-10, 0))]
+        for size in (3, 1):
+            lp.resize('pool', size)
+            deadline = time.monotonic() + 60
+            while len(_live(pool)) != size and time.monotonic() < deadline:
+                time.sleep(0.05)
+            sizes.append(sorted(_live(pool)))
+            results.append(pool.map(time.sleep, [0.01] * 20, chunksize=1))
+        stats = dict(pool.stats)
+    with open(results_path, 'w') as f:
+        f.write(repr((results, sizes, stats)))
+    lp.stop()
+
+
+def test_a_pool_on_a_group_handle_follows_the_group_as_it_grows_and_shrinks(tmp_path):
+    program = lp.Program('pool_elastic')
+    with program.group('pool', elastic=lp.Elastic(make_node=lp.PoolWorkerNode)):
+        program.add_node(lp.PoolWorkerNode())
+    results_path = tmp_path / 'results'
+    program.add_node(lp.PyNode(_elastic_pool_main, program.group_handle('pool'),
+                               str(results_path)), label='main')
+    controller = lp.launch(program, launch_type='local_mp')
+    assert controller.wait(timeout=120)
+    results, sizes, stats = eval(results_path.read_text())  # pylint: disable=eval-used
+    assert results == [list(range(10, 0, -1)), [None] * 20, [None] * 20]
+    assert sizes == [['pool/0', 'pool/1', 'pool/2'], ['pool/0']]
+    assert stats['joined'] == 3, stats

@@ -199,3 +199,43 @@ def test_a_stop_ends_the_restarts_and_a_node_that_cannot_restart_fails():
     coordinator.node_failed('b/0', 'ValueError: b')
     assert coordinator.status()['b/0'].state is NodeState.FAILED  # stopping: no restart
     assert not coordinator.restarts_pending
+
+
+def test_nodes_join_and_leave_a_group_and_its_members_follow():
+    coordinator = Coordinator(['actor/0', 'learner/0'])
+    coordinator.set_node_addresses({'actor/0': ['a0'], 'learner/0': []})
+    assert coordinator.members('actor') == []  # not running yet
+    coordinator.node_started('actor/0', 1, 'h')
+    assert coordinator.members('actor') == [('actor/0', ['a0'])]
+    coordinator.add_nodes(['actor/1'])
+    coordinator.set_node_addresses({'actor/1': ['a1']})
+    changed = []
+    waiter = threading.Thread(target=lambda: changed.append(coordinator.wait_for_members(
+        'actor', [('actor/0', ['a0'])], 10.0)))
+    waiter.start()
+    coordinator.node_started('actor/1', 2, 'h')
+    waiter.join()
+    assert changed == [[('actor/0', ['a0']), ('actor/1', ['a1'])]]
+    assert not coordinator.wait_for_stop(0.0, 'actor/1')
+    coordinator.remove_node('actor/1')
+    assert coordinator.wait_for_stop(0.0, 'actor/1') and not coordinator.wait_for_stop(0.0)
+    assert coordinator.members('actor') == [('actor/0', ['a0'])]  # it leaves at once
+    assert coordinator.has_left('actor/1') and not coordinator.has_left('actor/0')
+    coordinator.node_failed('actor/1', 'ConnectionError: on its way out')
+    assert coordinator.status()['actor/1'].state is NodeState.REMOVED  # not a failure
+    assert not coordinator.stopping and coordinator.failure is None
+    with pytest.raises(KeyError, match='already a node'):
+        coordinator.add_nodes(['actor/1'])
+
+
+def test_size_requests_are_taken_once():
+    coordinator = Coordinator(['actor/0'])
+    coordinator.request_size('actor', 4)
+    coordinator.request_size('actor', 6)
+    assert coordinator.take_size_requests() == {'actor': 6}
+    assert coordinator.take_size_requests() == {}
+    with pytest.raises(ValueError, match='int >= 0'):
+        coordinator.request_size('actor', -1)
+    coordinator.request_stop()
+    with pytest.raises(RuntimeError, match='stopping'):
+        coordinator.add_nodes(['actor/1'])

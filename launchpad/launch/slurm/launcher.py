@@ -124,7 +124,9 @@ class SlurmLauncher(Launcher):
         run_dir = os.path.join(job_dir, 'run')
         log_dir = os.path.join(job_dir, 'logs')
         batch_log = os.path.join(log_dir, 'job.out')
-        components = script.plan(executables, options.resources, log_dir)
+        components = script.plan(executables, options.resources, log_dir, spare={
+            label: max(0, (elastic.max_size or 0) - len(program.groups.get(label, ())))
+            for label, elastic in program.elastic_groups.items()} if not settings.detach else None)
         steps = sorted((s for c in components for s in c.steps), key=lambda s: s.index)
         names = [step.executable.name for step in steps]
         watched = [step.watched() for step in steps]
@@ -163,7 +165,9 @@ class SlurmLauncher(Launcher):
                 f.write(script.batch_script(
                     program.name, components, run_dir, spec_paths, detached=settings.detach,
                     restart_waits=_restart_waits(steps, policies),
-                    warning_seconds=settings.stop_before_time_limit))
+                    warning_seconds=settings.stop_before_time_limit, growing=not settings.detach))
+            with open(os.path.join(run_dir, shared.ADDING_ALIVE), 'w'):
+                pass  # the job's steps of added nodes run while the runner touches it
             job_id = job.submit(script_path, program.name, batch_log, _job_environment(token))
         except BaseException:
             if server is not None:
@@ -193,10 +197,75 @@ class SlurmLauncher(Launcher):
             follower = _LogFollower([('slurm', batch_log)] + [(s.executable.name, s.log)
                                                               for s in steps])
             closing = [follower.close, server.Stop]
-        runner = StepRunner(job_id, run_dir, watched, coordinator, watch_job=True,
-                            closing=closing, batch_log=batch_log)
+        runner = _GrowingStepRunner(job_id, run_dir, watched, coordinator, watch_job=True,
+                                    closing=closing, batch_log=batch_log, packer=packer,
+                                    components=components, resources=options.resources,
+                                    log_dir=log_dir, first_index=len(steps))
         return SlurmController(program.name, coordinator, runner, launch_type=options.launch_type,
                                notice_period=options.notice_period, job_id=job_id, log_dir=log_dir)
+
+
+class _GrowingStepRunner(StepRunner):
+    """The step runner of a program launched in the foreground, which can also add nodes: each
+    runs as a new job step in the job's allocation (its group's spare tasks), started by the
+    batch script (`script.batch_script(growing=True)`)."""
+
+    def __init__(self, *args, packer: specs.Packer, components, resources, log_dir: str,
+                 first_index: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._packer = packer
+        self._components = components
+        self._resources = resources
+        self._log_dir = log_dir
+        self._next_index = first_index
+        self._touched = 0.0
+        self._touch()
+
+    def _touch(self) -> None:
+        self._touched = time.monotonic()
+        path = os.path.join(self._run_dir, shared.ADDING_ALIVE)
+        with open(path, 'a'):
+            os.utime(path)
+
+    def poll(self):
+        if time.monotonic() - self._touched > 1.0:
+            self._touch()
+        return super().poll()
+
+    def add_executable(self, label: str, executable, policy) -> None:
+        """Has the batch script run the node as a new step (`Runner.add_executable`)."""
+        group = self._resources.get(label) or SlurmResources()
+        key = script.component_key(label, group)
+        numbers = [n for n, c in enumerate(self._components)
+                   if script.component_key(label, c.resources) == key]
+        if not numbers:
+            raise ValueError(f'Group {label!r} was not in the program when it was launched, so '
+                             'the Slurm job has no room for it; add nodes to groups it had.')
+        index = self._next_index
+        self._next_index += 1
+        log = os.path.join(self._log_dir, re.sub(r'[^A-Za-z0-9_.-]', '_', executable.name)
+                           + f'-{index}.out')
+        step = script.Step(index, executable, group, log)
+        self._packer.address_table.published.update(
+            {address.id: '<node address>:0' for address in executable.addresses})
+        self._packer.policies = {**self._packer.policies, executable.name: policy}
+        spec_path = os.path.join(self._run_dir, f'{index}.spec')
+        specs.write(self._packer.spec(executable.name, executable.run, args=group.args,
+                                      env=group.env), spec_path)
+        srun = script.step_command(step, spec_path,
+                                   numbers[0] if len(self._components) > 1 else None)
+        ticks = int(_restart_waits([step], {executable.name: policy}).get(index, 0) * 5)
+        self._steps.append(step.watched())
+        self._codes[executable.name] = None
+        partial = os.path.join(self._run_dir, f'{index}.adding')
+        with open(partial, 'w') as f:
+            f.write(f'{index} {ticks} {shlex.join(srun)}')
+        os.replace(partial, shared.add_file(self._run_dir, index))
+
+    def release(self) -> None:
+        with open(os.path.join(self._run_dir, shared.ADDING_ENDS), 'w'):
+            pass  # the batch script starts no more steps: the job can end
+        super().release()
 
 
 def _restart_waits(steps, policies) -> Dict[int, float]:

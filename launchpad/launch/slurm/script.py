@@ -45,21 +45,27 @@ class Step:
 @dataclasses.dataclass
 class Component:
     """One component of the job (of a heterogeneous job if there are several): steps that share
-    the same job-level resources."""
+    the same job-level resources, and `spare` tasks reserved for nodes added while it runs (its
+    elastic groups' room to grow)."""
     resources: SlurmResources
     steps: List[Step]
+    spare: int = 0
 
 
 def plan(executables: Sequence[Tuple[str, Executable]], resources: Mapping[str, Any],
-         log_dir: str) -> List[Component]:
+         log_dir: str, spare: Optional[Mapping[str, int]] = None) -> List[Component]:
     """Job components in order of first appearance; groups asking for the same job-level
-    resources share a component."""
+    resources share a component, which reserves `spare[label]` more tasks for each of its
+    groups (elastic groups' room to grow within the job's allocation)."""
     components: Dict[Any, Component] = {}
     used_logs = set()
+    spared = set()
     for index, (label, executable) in enumerate(executables):
         group = resources.get(label) or SlurmResources()
-        key = (tuple(group.sbatch_options()) if group.nodes is None
-               else ('own component', label))
+        key = component_key(label, group)
+        if label not in spared:
+            spared.add(label)
+            components.setdefault(key, Component(group, [])).spare += (spare or {}).get(label, 0)
         log = re.sub(r'[^A-Za-z0-9_.-]', '_', executable.name)
         if log in used_logs:
             log = f'{log}-{index}'
@@ -69,10 +75,24 @@ def plan(executables: Sequence[Tuple[str, Executable]], resources: Mapping[str, 
     return list(components.values())
 
 
+def component_key(label: str, group: SlurmResources) -> Any:
+    """What groups of one component share: their job-level resources (or a group's own nodes)."""
+    return tuple(group.sbatch_options()) if group.nodes is None else ('own component', label)
+
+
+def step_command(step: Step, spec_path: str, het_group: Optional[int]) -> List[str]:
+    """The `srun` arguments that run `step` (in heterogeneous component `het_group`, if any)."""
+    python = step.resources.interpreter or sys.executable
+    return ([f'--het-group={het_group}'] if het_group is not None else []) + [
+        '--exact', '--ntasks=1', '--nodes=1', *step.resources.per_task_options(),
+        f'--job-name={step.executable.name}', f'--output={step.log}', '--input=none',
+        *specs.worker_argv(spec_path, python)]
+
+
 def batch_script(program_name: str, components: Sequence[Component], run_dir: str,
                  spec_paths: Mapping[int, str], detached: bool = False,
                  restart_waits: Optional[Mapping[int, float]] = None,
-                 warning_seconds: Optional[int] = None) -> str:
+                 warning_seconds: Optional[int] = None, growing: bool = False) -> str:
     """The sbatch script: one component per `components`, one `srun` step per executable.
 
     Every step records its exit code in `run_dir` for the step runner. A step in
@@ -81,13 +101,16 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
     `warning_seconds` asks Slurm to send the steps SIGUSR1 that long before the time limit. A
     `detached` program's script first starts the in-job driver (driver.py), which serves the
     program's coordinator, and waits until it has written its address; the job then ends with the
-    driver's exit code.
+    driver's exit code. A `growing` program's script also runs the steps of nodes added while it
+    runs: the step runner writes each one's `step` line to `INDEX.add` in the run directory
+    (`shared.add_file`), until it writes `shared.ADDING_ENDS` or stops touching
+    `shared.ADDING_ALIVE` (the launcher died).
     """
     lines = ['#!/bin/bash']
     for number, component in enumerate(components):
         if number:
             lines.append('#SBATCH hetjob')
-        lines.append(f'#SBATCH --ntasks={len(component.steps)}')
+        lines.append(f'#SBATCH --ntasks={len(component.steps) + component.spare}')
         lines += [f'#SBATCH {option}' for option in component.resources.sbatch_options()]
         if warning_seconds:
             lines.append(f'#SBATCH --signal={WARNING_SIGNAL[3:]}@{warning_seconds}')
@@ -130,14 +153,22 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
     heterogeneous = len(components) > 1
     for number, component in enumerate(components):
         for step in component.steps:
-            python = step.resources.interpreter or sys.executable
-            srun = ([f'--het-group={number}'] if heterogeneous else []) + [
-                '--exact', '--ntasks=1', '--nodes=1',
-                *step.resources.per_task_options(),
-                f'--job-name={step.executable.name}', f'--output={step.log}', '--input=none',
-                *specs.worker_argv(spec_paths[step.index], python)]
+            srun = step_command(step, spec_paths[step.index], number if heterogeneous else None)
             ticks = int((restart_waits or {}).get(step.index, 0) * 5)  # sleep 0.2 per tick
             lines.append(f'step {step.index} {ticks} {shlex.join(srun)} &')
+    if growing:
+        lines += [
+            '# Steps of nodes added while the program runs, until the step runner says no more.',
+            f'alive="$run/{shared.ADDING_ALIVE}"  # touched by the step runner while it runs',
+            f'until [ -e "$run/{shared.ADDING_ENDS}" ] || [ ! -e "$alive" ] || '
+            f'[ $(($(date +%s) - $(stat -c %Y "$alive"))) -gt {shared.ADDING_SILENCE} ]; do',
+            f'  for added in "$run"/*{shared.ADD_SUFFIX}; do',
+            '    [ -e "$added" ] || continue',
+            '    line=$(cat "$added") && rm -f "$added" && eval "step $line" &',
+            '  done',
+            '  sleep 0.2',
+            'done &',
+        ]
     if detached:
         lines += ['wait "$driver"', 'status=$?', 'wait', 'exit "$status"']
     else:

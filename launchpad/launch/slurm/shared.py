@@ -25,6 +25,13 @@ COORDINATOR_FILE = 'coordinator'
 EXIT_SUFFIX = '.exit'
 # The step runner asks the batch script to run failed step INDEX again with INDEX + RESTART_SUFFIX.
 RESTART_SUFFIX = '.restart'
+# The step runner has the batch script start the step of a node added while the program runs by
+# writing its `step` line to INDEX + ADD_SUFFIX, and ends that by writing ADDING_ENDS.
+ADD_SUFFIX = '.add'
+ADDING_ENDS = 'adding.end'
+# ... and touches ADDING_ALIVE while it runs: silent for ADDING_SILENCE seconds, it is gone.
+ADDING_ALIVE = 'adding.alive'
+ADDING_SILENCE = 30
 _DESCRIPTION_FILE = 'job.json'
 _TLS_FILE = 'tls.pickle'
 
@@ -38,6 +45,11 @@ def driver_argv(run_dir: str) -> List[str]:
 def exit_file(run_dir: str, index: int) -> str:
     """Where the batch script writes the exit code of step `index`."""
     return os.path.join(run_dir, f'{index}{EXIT_SUFFIX}')
+
+
+def add_file(run_dir: str, index: int) -> str:
+    """Where the step runner asks the batch script to start added step INDEX."""
+    return os.path.join(run_dir, f'{index}{ADD_SUFFIX}')
 
 
 def restart_file(run_dir: str, index: int) -> str:

@@ -64,6 +64,11 @@ class _SshRunner(ProcessRunner):
         self.output: Optional[Output] = None
         self.placement: Dict[str, Tuple[Connection, int]] = {}
         self._restarts: Dict[str, int] = {}
+        # What nodes added to the running program are placed and packed with: (hosts by
+        # group, the groups' next host, the packer, the token, the options, the coordinator's
+        # port), set by the launch; None where they cannot be added (tmux windows).
+        self.added: Optional[tuple] = None
+        self.next_index = 0
         self._released = threading.Event()
         threading.Thread(target=self._heartbeat, daemon=True, name='lp-ssh-heartbeat').start()
 
@@ -95,6 +100,48 @@ class _SshRunner(ProcessRunner):
         else:
             connection.kill([index])  # what is left of its last run
             self.start_session(name, connection, index, f'{name}~{self._restarts[name]}')
+
+    def add_executable(self, label: str, executable, policy) -> None:
+        """Starts a node added to the running program on the next host of its group, forked by
+        that host's agent as the launch's nodes were (`Runner.add_executable`); a host without a
+        connection yet gets one, checked as at launch."""
+        if self.added is None:
+            raise NotImplementedError('Nodes shown in tmux windows (terminal=\'tmux_session\') '
+                                      'cannot be added to a running ssh program; use another '
+                                      'terminal.')
+        hosts, turn, packer, token, options, port = self.added
+        if label not in hosts:
+            raise ValueError(f'Group {label!r} has no ssh hosts: a group that is not in the '
+                             'program at launch needs its hosts in resources= all the same.')
+        group_hosts = hosts[label]
+        host = group_hosts[turn.get(label, 0) % len(group_hosts)]
+        turn[label] = turn.get(label, 0) + 1
+        connection = next((c for c in self.connections
+                           if connection_key(c.host) == connection_key(host)), None)
+        if connection is None:
+            connection = Connection(host, os.path.join(self.local_dir, f'c{len(self.connections)}'))
+            self.connections.append(connection)
+            preflight([connection])
+        index = self.next_index
+        self.next_index += 1
+        packer.address_table.published.update(
+            {address.id: _endpoint(connection.bind_host, 0) for address in executable.addresses})
+        packer.policies = {**packer.policies, executable.name: policy}
+        packer.coordinator_address = _endpoint(
+            options.settings.coordinator_host or connection.launcher_address, port)
+        spec = specs.pack(packer.spec(executable.name, executable.run,
+                                      env={courier.AUTH_TOKEN_ENV: token},
+                                      cleanup_dir=connection.directory))
+        connection.nodes.append(index)
+        self.placement[executable.name] = (connection, index)
+        self.expect_fork(executable.name, connection, index)
+        if not connection.send('files', {
+                'files': {protocol.spec_name(index): spec}, 'start': [index],
+                'grace': COORDINATOR_LOSS_TIMEOUT + options.notice_period}):
+            raise RuntimeError(f'the connection to {connection.host} is gone')
+        if connection.expect('ready', protocol.AGENT_START_TIMEOUT) is None:
+            raise RuntimeError(f'The connection to {connection.host} ended while starting '
+                               f'{executable.name}: {" ".join(connection.stderr_lines[-3:])}')
 
     def kill(self, names: Sequence[str]) -> None:
         """Has the agents kill the named nodes on their hosts, then ends what is left of them
@@ -245,6 +292,9 @@ class SshLauncher(Launcher):
         if in_sessions:
             for (connection, i), (_, executable) in zip(placed, executables):
                 runner.start_session(executable.name, connection, i)
+        else:
+            runner.added = (hosts, turn, packer, token, options, port)
+        runner.next_index = len(executables)
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
                           notice_period=options.notice_period)
 

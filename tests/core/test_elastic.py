@@ -1,0 +1,140 @@
+"""Elastic programs on threads and local processes: groups that grow and shrink while the program
+runs, from the launcher and from inside a node, group handles, scaling policies (the program is
+tests/elastic_program.py; tests/launch runs it on the other platforms)."""
+import threading
+import time
+
+import pytest
+
+import launchpad as lp
+from tests import elastic_program as elastic
+from tests.core.conftest import wait_until
+
+LAUNCH_TYPES = ['test_mt', 'test_mp']
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+def test_a_node_resizes_its_group_and_the_learner_follows(launch_type, capfd):
+    controller = lp.launch(elastic.build(), launch_type=launch_type)
+    assert controller.wait(timeout=120)  # the driver fails the program if the learner did not
+    status = controller.status()
+    assert {name: s.state for name, s in status.items() if name.startswith('actor/')} == {
+        'actor/0': lp.NodeState.FINISHED,
+        **{f'actor/{i}': lp.NodeState.REMOVED for i in range(1, 6)}}
+    out = capfd.readouterr().out
+    assert 'ELASTIC grew to 6' in out and 'ELASTIC shrank to 1' in out
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+def test_the_launcher_adds_and_removes_nodes(launch_type):
+    program = elastic.build(driver=False)
+    controller = lp.launch(program, launch_type=launch_type)
+    learner = program.groups['learner'][0].create_handle().dereference()
+    actors = [f'actor/{i}' for i in range(6)]
+    elastic.wait_for_actors(learner, actors[:2])
+    elastic.wait_for_actors(learner, actors[:6], lambda: controller.resize('actor', 6))
+    assert controller.group_size('actor') == 6
+    # add_node with any node of the group, and program.add_node once it runs, do the same
+    learner_handle = program.groups['learner'][0].create_handle()
+    handle = program.add_node(elastic.make_actor(learner_handle), label='actor')
+    assert isinstance(handle, lp.CourierHandle)
+    elastic.wait_for_actors(learner, actors + ['actor/6'])
+    assert handle.dereference().set_params(7) == 'actor/6'  # its handle works here too
+    controller.remove_node('actor/6')
+    elastic.wait_for_actors(learner, actors[:1], lambda: controller.resize('actor', 1))
+    with pytest.raises(lp.NodeLeftError, match='actor/6 was removed'):
+        handle.dereference().set_params(8)  # a member that left fails clearly, at once
+    assert controller.status()['actor/6'].state is lp.NodeState.REMOVED
+    assert len(controller.scale_up_times) == 5 and max(controller.scale_up_times) < 30
+    controller.stop()
+    assert controller.wait(timeout=30)
+
+
+def test_a_removed_node_gets_the_normal_stop(capfd):
+    """Its stop handler runs and it gets the notice period; one ignoring it is killed after."""
+    def cooperating():
+        lp.register_stop_handler(lambda: print('HANDLER ran', flush=True))
+        lp.wait_for_stop()
+
+    def stubborn():
+        lp.register_stop_handler(lambda: None)  # cooperates, then never ends
+        while True:
+            time.sleep(0.05)
+
+    program = lp.Program('remove')
+    program.add_node(lp.PyNode(cooperating), label='nice')
+    program.add_node(lp.PyNode(stubborn), label='stubborn')
+    program.add_node(lp.PyNode(lp.wait_for_stop), label='stays')
+    controller = lp.launch(program, launch_type='test_mp', notice_period=1.0)
+    assert wait_until(lambda: all(s.state is lp.NodeState.RUNNING
+                                  for s in controller.status().values()), timeout=60)
+    started = time.monotonic()
+    controller.remove_node('nice/0')
+    controller.remove_node('stubborn/0')
+    assert wait_until(lambda: all(controller.status()[n].state is lp.NodeState.REMOVED
+                                  for n in ('nice/0', 'stubborn/0')), timeout=30)
+    assert time.monotonic() - started >= 1.0  # the stubborn one had its notice period
+    assert controller.status()['stays/0'].state is lp.NodeState.RUNNING
+    assert 'HANDLER ran' in capfd.readouterr().out
+    controller.stop()
+    assert controller.wait(timeout=30)
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+def test_a_scaling_policy_sizes_the_group_within_its_bounds(launch_type):
+    program = elastic.build(driver=False)
+    shrink = threading.Event()
+
+    def policy(metrics, now, sizes):
+        del metrics, now, sizes
+        return {'actor': 0 if shrink.is_set() else 20}  # beyond both bounds (1..8)
+
+    program.set_scaling_policy(policy, interval=0.2)
+    controller = lp.launch(program, launch_type=launch_type)
+    learner = program.groups['learner'][0].create_handle().dereference()
+    elastic.wait_for_actors(learner, [f'actor/{i}' for i in range(8)])
+    shrink.set()
+    elastic.wait_for_actors(learner, ['actor/0'])
+    log = controller.scaling_log
+    assert [(d.size, d.wanted, d.target) for d in log[:2]] == [(2, 20, 8), (8, 0, 1)]
+    assert 'within [1, 8]' in log[0].reason
+    controller.stop()
+    assert controller.wait(timeout=30)
+
+
+def test_bad_requests_say_what_to_do():
+    program = elastic.build(driver=False)
+    with program.group('fixed'):
+        program.add_node(lp.PyNode(lp.wait_for_stop))
+    controller = lp.launch(program, launch_type='test_mt')
+    with pytest.raises(ValueError, match='no node factory'):
+        controller.resize('fixed', 3)
+    with pytest.raises(ValueError, match='allows 1 to 8'):
+        controller.resize('actor', 9)
+    with pytest.raises(KeyError, match='no group'):
+        controller.resize('nope', 3)
+    with pytest.raises(KeyError, match='not a node of this program'):
+        controller.remove_node('actor/99')
+    with pytest.raises(lp.ProgramError, match='restart policy'):
+        program.add_node(lp.PyNode(lp.wait_for_stop), label='fixed',
+                         restart=lp.RestartPolicy())
+    controller.stop()
+    assert controller.wait(timeout=30)
+    with pytest.raises(RuntimeError, match='stopping|ended'):
+        controller.add_node(lp.PyNode(lp.wait_for_stop), label='fixed')
+
+
+def test_a_group_handle_of_an_unknown_group_is_refused_at_launch():
+    program = lp.Program('p')
+    program.add_node(lp.PyNode(print, program.group_handle('missing')), label='a')
+    with pytest.raises(lp.ProgramError, match="group 'missing'"):
+        lp.launch(program, launch_type='test_mt')
+
+
+def test_elastic_bounds_are_checked():
+    with pytest.raises(ValueError, match='max_size'):
+        lp.Elastic(min_size=3, max_size=2)
+    with pytest.raises(ValueError, match='budget'):
+        lp.Elastic(budget=0)
+    with pytest.raises(TypeError, match='make_node'):
+        lp.Elastic(make_node=3)
