@@ -96,6 +96,13 @@ class Client:
         """The server's address (as given, or as resolved once connected)."""
         return self._transport.address if self._transport is not None else self._address
 
+    @property
+    def protocol(self) -> Optional[str]:
+        """What carries this client's calls: 'framed' (courier's own protocol, on a Unix socket
+        or TCP), 'grpc' (a server that speaks only gRPC, or a ``unix:`` one with TLS), or None
+        before the first call."""
+        return self._transport.protocol if self._transport is not None else None
+
     def __getattr__(self, name: str) -> '_Method':
         if name.startswith('__'):
             raise AttributeError(name)
