@@ -461,28 +461,38 @@ def StandardMetricsReporting(  # pylint: disable=invalid-name
 
 def _then(future: concurrent.futures.Future, actor: Any, stage: Union[str, Callable]
           ) -> concurrent.futures.Future:
-    """A future of `stage` applied (on `actor`) to `future`'s result, once it is there."""
-    out: concurrent.futures.Future = concurrent.futures.Future()
+    """A future of `stage` applied (on `actor`) to `future`'s result, once it is there.
 
-    def finish(inner: concurrent.futures.Future) -> None:
+    Cancelling the returned future cancels whichever call it is waiting on.
+    """
+    out: concurrent.futures.Future = concurrent.futures.Future()
+    out.add_done_callback(lambda done: done.cancelled() and future.cancel())
+
+    def settle(produce: Callable[[], Any]) -> None:
         try:
-            out.set_result(inner.result())
+            result = produce()
         except BaseException as error:  # pylint: disable=broad-except
-            out.set_exception(error)
+            _settle(out, out.set_exception, error)
+        else:
+            _settle(out, out.set_result, result)
 
     def step(done: concurrent.futures.Future) -> None:
+        if out.done():  # Cancelled by the consumer meanwhile.
+            return
         try:
             item = done.result()
             if isinstance(stage, str):
                 next_future = getattr(actor.futures, stage)(item)
             else:
                 next_future = stage(actor, item)
-            if isinstance(next_future, concurrent.futures.Future):
-                next_future.add_done_callback(finish)
-            else:
-                out.set_result(next_future)
         except BaseException as error:  # pylint: disable=broad-except
-            out.set_exception(error)
+            _settle(out, out.set_exception, error)
+            return
+        if isinstance(next_future, concurrent.futures.Future):
+            out.add_done_callback(lambda done: done.cancelled() and next_future.cancel())
+            next_future.add_done_callback(lambda inner: settle(inner.result))
+        else:
+            _settle(out, out.set_result, next_future)
 
     future.add_done_callback(step)
     return out
@@ -503,3 +513,11 @@ def _positive(value: Any, what: str) -> None:
 
 def _name(fn: Any) -> str:
     return getattr(fn, '__name__', type(fn).__name__)
+
+
+def _settle(future: concurrent.futures.Future, setter: Callable[[Any], None], value: Any) -> None:
+    """``setter(value)``, unless ``future`` was cancelled (or completed) meanwhile."""
+    try:
+        setter(value)
+    except concurrent.futures.InvalidStateError:
+        pass

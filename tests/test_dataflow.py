@@ -3,6 +3,7 @@ thread pool, so nothing here is timed) and over a real courier replay node."""
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import threading
 
 import numpy as np
@@ -111,6 +112,25 @@ def test_par_for_each_runs_each_stage_on_the_actor_that_made_the_item():
         assert item['by'] == actor.name and len(item['x']) == 4
         assert item['x'][0].startswith(actor.name)
     assert all(a.calls[:2] == ['sample', 'double'] for a in actors)
+
+
+def test_items_left_in_flight_when_the_consumer_stops_are_cancelled_quietly(caplog):
+    class SlowSecondDouble(FakeActor):
+        def double(self, batch):
+            self.auto = self.calls.count('double') == 0
+            return super().double(batch)
+
+    actor = SlowSecondDouble('a')
+    items = df.ParallelRollouts([actor], mode='raw').par_for_each('double').gather_async(
+        num_async=2)
+    assert len(items.take(1)) == 1
+    del items
+    gc.collect()  # closes the generator: its calls in flight are cancelled
+    [(pending, value)] = actor.pending
+    assert pending.cancelled()
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        pending.set_result(value)  # the call finishing late changes nothing downstream
+    assert 'exception calling callback' not in caplog.text
 
 
 def test_a_failing_call_reaches_the_consumer():

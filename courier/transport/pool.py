@@ -52,6 +52,10 @@ class Pool:
         self._jobs.put((fn, args))
         if self._waiting:  # A waiting worker takes it.
             return
+        self._make_room()
+
+    def _make_room(self) -> None:
+        """Finds a thread for a job that waits: a new one, or a lingering worker let go."""
         if len(self._threads) < self._size:
             with self._lock:
                 if len(self._threads) < self._size and not self._stopped:
@@ -135,6 +139,11 @@ class Pool:
                 waiting.pop()
             if item is None:
                 return
+            if not waiting and not self._jobs.empty():
+                # A job came while this worker still counted as waiting (between `get` and
+                # `pop`): its submitter left it to us, but we may be gone for long (a
+                # connection that keeps calling), so it needs a thread of its own.
+                self._make_room()
             fn, args = item
             try:
                 fn(*args)

@@ -100,6 +100,7 @@ class Controller:
     def __init__(self, program_name: str, coordinator: Coordinator, runner: Runner, *,
                  launch_type: str, notice_period: float = 10.0, poll_interval: float = 0.05,
                  detached: bool = False):
+        LaunchSignals.program_started()  # a signal from now on stops the program, not the launch
         self.program_name = program_name
         self.launch_type = launch_type
         self.detached = detached
@@ -305,13 +306,15 @@ class Controller:
 class LaunchSignals:
     """Ctrl-C and SIGTERM while a foreground program launches (a context manager).
 
-    Until `started()` they abort the launch as KeyboardInterrupt, so that the launcher undoes
-    what it started; after it they are kept for the controller (`Controller.handle_signals`),
+    Until the program has started (its launcher makes its `Controller`, which calls
+    `program_started`) they abort the launch as KeyboardInterrupt, so that the launcher undoes
+    what it started; after that they are kept for the controller (`Controller.handle_signals`),
     which takes over the handlers without a moment in which a signal would kill the process.
     Outside the main thread it does nothing.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    _current: Optional['LaunchSignals'] = None  # the launch in progress in the main thread
 
     def __init__(self):
         self.previous: Dict[int, Any] = {}
@@ -323,7 +326,15 @@ class LaunchSignals:
             self.previous = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
             for sig in self.SIGNALS:
                 signal.signal(sig, self._handle)
+            LaunchSignals._current = self
         return self
+
+    @classmethod
+    def program_started(cls) -> None:
+        """The program of the launch in progress runs: signals are now for its controller."""
+        current = cls._current
+        if current is not None and threading.current_thread() is threading.main_thread():
+            current.started()
 
     def started(self) -> None:
         """The program runs: signals from now on are for its controller."""
@@ -336,6 +347,8 @@ class LaunchSignals:
                 signal.signal(sig, old)
 
     def __exit__(self, *exc_info) -> None:
+        if LaunchSignals._current is self:
+            LaunchSignals._current = None
         if self._launching:
             self.restore()
 
