@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import select
 import socket
 import time
 from typing import Callable, Optional, Tuple, Type
@@ -27,6 +28,8 @@ _RETRY_FIRST = 0.001  # Seconds between connection attempts to a server not yet 
 _RETRY_MAX = 0.02     # ... up to this, so that a node notices a new server within 20 ms.
 # Connections a peer may close during the hello, in a row, before a call gives up on it.
 _HELLO_ATTEMPTS = 5
+# Seconds a TCP connection may sit idle before a call checks that the server has not closed it.
+_IDLE_CHECK = 0.002
 # Errors of a TCP connection attempt after which a server that is not up yet may come up.
 _RETRIED = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
                       errno.ECONNRESET, errno.ECONNABORTED, errno.EAGAIN})
@@ -129,12 +132,27 @@ def unreachable(what: str,
 class Connection:
     """One socket to the server, after a successful hello."""
 
-    __slots__ = ('sock', 'reader', '__weakref__')
+    __slots__ = ('sock', 'reader', 'tcp', 'used', '__weakref__')
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
         frames.enlarge_send_buffer(sock)
         self.reader = frames.FrameReader(sock)
+        self.tcp = sock.family != socket.AF_UNIX
+        self.used = time.monotonic()  # When it last carried an answer (blocking calls).
+
+    def closed_meanwhile(self) -> bool:
+        """Whether the server closed this idle TCP connection (or said why it will).
+
+        A Unix socket tells a sender at once (EPIPE) when its peer closed it; TCP accepts
+        the bytes and loses them, and the call would fail as if the server had gone away
+        during it. Nothing arrives on an idle connection but a server's last words, so a
+        readable one is closed. Checked only after ``_IDLE_CHECK`` seconds without a call,
+        which back-to-back calls never pay for.
+        """
+        if not self.tcp or time.monotonic() - self.used < _IDLE_CHECK:
+            return False
+        return bool(self.reader.buffered or select.select([self.sock], [], [], 0)[0])
 
     def close(self) -> None:
         try:
