@@ -13,6 +13,7 @@ import multiprocessing.resource_tracker
 import os
 import pathlib
 import shutil
+import socket
 import tempfile
 import time
 
@@ -76,6 +77,31 @@ def serve_add_and_sleep(make_server, address: str, **kwargs) -> courier.Server:
     server.Bind('sleep', lambda seconds: time.sleep(seconds) or 'slept')
     server.Start()
     return server
+
+
+def free_tcp_address() -> str:
+    """A loopback ``host:port`` nobody listens on now, for a server a test starts later."""
+    with socket.socket() as probe:
+        probe.bind(('127.0.0.1', 0))
+        return f'127.0.0.1:{probe.getsockname()[1]}'
+
+
+def raw_connect(address: str, timeout: float = 20) -> socket.socket:
+    """A plain socket connected to a server's ``unix:/path`` or ``host:port`` address."""
+    if address.startswith('unix:'):
+        sock = socket.socket(socket.AF_UNIX)
+        target = address[len('unix:'):]
+    else:
+        sock = socket.socket()
+        host, port = address.rsplit(':', 1)
+        target = (host, int(port))
+    sock.settimeout(timeout)
+    try:
+        sock.connect(target)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def hello_frame(mode: int = frames.SYNC, token: bytes = b'') -> bytes:

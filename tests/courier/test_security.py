@@ -1,11 +1,31 @@
-"""Auth tokens and TLS: who may call a courier server."""
+"""Auth tokens and TLS: who may call a courier server.
+
+Every test that serves runs twice on the server's TCP port: its clients speaking courier's
+framed protocol (the fast lane between hosts), and speaking gRPC (relayed to the server's
+gRPC service, under TLS chosen by ALPN).
+"""
 
 from __future__ import annotations
 
 import pytest
 
 import courier
+from tests.courier.conftest import speak_grpc
 from tests.pki import Pki
+
+
+def pytest_generate_tests(metafunc):
+    if 'make_server' in metafunc.fixturenames:
+        metafunc.parametrize('lane', ['framed', 'grpc'], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def lane(request, monkeypatch):
+    """The protocol this test's clients speak: 'framed', or 'grpc'."""
+    lane = getattr(request, 'param', 'framed')
+    if lane == 'grpc':
+        speak_grpc(monkeypatch)
+    return lane
 
 
 @pytest.fixture(autouse=True)
@@ -42,10 +62,11 @@ def test_call_with_wrong_token_is_refused(make_server):
         client.add(1, 2)
 
 
-def test_call_with_the_token_succeeds(make_server):
+def test_call_with_the_token_succeeds(make_server, lane):
     server = _served(make_server, auth_token='s3cret')
     client = courier.Client(server.address, auth_token='s3cret')
     assert client.add(1, 2) == 3
+    assert client.protocol == lane
     assert courier.list_methods(client) == ['add']
 
 
@@ -82,12 +103,14 @@ def pki():
     return Pki()
 
 
-def test_tls_round_trip(make_server, pki):
+def test_tls_round_trip(make_server, pki, lane):
     server = _served(make_server, tls=courier.TLSConfig(
         certificate_chain=pki.server_pem, private_key=pki.server_key))
     client = courier.Client(server.address, call_timeout=10,
                             tls=courier.TLSConfig(root_certificates=pki.ca_pem))
     assert client.add(40, 2) == 42
+    assert client.futures.add(1, 2).result(timeout=10) == 3
+    assert client.protocol == lane
     # A plaintext client cannot talk to a TLS server.
     with pytest.raises(courier.CourierError):
         courier.Client(server.address, call_timeout=2, wait_for_ready=False).add(1, 1)
@@ -103,7 +126,7 @@ def test_tls_client_rejects_a_server_it_does_not_trust(make_server, pki):
         client.add(1, 1)
 
 
-def test_mutual_tls_requires_a_client_certificate(make_server, pki, tmp_path):
+def test_mutual_tls_requires_a_client_certificate(make_server, pki, tmp_path, lane):
     server = _served(make_server, tls=courier.TLSConfig(
         certificate_chain=pki.server_pem, private_key=pki.server_key,
         root_certificates=pki.ca_pem))
@@ -120,6 +143,7 @@ def test_mutual_tls_requires_a_client_certificate(make_server, pki, tmp_path):
         root_certificates=str(tmp_path / 'ca.pem'),
         certificate_chain=tmp_path / 'client.pem', private_key=str(tmp_path / 'client.key')))
     assert with_certificate.add(1, 1) == 2
+    assert with_certificate.protocol == lane
 
 
 def test_tls_with_auth_token(make_server, pki):
