@@ -70,6 +70,14 @@ class NoServersHere(dict):
         pass
 
 
+def serve_add(make_server, **kwargs) -> courier.Server:
+    """A started server (``make_server(**kwargs)``) with the method ``add``."""
+    server = make_server(**kwargs)
+    server.Bind('add', lambda x, y: x + y)
+    server.Start()
+    return server
+
+
 def serve_add_and_sleep(make_server, address: str, **kwargs) -> courier.Server:
     """A started server at ``address`` with methods ``add`` and ``sleep``."""
     server = make_server(address=address, **kwargs)

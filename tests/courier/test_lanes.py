@@ -12,7 +12,7 @@ import pytest
 import courier
 from courier import transport
 from courier.transport import grpc as grpc_transport
-from tests.courier.conftest import speak_grpc
+from tests.courier.conftest import serve_add, speak_grpc
 from tests.pki import Pki
 
 
@@ -21,15 +21,8 @@ def _grpc_service_started(server: courier.Server) -> bool:
     return server._transport._service._server is not None
 
 
-def _served(make_server, **kwargs) -> courier.Server:
-    server = make_server(**kwargs)
-    server.Bind('add', lambda x, y: x + y)
-    server.Start()
-    return server
-
-
 def test_a_plain_client_of_a_tcp_address_speaks_the_framed_protocol(make_server):
-    server = _served(make_server, host='0.0.0.0')  # As a node that other hosts call.
+    server = serve_add(make_server, host='0.0.0.0')  # As a node that other hosts call.
     client = courier.Client(server.address, call_timeout=30)
     assert client.protocol is None  # Nothing is decided before the first call.
     assert client.add(1, 2) == 3 and client.futures.add(3, 4).result() == 7
@@ -39,7 +32,7 @@ def test_a_plain_client_of_a_tcp_address_speaks_the_framed_protocol(make_server)
 
 
 def test_a_grpc_client_of_the_same_port_is_served_by_the_grpc_service(make_server, monkeypatch):
-    server = _served(make_server)
+    server = serve_add(make_server)
     assert courier.Client(server.address, call_timeout=30).add(1, 1) == 2
     assert not _grpc_service_started(server)
     speak_grpc(monkeypatch)
@@ -68,7 +61,7 @@ def test_a_server_that_speaks_only_grpc_is_called_over_grpc(make_server, monkeyp
         server_tls = courier.TLSConfig(certificate_chain=pki.server_pem,
                                        private_key=pki.server_key)
         client_tls = courier.TLSConfig(root_certificates=pki.ca_pem)
-    server = _served(make_server, auth_token='s3cret', tls=server_tls)
+    server = serve_add(make_server, auth_token='s3cret', tls=server_tls)
     client = courier.Client(server.address, call_timeout=30, auth_token='s3cret', tls=client_tls)
     if first_call == 'blocking':
         assert client.add(1, 2) == 3
