@@ -138,19 +138,23 @@ class Connection:
         self.sock = sock
         frames.enlarge_send_buffer(sock)
         self.reader = frames.FrameReader(sock)
+        # A Unix socket tells a sender at once (EPIPE) when its peer closed it; TCP accepts the
+        # bytes and loses them: blocking calls on TCP check first (closed_meanwhile).
         self.tcp = sock.family != socket.AF_UNIX
-        self.used = time.monotonic()  # When it last carried an answer (blocking calls).
+        self.used = time.monotonic()  # When its last blocking call started.
 
     def closed_meanwhile(self) -> bool:
         """Whether the server closed this idle TCP connection (or said why it will).
 
-        A Unix socket tells a sender at once (EPIPE) when its peer closed it; TCP accepts
-        the bytes and loses them, and the call would fail as if the server had gone away
-        during it. Nothing arrives on an idle connection but a server's last words, so a
-        readable one is closed. Checked only after ``_IDLE_CHECK`` seconds without a call,
-        which back-to-back calls never pay for.
+        Without this check, a call on a connection whose server stopped or restarted
+        would fail as if the server had gone away during it. Nothing arrives on an idle
+        connection but a server's last words, so a readable one is closed. Checked only
+        when the previous call started ``_IDLE_CHECK`` seconds ago or more, which
+        back-to-back calls never pay for.
         """
-        if not self.tcp or time.monotonic() - self.used < _IDLE_CHECK:
+        now = time.monotonic()
+        idle, self.used = now - self.used, now
+        if idle < _IDLE_CHECK:
             return False
         return bool(self.reader.buffered or select.select([self.sock], [], [], 0)[0])
 

@@ -269,16 +269,14 @@ def _send_and_read(connection: dial.Connection, parts: List[Any],
         dial.time_out_at(sock, deadline)
     elif sock.gettimeout() is not None:
         sock.settimeout(None)
-    if connection.closed_meanwhile():
+    if connection.tcp and connection.closed_meanwhile():
         raise _Unsent(ConnectionResetError('the server closed the idle connection'),
                       _last_words(connection))
     try:
         frames.send(sock, parts)
     except (BrokenPipeError, ConnectionResetError) as error:
         raise _Unsent(error, _last_words(connection)) from None
-    frame = connection.reader.read_frame()
-    connection.used = time.monotonic()
-    return frame
+    return connection.reader.read_frame()
 
 
 def _last_words(connection: dial.Connection) -> Optional[frames.Frame]:
