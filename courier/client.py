@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
+import time
 from typing import Any, Callable, List, Optional, Union
 
 from courier import durations
@@ -12,6 +13,33 @@ from courier import errors
 from courier import security
 from courier import serialization
 from courier import wire
+
+
+
+class AddressResolver:
+    """An address a client finds when it connects, and that may ask it to try a call again.
+
+    A client calls it (``resolver()`` returns ``'host:port'`` or ``'unix:/path'``) at its
+    first call and again after a call found the server unavailable, as any callable
+    address. A resolver also travels as itself when the client is pickled (a plain
+    callable travels as the address it resolved to), so a copy in another process finds
+    the server anew, and :meth:`retry` lets it say that a blocking call (or a method
+    listing) that found no server, on a connection that has not carried a call yet, goes
+    again: such a call never reached the server. launchpad's node handles use one to
+    follow a node through its restarts.
+    """
+
+    def __call__(self) -> str:
+        raise NotImplementedError
+
+    def retry(self, elapsed: float) -> bool:
+        """Whether the call that began ``elapsed`` seconds ago goes again (it may wait first).
+
+        The default never retries.
+        """
+        del elapsed
+        return False
+
 
 Address = Union[str, Callable[[], str]]
 
@@ -46,8 +74,8 @@ class Client:
       server_address: The server's address (``'host:port'``, ``'unix:/path'``), or a
         picklable zero-argument callable returning it, called at the first call, and
         again at the next call after a call found the server unavailable (it may have
-        moved, e.g. restarted on another port). It is checked at the first call too (as
-        dm-launchpad does): a malformed one fails there.
+        moved, e.g. restarted on another port), or an :class:`AddressResolver`. It is
+        checked at the first call too (as dm-launchpad does): a malformed one fails there.
       compress: Send every call and its result compressed (zlib, done in
         serialization: it helps large compressible arguments and results between
         hosts, and costs CPU between the processes of one machine).
@@ -86,6 +114,7 @@ class Client:
         self._auth_token = auth_token
         self._tls = tls
         self._transport = None
+        self._fresh = True  # No blocking call went through the transport since it was made.
         self._transport_generation = -1
         self._unavailable = None  # A transport whose server went away (see _server_gone).
         self._lock = threading.Lock()
@@ -124,7 +153,7 @@ class Client:
 
     def __getstate__(self):
         address = self._address
-        if self._transport is not None:
+        if self._transport is not None and not isinstance(address, AddressResolver):
             address = self._transport.address  # Resolved: send the string.
         return {'server_address': address, 'compress': self._compress,
                 'call_timeout': self._call_timeout, 'wait_for_ready': self._wait_for_ready,
@@ -161,13 +190,25 @@ class Client:
     def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
         data, buffers = serialization.dumps((args, kwargs), f'the arguments of {method!r}',
                                             _ARGUMENT_NAMES, compress=self._compress)
-        transport = self._connection()
-        try:
-            response = transport.call(method, data, buffers, self._call_timeout)
-        except errors.ServerUnavailableError:
-            self._server_gone(transport)
-            raise
-        return _result(method, transport.address, response)
+        started = None
+        while True:
+            fresh = self._fresh
+            transport = self._connection()
+            try:
+                response = transport.call(method, data, buffers, self._call_timeout)
+            except errors.ServerUnavailableError:
+                self._server_gone(transport)
+                started = started or time.monotonic()
+                if fresh and self._retried(started):
+                    continue
+                raise
+            self._fresh = False
+            return _result(method, transport.address, response)
+
+    def _retried(self, started: float) -> bool:
+        """Whether a blocking call that never reached its server goes again (AddressResolver)."""
+        address = self._address
+        return isinstance(address, AddressResolver) and address.retry(time.monotonic() - started)
 
     def _call_async(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
         try:
@@ -188,7 +229,20 @@ class Client:
         return future
 
     def _list_methods(self) -> List[str]:
-        return self._connection().list_methods(self._call_timeout)
+        started = None
+        while True:
+            fresh = self._fresh
+            transport = self._connection()
+            try:
+                methods = transport.list_methods(self._call_timeout)
+            except errors.ServerUnavailableError:
+                self._server_gone(transport)
+                started = started or time.monotonic()
+                if fresh and self._retried(started):
+                    continue
+                raise
+            self._fresh = False
+            return methods
 
     def _connection(self):
         """Returns the transport, connecting on first use in each process."""
@@ -209,6 +263,7 @@ class Client:
                 self._transport = transports.connect(
                     self._resolve_address(), auth_token=security.resolve_auth_token(
                         self._auth_token), tls=self._tls, wait_for_ready=self._wait_for_ready)
+                self._fresh = True
                 self._transport_generation = generation
                 if self._closed:  # Its calls raise the error that says the client was closed.
                     self._transport.close()

@@ -8,7 +8,7 @@ import courier
 from launchpad import runtime
 from launchpad.address import Address
 from launchpad.nodes.base import Handle
-from launchpad.nodes.endpoint import NodeClient, NodeEndpoint
+from launchpad.nodes.endpoint import NodeEndpoint
 from launchpad.nodes.python import PyClassNode
 
 CourierClient = courier.Client
@@ -62,7 +62,7 @@ class CourierHandle(Handle):
         tls = kwargs.pop('tls', context.tls_for(static or resolver))
         if context.auth_token is not None:  # the launching process's context carries it
             kwargs.setdefault('auth_token', context.auth_token)
-        return NodeClient(resolver, wait_for_ready=False, tls=tls, **kwargs)
+        return courier.Client(resolver, wait_for_ready=False, tls=tls, **kwargs)
 
 
 class CourierNode(PyClassNode):
