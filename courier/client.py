@@ -190,25 +190,29 @@ class Client:
     def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
         data, buffers = serialization.dumps((args, kwargs), f'the arguments of {method!r}',
                                             _ARGUMENT_NAMES, compress=self._compress)
+        transport, response = self._patiently(
+            lambda transport: transport.call(method, data, buffers, self._call_timeout))
+        return _result(method, transport.address, response)
+
+    def _patiently(self, attempt: Callable[[Any], Any]) -> tuple:
+        """Returns the transport and what ``attempt(transport)`` returned; a blocking call that
+        never reached its server goes again while an AddressResolver says so."""
         started = None
         while True:
             fresh = self._fresh
             transport = self._connection()
             try:
-                response = transport.call(method, data, buffers, self._call_timeout)
+                result = attempt(transport)
             except errors.ServerUnavailableError:
                 self._server_gone(transport)
                 started = started or time.monotonic()
-                if fresh and self._retried(started):
+                address = self._address
+                if fresh and isinstance(address, AddressResolver) and address.retry(
+                        time.monotonic() - started):
                     continue
                 raise
             self._fresh = False
-            return _result(method, transport.address, response)
-
-    def _retried(self, started: float) -> bool:
-        """Whether a blocking call that never reached its server goes again (AddressResolver)."""
-        address = self._address
-        return isinstance(address, AddressResolver) and address.retry(time.monotonic() - started)
+            return transport, result
 
     def _call_async(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
         try:
@@ -229,20 +233,7 @@ class Client:
         return future
 
     def _list_methods(self) -> List[str]:
-        started = None
-        while True:
-            fresh = self._fresh
-            transport = self._connection()
-            try:
-                methods = transport.list_methods(self._call_timeout)
-            except errors.ServerUnavailableError:
-                self._server_gone(transport)
-                started = started or time.monotonic()
-                if fresh and self._retried(started):
-                    continue
-                raise
-            self._fresh = False
-            return methods
+        return self._patiently(lambda transport: transport.list_methods(self._call_timeout))[1]
 
     def _connection(self):
         """Returns the transport, connecting on first use in each process."""
