@@ -15,7 +15,7 @@ results are pickled (protocol 5, large buffers out-of-band).
 """
 
 from courier.batching import batched_handler
-from courier.client import Client, list_methods
+from courier.client import AddressResolver, Client, list_methods
 from courier.errors import (CallTimeoutError, CourierError, PermissionDeniedError,
                             ProtocolError, RemoteError, SerializationError,
                             ServerUnavailableError, ServerUnreachableTimeoutError,
@@ -25,6 +25,7 @@ from courier.server import Server
 
 __all__ = [
     'AUTH_TOKEN_ENV',
+    'AddressResolver',
     'CallTimeoutError',
     'Client',
     'CourierError',

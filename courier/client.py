@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
+import time
 from typing import Any, Callable, List, Optional, Union
 
 from courier import durations
@@ -13,6 +14,33 @@ from courier import metrics
 from courier import security
 from courier import serialization
 from courier import wire
+
+
+
+class AddressResolver:
+    """An address a client finds when it connects, and that may ask it to try a call again.
+
+    A client calls it (``resolver()`` returns ``'host:port'`` or ``'unix:/path'``) at its
+    first call and again after a call found the server unavailable, as any callable
+    address. A resolver also travels as itself when the client is pickled (a plain
+    callable travels as the address it resolved to), so a copy in another process finds
+    the server anew, and :meth:`retry` lets it say that a blocking call (or a method
+    listing) that found no server, on a connection that has not carried a call yet, goes
+    again: such a call never reached the server. launchpad's node handles use one to
+    follow a node through its restarts.
+    """
+
+    def __call__(self) -> str:
+        raise NotImplementedError
+
+    def retry(self, elapsed: float) -> bool:
+        """Whether the call that began ``elapsed`` seconds ago goes again (it may wait first).
+
+        The default never retries.
+        """
+        del elapsed
+        return False
+
 
 Address = Union[str, Callable[[], str]]
 
@@ -47,8 +75,8 @@ class Client:
       server_address: The server's address (``'host:port'``, ``'unix:/path'``), or a
         picklable zero-argument callable returning it, called at the first call, and
         again at the next call after a call found the server unavailable (it may have
-        moved, e.g. restarted on another port). It is checked at the first call too (as
-        dm-launchpad does): a malformed one fails there.
+        moved, e.g. restarted on another port), or an :class:`AddressResolver`. It is
+        checked at the first call too (as dm-launchpad does): a malformed one fails there.
       compress: Send every call and its result compressed (zlib, done in
         serialization: it helps large compressible arguments and results between
         hosts, and costs CPU between the processes of one machine).
@@ -87,6 +115,8 @@ class Client:
         self._auth_token = auth_token
         self._tls = tls
         self._transport = None
+        self._calls: Optional[metrics.CallTable] = None  # Counts of calls through _transport.
+        self._fresh = True  # No blocking call went through the transport since it was made.
         self._transport_generation = -1
         self._unavailable = None  # A transport whose server went away (see _server_gone).
         self._lock = threading.Lock()
@@ -96,6 +126,13 @@ class Client:
     def address(self) -> Address:
         """The server's address (as given, or as resolved once connected)."""
         return self._transport.address if self._transport is not None else self._address
+
+    @property
+    def protocol(self) -> Optional[str]:
+        """What carries this client's calls: 'framed' (courier's own protocol, on a Unix socket
+        or TCP), 'grpc' (a server that speaks only gRPC, or a ``unix:`` one with TLS), or None
+        before the first call."""
+        return self._transport.protocol if self._transport is not None else None
 
     def __getattr__(self, name: str) -> '_Method':
         if name.startswith('__'):
@@ -118,7 +155,7 @@ class Client:
 
     def __getstate__(self):
         address = self._address
-        if self._transport is not None:
+        if self._transport is not None and not isinstance(address, AddressResolver):
             address = self._transport.address  # Resolved: send the string.
         return {'server_address': address, 'compress': self._compress,
                 'call_timeout': self._call_timeout, 'wait_for_ready': self._wait_for_ready,
@@ -155,20 +192,37 @@ class Client:
     def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
         data, buffers = serialization.dumps((args, kwargs), f'the arguments of {method!r}',
                                             _ARGUMENT_NAMES, compress=self._compress)
-        transport = self._connection()
-        calls, started = self._calls, metrics.clock()
+        started = metrics.clock()
         try:
-            try:
-                response = transport.call(method, data, buffers, self._call_timeout)
-            except errors.ServerUnavailableError:
-                self._server_gone(transport)
-                raise
+            transport, response = self._patiently(
+                lambda transport: transport.call(method, data, buffers, self._call_timeout))
             result = _result(method, transport.address, response)
         except BaseException:
-            calls.record(method, started, True)
+            if self._calls is not None:  # None: no connection was ever made.
+                self._calls.record(method, started, True)
             raise
-        calls.record(method, started, False)
+        self._calls.record(method, started, False)
         return result
+
+    def _patiently(self, attempt: Callable[[Any], Any]) -> tuple:
+        """Returns the transport and what ``attempt(transport)`` returned; a blocking call that
+        never reached its server goes again while an AddressResolver says so."""
+        started = None
+        while True:
+            fresh = self._fresh
+            transport = self._connection()
+            try:
+                result = attempt(transport)
+            except errors.ServerUnavailableError:
+                self._server_gone(transport)
+                started = started or time.monotonic()
+                address = self._address
+                if fresh and isinstance(address, AddressResolver) and address.retry(
+                        time.monotonic() - started):
+                    continue
+                raise
+            self._fresh = False
+            return transport, result
 
     def _call_async(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
         try:
@@ -200,7 +254,7 @@ class Client:
         return future
 
     def _list_methods(self) -> List[str]:
-        return self._connection().list_methods(self._call_timeout)
+        return self._patiently(lambda transport: transport.list_methods(self._call_timeout))[1]
 
     def _connection(self):
         """Returns the transport, connecting on first use in each process."""
@@ -222,6 +276,7 @@ class Client:
                     self._resolve_address(), auth_token=security.resolve_auth_token(
                         self._auth_token), tls=self._tls, wait_for_ready=self._wait_for_ready)
                 self._calls = metrics.table(metrics.CLIENT, self._transport.address)
+                self._fresh = True
                 self._transport_generation = generation
                 if self._closed:  # Its calls raise the error that says the client was closed.
                     self._transport.close()

@@ -44,15 +44,24 @@ class Server:
         ``COURIER_AUTH_TOKEN`` environment variable. None there too: no check.
       tls: ``courier.TLSConfig`` with the server's certificate and key (and a
         client CA to require client certificates).
+      max_connections, max_connections_per_client, hello_timeout, max_calls_in_flight,
+        linger_ms: the server's limits (docs/courier.md); None takes each from its
+        ``COURIER_*`` environment variable, or its default.
 
     Raises:
       OSError: the address cannot be bound.
+      ValueError: a limit is not a positive number.
     """
 
     def __init__(self, name: Optional[str] = None, port: Optional[int] = None,
                  thread_pool_size: int = 16, *, host: str = '127.0.0.1',
                  address: Optional[str] = None, auth_token: Optional[str] = None,
-                 tls: Optional[security.TLSConfig] = None):
+                 tls: Optional[security.TLSConfig] = None,
+                 max_connections: Optional[int] = None,
+                 max_connections_per_client: Optional[int] = None,
+                 hello_timeout: Optional[float] = None,
+                 max_calls_in_flight: Optional[int] = None,
+                 linger_ms: Optional[int] = None):
         from courier import transport  # pylint: disable=import-outside-toplevel
         if name is not None and not isinstance(name, str):
             raise TypeError(f'name must be a str, got {name!r}; a port is the second argument: '
@@ -73,7 +82,11 @@ class Server:
         self._stopped = threading.Event()
         self._transport = transport.listen(
             address, self._handle_call, self._method_names, thread_pool_size=thread_pool_size,
-            auth_token=auth_token, tls=tls)
+            auth_token=auth_token, tls=tls, limits=dict(
+                max_connections=max_connections,
+                max_connections_per_client=max_connections_per_client,
+                hello_timeout=hello_timeout, max_calls_in_flight=max_calls_in_flight,
+                linger_ms=linger_ms))
         if not endpoint.is_local and auth_token is None:
             _logger.warning(
                 'courier server %s accepts calls from other machines without an auth token: '

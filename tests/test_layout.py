@@ -23,6 +23,9 @@ LAYERS = [
     ('courier.transport._here', 2),          # servers of this process, for in-process calls
     ('courier.transport.pool', 2),           # the framed server's bounded worker pool
     ('courier.transport.loop', 2),           # the framed server's event loop and limits
+    ('courier.transport.tls', 2),            # TLS contexts and handshakes (Python's ssl)
+    ('courier.transport.relay', 2),          # carries gRPC clients to a TCP server's gRPC service
+    ('courier.transport.dial', 2),           # how a framed client connects and says hello
     ('courier.transport.framed_client', 3),  # the transports: never import each other
     ('courier.transport.framed_server', 3),
     ('courier.transport.grpc', 3),

@@ -85,6 +85,22 @@ def tcp_address(host: str, port: int) -> str:
     return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'
 
 
+_WILDCARD_HOSTS = ('', '0.0.0.0', '::', '[::]')
+
+
+def connectable_host(host: str) -> str:
+    """Returns the host clients should dial for a server bound on ``host``."""
+    if host not in _WILDCARD_HOSTS:
+        return host
+    # Bound on every interface: name the machine so that other hosts can connect too.
+    hostname = socket.gethostname()
+    try:
+        socket.getaddrinfo(hostname, None)
+    except OSError:
+        return '127.0.0.1'
+    return hostname
+
+
 def check_unix_path_free(path: str) -> None:
     """Refuses a socket path that is too long or where a live server listens.
 
@@ -110,6 +126,8 @@ class ClientTransport(abc.ABC):
     """Carries calls from a client to one server address."""
 
     address: str
+    # What carries the calls: 'framed' (courier's frames, on a Unix socket or TCP) or 'grpc'.
+    protocol: Optional[str] = None
 
     @abc.abstractmethod
     def call(self, method: str, pickle: bytes, buffers: Sequence[memoryview],
@@ -291,6 +309,16 @@ def rejected_as_malformed(method: str, address: str, details: str) -> errors.Cou
 def stopped_during_call(method: str, address: str) -> errors.CourierError:
     return call_error(errors.ServerUnavailableError, method, address,
                       'failed: the server stopped during the call')
+
+
+class NotFramedError(errors.ProtocolError):
+    """The server does not speak courier's framed protocol (it answered in gRPC's HTTP/2, or
+    chose no courier protocol under TLS): :mod:`courier.transport` calls it over gRPC instead."""
+
+
+def not_framed(method: str, address: str, how: str) -> errors.CourierError:
+    return call_error(NotFramedError, method, address,
+                      f'failed: the server does not speak courier\'s framed protocol ({how})')
 
 
 def closed(method: str, address: str) -> errors.CourierError:

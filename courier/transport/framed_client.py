@@ -1,8 +1,10 @@
 """The client half of courier's framed protocol: blocking calls, futures, deadlines.
 
-The framed protocol (:mod:`.frames`) carries same-host calls today, over Unix
-sockets; it is named for its frames, not its host, because it is to carry calls
-between hosts over TCP too. A blocking call uses a connection of its calling
+The framed protocol (:mod:`.frames`) carries courier's calls over Unix sockets on
+one host and over TCP (with TLS if asked for, :mod:`.tls`) between hosts;
+:mod:`.dial` makes the connections. A TCP server that turns out to speak only gRPC
+makes calls fail with ``_base.NotFramedError``, on which :mod:`courier.transport`
+calls it over gRPC instead. A blocking call uses a connection of its calling
 thread, so the caller sends and receives on its own thread. Futures share one
 pipelined connection: callers send, a reader thread completes them. Calls carry
 the auth token (checked once per connection), and errors, timeouts and
@@ -18,69 +20,26 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
-import os
 import socket
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from courier import errors
+from courier import security
 from courier import wire
 from courier.transport import _base
 from courier.transport import _here
+from courier.transport import dial
 from courier.transport import frames
 
-_RETRY_FIRST = 0.001  # Seconds between connection attempts to a server not yet up: doubling...
-_RETRY_MAX = 0.02     # ... up to this, so that a node notices a new server within 20 ms.
-# Connections a peer may close during the hello, in a row, before a call gives up on it.
-_HELLO_ATTEMPTS = 5
-
-
-def connect(address: str, path: str, *, auth_token: Optional[str],
-            wait_for_ready: bool) -> 'FramedClientTransport':
-    """Returns a client transport for the server on Unix socket ``path``."""
-    return FramedClientTransport(address, os.path.abspath(path), auth_token=auth_token,
+def connect(address: str, endpoint: _base.Endpoint, *, auth_token: Optional[str],
+            wait_for_ready: bool,
+            tls: Optional[security.TLSConfig] = None) -> 'FramedClientTransport':
+    """Returns a client transport for the server at ``endpoint`` (Unix socket, or TCP)."""
+    return FramedClientTransport(address, dial.Target(endpoint, tls), auth_token=auth_token,
                                  wait_for_ready=wait_for_ready)
-
-
-class _ServerHere(Exception):
-    """The server turned out to run in this process: call it there."""
-
-
-class _Unreachable(Exception):
-    """No connection could be made: ``error(method, address)`` is what each call raises."""
-
-    def __init__(self, error: Callable[[str, str], errors.CourierError]):
-        super().__init__()
-        self.error = error
-
-
-def _unreachable(what: str,
-                 kind: Type[errors.CourierError] = errors.ServerUnavailableError) -> _Unreachable:
-    """Returns the _Unreachable whose calls raise ``kind('call to ... <what>')``."""
-    return _Unreachable(functools.partial(_base.call_error, kind, what=what))
-
-
-class _Connection:
-    """One socket to the server, after a successful hello."""
-
-    __slots__ = ('sock', 'reader', '__weakref__')
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        frames.enlarge_send_buffer(sock)
-        self.reader = frames.FrameReader(sock)
-
-    def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)  # Wakes a thread blocked reading it.
-        except OSError:
-            pass
-        self.sock.close()
-
-    def __del__(self):  # The connection of a thread that ended.
-        self.sock.close()
 
 
 class _Held:
@@ -93,7 +52,7 @@ class _Held:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.connections: 'weakref.WeakSet[_Connection]' = weakref.WeakSet()  # Blocking ones.
+        self.connections: 'weakref.WeakSet[dial.Connection]' = weakref.WeakSet()  # Blocking ones.
         self.pipeline: Optional[_Pipeline] = None
         self.deadlines: Optional[_Deadlines] = None
         self.closed = False
@@ -113,12 +72,15 @@ class _Held:
 
 
 class FramedClientTransport(_base.ClientTransport):
-    """Calls one server over its Unix socket, or directly when it runs in this process."""
+    """Calls one server over its socket, or directly when it runs in this process (Unix)."""
 
-    def __init__(self, address: str, path: str, *, auth_token: Optional[str],
+    protocol = 'framed'
+
+    def __init__(self, address: str, target: dial.Target, *, auth_token: Optional[str],
                  wait_for_ready: bool):
         self.address = address
-        self._path = path
+        self._target = target
+        self._path = target.path  # None for TCP: no server of this process is called directly.
         self._token = auth_token
         self._wait_for_ready = wait_for_ready
         self._local = threading.local()  # .connection: this thread's blocking connection.
@@ -138,7 +100,7 @@ class FramedClientTransport(_base.ClientTransport):
             parts = frames.encode(frames.CALL, 0, 0, name, pickle, buffers)
             try:
                 frame = self._exchange(parts, method, timeout, deadline)
-            except _ServerHere:
+            except dial.ServerHere:
                 server = _stopped_meanwhile(self._path, method, self.address)
                 if deadline is not None:
                     timeout = max(0.0, deadline - time.monotonic())
@@ -155,7 +117,7 @@ class FramedClientTransport(_base.ClientTransport):
             deadline = None if timeout is None else time.monotonic() + timeout
             try:
                 frame = self._exchange(frames.encode(frames.LIST), method, timeout, deadline)
-            except _ServerHere:
+            except dial.ServerHere:
                 server = _stopped_meanwhile(self._path, method, self.address)
         elif self._held.closed:
             raise _base.closed(method, self.address)
@@ -189,7 +151,7 @@ class FramedClientTransport(_base.ClientTransport):
                     raise _base.call_error(
                         errors.ServerUnavailableError, method, self.address,
                         f'failed: the server closed two connections before the call went out '
-                        f'({_describe(unsent.error)})') from None
+                        f'({dial.describe(unsent.error)})') from None
             except socket.timeout:
                 self._drop(connection)
                 raise _base.call_timeout(method, self.address, timeout) from None
@@ -209,19 +171,19 @@ class FramedClientTransport(_base.ClientTransport):
         raise AssertionError('unreachable')
 
     def _connect_blocking(self, method: str, timeout: Optional[float],
-                          deadline: Optional[float]) -> _Connection:
+                          deadline: Optional[float]) -> dial.Connection:
         if self._held.closed:
             raise _base.closed(method, self.address)
         try:
-            connection = _open(self._path, self._token, frames.SYNC, self._wait_for_ready,
-                               deadline, here=True)
-        except _Unreachable as unreachable:
+            connection = dial.open_connection(self._target, self._token, frames.SYNC,
+                                              self._wait_for_ready, deadline, here=True)
+        except dial.Unreachable as unreachable:
             raise unreachable.error(method, self.address) from None
         except socket.timeout:
             raise _base.unreachable_timeout(method, self.address, timeout) from None
         if self._path in _here.servers:  # It started here while this thread waited for it.
             connection.close()
-            raise _ServerHere
+            raise dial.ServerHere
         held = self._held
         with held.lock:
             if held.closed:
@@ -231,7 +193,7 @@ class FramedClientTransport(_base.ClientTransport):
         self._local.connection = connection
         return connection
 
-    def _drop(self, connection: _Connection) -> None:
+    def _drop(self, connection: dial.Connection) -> None:
         if getattr(self._local, 'connection', None) is connection:
             self._local.connection = None
         connection.close()
@@ -279,7 +241,7 @@ class FramedClientTransport(_base.ClientTransport):
             if held.pipeline is None or held.pipeline.broken:
                 if held.closed:
                     raise _base.closed(method, self.address)
-                held.pipeline = _Pipeline(self._path, self._token, self._wait_for_ready,
+                held.pipeline = _Pipeline(self._target, self._token, self._wait_for_ready,
                                           self.address)
             return held.pipeline
 
@@ -300,13 +262,16 @@ class _Unsent(Exception):
         self.answer = answer
 
 
-def _send_and_read(connection: _Connection, parts: List[Any],
+def _send_and_read(connection: dial.Connection, parts: List[Any],
                    deadline: Optional[float]) -> frames.Frame:
     sock = connection.sock
     if deadline is not None:
-        _time_out_at(sock, deadline)
+        dial.time_out_at(sock, deadline)
     elif sock.gettimeout() is not None:
         sock.settimeout(None)
+    if connection.tcp and connection.closed_meanwhile():
+        raise _Unsent(ConnectionResetError('the server closed the idle connection'),
+                      _last_words(connection))
     try:
         frames.send(sock, parts)
     except (BrokenPipeError, ConnectionResetError) as error:
@@ -314,7 +279,7 @@ def _send_and_read(connection: _Connection, parts: List[Any],
     return connection.reader.read_frame()
 
 
-def _last_words(connection: _Connection) -> Optional[frames.Frame]:
+def _last_words(connection: dial.Connection) -> Optional[frames.Frame]:
     """What a server that closed the connection sent before (a refusal or a fault), if anything."""
     try:
         connection.sock.settimeout(1.0)
@@ -333,99 +298,6 @@ def _stopped_meanwhile(path: str, method: str, address: str) -> _here.ServerHere
     return server
 
 
-def _open(path: str, token: Optional[str], mode: int, wait_for_ready: bool,
-          deadline: Optional[float], here: bool = False) -> _Connection:
-    """Connects and says hello, waiting for the server to come up if asked to.
-
-    Raises:
-      _Unreachable: no server (and no waiting), or it refused the hello, or the peer
-        keeps closing connections during the hello (it is not a courier server).
-      _ServerHere: ``here`` is true and the server started in this process meanwhile.
-      socket.timeout: the deadline passed first.
-    """
-    delay = _RETRY_FIRST
-    closed_in_hello = 0
-    while True:
-        if here and path in _here.servers:
-            raise _ServerHere
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            if deadline is not None:
-                _time_out_at(sock, deadline)
-            sock.connect(path)
-        except (FileNotFoundError, ConnectionRefusedError) as error:
-            sock.close()
-            if not wait_for_ready:
-                raise _Unreachable(functools.partial(
-                    _base.unavailable, details=_describe(error), wait_for_ready=False)) from None
-        except socket.timeout:
-            sock.close()
-            raise
-        except OSError as error:
-            sock.close()
-            raise _unreachable(f'failed: cannot connect to its socket ({_describe(error)})'
-                               ) from None
-        else:
-            connection = _Connection(sock)
-            answer, error = _hello(connection, token, mode)
-            if answer is not None and answer.kind == frames.WELCOME:
-                return connection
-            connection.close()
-            if answer is not None:
-                raise _refusal(answer)
-            closed_in_hello += 1
-            if not wait_for_ready:
-                raise _unreachable(f'failed: the server closed the connection '
-                                   f'({_describe(error)})')
-            if closed_in_hello >= _HELLO_ATTEMPTS:
-                raise _unreachable(
-                    f'failed: the socket closed the connection during the hello '
-                    f'{closed_in_hello} times in a row ({_describe(error)}); it does not '
-                    f'serve the courier protocol', errors.ProtocolError)
-        pause = delay if deadline is None else min(delay, deadline - time.monotonic())
-        if pause <= 0:
-            raise socket.timeout
-        time.sleep(pause)
-        delay = min(2 * delay, _RETRY_MAX)
-
-
-def _hello(connection: _Connection, token: Optional[str],
-           mode: int) -> Tuple[Optional[frames.Frame], Optional[BaseException]]:
-    """Says hello; returns the server's answer, or (None, why) if it closed the connection.
-
-    Raises:
-      socket.timeout: the deadline passed first.
-    """
-    sock = connection.sock
-    try:
-        frames.send(sock, frames.encode(
-            frames.HELLO, mode, frames.VERSION, (token or '').encode(), frames.MAGIC))
-    except socket.timeout:
-        connection.close()
-        raise
-    except OSError:
-        pass  # A server refusing the connection may close it first: its answer says why.
-    try:
-        return connection.reader.read_frame(), None
-    except socket.timeout:
-        connection.close()
-        raise
-    except (EOFError, OSError, frames.ProtocolViolation) as error:
-        return None, error
-
-
-def _refusal(answer: frames.Frame) -> _Unreachable:
-    """What each call raises when the server answered the hello with ``answer``, not WELCOME."""
-    text = answer.text.decode(errors='replace')
-    if answer.kind == frames.REFUSED and answer.status in frames.REFUSALS:
-        return _Unreachable(functools.partial(_base.refused,
-                                              reason=frames.REFUSALS[answer.status]))
-    if answer.kind == frames.REFUSED and answer.status == frames.BUSY:
-        return _Unreachable(functools.partial(_base.busy, reason=text))
-    return _unreachable(f'failed: the socket does not serve the courier protocol ({text})',
-                        errors.ProtocolError)
-
-
 class _Pipeline:
     """One connection carrying many calls at once; a reader thread completes them.
 
@@ -434,8 +306,9 @@ class _Pipeline:
     fails and the transport makes a new pipeline for later calls.
     """
 
-    def __init__(self, path: str, token: Optional[str], wait_for_ready: bool, address: str):
-        self._path = path
+    def __init__(self, target: dial.Target, token: Optional[str], wait_for_ready: bool,
+                 address: str):
+        self._target = target
         self._token = token
         self._wait_for_ready = wait_for_ready
         self._address = address
@@ -443,9 +316,9 @@ class _Pipeline:
         self._pending: Dict[int, tuple] = {}  # call id -> (future, method, finish, owner)
         self._outbox = frames.Outbox()
         self._lock = threading.Lock()
-        self._connection: Optional[_Connection] = None
+        self._connection: Optional[dial.Connection] = None
         # Set before the pending calls are failed, so a call started meanwhile sees it.
-        self.broken: Optional[_Unreachable] = None
+        self.broken: Optional[dial.Unreachable] = None
         self._closed = False
         threading.Thread(target=self._run, daemon=True, name=f'courier-client {address}').start()
 
@@ -476,17 +349,17 @@ class _Pipeline:
         try:
             self._outbox.put(call_id, parts)
         except OSError as error:
-            self._break(_unreachable(f'failed: sending failed ({_describe(error)})'))
+            self._break(dial.unreachable(f'failed: sending failed ({dial.describe(error)})'))
 
     def _run(self) -> None:
         try:
-            connection = _open(self._path, self._token, frames.PIPELINED,
-                               self._wait_for_ready, None)
-        except _Unreachable as unreachable:
+            connection = dial.open_connection(self._target, self._token, frames.PIPELINED,
+                                              self._wait_for_ready, None)
+        except dial.Unreachable as unreachable:
             self._break(unreachable)
             return
         except BaseException as error:  # pylint: disable=broad-except
-            self._break(_unreachable(f'failed: cannot connect ({_describe(error)})'))
+            self._break(dial.unreachable(f'failed: cannot connect ({dial.describe(error)})'))
             return
         with self._lock:
             if self._closed:
@@ -515,11 +388,11 @@ class _Pipeline:
                 # its transport, future and result may go once their owner drops them.
                 entry = future = finish = frame = response = None
         except (EOFError, OSError, frames.ProtocolViolation) as error:
-            self._break(_unreachable(_went_away(error)))
+            self._break(dial.unreachable(_went_away(error)))
         finally:
             connection.close()
 
-    def _break(self, reason: _Unreachable) -> None:
+    def _break(self, reason: dial.Unreachable) -> None:
         """Fails every pending call, and the calls started later on this pipeline."""
         self.broken = reason
         pending, self._pending = self._pending, {}
@@ -531,7 +404,7 @@ class _Pipeline:
         with self._lock:
             self._closed = True
             connection = self._connection
-        self._break(_Unreachable(_base.closed))
+        self._break(dial.Unreachable(_base.closed))
         if connection is not None:
             connection.close()
 
@@ -606,7 +479,7 @@ def _response(frame: frames.Frame, method: str, address: str) -> wire.Response:
 
 def _unexpected(frame: frames.Frame, method: str, address: str) -> errors.CourierError:
     if frame.kind == frames.REFUSED:
-        return _refusal(frame).error(method, address)
+        return dial.refusal(frame).error(method, address)
     if frame.kind == frames.FAULT:
         return _base.rejected_as_malformed(method, address,
                                            frame.text.decode(errors='replace'))
@@ -614,17 +487,5 @@ def _unexpected(frame: frames.Frame, method: str, address: str) -> errors.Courie
                             f'got a frame of kind {frame.kind} instead of its answer')
 
 
-def _time_out_at(sock: socket.socket, deadline: float) -> None:
-    """Makes ``sock``'s operations time out at ``deadline``; raises socket.timeout if it passed."""
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise socket.timeout
-    sock.settimeout(remaining)
-
-
-def _describe(error: BaseException) -> str:
-    return f'{type(error).__name__}: {error}' if str(error) else type(error).__name__
-
-
 def _went_away(error: BaseException) -> str:
-    return f'failed: the server went away during the call ({_describe(error)})'
+    return f'failed: the server went away during the call ({dial.describe(error)})'

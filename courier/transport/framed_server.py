@@ -1,10 +1,12 @@
 """The server half of courier's framed protocol: its connections' calls, and in-process calls.
 
-The framed protocol (:mod:`.frames`) carries same-host calls today, over Unix
-sockets; it is named for its frames, not its host, because it is to carry calls
-between hosts over TCP too. The server's threads:
+The framed protocol (:mod:`.frames`) carries courier's calls over a Unix socket on one
+host and over TCP between hosts, with TLS if asked for (:mod:`.tls`). On TCP the server
+owns its port for gRPC clients too: its loop hands their connections to a relay
+(:mod:`.relay`) that carries them to the server's gRPC service. The server's threads:
 
-    loop thread (:mod:`.loop`): accepts, reads hellos, watches idle connections
+    loop thread (:mod:`.loop`): accepts, [TLS handshakes,] reads hellos, watches idle
+        │ connections                      a gRPC client ──▶ the relay thread
         │ a welcomed connection has something to read
         ▼
     pool (:mod:`.pool`, ``thread_pool_size`` threads): a worker takes the connection and
@@ -13,7 +15,8 @@ between hosts over TCP too. The server's threads:
           hand-over at all), then gives it back to the loop after ``linger_ms`` without a
           call, or at once when other work waits for a thread. While the pool has room,
           the wait is a plain read with the socket's receive timeout (no system call of
-          its own); when it has little, the wait is a poll the pool can cut short;
+          its own); when it has little (or the connection is TLS, whose reads a receive
+          timeout cannot end), the wait is a poll the pool can cut short;
         - futures connection: reads its calls and submits each to the pool; any worker
           runs one and puts its answer in the connection's outbox.
 
@@ -21,7 +24,7 @@ A connection costs a socket and about 2 KB while idle, no thread, and the
 pool bounds both the threads and the calls running at once. A peer sending garbage
 only loses its own connection.
 
-A started server registers itself in :mod:`._here`, where clients of this
+A started Unix-socket server registers itself in :mod:`._here`, where clients of this
 process (:mod:`.framed_client`) find it and call it without a socket: arguments
 and results are still pickled and buffers copied, so caller and server never
 share mutable objects, and the call runs on the worker threads as a remote one
@@ -40,6 +43,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from courier import errors
+from courier import security
 from courier import wire
 from courier.transport import _base
 from courier.transport import _here
@@ -57,56 +61,121 @@ def listen(path: str, handle_call: _base.HandleCall, list_methods: Callable[[], 
            *, thread_pool_size: int, auth_token: Optional[str],
            limits: Optional[loops.ServerLimits] = None) -> 'FramedServerTransport':
     """Binds Unix socket ``path`` and returns the unstarted server transport."""
-    return FramedServerTransport(os.path.abspath(path), handle_call, list_methods,
+    path = os.path.abspath(path)
+    _base.check_unix_path_free(path)
+    address = _base.UNIX_PREFIX + path
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            os.unlink(path)  # A stale socket file (checked above that nobody listens).
+        except FileNotFoundError:
+            pass
+        listener.bind(path)
+        listener.listen(loops.BACKLOG)
+    except OSError as error:
+        listener.close()
+        raise OSError(error.errno or errno.EADDRINUSE,
+                      f'courier server cannot bind {address!r}: {error}') from None
+    return FramedServerTransport(listener, address, handle_call, list_methods, path=path,
                                  thread_pool_size=thread_pool_size, auth_token=auth_token,
                                  limits=limits)
 
 
-class FramedServerTransport(_base.ServerTransport):
-    """Serves courier calls on a Unix socket, and to clients in this process directly."""
+def listen_tcp(host: str, port: int, handle_call: _base.HandleCall,
+               list_methods: Callable[[], List[str]], *, thread_pool_size: int,
+               auth_token: Optional[str], limits: Optional[loops.ServerLimits] = None,
+               tls: Optional[security.TLSConfig] = None,
+               grpc_service: Optional[Callable[[], str]] = None) -> 'FramedServerTransport':
+    """Binds TCP ``host:port`` (port 0: a free one) and returns the unstarted server transport.
 
-    def __init__(self, path: str, handle_call: _base.HandleCall,
+    ``grpc_service()`` returns the Unix socket path of a gRPC service to relay gRPC clients
+    to, starting it on first use; None: gRPC clients are refused like any stranger.
+
+    Raises:
+      OSError: the address cannot be bound.
+      ValueError: ``tls`` cannot be used by a server.
+    """
+    context = None
+    if tls is not None:
+        from courier.transport import tls as tls_module  # pylint: disable=import-outside-toplevel
+        context = tls_module.server_context(tls)
+    listener = _tcp_listener(host, port)
+    address = _base.tcp_address(_base.connectable_host(host), listener.getsockname()[1])
+    return FramedServerTransport(listener, address, handle_call, list_methods,
+                                 thread_pool_size=thread_pool_size, auth_token=auth_token,
+                                 limits=limits, tls=context, grpc_service=grpc_service)
+
+
+def _tcp_listener(host: str, port: int) -> socket.socket:
+    bind_host = '0.0.0.0' if host in ('', '0.0.0.0') else host.strip('[]')
+    try:
+        infos = socket.getaddrinfo(bind_host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise OSError(errno.EADDRNOTAVAIL, f'courier server cannot bind '
+                      f'{_base.tcp_address(host, port)!r}: {error}') from None
+    family, _, _, _, sockaddr = infos[0]
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(sockaddr)
+        listener.listen(loops.BACKLOG)
+    except OSError as error:
+        listener.close()
+        raise OSError(error.errno or errno.EADDRINUSE,
+                      f'courier server cannot bind {_base.tcp_address(host, port)!r}: the '
+                      f'address is in use or not available on this machine ({error})') from None
+    return listener
+
+
+class FramedServerTransport(_base.ServerTransport):
+    """Serves courier calls on a listening socket, and (Unix) to clients in this process."""
+
+    def __init__(self, listener: socket.socket, address: str, handle_call: _base.HandleCall,
                  list_methods: Callable[[], List[str]], *, thread_pool_size: int,
-                 auth_token: Optional[str], limits: Optional[loops.ServerLimits] = None):
-        _base.check_unix_path_free(path)
-        self._path = path
-        self.address = _base.UNIX_PREFIX + path
+                 auth_token: Optional[str], limits: Optional[loops.ServerLimits] = None,
+                 path: Optional[str] = None, tls: Any = None,
+                 grpc_service: Optional[Callable[[], str]] = None):
+        self._path = path  # Unix sockets only: where clients of this process find the server.
+        self.address = address
         self._handle_call = handle_call
         self._list_methods = list_methods
         self._token = auth_token.encode() if auth_token else None
-        self.limits = limits or loops.ServerLimits()
+        try:
+            self.limits = limits or loops.ServerLimits()
+        except BaseException:
+            listener.close()
+            raise
         self._pool = pools.Pool(thread_pool_size, f'courier-server {self.address}')
         self._calls_here: Dict[_base.CallFuture, str] = {}  # In-process calls: future -> method.
         self._stopped = False  # After the grace period: calls not started yet are dropped.
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            try:
-                os.unlink(path)  # A stale socket file (checked above that nobody listens).
-            except FileNotFoundError:
-                pass
-            listener.bind(path)
-            listener.listen(loops.BACKLOG)
-        except OSError as error:
-            listener.close()
-            raise OSError(error.errno or errno.EADDRINUSE,
-                          f'courier server cannot bind {self.address!r}: {error}') from None
+        self._relay = None
+        if grpc_service is not None:
+            from courier.transport import relay  # pylint: disable=import-outside-toplevel
+            self._relay = relay.Relay(grpc_service, self._relayed, f'courier-relay {address}')
         self._loop = loops.Loop(listener, greet=self._greet, serve=self._dispatch,
-                                limits=self.limits, name=f'courier-loop {self.address}')
+                                limits=self.limits, name=f'courier-loop {self.address}',
+                                tls=tls, relay=self._relay and self._relay.hand)
 
     def start(self):
         # Registered first: a client of this process that got in through the socket sees
         # the server here once it is welcomed, and calls it without the socket from then on.
-        _here.servers[self._path] = self
+        if self._path is not None:
+            _here.servers[self._path] = self
         self._loop.start()
 
     def stop(self, grace):
-        if _here.servers.get(self._path) is self:
+        if self._path is not None and _here.servers.get(self._path) is self:
             del _here.servers[self._path]
-        connections = self._loop.stop()  # Closes the listener: nobody new gets in.
-        try:
-            os.unlink(self._path)
-        except FileNotFoundError:
-            pass
+        self._loop.stop()  # Closes the listener: nobody new gets in.
+        if self._relay is not None:
+            self._relay.stop()  # Ends the gRPC clients' connections.
+        connections = self._loop.connections()
+        if self._path is not None:
+            try:
+                os.unlink(self._path)
+            except FileNotFoundError:
+                pass
         for connection in connections:
             try:
                 connection.sock.shutdown(socket.SHUT_RD)  # No new calls; answers still go out.
@@ -175,6 +244,10 @@ class FramedServerTransport(_base.ServerTransport):
             self._calls_here.pop(future, None)
 
     # Calls through the socket.
+
+    def _relayed(self, connection: loops.Connection) -> None:
+        """The relay is done with a gRPC client's connection."""
+        self._loop.close(connection)
 
     def _refusal(self, token: bytes) -> int:
         if self._token is None:
@@ -251,7 +324,7 @@ class FramedServerTransport(_base.ServerTransport):
             elif kind != frames.CANCEL:
                 raise frames.ProtocolViolation(f'unexpected frame of kind {kind}')
             frame = None
-            if reader.buffered or pool.roomy():
+            if reader.buffered or (pool.roomy() and not connection.tls):
                 continue  # The next read waits for the next call, up to linger_ms.
             poller = poller or pool.poller(sock)
             if not pool.linger(poller, self.limits.linger_ms):
@@ -296,7 +369,7 @@ class FramedServerTransport(_base.ServerTransport):
                     if len(calls) >= limits.max_calls_in_flight:
                         connection.parked = True  # The end of a call resumes it.
                         return _PARK
-            if reader.buffered or pool.roomy():
+            if reader.buffered or (pool.roomy() and not connection.tls):
                 continue
             poller = poller or pool.poller(connection.sock)
             if not pool.linger(poller, limits.linger_ms):

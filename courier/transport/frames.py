@@ -1,10 +1,9 @@
 """Frames of courier's framed protocol, and how they are sent and read on a socket.
 
-The framed protocol carries same-host calls today, over Unix domain sockets; it
-is named for its frames, not its host, because it is to carry calls between
-hosts over TCP too. A frame is a fixed header, a table of buffer sizes, a short
-text (a method name, an auth token or an error message), a payload (usually a
-pickle) and then the out-of-band buffers, back to back. Nothing is encoded beyond
+The framed protocol carries courier's calls over Unix domain sockets on one host
+and over TCP (optionally TLS) between hosts. A frame is a fixed header, a table
+of buffer sizes, a short text (a method name, an auth token or an error message),
+a payload (usually a pickle) and then the out-of-band buffers, back to back. Nothing is encoded beyond
 that, so a small call is one ``send`` and one ``recv`` on each side, and a large
 buffer goes from the sender's array to the socket and from the socket into
 memory the receiver keeps, without copies in between.
@@ -47,6 +46,9 @@ TOKEN_MISSING = 1
 TOKEN_WRONG = 2
 BAD_HELLO = 3
 BUSY = 4  # The server is at a connection limit; the text says which.
+TLS_REQUIRED = 5  # A TLS server got a plaintext hello (sent in plaintext).
+TLS_REQUIRED_TEXT = ('the server requires TLS; pass tls=courier.TLSConfig(root_certificates=...) '
+                     'to courier.Client')
 # The message a REFUSED frame carries, and its client raises, for each token refusal.
 REFUSALS = {TOKEN_MISSING: _base.NO_TOKEN, TOKEN_WRONG: _base.WRONG_TOKEN}
 
@@ -127,9 +129,13 @@ def encode(kind: int, status: int = 0, call_id: int = 0, text: bytes = b'', payl
 
 
 def send(sock: socket.socket, parts: Sequence[Any]) -> None:
-    """Sends every byte of ``parts``, in order."""
+    """Sends every byte of ``parts``, in order (on a plain or a TLS socket)."""
     if len(parts) == 1:
         sock.sendall(parts[0])
+        return
+    if sock.__class__ is not socket.socket:  # TLS: no sendmsg; a record per part is fine.
+        for part in parts:
+            sock.sendall(part)
         return
     views = [view for view in (memoryview(part).cast('B') for part in parts) if view.nbytes]
     while views:
@@ -265,10 +271,12 @@ os.register_at_fork(after_in_child=_recycler.reset)
 
 
 class FrameReader:
-    """Reads frames from a stream socket through a reusable buffer."""
+    """Reads frames from a stream socket (plain or TLS) through a reusable buffer."""
 
     def __init__(self, sock: socket.socket):
         self._sock = sock
+        # A TLS socket may hold decrypted bytes that its file descriptor no longer shows.
+        self._pending = getattr(sock, 'pending', None)
         self._buffer = _EMPTY  # Allocated at the first read: an idle connection holds none.
         self._view = memoryview(self._buffer)
         self._start = 0
@@ -278,7 +286,15 @@ class FrameReader:
     @property
     def buffered(self) -> bool:
         """Whether bytes of the next frame were read already (so no need to wait for the socket)."""
-        return self._end > self._start
+        return self._end > self._start or (self._pending is not None and self._pending() > 0)
+
+    def peek(self, size: int) -> bytes:
+        """Returns the next ``size`` bytes without consuming them (fewer if the peer closed)."""
+        try:
+            self._fill(size)
+        except EOFError:
+            pass
+        return bytes(self._view[self._start:min(self._end, self._start + size)])
 
     def feed(self, data: bytes) -> None:
         """Takes ``data`` as if read from the socket, ahead of what the socket holds."""

@@ -16,7 +16,6 @@ import itertools
 import mmap
 import os
 import secrets
-import socket
 import threading
 import time
 import weakref
@@ -46,7 +45,6 @@ RESULT_TTL = 300.0
 
 _AUTH_METADATA_KEY = 'authorization'
 _AUTH_SCHEME = 'Bearer '
-_WILDCARD_HOSTS = ('', '0.0.0.0', '::', '[::]')
 
 # No gRPC message-size limit: courier carries whatever the caller passes.
 MESSAGE_SIZE_OPTIONS = (
@@ -124,6 +122,8 @@ def _remaining(deadline: Optional[float]) -> Optional[float]:
 
 class GrpcClientTransport(_base.ClientTransport):
     """gRPC channel to one courier server (TCP or Unix socket)."""
+
+    protocol = 'grpc'
 
     def __init__(self, address: str, endpoint: _base.Endpoint, *, auth_token: Optional[str],
                  tls: Optional[security.TLSConfig], wait_for_ready: bool):
@@ -385,7 +385,7 @@ class GrpcServerTransport(_base.ServerTransport):
         if endpoint.kind == 'unix':
             self._unix_path = endpoint.path
             return _base.UNIX_PREFIX + endpoint.path
-        return _base.tcp_address(_connectable_host(endpoint.host), port)
+        return _base.tcp_address(_base.connectable_host(endpoint.host), port)
 
     def start(self):
         self._server.start()
@@ -507,16 +507,3 @@ def _refusals(reason: str) -> Dict[str, Any]:
             CALL_STREAM: grpc.stream_unary_rpc_method_handler(refuse),
             FETCH: grpc.unary_stream_rpc_method_handler(refuse_streaming),
             LIST_METHODS: grpc.unary_unary_rpc_method_handler(refuse)}
-
-
-def _connectable_host(host: str) -> str:
-    """Returns the host clients should dial for a server bound on ``host``."""
-    if host not in _WILDCARD_HOSTS:
-        return host
-    # Bound on every interface: name the machine so that other hosts can connect too.
-    hostname = socket.gethostname()
-    try:
-        socket.getaddrinfo(hostname, None)
-    except OSError:
-        return '127.0.0.1'
-    return hostname

@@ -1,7 +1,9 @@
 """The framed server's event loop: one thread accepts connections, reads their hellos and
 watches the idle ones, so that a connection costs a socket and a little memory, not a thread.
 
-    listener ──accept──▶ hello (the loop reads it, non-blocking, within hello_timeout)
+    listener ──accept──▶ [TLS handshake] ──▶ hello (the loop reads it, non-blocking, all
+                             │                        within hello_timeout)
+                             │ HTTP/2's preface, or ALPN h2: a gRPC client ──▶ relay(...)
                              │ welcomed                        refused, timed out: closed
                              ▼
           idle (in the selector) ──readable──▶ serve(connection): the server hands it to
@@ -16,8 +18,10 @@ listen backlog instead of the loop spinning, and serving resumes by itself. A co
 beyond ``max_connections``, or beyond ``max_connections_per_client`` from one client
 process (one host for TCP), gets a REFUSED frame saying which limit it hit.
 
-The loop reads nothing but hellos and never blocks, and it does not care which family
-its sockets are (Unix or TCP): only :func:`client_of` looks at it.
+The loop reads nothing but hellos and never blocks. It does not care which family its
+sockets are (Unix or TCP) beyond :func:`client_of` and turning Nagle's delay off for TCP.
+A TLS server's handshakes happen here too (non-blocking); a TLS client at a connection
+limit gets its refusal after the handshake, when it can read it.
 """
 
 from __future__ import annotations
@@ -47,7 +51,12 @@ _EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 # Accept errors about one connection that went away before it was accepted.
 _GONE = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN})
 
-HELLO, IDLE, ACTIVE, CLOSED = 'hello', 'idle', 'active', 'closed'
+HELLO, IDLE, ACTIVE, RELAYED, CLOSED = 'hello', 'idle', 'active', 'relayed', 'closed'
+# TLS clients at a connection limit waiting for their handshake, to read their refusal; more
+# are closed without one.
+_MAX_TLS_REFUSALS = 64
+_HTTP2_PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n'
+_TLS_RECORD = b'\x16'  # The first byte of a TLS handshake record (a ClientHello).
 
 
 def _environment_int(name: str, default: int) -> int:
@@ -107,6 +116,16 @@ class ServerLimits:
         default_factory=lambda: _environment_int('COURIER_LINGER_MS', 20))
 
     def __post_init__(self):
+        for name in ('max_connections', 'max_connections_per_client', 'max_calls_in_flight',
+                     'linger_ms'):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (
+                    value == 0 and name != 'max_connections_per_client'):
+                raise ValueError(f'{name} must be a whole number of at least 1, got {value!r}')
+        if (not isinstance(self.hello_timeout, (int, float)) or isinstance(self.hello_timeout, bool)
+                or not self.hello_timeout > 0):
+            raise ValueError(f'hello_timeout must be a positive number of seconds, got '
+                             f'{self.hello_timeout!r}')
         if not self.max_connections_per_client:
             object.__setattr__(self, 'max_connections_per_client', _environment_int(
                 'COURIER_MAX_CONNECTIONS_PER_CLIENT', max(1, self.max_connections // 2)))
@@ -116,7 +135,8 @@ class Connection:
     """A client's connection as the server sees it, from accept to close."""
 
     __slots__ = ('sock', 'client', 'state', 'mode', 'reader', 'hello', 'deadline', 'outbox',
-                 'calls', 'lock', 'busy', 'parked', 'ended', '__weakref__')
+                 'calls', 'lock', 'busy', 'parked', 'ended', 'tls', 'handshake', 'refusal',
+                 '__weakref__')
 
     def __init__(self, sock: socket.socket, client: Any):
         self.sock = sock
@@ -133,6 +153,9 @@ class Connection:
         self.busy = False  # A blocking call is running or answering.
         self.parked = False  # Too many calls in flight: nobody reads it until some end.
         self.ended = False  # The client closed its side: close once the calls in flight end.
+        self.tls = False  # Its socket is a TLS socket (welcomed: blocking with a stall timeout).
+        self.handshake: Optional[str] = None  # What its TLS handshake waits for: 'read', 'write'.
+        self.refusal: Optional[str] = None  # A TLS client at a limit: refused after the handshake.
 
     @property
     def idle(self) -> bool:
@@ -165,15 +188,28 @@ class Loop:
         something to read; the connection is the caller's until it calls :meth:`resume`.
       limits: the server's limits.
       name: names the thread.
+      tls: the ``ssl.SSLContext`` of a TLS server; every connection starts with a handshake.
+      relay: ``relay(connection, sock, data)`` takes a gRPC client's connection (non-blocking;
+        ``data``: what it sent so far) until it calls :meth:`close`; None: gRPC clients are
+        treated as any peer that is not courier's.
     """
 
     def __init__(self, listener: socket.socket, *, greet: Callable[[Connection, frames.Frame],
                                                                   Optional[tuple]],
-                 serve: Callable[[Connection], None], limits: ServerLimits, name: str):
+                 serve: Callable[[Connection], None], limits: ServerLimits, name: str,
+                 tls: Any = None, relay: Optional[Callable[[Connection, Any, bytes], None]] = None):
         self._listener = listener
         self._greet = greet
         self._serve = serve
         self.limits = limits
+        self._tls = tls
+        self._relay = relay
+        self._would_block: tuple = (BlockingIOError,)
+        if tls is not None:
+            from courier.transport import tls as tls_module  # pylint: disable=import-outside-toplevel
+            self._tls_module = tls_module
+            self._would_block = tls_module.WOULD_BLOCK
+        self._refusing = 0  # TLS clients at a limit, waiting for their handshake.
         self._name = name
         self._selector = selectors.DefaultSelector()
         self._wake_read, self._wake_write = socket.socketpair()
@@ -213,6 +249,8 @@ class Loop:
                 return
             connection.state = CLOSED
             self._connections.discard(connection)
+            if connection.refusal is not None:
+                self._refusing -= 1
             self._per_client[connection.client] -= 1
             if not self._per_client[connection.client]:
                 del self._per_client[connection.client]
@@ -349,22 +387,97 @@ class Loop:
                            f'it, its limit (max_connections_per_client)')
             else:
                 refusal = None
-                connection = Connection(sock, client)
-                self._connections.add(connection)
-                self._per_client[client] += 1
-        if refusal is not None:
-            _refuse(sock, frames.BUSY, refusal)
+        if refusal is not None and (self._tls is None or self._refusing >= _MAX_TLS_REFUSALS):
+            _refuse(sock, frames.BUSY, refusal, plaintext=self._tls is None)
             return
         sock.setblocking(False)
+        if sock.family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        connection = Connection(sock, client)
+        if self._tls is not None:
+            connection.handshake = 'first'  # Its first byte tells whether it speaks TLS.
+            connection.refusal = refusal
+        with self._lock:
+            self._connections.add(connection)
+            self._per_client[client] += 1
+            if refusal is not None:
+                self._refusing += 1
         connection.deadline = time.monotonic() + limits.hello_timeout
         self._hellos.append(connection)
         self._selector.register(sock, selectors.EVENT_READ, connection)
 
+    def _start_tls(self, connection: Connection) -> bool:
+        """Wraps a TLS client's socket once its first byte came; returns whether it did.
+
+        A courier client that did not ask for TLS is told so in plaintext.
+        """
+        try:
+            first = connection.sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return False
+        except OSError:
+            first = b''
+        if first != _TLS_RECORD:
+            self._drop(connection, frames.encode(
+                frames.REFUSED, frames.TLS_REQUIRED, 0, frames.TLS_REQUIRED_TEXT.encode())
+                if first == bytes([frames.HELLO]) else None)
+            return False
+        self._selector.unregister(connection.sock)
+        try:
+            connection.sock = self._tls.wrap_socket(connection.sock, server_side=True,
+                                                    do_handshake_on_connect=False)
+        except OSError:
+            self.close(connection)
+            return False
+        connection.reader = frames.FrameReader(connection.sock)
+        connection.handshake = 'read'
+        self._selector.register(connection.sock, selectors.EVENT_READ, connection)
+        return True
+
+    def _shake_hands(self, connection: Connection) -> bool:
+        """Advances a TLS handshake; returns whether it is done and the connection still open."""
+        if connection.handshake == 'first' and not self._start_tls(connection):
+            return False
+        before = connection.handshake
+        try:
+            connection.handshake = self._tls_module.handshake(connection.sock)
+        except OSError:  # Not TLS, not trusted, or gone.
+            self._drop(connection)
+            return False
+        if connection.handshake is not None:
+            if connection.handshake != before:
+                self._selector.modify(connection.sock, selectors.EVENT_WRITE
+                                      if connection.handshake == 'write' else selectors.EVENT_READ,
+                                      connection)
+            return False
+        if before == 'write':
+            self._selector.modify(connection.sock, selectors.EVENT_READ, connection)
+        if connection.refusal is not None:
+            self._drop(connection, frames.encode(frames.REFUSED, frames.BUSY, 0,
+                                                 connection.refusal.encode()))
+            return False
+        if self._relay is not None and self._tls_module.speaks_http2(connection.sock):
+            self._hand_to_relay(connection, b'')
+            return False
+        return True
+
+    def _hand_to_relay(self, connection: Connection, data: bytes) -> None:
+        self._selector.unregister(connection.sock)
+        connection.state = RELAYED
+        connection.hello = bytearray()
+        self._relay(connection, connection.sock, data)
+
     def _read_hello(self, connection: Connection) -> None:
+        if connection.handshake is not None and not self._shake_hands(connection):
+            return
         data = connection.hello
         try:
             received = connection.sock.recv(frames.HELLO_BYTES - len(data))
-        except BlockingIOError:
+            # TLS may hold more of it, decrypted already: the selector would not tell.
+            while (received and connection.handshake is None and self._tls is not None
+                   and connection.sock.pending() and len(data) + len(received) < frames.HELLO_BYTES):
+                received += connection.sock.recv(frames.HELLO_BYTES - len(data) - len(received))
+        except self._would_block:
             return
         except OSError:
             received = b''
@@ -372,6 +485,12 @@ class Loop:
             self._drop(connection)
             return
         data += received
+        if data[:1] == _HTTP2_PREFACE[:1] and self._relay is not None:  # A gRPC client?
+            if len(data) < len(_HTTP2_PREFACE) and _HTTP2_PREFACE.startswith(data):
+                return  # The rest of its preface is on its way.
+            if data.startswith(_HTTP2_PREFACE):
+                self._hand_to_relay(connection, bytes(data))
+                return
         if len(data) < frames.HEADER.size:
             return
         kind, status, text_size, count, call_id, payload_size = frames.HEADER.unpack_from(data)
@@ -396,8 +515,12 @@ class Loop:
             connection.reader.feed(bytes(data[size:]))
         try:
             connection.sock.sendall(frames.encode(frames.WELCOME)[0])
-            connection.sock.setblocking(True)
-            frames.set_receive_timeout(connection.sock, self.limits.linger_ms / 1000)
+            if self._tls is None:
+                connection.sock.setblocking(True)
+                frames.set_receive_timeout(connection.sock, self.limits.linger_ms / 1000)
+            else:  # Workers poll before they read (see framed_server); a stalled peer times out.
+                connection.tls = True
+                connection.sock.settimeout(frames.STALL_SECONDS)
         except OSError:
             self._drop(connection)
             return
@@ -432,10 +555,12 @@ class Loop:
                 self._drop(connection)
 
 
-def _refuse(sock: socket.socket, reason: int, message: str) -> None:
+def _refuse(sock: socket.socket, reason: int, message: str, plaintext: bool = True) -> None:
+    """Refuses a connection just accepted: says why (unless it expects TLS first) and closes."""
     try:
         sock.setblocking(False)
-        sock.send(frames.encode(frames.REFUSED, reason, 0, message.encode())[0])
+        if plaintext:
+            sock.send(frames.encode(frames.REFUSED, reason, 0, message.encode())[0])
     except OSError:
         pass
     _discard_input(sock)

@@ -8,7 +8,7 @@ import courier
 from launchpad import runtime
 from launchpad.address import Address
 from launchpad.nodes.base import Handle
-from launchpad.nodes.endpoint import NodeClient, NodeEndpoint
+from launchpad.nodes.endpoint import node_client
 from launchpad.nodes.python import PyClassNode
 
 CourierClient = courier.Client
@@ -52,17 +52,7 @@ class CourierHandle(Handle):
     def dereference(self) -> courier.Client:
         """A client that waits for the node to serve, follows its restarts, and fails at once
         once the program stops and the node has ended (see `endpoint`)."""
-        context = runtime.get_context()
-        table = context.address_table
-        kwargs = dict(self._client_kwargs)
-        resolver = NodeEndpoint(self._address, self._node_name,
-                                wait=kwargs.pop('wait_for_ready', True),
-                                timeout=kwargs.get('call_timeout'))
-        static = table.static.get(self._address.id)  # a Unix socket needs no TLS
-        tls = kwargs.pop('tls', context.tls_for(static or resolver))
-        if context.auth_token is not None:  # the launching process's context carries it
-            kwargs.setdefault('auth_token', context.auth_token)
-        return NodeClient(resolver, wait_for_ready=False, tls=tls, **kwargs)
+        return node_client(self._address, self._node_name, self._client_kwargs)
 
 
 class CourierNode(PyClassNode):

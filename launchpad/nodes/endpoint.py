@@ -1,10 +1,9 @@
 """Where a handle's client connects: `NodeEndpoint`, an address that follows a node's restarts and
 gives up on it once the program stops.
 
-A `CourierHandle` dereferences into a `NodeClient`, a courier.Client whose address is a
-`NodeEndpoint`. courier calls it for the first call, and again after a call found the server gone
-(a client with a callable address resolves it anew then), so this is the one place where a client
-waits for its node:
+A `CourierHandle` dereferences into a courier.Client whose address is a `NodeEndpoint` (a
+`courier.AddressResolver`). courier calls it for the first call, and again after a call found the
+server gone, so this is the one place where a client waits for its node:
 
 * while the node is not serving (not up yet, or restarting after a failure), the call waits until
   it accepts connections: at the same Unix socket, or at the endpoint a restarted node published
@@ -17,9 +16,11 @@ The transport underneath does not wait for servers itself (`wait_for_ready=False
 node went away fails promptly (calls in flight at a crash fail with courier's
 ServerUnavailableError) and the next call comes back here. What `wait_for_ready` also did, riding
 out a connection that fails to establish while the node is up (gRPC's handshake on a loaded
-machine), `NodeClient` does for a blocking call on a connection that has not carried a call yet:
-it tries again while the node accepts connections, within the call's timeout. A call on a
-connection that has carried calls is never repeated: it may have reached the node.
+machine), `NodeEndpoint.retry` does for a blocking call on a connection that has not carried a
+call yet: courier asks it, and it has the call tried again while the node accepts connections,
+within the call's timeout. A call on a connection that has carried calls is never repeated: it may
+have reached the node. A client pickled into another node carries its NodeEndpoint (rather than
+the endpoint it resolved), so it follows the node's restarts too.
 """
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ class NodeLeftError(NodeStoppedError):
     that left): it will not come back."""
 
 
-class NodeEndpoint:
-    """The endpoint of a node's address, found when a client (re)connects (a picklable callable).
+class NodeEndpoint(courier.AddressResolver):
+    """The endpoint of a node's address, found when a client (re)connects (picklable).
 
     Args:
       address: the address placeholder.
@@ -64,7 +65,6 @@ class NodeEndpoint:
         self.node_name = node_name
         self.wait = wait
         self.timeout = timeout
-        self.fresh = True  # no call has gone through the connection made to the endpoint found
 
     def serving(self) -> bool:
         """Whether the node accepts connections now, and the program is not stopping."""
@@ -84,7 +84,6 @@ class NodeEndpoint:
             stopping = context.stop.event.is_set()
             endpoint = table.current(self.address)
             if endpoint is not None and _accepts(endpoint):
-                self.fresh = True
                 return endpoint
             where = f'at {endpoint}' if endpoint else '(it has not published its endpoint)'
             if time.monotonic() - asked >= _MAX_LOOKUP:
@@ -111,46 +110,32 @@ class NodeEndpoint:
             time.sleep(pause)
             pause = min(2 * pause, _MAX_LOOKUP if published else _MAX_PAUSE)
 
+    def retry(self, elapsed: float) -> bool:
+        """Whether a blocking call that could not connect goes again: while the node accepts
+        connections, within the call's timeout (see the module docstring)."""
+        if not self.wait or (self.timeout is not None and elapsed >= self.timeout):
+            return False
+        if not self.serving():
+            return False
+        time.sleep(_MAX_PAUSE)
+        return True
+
     def __repr__(self) -> str:
         return f'NodeEndpoint({self.node_name}, {self.address})'
 
 
-class NodeClient(courier.Client):
-    """A courier.Client of a node, as `CourierHandle.dereference` makes it (its address is a
-    `NodeEndpoint`): it tries again a blocking call (or a method listing) that could not connect
-    to a node that is up (see the module docstring), and a copy pickled into another node keeps its NodeEndpoint
-    (rather than the endpoint it resolved), so it follows the node's restarts too."""
-
-    def _call(self, method: str, args: tuple, kwargs: dict):
-        return self._patiently(super()._call, method, args, kwargs)
-
-    def _list_methods(self):
-        return self._patiently(super()._list_methods)
-
-    def _patiently(self, call, *args):
-        """`call(*args)`, tried again while it fails to connect to a node that is up (see the
-        module docstring)."""
-        endpoint = self._address  # pylint: disable=no-member
-        started = time.monotonic()
-        while True:
-            fresh = endpoint.fresh
-            try:
-                result = call(*args)
-            except courier.ServerUnavailableError:
-                if not fresh or not _patience_left(endpoint, started) or not endpoint.serving():
-                    raise
-                time.sleep(_MAX_PAUSE)
-                continue
-            if fresh:
-                endpoint.fresh = False
-            return result
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        for key in state:
-            if key.endswith('address'):  # the server's address: the endpoint it resolved
-                state[key] = self._address  # pylint: disable=no-member
-        return state
+def node_client(address: Address, node_name: str, client_kwargs: dict) -> courier.Client:
+    """A client of node `node_name` at `address` that waits for the node to serve, follows its
+    restarts, and fails at once once the node has left or the program stops and it has ended."""
+    context = runtime.get_context()
+    kwargs = dict(client_kwargs)
+    resolver = NodeEndpoint(address, node_name, wait=kwargs.pop('wait_for_ready', True),
+                            timeout=kwargs.get('call_timeout'))
+    static = context.address_table.static.get(address.id)  # a Unix socket needs no TLS
+    tls = kwargs.pop('tls', context.tls_for(static or resolver))
+    if context.auth_token is not None:  # the launching process's context carries it
+        kwargs.setdefault('auth_token', context.auth_token)
+    return courier.Client(resolver, wait_for_ready=False, tls=tls, **kwargs)
 
 
 def _has_left(context, node_name: str) -> bool:
@@ -162,11 +147,6 @@ def _has_left(context, node_name: str) -> bool:
         return bool(has_left(node_name))
     except Exception:  # pylint: disable=broad-except  (an older coordinator, or it is gone)
         return False
-
-
-def _patience_left(endpoint: NodeEndpoint, started: float) -> bool:
-    return endpoint.wait and (endpoint.timeout is None
-                              or time.monotonic() - started < endpoint.timeout)
 
 
 def _accepts(endpoint: str) -> bool:

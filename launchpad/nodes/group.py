@@ -25,7 +25,7 @@ import courier
 from launchpad import runtime
 from launchpad.address import Address
 from launchpad.nodes.base import Handle
-from launchpad.nodes.endpoint import NodeClient, NodeEndpoint, NodeLeftError
+from launchpad.nodes.endpoint import NodeLeftError, node_client
 
 _LONGEST_WAIT = 10.0  # seconds of one wait for a change at the coordinator (under its call timeout)
 
@@ -203,17 +203,9 @@ class GroupClient:
     def _client(self, name: str, address_ids: List[str]) -> Any:
         if not address_ids:
             return None
-        context = runtime.get_context()
         address = Address('courier')
         address.id = address_ids[0]
-        kwargs = dict(self._client_kwargs)
-        resolver = NodeEndpoint(address, name, wait=kwargs.pop('wait_for_ready', True),
-                                timeout=kwargs.get('call_timeout'))
-        tls = kwargs.pop('tls', context.tls_for(context.address_table.static.get(address.id)
-                                                or resolver))
-        if context.auth_token is not None:
-            kwargs.setdefault('auth_token', context.auth_token)
-        return NodeClient(resolver, wait_for_ready=False, tls=tls, **kwargs)
+        return node_client(address, name, self._client_kwargs)
 
     def __repr__(self) -> str:
         return f'GroupClient({self.label!r})'

@@ -169,7 +169,7 @@ def test_unpicklable_arguments_fail_at_launch_naming_the_node():
     program.add_node(lp.PyNode(print, threading.Lock()), label='holder')
     with pytest.raises(lp.NodePicklingError, match=r'holder/0.*cannot be pickled.*lock'):
         lp.launch(program, launch_type='test_mp')
-    assert not psutil.Process().children()
+    # (no_leftovers checks that the failed launch left no process behind)
 
 
 def mutate(shared):

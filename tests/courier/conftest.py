@@ -1,9 +1,10 @@
 """Fixtures for courier's tests: servers that are always stopped, leak checks.
 
-Every test taking the ``server`` fixture runs once per transport: gRPC over TCP,
-the same-host protocol over a Unix socket, and the in-process path (a client in
-the server's own process). Tests that speak gRPC themselves are marked
-``grpc_only``.
+Every test taking the ``server`` fixture runs once per transport: courier's framed
+protocol over TCP (what clients on other hosts use), gRPC over TCP (the same server,
+its clients speaking gRPC, which the server relays to its gRPC service), the framed
+protocol over a Unix socket, and the in-process path (a client in the server's own
+process). Tests that speak gRPC themselves are marked ``grpc_only``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import multiprocessing.resource_tracker
 import os
 import pathlib
 import shutil
+import socket
 import tempfile
 import time
 
@@ -19,6 +21,7 @@ import pytest
 from hypothesis import configuration as hypothesis_configuration
 
 import courier
+from courier import transport
 from courier.transport import _here
 from courier.transport import frames
 from tests.leftovers import no_new_children
@@ -35,7 +38,7 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT_SECONDS))
 
 
-TRANSPORTS = ('grpc', 'unix', 'in_process')
+TRANSPORTS = ('tcp', 'grpc', 'unix', 'in_process')
 
 # Hypothesis (test_properties.py) writes caches, and patches for failing examples, into a
 # directory of the working directory unless told another: a temporary one, removed at the end.
@@ -67,6 +70,14 @@ class NoServersHere(dict):
         pass
 
 
+def serve_add(make_server, **kwargs) -> courier.Server:
+    """A started server (``make_server(**kwargs)``) with the method ``add``."""
+    server = make_server(**kwargs)
+    server.Bind('add', lambda x, y: x + y)
+    server.Start()
+    return server
+
+
 def serve_add_and_sleep(make_server, address: str, **kwargs) -> courier.Server:
     """A started server at ``address`` with methods ``add`` and ``sleep``."""
     server = make_server(address=address, **kwargs)
@@ -74,6 +85,31 @@ def serve_add_and_sleep(make_server, address: str, **kwargs) -> courier.Server:
     server.Bind('sleep', lambda seconds: time.sleep(seconds) or 'slept')
     server.Start()
     return server
+
+
+def free_tcp_address() -> str:
+    """A loopback ``host:port`` nobody listens on now, for a server a test starts later."""
+    with socket.socket() as probe:
+        probe.bind(('127.0.0.1', 0))
+        return f'127.0.0.1:{probe.getsockname()[1]}'
+
+
+def raw_connect(address: str, timeout: float = 20) -> socket.socket:
+    """A plain socket connected to a server's ``unix:/path`` or ``host:port`` address."""
+    if address.startswith('unix:'):
+        sock = socket.socket(socket.AF_UNIX)
+        target = address[len('unix:'):]
+    else:
+        sock = socket.socket()
+        host, port = address.rsplit(':', 1)
+        target = (host, int(port))
+    sock.settimeout(timeout)
+    try:
+        sock.connect(target)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def hello_frame(mode: int = frames.SYNC, token: bytes = b'') -> bytes:
@@ -87,7 +123,14 @@ def transport_kind(request, monkeypatch) -> str:
     kind = getattr(request, 'param', 'grpc')
     if kind == 'unix':
         monkeypatch.setattr(_here, 'servers', NoServersHere())
+    elif kind == 'grpc':
+        speak_grpc(monkeypatch)
     return kind
+
+
+def speak_grpc(monkeypatch) -> None:
+    """Makes this process's clients of TCP addresses speak gRPC (the servers' gRPC service)."""
+    monkeypatch.setattr(transport, 'tcp_protocol', 'grpc')
 
 
 @pytest.fixture
@@ -125,7 +168,7 @@ def make_server():
 @pytest.fixture
 def server(make_server, transport_kind, socket_dir):
     """A started server with a few methods bound, reached through ``transport_kind``."""
-    server = make_server() if transport_kind == 'grpc' else make_server(
+    server = make_server() if transport_kind in ('tcp', 'grpc') else make_server(
         address=f'unix:{socket_dir}/server.sock')
     server.Bind('add', lambda x, y: x + y)
     server.Bind('echo', lambda *args, **kwargs: (args, kwargs) if kwargs or len(args) != 1

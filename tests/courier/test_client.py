@@ -15,6 +15,7 @@ import pytest
 import courier
 from courier import transport
 from tests.core.conftest import wait_until
+from tests.courier.conftest import serve_add
 
 def _call_in_child(client, queue):
     queue.put(client.add(20, 22))
@@ -184,7 +185,7 @@ if __name__ == '__main__':
 
 @pytest.mark.parametrize('scenario, environment', [
     ('unused-before-fork', {}),
-    ('used-before-fork', {'GRPC_ENABLE_FORK_SUPPORT': '1'}),
+    ('used-before-fork', {}),  # The framed protocol reconnects in the child by itself.
 ])
 def test_client_works_in_a_forked_child(scenario, environment, tmp_path, subprocess_env):
     script = tmp_path / 'fork_script.py'
@@ -291,3 +292,45 @@ def test_a_completed_future_is_not_kept_until_its_deadline(server):
     del future
     gc.collect()
     assert finished() is None  # Nor its result, which may be large.
+
+
+class _Resolver(courier.AddressResolver):
+    """Resolves to ``address``; starts the server through ``start`` at its third retry."""
+
+    def __init__(self, address, start=None):
+        self.address = address
+        self.start = start
+        self.retries = 0
+
+    def __call__(self):
+        return self.address
+
+    def retry(self, elapsed):
+        self.retries += 1
+        if self.retries == 3:
+            self.start()
+        return self.retries <= 3
+
+    def __getstate__(self):
+        return {'address': self.address, 'start': None, 'retries': 0}
+
+
+def test_an_address_resolver_has_a_call_that_never_reached_its_server_tried_again(
+        make_server, socket_dir):
+    address = f'unix:{socket_dir}/later.sock'
+    servers = []
+    resolver = _Resolver(address, start=lambda: servers.append(
+        serve_add(make_server, address=address)))
+    client = courier.Client(resolver, call_timeout=20, wait_for_ready=False)
+    assert client.add(1, 2) == 3
+    assert resolver.retries == 3 and len(servers) == 1
+    # A pickled client carries the resolver, not the address it resolved to.
+    copy = pickle.loads(pickle.dumps(client))
+    assert isinstance(copy.address, _Resolver) and copy.add(2, 2) == 4
+    # A call on a connection that has carried calls may have reached the server: never retried.
+    servers[0].Stop()
+    with pytest.raises(courier.ServerUnavailableError):
+        client.add(3, 3)
+    assert resolver.retries == 3
+    assert courier.AddressResolver().retry(0.0) is False  # The default never retries.
+

@@ -1,7 +1,7 @@
-"""The framed transport (unix: addresses): what differs from gRPC, and what must not.
+"""The framed transport (unix: and TCP addresses): what differs from gRPC, and what must not.
 
 Tests taking the ``server`` fixture elsewhere already run on this transport; these
-cover its own ground: waiting for and losing servers, raw bytes on its socket,
+cover its own ground, over a Unix socket and over TCP: waiting for and losing servers, raw bytes on its socket,
 thread_pool_size, the in-process path's copies, large buffers and fork.
 """
 
@@ -21,20 +21,35 @@ import courier
 from courier.transport import _here
 from courier.transport import frames
 from courier import wire
-from tests.courier.conftest import NoServersHere, hello_frame, serve_add_and_sleep
+from tests.courier.conftest import (NoServersHere, free_tcp_address, hello_frame, raw_connect,
+                                    serve_add_and_sleep)
 
 
-@pytest.fixture(params=['unix', 'in_process'])
-def kind(request, monkeypatch):
-    """Runs a test through the socket and through the in-process path."""
-    if request.param == 'unix':
-        monkeypatch.setattr(_here, 'servers', NoServersHere())
+def pytest_generate_tests(metafunc):
+    """Runs a test taking ``address`` over a Unix socket and over TCP (what clients on other
+    hosts use); one also taking ``kind`` runs through the in-process path as well."""
+    if 'address' in metafunc.fixturenames:
+        ways = ['unix', 'in_process', 'tcp'] if 'kind' in metafunc.fixturenames else ['unix',
+                                                                                        'tcp']
+        metafunc.parametrize('way', ways, indirect=True)
+
+
+@pytest.fixture
+def way(request):
     return request.param
 
 
 @pytest.fixture
-def address(socket_dir):
-    return f'unix:{socket_dir}/s.sock'
+def kind(way, monkeypatch):
+    """How the test's clients reach the server: its socket (Unix or TCP), or in-process."""
+    if way == 'unix':
+        monkeypatch.setattr(_here, 'servers', NoServersHere())
+    return way
+
+
+@pytest.fixture
+def address(way, socket_dir):
+    return free_tcp_address() if way == 'tcp' else f'unix:{socket_dir}/s.sock'
 
 
 # ----- servers that are not there, or go away ---------------------------------------------------
@@ -98,7 +113,8 @@ def test_server_stopping_during_calls(make_server, address, kind):
             future.result(timeout=10)
         with pytest.raises(courier.ServerUnavailableError, match="'sleep'"):
             blocking.result(timeout=10)
-    assert not os.path.exists(address[len('unix:'):])
+    if address.startswith('unix:'):
+        assert not os.path.exists(address[len('unix:'):])
 
 
 def test_graceful_stop_lets_calls_in_flight_answer(make_server, address, kind):
@@ -166,11 +182,9 @@ def test_calls_without_the_token_are_refused(make_server, address, kind, token, 
 
 # ----- raw bytes on the socket ------------------------------------------------------------------
 
-def _raw(path: str, data: bytes) -> bytes:
+def _raw(address: str, data: bytes) -> bytes:
     """Sends ``data`` on a fresh connection and returns what comes back before it closes."""
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(20)
-        sock.connect(path)
+    with raw_connect(address) as sock:
         sock.sendall(data)
         sock.shutdown(socket.SHUT_WR)
         return _read_all(sock)
@@ -193,13 +207,12 @@ def _frames(data: bytes):
 
 def test_garbage_never_hurts_the_server(make_server, address):
     serve_add_and_sleep(make_server, address)
-    path = address[len('unix:'):]
     import random  # pylint: disable=import-outside-toplevel
     rng = random.Random(3)
     for size in (0, 1, 27, 28, 100, 5000):
-        _raw(path, rng.randbytes(size))
+        _raw(address, rng.randbytes(size))
     # Well-framed, but claiming far more than an unauthenticated peer may send.
-    _raw(path, frames.HEADER.pack(frames.HELLO, 0, 1 << 30, 0, 1, 1 << 40))
+    _raw(address, frames.HEADER.pack(frames.HELLO, 0, 1 << 30, 0, 1, 1 << 40))
     # A good hello, then garbage, a huge claim, an unknown kind, a truncated frame.
     for tail in (rng.randbytes(200),
                  frames.HEADER.pack(frames.CALL, 0, 3, 0, 0, 1 << 61) + b'add',
@@ -207,24 +220,22 @@ def test_garbage_never_hurts_the_server(make_server, address):
                  b''.join(frames.encode(frames.CALL, 0, 0, b'add', b'x' * 100))[:60],
                  frames.HEADER.pack(frames.CALL, 0, 2, 0, 0, 0) + b'\xff\xfe'):
         for mode in (frames.SYNC, frames.PIPELINED):
-            _raw(path, hello_frame(mode=mode) + tail)
+            _raw(address, hello_frame(mode=mode) + tail)
     assert courier.Client(address, call_timeout=10).add(20, 22) == 42
     assert courier.Client(address, call_timeout=10).futures.add(1, 1).result() == 2
 
 
 def test_bad_hello_is_refused_with_a_reason(make_server, address):
     serve_add_and_sleep(make_server, address)
-    path = address[len('unix:'):]
     wrong_version = b''.join(frames.encode(frames.HELLO, 0, 99, b'', frames.MAGIC))
-    received = _frames(_raw(path, wrong_version))
+    received = _frames(_raw(address, wrong_version))
     assert [frame.kind for frame in received] == [frames.REFUSED]
     assert b'version' in received[0].text
 
 
 def test_protocol_fault_is_explained_to_the_peer(make_server, address):
     serve_add_and_sleep(make_server, address)
-    path = address[len('unix:'):]
-    received = _frames(_raw(path, hello_frame() + frames.HEADER.pack(77, 0, 0, 0, 0, 0)))
+    received = _frames(_raw(address, hello_frame() + frames.HEADER.pack(77, 0, 0, 0, 0, 0)))
     assert [frame.kind for frame in received] == [frames.WELCOME, frames.FAULT]
     assert b'kind 77' in received[1].text
 
@@ -237,7 +248,7 @@ def test_protocol_fault_is_explained_to_the_peer(make_server, address):
 def test_well_framed_bad_pickles_get_a_serialization_error(make_server, address, payload):
     serve_add_and_sleep(make_server, address)
     call = b''.join(frames.encode(frames.CALL, 0, 0, b'add', payload))
-    received = _frames(_raw(address[len('unix:'):], hello_frame() + call))
+    received = _frames(_raw(address, hello_frame() + call))
     assert [frame.kind for frame in received] == [frames.WELCOME, frames.RESPONSE]
     assert received[1].status == wire.SERIALIZATION_ERROR
     assert "arguments of 'add'" in wire.decode_response(received[1].payload).message
@@ -466,10 +477,7 @@ def test_a_call_whose_connections_close_before_it_goes_out(socket_dir):
 def test_a_server_refusing_a_call_mid_send_explains_why(make_server, address, monkeypatch):
     monkeypatch.setattr(_here, 'servers', NoServersHere())
     serve_add_and_sleep(make_server, address)
-    path = address[len('unix:'):]
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(20)
-        sock.connect(path)
+    with raw_connect(address) as sock:
         sock.sendall(hello_frame())
         huge = frames.HEADER.pack(frames.CALL, 0, 2 << 20, 0, 0, 0)  # A 2 MiB method name.
         sock.sendall(huge)
@@ -489,10 +497,9 @@ def _read_all(sock: socket.socket) -> bytes:
 
 def test_pipelined_calls_sharing_a_call_id_each_get_their_answer(make_server, address):
     serve_add_and_sleep(make_server, address)
-    path = address[len('unix:'):]
     call = frames.encode(frames.CALL, 0, 7, b'add', pickle.dumps(((1, 2), {})))[0]
     slow = frames.encode(frames.CALL, 0, 7, b'sleep', pickle.dumps(((0.2,), {})))[0]
-    received = _frames(_raw(path, hello_frame(mode=frames.PIPELINED) + slow + call))
+    received = _frames(_raw(address, hello_frame(mode=frames.PIPELINED) + slow + call))
     assert [frame.kind for frame in received] == [frames.WELCOME] + [frames.RESPONSE] * 2
     assert all(frame.status == wire.OK for frame in received[1:])
     assert {pickle.loads(frame.payload) for frame in received[1:]} == {3, 'slept'}

@@ -1,4 +1,4 @@
-"""`import courier` stays light: grpc is imported only once a TCP address is used.
+"""`import courier` stays light: grpc is imported only once gRPC is spoken.
 
 (tests/test_layout.py checks how courier's modules import each other.)
 """
@@ -23,14 +23,23 @@ server.Stop()
 shutil.rmtree(directory)
 print('grpc' in sys.modules)
 server = courier.Server()
+server.Bind('add', lambda x, y: x + y)
+server.Start()
+client = courier.Client(server.address, call_timeout=30)
+assert client.add(1, 2) == 3 and client.futures.add(3, 4).result() == 7
+print('grpc' in sys.modules)
+from courier import transport
+transport.tcp_protocol = 'grpc'
+assert courier.Client(server.address, call_timeout=30).add(5, 6) == 11
 server.Stop()
 print('grpc' in sys.modules)
 '''
 
 
-def test_grpc_is_imported_only_for_tcp_addresses(subprocess_env):
+def test_grpc_is_imported_only_once_grpc_is_spoken(subprocess_env):
     result = subprocess.run([sys.executable, '-c', _GRPC_SCRIPT], capture_output=True,
                             text=True, timeout=60, check=False, env=subprocess_env)
     assert result.returncode == 0, result.stderr
-    # After `import courier`, after a unix: server and its clients, after a TCP server.
-    assert result.stdout.split() == ['False', 'False', 'True']
+    # After `import courier`, after a unix: server and its clients, after a TCP server and
+    # its framed clients, after a gRPC client of that server (its gRPC service starts).
+    assert result.stdout.split() == ['False', 'False', 'False', 'True']

@@ -21,26 +21,25 @@ import courier
 from courier.transport import _here
 from courier.transport import frames
 from tests.core.conftest import wait_until
-from tests.courier.conftest import NoServersHere, hello_frame, serve_add_and_sleep
+from tests.courier.conftest import (NoServersHere, free_tcp_address, hello_frame, raw_connect,
+                                    serve_add_and_sleep)
 
 
-@pytest.fixture
-def address(socket_dir, monkeypatch):
-    """The address of a server reached through its socket, even from this process."""
+@pytest.fixture(params=['unix', 'tcp'])
+def address(request, socket_dir, monkeypatch):
+    """The address of a server reached through its socket (Unix or TCP), even from this process."""
     monkeypatch.setattr(_here, 'servers', NoServersHere())
-    return f'unix:{socket_dir}/s.sock'
+    return free_tcp_address() if request.param == 'tcp' else f'unix:{socket_dir}/s.sock'
 
 
 @contextlib.contextmanager
-def _connections(path: str, count: int, hello: bool):
-    """Opens ``count`` connections to ``path`` (saying hello, or nothing) and closes them after."""
+def _connections(address: str, count: int, hello: bool):
+    """Opens ``count`` connections to ``address`` (saying hello, or nothing), closes them after."""
     socks = []
     try:
         for _ in range(count):
-            sock = socket.socket(socket.AF_UNIX)
+            sock = raw_connect(address)
             socks.append(sock)
-            sock.settimeout(20)
-            sock.connect(path)
             if hello:
                 sock.sendall(hello_frame())
         for sock in socks if hello else ():
@@ -64,8 +63,7 @@ def _receive(sock: socket.socket, size: int) -> bytes:
 def test_idle_connections_hold_no_thread(make_server, address):
     before = threading.active_count()
     server = serve_add_and_sleep(make_server, address, thread_pool_size=4)
-    path = address[len('unix:'):]
-    with _connections(path, 300, hello=True), _connections(path, 300, hello=False):
+    with _connections(address, 300, hello=True), _connections(address, 300, hello=False):
         assert threading.active_count() <= before + 1 + 4  # The loop, and at most the pool.
         client = courier.Client(address, call_timeout=20)
         assert client.add(1, 2) == 3 and client.futures.add(2, 3).result() == 5
@@ -80,8 +78,7 @@ def test_at_the_connection_limit_a_client_is_refused_with_a_clear_error(make_ser
     monkeypatch.setenv('COURIER_MAX_CONNECTIONS', '4')
     server = serve_add_and_sleep(make_server, address)
     assert server._transport.limits.max_connections == 4  # pylint: disable=protected-access
-    path = address[len('unix:'):]
-    with _connections(path, 4, hello=False):
+    with _connections(address, 4, hello=False):
         client = courier.Client(address, call_timeout=20)
         with pytest.raises(courier.ServerUnavailableError, match='max_connections') as info:
             client.add(1, 2)
@@ -95,7 +92,7 @@ def test_at_the_connection_limit_a_client_is_refused_with_a_clear_error(make_ser
 def test_one_client_at_its_limit_is_refused(make_server, address, monkeypatch):
     monkeypatch.setenv('COURIER_MAX_CONNECTIONS_PER_CLIENT', '2')
     serve_add_and_sleep(make_server, address)
-    with _connections(address[len('unix:'):], 2, hello=True):
+    with _connections(address, 2, hello=True):
         with pytest.raises(courier.ServerUnavailableError, match='max_connections_per_client'):
             courier.Client(address, call_timeout=20).add(1, 2)
     assert wait_until(lambda: _call_works(address), timeout=10)
@@ -112,7 +109,7 @@ def _call_works(address: str) -> bool:
 def test_a_connection_that_never_says_hello_is_closed(make_server, address, monkeypatch):
     monkeypatch.setenv('COURIER_HELLO_TIMEOUT', '1')
     serve_add_and_sleep(make_server, address)
-    with _connections(address[len('unix:'):], 3, hello=False) as socks:
+    with _connections(address, 3, hello=False) as socks:
         for sock in socks:
             assert sock.recv(100) == b''  # Closed by the server (the timeout would raise).
 
@@ -147,8 +144,7 @@ def test_a_server_out_of_file_descriptors_serves_again_once_they_are_back(
                              stderr=subprocess.PIPE, text=True, env=environment)
     try:
         assert child.stdout.readline().strip() == 'serving'
-        path = address[len('unix:'):]
-        with _connections(path, 150, hello=False):  # Far more than its 64 descriptors.
+        with _connections(address, 150, hello=False):  # Far more than its 64 descriptors.
             time.sleep(0.5)
         assert wait_until(lambda: _call_works(address), timeout=20)
         with courier.Client(address, call_timeout=20) as client:

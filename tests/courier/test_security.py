@@ -1,11 +1,31 @@
-"""Auth tokens and TLS: who may call a courier server."""
+"""Auth tokens and TLS: who may call a courier server.
+
+Every test that serves runs twice on the server's TCP port: its clients speaking courier's
+framed protocol (the fast lane between hosts), and speaking gRPC (relayed to the server's
+gRPC service, under TLS chosen by ALPN).
+"""
 
 from __future__ import annotations
 
 import pytest
 
 import courier
+from tests.courier.conftest import serve_add, speak_grpc
 from tests.pki import Pki
+
+
+def pytest_generate_tests(metafunc):
+    if 'make_server' in metafunc.fixturenames:
+        metafunc.parametrize('lane', ['framed', 'grpc'], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def lane(request, monkeypatch):
+    """The protocol this test's clients speak: 'framed', or 'grpc'."""
+    lane = getattr(request, 'param', 'framed')
+    if lane == 'grpc':
+        speak_grpc(monkeypatch)
+    return lane
 
 
 @pytest.fixture(autouse=True)
@@ -13,15 +33,8 @@ def no_token_in_environment(monkeypatch):
     monkeypatch.delenv(courier.AUTH_TOKEN_ENV, raising=False)
 
 
-def _served(make_server, **kwargs) -> courier.Server:
-    server = make_server(**kwargs)
-    server.Bind('add', lambda x, y: x + y)
-    server.Start()
-    return server
-
-
 def test_call_without_token_is_refused(make_server):
-    server = _served(make_server, auth_token='s3cret')
+    server = serve_add(make_server, auth_token='s3cret')
     client = courier.Client(server.address, call_timeout=10)
     with pytest.raises(courier.PermissionDeniedError) as info:
         client.add(1, 2)
@@ -36,22 +49,23 @@ def test_call_without_token_is_refused(make_server):
 
 
 def test_call_with_wrong_token_is_refused(make_server):
-    server = _served(make_server, auth_token='s3cret')
+    server = serve_add(make_server, auth_token='s3cret')
     client = courier.Client(server.address, call_timeout=10, auth_token='guess')
     with pytest.raises(courier.PermissionDeniedError, match='wrong auth token'):
         client.add(1, 2)
 
 
-def test_call_with_the_token_succeeds(make_server):
-    server = _served(make_server, auth_token='s3cret')
+def test_call_with_the_token_succeeds(make_server, lane):
+    server = serve_add(make_server, auth_token='s3cret')
     client = courier.Client(server.address, auth_token='s3cret')
     assert client.add(1, 2) == 3
+    assert client.protocol == lane
     assert courier.list_methods(client) == ['add']
 
 
 def test_environment_supplies_the_token_to_server_and_client(make_server, monkeypatch):
     monkeypatch.setenv(courier.AUTH_TOKEN_ENV, 'from-env')
-    server = _served(make_server)
+    server = serve_add(make_server)
     assert courier.Client(server.address).add(2, 2) == 4
     with pytest.raises(courier.PermissionDeniedError):
         courier.Client(server.address, auth_token='other').add(2, 2)
@@ -59,13 +73,13 @@ def test_environment_supplies_the_token_to_server_and_client(make_server, monkey
 
 def test_explicit_token_travels_with_a_pickled_client(make_server):
     import pickle  # pylint: disable=import-outside-toplevel
-    server = _served(make_server, auth_token='s3cret')
+    server = serve_add(make_server, auth_token='s3cret')
     client = pickle.loads(pickle.dumps(courier.Client(server.address, auth_token='s3cret')))
     assert client.add(3, 3) == 6
 
 
 def test_server_without_token_accepts_clients_with_one(make_server):
-    server = _served(make_server)
+    server = serve_add(make_server)
     assert courier.Client(server.address, auth_token='unneeded').add(1, 1) == 2
 
 
@@ -82,19 +96,21 @@ def pki():
     return Pki()
 
 
-def test_tls_round_trip(make_server, pki):
-    server = _served(make_server, tls=courier.TLSConfig(
+def test_tls_round_trip(make_server, pki, lane):
+    server = serve_add(make_server, tls=courier.TLSConfig(
         certificate_chain=pki.server_pem, private_key=pki.server_key))
     client = courier.Client(server.address, call_timeout=10,
                             tls=courier.TLSConfig(root_certificates=pki.ca_pem))
     assert client.add(40, 2) == 42
+    assert client.futures.add(1, 2).result(timeout=10) == 3
+    assert client.protocol == lane
     # A plaintext client cannot talk to a TLS server.
     with pytest.raises(courier.CourierError):
         courier.Client(server.address, call_timeout=2, wait_for_ready=False).add(1, 1)
 
 
 def test_tls_client_rejects_a_server_it_does_not_trust(make_server, pki):
-    server = _served(make_server, tls=courier.TLSConfig(
+    server = serve_add(make_server, tls=courier.TLSConfig(
         certificate_chain=pki.server_pem, private_key=pki.server_key))
     untrusted = Pki()  # Another CA.
     client = courier.Client(server.address, call_timeout=5, wait_for_ready=False,
@@ -103,8 +119,8 @@ def test_tls_client_rejects_a_server_it_does_not_trust(make_server, pki):
         client.add(1, 1)
 
 
-def test_mutual_tls_requires_a_client_certificate(make_server, pki, tmp_path):
-    server = _served(make_server, tls=courier.TLSConfig(
+def test_mutual_tls_requires_a_client_certificate(make_server, pki, tmp_path, lane):
+    server = serve_add(make_server, tls=courier.TLSConfig(
         certificate_chain=pki.server_pem, private_key=pki.server_key,
         root_certificates=pki.ca_pem))
     without_certificate = courier.Client(
@@ -120,10 +136,11 @@ def test_mutual_tls_requires_a_client_certificate(make_server, pki, tmp_path):
         root_certificates=str(tmp_path / 'ca.pem'),
         certificate_chain=tmp_path / 'client.pem', private_key=str(tmp_path / 'client.key')))
     assert with_certificate.add(1, 1) == 2
+    assert with_certificate.protocol == lane
 
 
 def test_tls_with_auth_token(make_server, pki):
-    server = _served(make_server, auth_token='both', tls=courier.TLSConfig(
+    server = serve_add(make_server, auth_token='both', tls=courier.TLSConfig(
         certificate_chain=pki.server_pem, private_key=pki.server_key))
     tls = courier.TLSConfig(root_certificates=pki.ca_pem.decode(), server_name='localhost')
     assert courier.Client(server.address, auth_token='both', tls=tls).add(2, 5) == 7

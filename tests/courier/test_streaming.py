@@ -1,4 +1,7 @@
-"""Large payloads travel as chunk streams (CallStream, Fetch) instead of one message."""
+"""Over gRPC, large payloads travel as chunk streams (CallStream, Fetch) instead of one message.
+
+Every client here speaks gRPC to the server's gRPC service (through its port's relay).
+"""
 
 from __future__ import annotations
 
@@ -14,11 +17,13 @@ import courier
 from courier import serialization
 from courier.transport import grpc as grpc_transport
 from courier import wire
+from tests.courier.conftest import speak_grpc
 
 
 @pytest.fixture(autouse=True)
 def small_streaming_sizes(monkeypatch):
     """Streams anything above 64 KiB, in 16 KiB chunks, so tests stay small and fast."""
+    speak_grpc(monkeypatch)
     monkeypatch.setattr(grpc_transport, 'STREAM_THRESHOLD', 64 * 1024)
     monkeypatch.setattr(grpc_transport, 'CHUNK_SIZE', 16 * 1024)
 
@@ -39,7 +44,8 @@ def _fail_with(payload):
 
 
 def _pending_results(server: courier.Server) -> int:
-    return len(server._transport._results)  # pylint: disable=protected-access
+    # The gRPC service behind the server's port (pylint: disable=protected-access).
+    return len(server._transport._service._server._results)
 
 
 def test_large_arguments_stream_to_the_server(streaming_server):

@@ -27,7 +27,7 @@ class Queue:
 def produce(queue, count: int, payload: bytes = b'') -> None:
     for i in range(count):
         queue.put(i)
-    print(f'produced {count}, payload {digest(payload)}', flush=True)
+    print(f'produced {count}, payload {digest(payload)}, over {queue.protocol}', flush=True)
 
 
 def consume(queue, total: int) -> None:

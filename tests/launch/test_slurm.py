@@ -35,6 +35,8 @@ def consume(producers, results_path):
     results = [producer.produce(i + 1) for i, producer in enumerate(producers)]
     with open(results_path, 'w') as f:
         f.write(repr(results))
+    with open(results_path + '.protocols', 'w') as f:  # What carried the calls.
+        f.write(repr(sorted({producer.protocol for producer in producers})))
     print('consumed', [value for value, _ in results], flush=True)
     lp.stop()
 
@@ -446,6 +448,8 @@ def test_producers_spread_over_nodes(slurm_multi, tmp_path):
     assert sorted(placed.values()) == sorted(slurm_multi.nodes)
     assert [host for _, host in eval(results.read_text())] == [  # pylint: disable=eval-used
         placed['producer/0'], placed['producer/1']]
+    # The consumer called a producer on another node over courier's framed protocol (TCP).
+    assert (tmp_path / 'results.protocols').read_text() == "['framed']"
     assert_nothing_left(controller, tmp_path)
 
 

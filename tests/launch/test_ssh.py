@@ -91,11 +91,15 @@ class Learner:
         self._actors, self._steps = actors, steps
         self._lock = threading.Lock()
         self._seen = {}
+        self._protocols = {}
 
-    def step(self, actor: int, hostname: str) -> int:
+    def step(self, actor: int, hostname: str, protocol=None) -> int:
+        """``protocol``: what carried the actor's previous call (None before the first)."""
         with self._lock:
             hostnames = self._seen.setdefault(actor, [])
             hostnames.append(hostname)
+            if protocol is not None:
+                self._protocols.setdefault(actor, set()).add(protocol)
             return len(hostnames)
 
     def run(self) -> None:
@@ -105,7 +109,9 @@ class Learner:
                 if (len(self._seen) == self._actors
                         and all(len(h) == self._steps for h in self._seen.values())):
                     report = {'learner': socket.gethostname(),
-                              'actors': {str(a): sorted(set(h)) for a, h in self._seen.items()}}
+                              'actors': {str(a): sorted(set(h)) for a, h in self._seen.items()},
+                              'protocols': {str(a): sorted(p)
+                                            for a, p in self._protocols.items()}}
                     print('REPORT ' + json.dumps(report), flush=True)
                     return
             time.sleep(0.05)
@@ -114,7 +120,7 @@ class Learner:
 
 def actor(index: int, learner, steps: int) -> None:
     for _ in range(steps):
-        learner.step(index, socket.gethostname())
+        learner.step(index, socket.gethostname(), learner.protocol)
 
 
 def test_actor_learner_runs_on_three_hosts(hosts, tmp_path, monkeypatch):
@@ -136,7 +142,9 @@ def test_actor_learner_runs_on_three_hosts(hosts, tmp_path, monkeypatch):
     assert len(logs) == 1, list(tmp_path.rglob('*'))
     reports = [line for line in logs[0].read_text().splitlines() if line.startswith('REPORT ')]
     report = json.loads(reports[0][len('REPORT '):])
-    assert report == {'learner': 'lp-h1', 'actors': {'0': ['lp-h2'], '1': ['lp-h3']}}
+    # Between hosts, a node's plain client of another node speaks courier's framed protocol.
+    assert report == {'learner': 'lp-h1', 'actors': {'0': ['lp-h2'], '1': ['lp-h3']},
+                      'protocols': {'0': ['framed'], '1': ['framed']}}
     assert (tmp_path / logs[0].parent.name / 'actor_0.log').exists()
 
 
@@ -382,6 +390,7 @@ class Vault:
 
 def check_tls(vault, address) -> None:
     assert vault.reveal() == 'treasure'
+    assert vault.protocol == 'framed', vault.protocol  # TLS over the framed lane, not gRPC.
     plaintext = courier.Client(address.resolve(), call_timeout=5, wait_for_ready=False)
     try:
         plaintext.reveal()
