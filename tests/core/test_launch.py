@@ -5,7 +5,6 @@ import threading
 import time
 import unittest
 
-import psutil
 import pytest
 
 import launchpad as lp
