@@ -31,7 +31,7 @@ ADD_SUFFIX = '.add'
 ADDING_ENDS = 'adding.end'
 # ... and touches ADDING_ALIVE while it runs: silent for ADDING_SILENCE seconds, it is gone.
 ADDING_ALIVE = 'adding.alive'
-ADDING_SILENCE = 30
+ADDING_SILENCE = 10  # (nodes give up on a lost coordinator after 5 s: a job ends soon after)
 _DESCRIPTION_FILE = 'job.json'
 _TLS_FILE = 'tls.pickle'
 
