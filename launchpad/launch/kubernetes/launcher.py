@@ -158,8 +158,9 @@ class PodRunner:
                                                        + list(plan.node_pods.values()))}
         self._notice_period = notice_period
         self._leaving: Dict[str, str] = {}  # leave pod -> the node it removes
-        # Removed nodes to kill once the coordinator has told them (-> when; None: not yet).
-        self._kill_later: Dict[str, Optional[float]] = {}
+        # Removed nodes to kill once the coordinator has told them -> when (at the latest
+        # pending_timeout after the kill was due, should their leave pod never run).
+        self._kill_later: Dict[str, float] = {}
 
     def add_executable(self, label: str, executable, policy) -> None:
         """Creates the pod of a node added to the running program, made as the launch made its
@@ -185,7 +186,12 @@ class PodRunner:
         node's worker sees the removal where it watches for the stop, runs its stop handlers and
         ends within the notice period; its pod is then deleted (or `kill` deletes it)."""
         document = self._plan.leave_pod(name)
-        _create_owned(self._api, self._plan, [document], [])
+        try:
+            _create_owned(self._api, self._plan, [document], [])
+        except Exception as e:  # pylint: disable=broad-except
+            logging.error('Could not create the pod that tells the coordinator %s is removed '
+                          '(%s): it is killed after the notice period.', name, e)
+            return
         self._leaving[document['metadata']['name']] = name
 
     def poll(self) -> Dict[str, Optional[int]]:
@@ -225,7 +231,7 @@ class PodRunner:
         for name in names:
             if (not self._mirror.stopping and self._mirror.has_left(name)
                     and name in self._leaving.values()):
-                self._kill_later[name] = None
+                self._kill_later[name] = self._clock() + self._config.pending_timeout
                 continue
             self._api.delete('Pod', self._plan.node_pods[name], grace_period_seconds=0)
         if not names or not all(self._mirror.has_left(name) for name in names):
@@ -278,9 +284,10 @@ class PodRunner:
             del self._leaving[pod_name]
             self._api.delete('Pod', pod_name, grace_period_seconds=0)
             if name in self._kill_later:
-                self._kill_later[name] = self._clock() + self._notice_period
+                self._kill_later[name] = min(self._kill_later[name],
+                                             self._clock() + self._notice_period)
         for name, due in list(self._kill_later.items()):
-            if due is not None and self._clock() >= due:
+            if self._clock() >= due:
                 del self._kill_later[name]
                 if self._codes.get(name) is None:
                     logging.warning('Killing %s: still running %g s after its removal.', name,
