@@ -10,7 +10,9 @@ docstring). Threads, in an attached launch:
     (`POLL_SECONDS`) it lists the program's pods, turns ended containers into exit codes and
     failures (reading log tails and events), and sends the stop by deleting the coordinator pod;
   * one daemon thread per started pod (`lp-log-POD`) copies its container's log to stdout behind
-    the pod's name until the container ends.
+    the pod's name until the container ends; the coordinator pod's also passes the group sizes
+    nodes ask for (`lp.resize`) to the controller, which adds and removes pods on its monitor
+    thread (`add_executable`, `remove`).
 
 A detached launch starts no log thread and deletes nothing when the launcher ends.
 """
