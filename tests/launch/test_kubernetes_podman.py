@@ -211,6 +211,8 @@ def podman_launch(podman_testbed, tmp_path, monkeypatch):
         for api in apis:
             api.close()
     assert not _podman('ps', '-aq', '--filter', f'label={kubernetes.PROGRAM_LABEL}').strip()
+    pods = set(_podman('pod', 'ps', '--format', '{{.Name}}').split())
+    assert not pods & {name for api in apis for kind, name in api.created if kind == 'Pod'}
 
 
 def test_producer_consumer_runs_across_pods_and_ends_by_lp_stop_in_a_pod(podman_launch, capfd):
