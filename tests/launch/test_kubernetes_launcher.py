@@ -545,3 +545,23 @@ def test_the_coordinator_pod_lets_added_nodes_join_and_says_size_requests(capsys
     out = capsys.readouterr().out
     assert out.count('node actor/1 joins the program') == 1
     assert f'{names.SIZE_REQUEST}["actor", 4]\n' in out
+
+
+def _idle():
+    lp.stop_event().wait()
+
+
+def test_an_added_nodes_pod_is_created_again_by_its_groups_restart_policy(fake):
+    program = lp.Program('p')
+    with program.group('actor', restart=lp.RestartPolicy(max_restarts=2, backoff=0.0),
+                       elastic=lp.Elastic(make_node=lambda: lp.PyNode(_idle), max_size=3)):
+        program.add_node(lp.PyNode(_idle))
+    controller = launch(program)
+    controller.resize('actor', 2)
+    fake.statuses['t1-actor-1'] = [exited(1, 'Error'), running()]
+    _until(lambda: controller.status()['actor/1'].restarts == 1, 'not restarted')
+    assert [c for c in fake.calls if c[:3] == ('create', 'Pod', 't1-actor-1')] == [
+        ('create', 'Pod', 't1-actor-1')] * 2
+    assert '--join' in fake.objects[('Pod', 't1-actor-1')]['spec']['initContainers'][0]['command']
+    controller.stop(timeout=20)
+    assert fake.objects == {}
