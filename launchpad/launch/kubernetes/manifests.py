@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import secrets
+import zlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import courier
@@ -97,6 +98,8 @@ class LaunchPlan:
         """The short pod that tells the coordinator `node_name` is removed (`pod.py leave`)."""
         growth = self.growth
         name = f'{self.node_pods[node_name]}-leave'
+        if len(name) > 63:  # a hostname is one DNS label
+            name = f'{self.run}-leave-{zlib.crc32(node_name.encode()):08x}'
         return growth.builder.leave_pod(name, node_name, growth.coordinator_host)
 
     def forget(self, node_name: str) -> List[Dict[str, Any]]:
