@@ -9,11 +9,14 @@ For each launch type it launches a program with one courier node in an elastic g
             node answered.
 
 local_mp forks new nodes from its pre-started fork server and SSH hosts' agents fork them from
-theirs, as at launch; Slurm runs a new job step in the job's allocation. SSH uses the SSH test
-bed (root; see tests/testbeds) unless --hosts names two machines that run this launchpad; Slurm
-(--slurm) the Slurm test bed.
+theirs, as at launch; Slurm runs a new job step in the job's allocation; Kubernetes creates a
+pod, whose init container joins it to the coordinator pod. SSH uses the SSH test bed (root; see
+tests/testbeds) unless --hosts names two machines that run this launchpad; Slurm (--slurm) the
+Slurm test bed; Kubernetes (--kubernetes) the podman bed, through the podman stand-in for the API
+server of tests/launch/test_kubernetes_podman.py (the launcher lists pods once a second, as on a
+cluster).
 
-  python benchmarks/elastic_bench.py [--adds 5] [--no-ssh] [--slurm]
+  python benchmarks/elastic_bench.py [--adds 5] [--no-ssh] [--slurm] [--kubernetes]
 """
 from __future__ import annotations
 
@@ -47,8 +50,8 @@ def measure(launch_type: str, adds: int, resources: Optional[dict] = None,
     with program.group('echo', elastic=lp.Elastic(make_node=lambda: lp.CourierNode(Echo),
                                                   max_size=adds + 1)):
         program.add_node(lp.CourierNode(Echo))
-    controller = lp.launch(program, launch_type=launch_type, resources=resources,
-                           terminal='output_to_files', **options)
+    options.setdefault('terminal', 'output_to_files')
+    controller = lp.launch(program, launch_type=launch_type, resources=resources, **options)
     serving = []
     try:
         local = launch_type in ('local_mt', 'local_mp')
@@ -74,6 +77,8 @@ def main() -> None:
     parser.add_argument('--no-ssh', action='store_true', help='skip SSH (no test bed here)')
     parser.add_argument('--slurm', action='store_true',
                         help='also Slurm, on the Slurm test bed (one node; needs root)')
+    parser.add_argument('--kubernetes', action='store_true',
+                        help='also Kubernetes, as pods on the podman test bed (needs root)')
     parser.add_argument('--hosts', type=lambda s: s.split(','), help='ssh hosts, a,b')
     parser.add_argument('--python', default='python3', help='interpreter on --hosts')
     parser.add_argument('--pythonpath', help='PYTHONPATH on --hosts')
@@ -109,7 +114,25 @@ def measure_all(args) -> Dict[str, Dict[str, List[float]]]:
             # The bed's node has 4 CPUs: the job holds the first node and 3 spare tasks.
             results['slurm'] = measure('slurm', min(args.adds, 3), job_dir=os.environ[
                 'LAUNCHPAD_LOGGING_DIR'])
+    if args.kubernetes:
+        results['kubernetes'] = measure_pods(args.adds)
     return results
+
+
+def measure_pods(adds: int) -> Dict[str, List[float]]:
+    """`measure` on the kubernetes launcher, its pods played by podman on the test bed."""
+    from launchpad.launch import kubernetes  # pylint: disable=import-outside-toplevel
+    from tests import testbeds  # pylint: disable=import-outside-toplevel
+    from tests.launch import test_kubernetes_podman as bed_api  # pylint: disable=C0415
+    with testbeds.podman_network() as bed, tempfile.TemporaryDirectory() as directory:
+        api = bed_api.PodmanApi(bed, pathlib.Path(directory))
+        lp.register_launcher('kubernetes_podman', lambda: kubernetes.KubernetesLauncher(
+            lambda _: api))
+        try:
+            return measure('kubernetes_podman', adds, image=bed.image, python=bed.python,
+                           terminal='current_terminal', notice_period=5)
+        finally:
+            api.close()
 
 
 if __name__ == '__main__':

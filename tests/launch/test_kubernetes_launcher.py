@@ -6,15 +6,20 @@ forbidden.
 """
 from __future__ import annotations
 
+import base64
 import copy
 import http.server
 import io
 import json
+import pickle
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 
+import cloudpickle
+import kubernetes_validate
 import pytest
 
 import courier
@@ -22,7 +27,9 @@ import launchpad as lp
 from launchpad.launch import kubernetes
 from launchpad.launch.kubernetes import api as kubernetes_api
 from launchpad.launch.kubernetes import launcher as kubernetes_launcher
-from launchpad.launch.kubernetes import pod
+from launchpad.launch.kubernetes import names, pod
+from launchpad.policy import NodePolicy
+from tests import elastic_program as elastic
 from tests.launch import kubernetes_programs
 
 pytestmark = pytest.mark.timeout(60)
@@ -455,3 +462,106 @@ def test_tls_is_refused_before_anything_is_created(fake):
     with pytest.raises(ValueError, match='tls= is not supported by the kubernetes'):
         launch(kubernetes_programs.producer_consumer(), tls=courier.TLSConfig())
     assert fake.calls == []
+
+
+def _until(condition, what):
+    """Waits (up to 20 s, for a loaded machine) until `condition()` holds."""
+    deadline = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_nodes_join_and_leave_a_running_program_as_pods_made_like_the_launchs(fake):
+    # A node's lp.resize reaches the launcher as a line of the coordinator pod's log.
+    fake.logs['t1-coordinator'] = [f'{names.SIZE_REQUEST}["actor", 3]\n'.encode()]
+    controller = launch(elastic.build(driver=False))
+    _until(lambda: ('Pod', 't1-actor-2') in fake.objects, 'the group did not grow')
+    added, first = fake.objects[('Pod', 't1-actor-2')], fake.objects[('Pod', 't1-actor-1')]
+    root = fake.objects[('ConfigMap', 't1')]
+    for document in (added, fake.objects[('ConfigMap', 't1-actor-2-spec-0')]):
+        assert document['metadata']['ownerReferences'] == [
+            {'apiVersion': 'v1', 'kind': 'ConfigMap', 'name': 't1',
+             'uid': root['metadata']['uid']}]
+        assert document['metadata']['labels'][kubernetes.PROGRAM_LABEL] == 't1'
+    assert added['metadata']['annotations'] == {kubernetes.NODE_NAME_ANNOTATION: 'actor/2'}
+    assert added['spec']['containers'] == first['spec']['containers']  # image, env, token
+    assert (added['spec']['subdomain'], added['spec']['hostname']) == ('t1', 't1-actor-2')
+    wait = added['spec']['initContainers'][0]
+    assert wait['command'][:-2] == first['spec']['initContainers'][0]['command']
+    joining = names.Joining.from_json(wait['command'][-1])
+    address = 't1-actor-2.t1.default.svc.cluster.local:7100'
+    assert joining.node == 'actor/2' and list(joining.endpoints.values()) == [address]
+    assert {'name': 'COURIER_AUTH_TOKEN', 'valueFrom': {'secretKeyRef': {
+        'name': 't1-token', 'key': 'token'}}} in wait['env']
+    _, payload = pickle.loads(base64.b64decode(
+        fake.objects[('ConfigMap', 't1-actor-2-spec-0')]['binaryData']['spec']))
+    spec = cloudpickle.loads(payload)
+    assert address in spec.address_table.static.values()
+    assert 't1-learner-0.t1.default.svc.cluster.local:7100' in spec.address_table.static.values()
+
+    controller.remove_node('actor/2')  # a leave pod tells the coordinator pod
+    _until(lambda: ('Pod', 't1-actor-2-leave') in fake.objects, 'no leave pod')
+    leave = fake.objects[('Pod', 't1-actor-2-leave')]
+    assert leave['spec']['containers'][0]['command'][-2:] == ['600.0', 'actor/2']
+    for document in (added, leave):
+        kubernetes_validate.validate(
+            {k: v for k, v in document.items() if k != 'status'}, '1.32.0', strict=True)
+    fake.statuses['t1-actor-2-leave'] = [exited(0)]
+    fake.statuses['t1-actor-2'] = [exited(0)]
+    _until(lambda: controller.status()['actor/2'].state is lp.NodeState.REMOVED, 'not removed')
+    _until(lambda: ('Pod', 't1-actor-2') not in fake.objects
+           and ('ConfigMap', 't1-actor-2-spec-0') not in fake.objects
+           and ('Pod', 't1-actor-2-leave') not in fake.objects, 'its objects were not deleted')
+    assert ('Pod', 't1-coordinator') in fake.objects and not controller.done
+    assert controller.group_size('actor') == 2
+    controller.stop(timeout=20)
+    assert fake.objects == {}
+
+
+def test_a_removed_node_is_killed_a_notice_period_after_its_leave_pod_told_it(fake):
+    controller = launch(elastic.build(driver=False), notice_period=0.2)
+    _until(lambda: controller.status()['actor/1'].state is lp.NodeState.RUNNING, 'not running')
+    fake.statuses['t1-actor-1-leave'] = [running()] * 20 + [exited(0)]  # slow to tell it
+    controller.remove_node('actor/1')
+    _until(lambda: ('Pod', 't1-actor-1') not in fake.objects, 'not killed')
+    deleted = [call[1:3] for call in fake.calls if call[0] == 'delete']
+    assert deleted.index(('Pod', 't1-actor-1-leave')) < deleted.index(('Pod', 't1-actor-1'))
+    _until(lambda: controller.status()['actor/1'].state is lp.NodeState.REMOVED, 'not removed')
+    assert ('Pod', 't1-coordinator') in fake.objects  # a removal's kill is no program kill
+    controller.stop(timeout=20)
+
+
+def test_the_coordinator_pod_lets_added_nodes_join_and_says_size_requests(capsys):
+    coordinator = pod.PodCoordinator(['learner/0', 'actor/0'])
+    coordinator.set_node_addresses({'actor/0': ['a0']})
+    coordinator.node_started('actor/0', 1, 'h')
+    for _ in range(2):  # again for a restarted pod: nothing changes
+        coordinator.join('actor/1', NodePolicy().to_json(), {'a1': 'p1.svc:7100'})
+    coordinator.node_started('actor/1', 1, 'h')
+    assert coordinator.members('actor') == [('actor/0', ['a0']), ('actor/1', ['a1'])]
+    assert coordinator.lookup_address('a1', 0) == 'p1.svc:7100'
+    coordinator.request_size('actor', 4)
+    out = capsys.readouterr().out
+    assert out.count('node actor/1 joins the program') == 1
+    assert f'{names.SIZE_REQUEST}["actor", 4]\n' in out
+
+
+def _idle():
+    lp.stop_event().wait()
+
+
+def test_an_added_nodes_pod_is_created_again_by_its_groups_restart_policy(fake):
+    program = lp.Program('p')
+    with program.group('actor', restart=lp.RestartPolicy(max_restarts=2, backoff=0.0),
+                       elastic=lp.Elastic(make_node=lambda: lp.PyNode(_idle), max_size=3)):
+        program.add_node(lp.PyNode(_idle))
+    controller = launch(program)
+    controller.resize('actor', 2)
+    fake.statuses['t1-actor-1'] = [exited(1, 'Error'), running()]
+    _until(lambda: controller.status()['actor/1'].restarts == 1, 'not restarted')
+    assert [c for c in fake.calls if c[:3] == ('create', 'Pod', 't1-actor-1')] == [
+        ('create', 'Pod', 't1-actor-1')] * 2
+    assert '--join' in fake.objects[('Pod', 't1-actor-1')]['spec']['initContainers'][0]['command']
+    controller.stop(timeout=20)
+    assert fake.objects == {}

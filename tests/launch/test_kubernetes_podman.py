@@ -32,6 +32,7 @@ from launchpad.launch.kubernetes.api import AlreadyExists
 from tests.launch import kubernetes_programs
 
 pytestmark = pytest.mark.timeout(120)
+GROWTH = 8  # pods of added nodes per group that the stand-in's DNS knows
 
 
 class PodmanApi:
@@ -49,6 +50,7 @@ class PodmanApi:
         self._configmaps = {}
         self._pods = {}        # pod name -> its document (as created)
         self._ips = {}
+        self._base = ''
         self._aliases = []
         self._secrets = []
         self._deleting = []
@@ -66,8 +68,13 @@ class PodmanApi:
         if kind == 'ConfigMap' and 'pods' in document.get('data', {}):  # the root
             run = document['metadata']['labels'][kubernetes.PROGRAM_LABEL]
             base = self._bed.subnet.rsplit('.', 1)[0]
-            pods = json.loads(document['data']['pods']).values()
-            self._ips = {pod: f'{base}.{100 + i}' for i, pod in enumerate(pods)}
+            pods = list(json.loads(document['data']['pods']).values())
+            # A hosts file is fixed when its pod starts: the pods of nodes added later (named
+            # like their group's) are listed in advance, up to GROWTH per group.
+            groups = {m.group(1) for m in map(re.compile(r'(.+)-\d+').fullmatch, pods) if m}
+            pods += [f'{group}-{k}' for group in sorted(groups) for k in range(GROWTH)]
+            self._ips = {pod: f'{base}.{100 + i}' for i, pod in enumerate(dict.fromkeys(pods))}
+            self._base = base
             self._aliases = [{'ip': ip, 'hostnames': [f'{pod}.{run}.default.svc.cluster.local']}
                              for pod, ip in self._ips.items()]
         elif kind == 'ConfigMap':
@@ -95,8 +102,8 @@ class PodmanApi:
         path = self._dir / f'{name}.yaml'
         path.write_text(kubernetes.to_yaml([self._configmaps[c] for c in mounted] + [pod]))
         self._pods[name] = pod
-        _podman('kube', 'play', '--network', self._bed.network, '--ip', self._ips[name],
-                str(path))
+        ip = self._ips.setdefault(name, f'{self._base}.{100 + len(self._ips)}')  # leave pods
+        _podman('kube', 'play', '--network', self._bed.network, '--ip', ip, str(path))
 
     def delete(self, kind, name, grace_period_seconds=None):
         if kind == 'Secret' and name in self._secrets:
@@ -204,6 +211,8 @@ def podman_launch(podman_testbed, tmp_path, monkeypatch):
         for api in apis:
             api.close()
     assert not _podman('ps', '-aq', '--filter', f'label={kubernetes.PROGRAM_LABEL}').strip()
+    pods = set(_podman('pod', 'ps', '--format', '{{.Name}}').split())
+    assert not pods & {name for api in apis for kind, name in api.created if kind == 'Pod'}
 
 
 def test_producer_consumer_runs_across_pods_and_ends_by_lp_stop_in_a_pod(podman_launch, capfd):
@@ -252,3 +261,27 @@ def test_launcher_reports_a_failing_pod_with_its_real_log_tail(podman_launch):
     assert failure.value.node_name == 'broken/0'
     assert 'exited with code 1' in failure.value.message
     assert 'ValueError: the reward went negative' in failure.value.remote_traceback
+
+
+@pytest.mark.timeout(300)
+def test_an_elastic_group_grows_and_shrinks_in_pods(podman_launch, capfd):
+    """tests/elastic_program.py: a node grows the actors 2 -> 6 -> 1 (its lp.resize reaches the
+    launcher through the coordinator pod's log; added pods join the coordinator in their init
+    container, removed ones are told by a leave pod) while the learner receives from, and
+    broadcasts to, whoever is alive; every pod is gone at the end (the fixture checks)."""
+    from tests import elastic_program  # pylint: disable=import-outside-toplevel
+    controller, api = podman_launch(elastic_program.build(), notice_period=10)
+    assert controller.wait(timeout=260)
+    status = controller.status()
+    assert {name: s.state for name, s in status.items() if name.startswith('actor/')} == {
+        'actor/0': lp.NodeState.FINISHED,
+        **{f'actor/{i}': lp.NodeState.REMOVED for i in range(1, 6)}}
+    out = capfd.readouterr().out
+    assert 'ELASTIC shrank to 1' in out, out
+    pods = [name for kind, name in api.created if kind == 'Pod']
+    run = pods[0][:-len('-coordinator')]
+    assert sorted(p for p in pods if '-actor-' in p and not p.endswith('-leave')) == [
+        f'{run}-actor-{i}' for i in range(6)]
+    assert sorted(p for p in pods if p.endswith('-leave')) == [
+        f'{run}-actor-{i}-leave' for i in range(1, 6)]
+    assert len(controller.scale_up_times) == 4

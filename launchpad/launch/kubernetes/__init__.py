@@ -27,6 +27,11 @@ the coordinator pod gracefully (its SIGTERM handler raises the stop signal; node
 period; pods that outlive it are deleted). The program therefore survives the launcher going away
 (`detach=True` relies on that), and `lp.stop()` in any pod ends it without the launcher.
 
+Elastic groups. An attached launcher adds a node by creating its pod as the launch did
+(`LaunchPlan.add_node`); the pod's first init container joins it to the coordinator pod. It removes
+one through a short pod that tells the coordinator (`pod.py leave`), then deletes the node's pod; a
+node's `lp.resize` reaches it as a line of the coordinator pod's log (`names.SIZE_REQUEST`).
+
 Executables. Kubernetes caps a ConfigMap's data at 1 MiB (1,048,576 bytes, the API server's
 validation limit, below etcd's 1.5 MiB request limit). Each executable gets ConfigMaps of its own,
 holding at most `SPEC_CHUNK_BYTES` each; a spec larger than one chunk is split over up to

@@ -10,12 +10,15 @@ docstring). Threads, in an attached launch:
     (`POLL_SECONDS`) it lists the program's pods, turns ended containers into exit codes and
     failures (reading log tails and events), and sends the stop by deleting the coordinator pod;
   * one daemon thread per started pod (`lp-log-POD`) copies its container's log to stdout behind
-    the pod's name until the container ends.
+    the pod's name until the container ends; the coordinator pod's also passes the group sizes
+    nodes ask for (`lp.resize`) to the controller, which adds and removes pods on its monitor
+    thread (`add_executable`, `remove`).
 
 A detached launch starts no log thread and deletes nothing when the launcher ends.
 """
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
@@ -27,7 +30,8 @@ from launchpad.launch.controller import Controller
 from launchpad.launch.kubernetes.api import AlreadyExists, KubernetesApi, terminated
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
 from launchpad.launch.kubernetes.manifests import LaunchPlan, grace_period, plan_launch, to_yaml
-from launchpad.launch.kubernetes.names import COORDINATOR_CONTAINER, NODE_CONTAINER
+from launchpad.launch.kubernetes.names import (COORDINATOR_CONTAINER, NODE_CONTAINER,
+                                               SIZE_REQUEST)
 from launchpad.launch.launcher import LaunchOptions, Launcher
 from launchpad.process.coordinator import Coordinator
 from launchpad.process.output import copy_lines, prefix_for
@@ -78,20 +82,30 @@ def _create(api, plan: LaunchPlan) -> None:
     try:
         root = api.create(plan.documents[0])
         created.append(plan.documents[0])
-        owner = {'apiVersion': 'v1', 'kind': 'ConfigMap', 'name': plan.run,
-                 'uid': root['metadata']['uid']}
-        for document in plan.documents[1:]:
-            document['metadata']['ownerReferences'] = [owner]
-            api.create(document)
-            created.append(document)
+        plan.owner = {'apiVersion': 'v1', 'kind': 'ConfigMap', 'name': plan.run,
+                      'uid': root['metadata']['uid']}
+        _create_owned(api, plan, plan.documents[1:], created)
     except BaseException:
-        for document in reversed(created):
-            try:
-                api.delete(document['kind'], document['metadata']['name'], grace_period_seconds=0)
-            except Exception as e:  # pylint: disable=broad-except
-                logging.error('Could not delete %s %s after the failed launch: %s',
-                              document['kind'], document['metadata']['name'], e)
+        _delete(api, created, 'after the failed launch')
         raise
+
+
+def _create_owned(api, plan: LaunchPlan, documents, created: List[Mapping[str, Any]]) -> None:
+    """Creates `documents`, owned by the launch's root, adding each to `created`."""
+    for document in documents:
+        document['metadata']['ownerReferences'] = [plan.owner]
+        api.create(document)
+        created.append(document)
+
+
+def _delete(api, documents: Sequence[Mapping[str, Any]], when: str) -> None:
+    """Deletes `documents` (pods at once), last first, logging what could not be deleted."""
+    for document in reversed(documents):
+        try:
+            api.delete(document['kind'], document['metadata']['name'], grace_period_seconds=0)
+        except Exception as e:  # pylint: disable=broad-except
+            logging.error('Could not delete %s %s %s: %s', document['kind'],
+                          document['metadata']['name'], when, e)
 
 
 def program_to_manifests(program: Program, *, image: str, path: Optional[str] = None,
@@ -144,6 +158,43 @@ class PodRunner:
         self._followers: Dict[str, threading.Thread] = {}
         self._colors = {pod: i for i, pod in enumerate([plan.coordinator_pod]
                                                        + list(plan.node_pods.values()))}
+        self._notice_period = notice_period
+        self._leaving: Dict[str, str] = {}  # leave pod -> the node it removes
+        # Removed nodes to kill once the coordinator has told them -> when (at the latest
+        # pending_timeout after the kill was due, should their leave pod never run).
+        self._kill_later: Dict[str, float] = {}
+
+    def add_executable(self, label: str, executable, policy) -> None:
+        """Creates the pod of a node added to the running program, made as the launch made its
+        pods (labels, owner, DNS name, image, env, token; `LaunchPlan.add_node`); its first init
+        container joins it to the coordinator pod before the node starts."""
+        if self._config.detach:
+            raise NotImplementedError('A detached Kubernetes launch cannot add nodes: no '
+                                      'launcher stays to create their pods.')
+        created: List[Mapping[str, Any]] = []
+        try:
+            _create_owned(self._api, self._plan,
+                          self._plan.add_node(label, executable, policy), created)
+        except BaseException:
+            _delete(self._api, created, f'after failing to add {executable.name}')
+            self._plan.forget(executable.name)
+            raise
+        self._codes[executable.name] = None
+        self._colors[self._plan.node_pods[executable.name]] = len(self._colors)
+
+    def remove(self, name: str) -> None:
+        """Tells the coordinator pod that node `name` is removed, through a short pod of the
+        program (`pod.py leave`): the launcher may not reach the coordinator, its pods can. The
+        node's worker sees the removal where it watches for the stop, runs its stop handlers and
+        ends within the notice period; its pod is then deleted (or `kill` deletes it)."""
+        document = self._plan.leave_pod(name)
+        try:
+            _create_owned(self._api, self._plan, [document], [])
+        except Exception as e:  # pylint: disable=broad-except
+            logging.error('Could not create the pod that tells the coordinator %s is removed '
+                          '(%s): it is killed after the notice period.', name, e)
+            return
+        self._leaving[document['metadata']['name']] = name
 
     def poll(self) -> Dict[str, Optional[int]]:
         """Node name -> its pod's exit code (None while it runs); sends the stop once asked."""
@@ -176,16 +227,25 @@ class PodRunner:
         self._unschedulable_since.pop(name, None)
 
     def kill(self, names: Sequence[str]) -> None:
-        """Deletes the named nodes' pods and the coordinator pod at once."""
+        """Deletes the named nodes' pods at once, and the coordinator pod unless every named
+        node is one being removed (past its notice period). A removed node whose leave pod has
+        not told the coordinator yet gets its notice period from when it has."""
         for name in names:
+            if (not self._mirror.stopping and self._mirror.has_left(name)
+                    and name in self._leaving.values()):
+                self._kill_later[name] = self._clock() + self._config.pending_timeout
+                continue
             self._api.delete('Pod', self._plan.node_pods[name], grace_period_seconds=0)
-        self._api.delete('Pod', self._plan.coordinator_pod, grace_period_seconds=0)
+        if not names or not all(self._mirror.has_left(name) for name in names):
+            self._api.delete('Pod', self._plan.coordinator_pod, grace_period_seconds=0)
 
     def release(self) -> None:
         """Deletes every object of the launch, unless it is detached."""
         if self._config.detach:
             return
         problems = []
+        for pod_name in self._leaving:
+            self._api.delete('Pod', pod_name, grace_period_seconds=0)
         for document in reversed(self._plan.documents):
             kind, name = document['kind'], document['metadata']['name']
             try:
@@ -200,17 +260,53 @@ class PodRunner:
         pods = {pod['metadata']['name']: pod for pod in self._api.list_pods(self._plan.selector())}
         self._follow(self._plan.coordinator_pod, COORDINATOR_CONTAINER,
                      pods.get(self._plan.coordinator_pod))
-        for name, pod_name in self._plan.node_pods.items():
+        for name, pod_name in list(self._plan.node_pods.items()):
             if self._codes[name] is None:
                 self._codes[name] = self._inspect(name, pod_name, pods.get(pod_name), now)
+                if self._codes[name] is not None and self._mirror.has_left(name):
+                    _delete(self._api, self._plan.forget(name), f'of removed node {name}')
+        self._end_leave_pods(pods)
         coordinator = pods.get(self._plan.coordinator_pod)
         if ((coordinator is None or terminated(coordinator, COORDINATOR_CONTAINER))
                 and not self._mirror.stopping and None in self._codes.values()):
             self._mirror.request_stop(f'the coordinator pod {self._plan.coordinator_pod} ended')
 
+    def _end_leave_pods(self, pods: Mapping[str, Mapping[str, Any]]) -> None:
+        """Deletes the leave pods that ended, saying why if one failed."""
+        for pod_name, name in list(self._leaving.items()):
+            pod = pods.get(pod_name)
+            ended = terminated(pod, NODE_CONTAINER) if pod is not None else None
+            if pod is not None and ended is None:
+                continue
+            if ended is not None and ended.get('exitCode') != 0:
+                logging.error('Could not tell the coordinator that %s is removed (pod %s '
+                              'exited with code %s): it is killed after the notice period.\n%s',
+                              name, pod_name, ended.get('exitCode'),
+                              self._api.read_log(pod_name, NODE_CONTAINER, tail_lines=30))
+            del self._leaving[pod_name]
+            self._api.delete('Pod', pod_name, grace_period_seconds=0)
+            if name in self._kill_later:
+                self._kill_later[name] = min(self._kill_later[name],
+                                             self._clock() + self._notice_period)
+        for name, due in list(self._kill_later.items()):
+            if self._clock() >= due:
+                del self._kill_later[name]
+                if self._codes.get(name) is None:
+                    logging.warning('Killing %s: still running %g s after its removal.', name,
+                                    self._notice_period)
+                    self._api.delete('Pod', self._plan.node_pods[name], grace_period_seconds=0)
+
     def _inspect(self, name: str, pod_name: str, pod: Optional[Mapping[str, Any]],
                  now: float) -> Optional[int]:
-        """The node's exit code once its pod has ended (failing the program if it failed)."""
+        """The node's exit code once its pod has ended (failing the program if it failed; a
+        removed node's end is no failure)."""
+        if pod is not None and self._mirror.has_left(name):
+            ended = terminated(pod, NODE_CONTAINER)
+            if ended is not None:
+                self._join_follower(pod_name)
+                return int(ended.get('exitCode', 1))
+        if pod is None and self._mirror.has_left(name):
+            return -signal.SIGKILL  # killed after its notice period
         if pod is None:
             self._fail(name, f'its pod {pod_name} was deleted')
             return -signal.SIGKILL
@@ -305,7 +401,10 @@ class PodRunner:
 
         def copy():
             try:
-                copy_lines(self._api.open_log(pod_name, container), prefix)
+                source = self._api.open_log(pod_name, container)
+                if pod_name == self._plan.coordinator_pod:
+                    source = _SizeRequests(source, self._mirror)
+                copy_lines(source, prefix)
             except Exception as e:  # pylint: disable=broad-except
                 logging.debug('Stopped following the log of %s: %s', pod_name, e)
 
@@ -317,6 +416,31 @@ class PodRunner:
         thread = self._followers.get(pod_name)
         if thread is not None:
             thread.join(2.0)  # its last lines are printed before it counts as ended
+
+
+class _SizeRequests:
+    """The coordinator pod's log as `copy_lines` reads it, passing the group sizes that nodes
+    ask for (`lp.resize`; `names.SIZE_REQUEST` lines) on to the launcher's coordinator, whose
+    controller resizes the group."""
+
+    def __init__(self, source, mirror: Coordinator):
+        self._source = source
+        self._mirror = mirror
+        self._marker = SIZE_REQUEST.encode()
+
+    def readline(self) -> bytes:
+        line = self._source.readline()
+        if line.startswith(self._marker):
+            try:
+                label, size = json.loads(line[len(self._marker):])
+                self._mirror.request_size(label, size)
+            except (ValueError, TypeError) as e:
+                logging.error('Unreadable group size request in the coordinator\'s log: %r (%s)',
+                              line, e)
+        return line
+
+    def close(self) -> None:
+        self._source.close()
 
 
 def _delete_command(plan: LaunchPlan) -> str:

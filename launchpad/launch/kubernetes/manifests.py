@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import secrets
+import zlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import courier
@@ -57,11 +58,57 @@ class LaunchPlan:
     node_pods: Dict[str, str]
     coordinator_pod: str
     policies: Dict[str, NodePolicy] = dataclasses.field(default_factory=dict)
+    growth: Optional['_Growth'] = None
+    owner: Optional[Dict[str, Any]] = None  # the root's owner reference, once it is created
 
     def pod_document(self, pod_name: str) -> Dict[str, Any]:
         """The Pod `pod_name` as the launch creates it."""
         return next(document for document in self.documents if document['kind'] == 'Pod'
                     and document['metadata']['name'] == pod_name)
+
+    def add_node(self, label: str, executable, policy: NodePolicy) -> List[Dict[str, Any]]:
+        """The spec ConfigMaps and Pod of an executable added to the running program, made as
+        the launch made its pods (`plan_launch`), with the address table grown by the new pod's
+        addresses; its first init container also joins it to the coordinator. They are added to
+        `documents` (the caller creates them)."""
+        growth = self.growth
+        if growth is None:
+            raise RuntimeError(f'Launch {self.run} cannot grow: it was not planned to.')
+        index = executable.name.rsplit('/', 1)[1]
+        pod = _PodPlan(f'{self.run}-{growth.slug(label)}-{index}', executable.name, label,
+                       len(executable.addresses))
+        endpoints = {address.id: f'{pod.name}.{growth.domain}:{growth.port + j}'
+                     for j, address in enumerate(executable.addresses)}
+        packer = growth.packer
+        packer.address_table.static.update(endpoints)
+        packer.policies = {**packer.policies, executable.name: policy}
+        group = growth.resources.get(label) or KubernetesResources()
+        pod.spec = _pack(packer, executable, group)
+        configmaps = growth.builder.spec_configmaps(pod)
+        joining = names.Joining(executable.name, policy.to_json(), endpoints)
+        documents = configmaps + [growth.builder.node_pod(
+            pod, group, [c['metadata']['name'] for c in configmaps], growth.coordinator_host,
+            joining=joining)]
+        self.documents += documents
+        self.node_pods[executable.name] = pod.name
+        self.policies[executable.name] = policy
+        return documents
+
+    def leave_pod(self, node_name: str) -> Dict[str, Any]:
+        """The short pod that tells the coordinator `node_name` is removed (`pod.py leave`)."""
+        growth = self.growth
+        name = f'{self.node_pods[node_name]}-leave'
+        if len(name) > 63:  # a hostname is one DNS label
+            name = f'{self.run}-leave-{zlib.crc32(node_name.encode()):08x}'
+        return growth.builder.leave_pod(name, node_name, growth.coordinator_host)
+
+    def forget(self, node_name: str) -> List[Dict[str, Any]]:
+        """Takes the Pod and ConfigMaps of a removed node out of `documents`; returns them."""
+        pod = self.node_pods[node_name]
+        gone = [d for d in self.documents
+                if d['metadata']['name'] == pod or d['metadata']['name'].startswith(f'{pod}-spec-')]
+        self.documents = [d for d in self.documents if d not in gone]
+        return gone
 
     def selector(self) -> str:
         """The label selector of every object of the launch."""
@@ -71,6 +118,47 @@ class LaunchPlan:
         """The kubectl command that follows the logs of every pod of the launch."""
         return (f'kubectl -n {self.namespace} logs -f --prefix -l {self.selector()} '
                 f'--max-log-requests {len(self.node_pods) + 1}')
+
+
+@dataclasses.dataclass
+class _Growth:
+    """What a launch keeps to make pods for nodes added while it runs."""
+    packer: specs.Packer
+    builder: '_ManifestBuilder'
+    slugs: Dict[str, str]  # group label -> its part of pod names
+    domain: str
+    coordinator_host: str
+    port: int
+    run_length: int
+    resources: Mapping[str, KubernetesResources]
+
+    def slug(self, label: str) -> str:
+        """The group's part of pod names (as at launch; a group new to the program gets one)."""
+        if label not in self.slugs:
+            self.slugs[label] = _new_slug(label, self.slugs, 50 - self.run_length)
+        return self.slugs[label]
+
+
+def _new_slug(label: str, slugs: Mapping[str, str], limit: int) -> str:
+    """The label as a DNS fragment distinct from the other groups' (`Replay_A`, `replay-a`)."""
+    base = names.slug(label, limit)
+    slug, k = base, 1
+    while slug in slugs.values():
+        k += 1
+        slug = f'{base[:max(1, len(base) - len(str(k)))]}{k}'
+    return slug
+
+
+def _pack(packer: specs.Packer, executable, group: KubernetesResources) -> bytes:
+    """The executable's packed spec, refused if too large for the ConfigMaps it may take."""
+    spec = specs.pack(packer.spec(executable.name, executable.run, args=group.args))
+    if math.ceil(len(spec) / SPEC_CHUNK_BYTES) > MAX_SPEC_CHUNKS:
+        raise ValueError(
+            f'Node {executable.name} is {len(spec) / 2**20:.1f} MiB once pickled; '
+            f'Kubernetes keeps executables in ConfigMaps of at most 1 MiB, {MAX_SPEC_CHUNKS} '
+            f'per node. Pass less data as node arguments: build large data into the image, or '
+            f'load it inside the node from a volume or a store.')
+    return spec
 
 
 def grace_period(notice_period: float) -> int:
@@ -111,12 +199,8 @@ def plan_launch(program: Program, options: LaunchOptions, *,
         index = per_label.get(label, 0)
         per_label[label] = index + 1
         if label not in slugs:
-            base = names.slug(label, 55 - len(run) - len(str(len(program.groups[label]))))
-            slug, k = base, 1
-            while slug in slugs.values():  # 'Replay_A' and 'replay-a' would give one name
-                k += 1
-                slug = f'{base[:max(1, len(base) - len(str(k)))]}{k}'
-            slugs[label] = slug
+            slugs[label] = _new_slug(
+                label, slugs, 55 - len(run) - len(str(len(program.groups[label]))))
         pod = f'{run}-{slugs[label]}-{index}'
         for j, address in enumerate(executable.addresses):
             static[address.id] = f'{pod}.{domain}:{config.port + j}'
@@ -127,32 +211,28 @@ def plan_launch(program: Program, options: LaunchOptions, *,
     packer = specs.Packer(program.name, options.launch_type, AddressTable(static=static),
                           coordinator_address, notice_period=notice_period, policies=policies)
     for plan, (label, executable) in zip(pods, executables):
-        group = resources.get(label) or KubernetesResources()
-        plan.spec = specs.pack(packer.spec(executable.name, executable.run, args=group.args))
-        chunks = math.ceil(len(plan.spec) / SPEC_CHUNK_BYTES)
-        if chunks > MAX_SPEC_CHUNKS:
-            raise ValueError(
-                f'Node {executable.name} is {len(plan.spec) / 2**20:.1f} MiB once pickled; '
-                f'Kubernetes keeps executables in ConfigMaps of at most 1 MiB, {MAX_SPEC_CHUNKS} '
-                f'per node. Pass less data as node arguments: build large data into the image, or '
-                f'load it inside the node from a volume or a store.')
+        plan.spec = _pack(packer, executable, resources.get(label) or KubernetesResources())
 
     builder = _ManifestBuilder(program, config, run, notice_period)
     pod_of = {'coordinator': coordinator_pod, **{p.node_name: p.name for p in pods}}
     documents = [builder.root(pod_of), builder.secret(), builder.service()]
     if config.create_rbac:
         documents += coordinator_rbac_manifests(run, config.namespace)
+    addresses = {node.name: [address.id for address in node.addresses]
+                 for node in program.get_all_nodes()}
     documents.append(builder.coordinator_pod(coordinator_pod, [p.node_name for p in pods],
-                                             policies))
+                                             policies, addresses))
     for plan in pods:
         group = resources.get(plan.label) or KubernetesResources()
         configmaps = builder.spec_configmaps(plan)
         documents += configmaps
         documents.append(builder.node_pod(plan, group, [c['metadata']['name'] for c in configmaps],
                                           coordinator_host))
+    growth = _Growth(packer, builder, slugs, domain, coordinator_host, config.port, len(run),
+                     resources)
     return LaunchPlan(run=run, namespace=config.namespace, documents=documents,
                       node_pods={p.node_name: p.name for p in pods},
-                      coordinator_pod=coordinator_pod, policies=policies)
+                      coordinator_pod=coordinator_pod, policies=policies, growth=growth)
 
 
 def coordinator_rbac_manifests(run: str, namespace: str) -> List[Dict[str, Any]]:
@@ -254,12 +334,14 @@ class _ManifestBuilder:
         return spec
 
     def coordinator_pod(self, name: str, node_names: List[str],
-                        policies: Mapping[str, NodePolicy]) -> Dict[str, Any]:
+                        policies: Mapping[str, NodePolicy],
+                        addresses: Mapping[str, List[str]]) -> Dict[str, Any]:
         """The pod that serves the program's coordinator (`pod.py coordinator`)."""
         settings = names.CoordinatorSettings(
             run=self._run, namespace=self._config.namespace, nodes=node_names,
             port=self._config.port, notice_period=self._grace - 5,
-            policies={node: policy.to_json() for node, policy in policies.items()})
+            policies={node: policy.to_json() for node, policy in policies.items()},
+            addresses={node: list(ids) for node, ids in addresses.items() if ids})
         command = names.pod_command(self._config.python, names.COORDINATOR_COMMAND,
                                     settings.to_json())
         container = self._container(names.COORDINATOR_CONTAINER, command, self._env({}))
@@ -272,14 +354,27 @@ class _ManifestBuilder:
         return {'apiVersion': 'v1', 'kind': 'Pod',
                 'metadata': self._meta(name, 'coordinator'), 'spec': spec}
 
+    def leave_pod(self, name: str, node_name: str, coordinator_host: str) -> Dict[str, Any]:
+        """The short pod that tells the coordinator node `node_name` is removed."""
+        container = self._container(names.NODE_CONTAINER, names.pod_command(
+            self._config.python, names.LEAVE_COMMAND, coordinator_host, str(self._config.port),
+            str(self._config.coordinator_wait), node_name), self._env({}))
+        container['resources'] = {'requests': {'cpu': '50m', 'memory': '128Mi'}}
+        spec = self._pod_spec([container], service_account=self._config.service_account)
+        spec['hostname'] = name
+        return {'apiVersion': 'v1', 'kind': 'Pod',
+                'metadata': self._meta(name, names.LEAVE_ROLE, node_name), 'spec': spec}
+
     def node_pod(self, plan: _PodPlan, group: KubernetesResources, configmaps: List[str],
-                 coordinator_host: str) -> Dict[str, Any]:
-        """A node's pod: init containers wait for the coordinator (and join the spec's parts),
-        then the worker runs the spec."""
+                 coordinator_host: str, joining: Optional[names.Joining] = None
+                 ) -> Dict[str, Any]:
+        """A node's pod: init containers wait for the coordinator (a node added to the running
+        program joins it there) and join the spec's parts, then the worker runs the spec."""
         python = self._config.python
+        joins = ['--join', joining.to_json()] if joining is not None else []
         wait = self._container(names.WAIT_CONTAINER, names.pod_command(
             python, names.WAIT_FOR_COMMAND, coordinator_host, str(self._config.port),
-            str(self._config.coordinator_wait)), [])
+            str(self._config.coordinator_wait), *joins), self._env({}) if joins else [])
         init = [wait]
         if len(configmaps) == 1:
             volumes = [{'name': 'spec', 'configMap': {'name': configmaps[0]}}]

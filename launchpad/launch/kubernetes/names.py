@@ -34,7 +34,13 @@ PARTS_DIR = '/launchpad/parts'
 POD_MODULE = 'launchpad.launch.kubernetes.pod'
 COORDINATOR_COMMAND = 'coordinator'  # SETTINGS (CoordinatorSettings as JSON)
 JOIN_PARTS_COMMAND = 'join-parts'    # DIR FILE
-WAIT_FOR_COMMAND = 'wait-for'        # HOST PORT LIMIT
+WAIT_FOR_COMMAND = 'wait-for'        # HOST PORT LIMIT [--join JOIN] (JOIN: `Joining` as JSON)
+LEAVE_COMMAND = 'leave'              # HOST PORT LIMIT NODE
+
+# What the coordinator pod prints when a node asks for a group size (`lp.resize`): the attached
+# launcher, which follows that log, reads it there and resizes the group.
+SIZE_REQUEST = 'launchpad: a node asked for group size '  # + JSON [label, size]
+LEAVE_ROLE = 'leave'  # the role label of a pod that tells the coordinator a node is removed
 
 DNS_LABEL = re.compile(r'[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?')
 
@@ -66,6 +72,7 @@ class CoordinatorSettings:
       port: the port to serve on.
       notice_period: seconds nodes get to end after the stop signal.
       policies: node name -> its restart policy and progress deadline (`NodePolicy.to_json`).
+      addresses: node name -> the ids of the addresses it serves (for the clients of its group).
     """
     run: str
     namespace: str
@@ -73,10 +80,33 @@ class CoordinatorSettings:
     port: int
     notice_period: float
     policies: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    addresses: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> CoordinatorSettings:
+        return cls(**json.loads(text))
+
+
+@dataclasses.dataclass
+class Joining:
+    """A node added to a running program, as its pod's first init container tells the coordinator
+    (`wait-for ... --join JSON`) before the node starts.
+
+    Attributes:
+      node: the executable's name, 'group/index'.
+      policy: its restart policy and progress deadline (`NodePolicy.to_json`).
+      endpoints: address id -> 'host:port' of each address it serves (static, as at launch).
+    """
+    node: str
+    policy: Dict[str, Any]
+    endpoints: Dict[str, str]
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Joining:
         return cls(**json.loads(text))

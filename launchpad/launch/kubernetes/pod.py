@@ -2,8 +2,15 @@
 
     coordinator SETTINGS      the coordinator pod's main: serves the program's coordinator until
                               the program ends (SETTINGS: `names.CoordinatorSettings` as JSON);
-    wait-for HOST PORT LIMIT  a node pod's first init container: waits until the coordinator
-                              accepts connections, and fails after LIMIT seconds;
+    wait-for HOST PORT LIMIT [--join JOINING]
+                              a node pod's first init container: waits until the coordinator
+                              accepts connections, and fails after LIMIT seconds; a node added
+                              to the running program also joins it there (JOINING:
+                              `names.Joining` as JSON), before the node starts;
+    leave HOST PORT LIMIT NODE
+                              a short pod the launcher creates to remove NODE: the coordinator
+                              gives the node the stop (the launcher cannot reach the coordinator,
+                              but a pod of the program can, as the joining nodes do);
     join-parts DIR FILE       a node pod's second init container when its executable is split over
                               several ConfigMaps: joins DIR/part-*/spec into FILE.
 
@@ -22,6 +29,7 @@ Threads of the coordinator pod:
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -29,7 +37,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 from launchpad.launch.kubernetes import names
 from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, terminated
@@ -38,18 +46,34 @@ from launchpad.process import coordinator as coordination
 from launchpad.process.coordinator import Coordinator
 
 
-def wait_for(host: str, port: int, limit: float) -> None:
-    """Returns once HOST:PORT accepts connections; exits with code 1 after `limit` seconds."""
+def wait_for(host: str, port: int, limit: float,
+             joining: Optional[names.Joining] = None) -> None:
+    """Returns once HOST:PORT accepts connections (after telling it that `joining` joins the
+    program); exits with code 1 after `limit` seconds."""
     deadline = time.monotonic() + limit
     while True:
         try:
             socket.create_connection((host, port), timeout=2.0).close()
+            if joining is not None:
+                _coordinator(host, port).join(joining.node, joining.policy, joining.endpoints)
             return
         except OSError as e:
             if time.monotonic() > deadline:
                 sys.exit(f'launchpad: the coordinator {host}:{port} was not reachable within '
                          f'{limit:g} s ({e}); is its pod running?')
             time.sleep(0.2)
+
+
+def leave(host: str, port: int, limit: float, node: str) -> None:
+    """Tells the coordinator at HOST:PORT that `node` is removed from the program."""
+    wait_for(host, port, limit)
+    _coordinator(host, port).remove_node(node)
+    print(f'told the coordinator that {node} leaves the program', flush=True)
+
+
+def _coordinator(host: str, port: int):
+    import courier  # pylint: disable=import-outside-toplevel
+    return courier.Client(f'{host}:{port}', call_timeout=30.0)  # COURIER_AUTH_TOKEN from the env
 
 
 def join_parts(source: str, target: str) -> None:
@@ -67,12 +91,31 @@ class PodCoordinator(Coordinator):
         print(f'node {name} failed: {message}', flush=True)
         super().node_failed(name, message, traceback_text)
 
+    def join(self, name: str, policy: dict, endpoints: Dict[str, str]) -> None:
+        """Node `name`, added to the running program, joins it: it becomes a pending node with
+        `policy`, a member of its group serving `endpoints` (address id -> host:port), which
+        nodes started before it look up here. Its pod's init container calls this, again when
+        the pod is created again for a restart (a known node is left as it is)."""
+        if name not in self.status():
+            self.add_nodes([name], policies={name: NodePolicy.from_json(policy)})
+            print(f'node {name} joins the program', flush=True)
+        for address_id, endpoint in endpoints.items():
+            self.publish_address(address_id, endpoint)
+        self.set_node_addresses({name: list(endpoints)})
+
+    def request_size(self, label: str, size: int) -> None:
+        """A node's `lp.resize`: said in this pod's log, where the attached launcher reads it
+        (it adds and removes the pods; nothing here can)."""
+        super().request_size(label, size)
+        print(f'{names.SIZE_REQUEST}{json.dumps([label, size])}', flush=True)
+
 
 def run_coordinator(settings: names.CoordinatorSettings) -> None:
     """The coordinator pod's main: serves the coordinator until every node has ended."""
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
     coordinator = PodCoordinator(settings.nodes, policies={
         name: NodePolicy.from_json(policy) for name, policy in settings.policies.items()})
+    coordinator.set_node_addresses(settings.addresses)
     server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}')
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(
         target=coordinator.request_stop, args=('the coordinator pod was deleted',)).start())
@@ -149,7 +192,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     command.add_argument('host')
     command.add_argument('port', type=int)
     command.add_argument('limit', type=float, help='seconds')
-    command.set_defaults(run=lambda args: wait_for(args.host, args.port, args.limit))
+    command.add_argument('--join', type=names.Joining.from_json,
+                         help='the node added to the running program (names.Joining as JSON)')
+    command.set_defaults(run=lambda args: wait_for(args.host, args.port, args.limit, args.join))
+    command = commands.add_parser(names.LEAVE_COMMAND, help='remove a node from the program')
+    command.add_argument('host')
+    command.add_argument('port', type=int)
+    command.add_argument('limit', type=float, help='seconds')
+    command.add_argument('node', help='the node\'s name, group/index')
+    command.set_defaults(run=lambda args: leave(args.host, args.port, args.limit, args.node))
     command = commands.add_parser(names.JOIN_PARTS_COMMAND, help='join an executable\'s parts')
     command.add_argument('source', help='the directory holding part-*/spec')
     command.add_argument('target', help='the file to write')
