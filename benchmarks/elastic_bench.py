@@ -9,7 +9,8 @@ For each launch type it launches a program with one courier node in an elastic g
             node answered.
 
 local_mp forks new nodes from its pre-started fork server and SSH hosts' agents fork them from
-theirs, as at launch; Slurm runs a new job step in the job's allocation. SSH uses the SSH test
+theirs, as at launch; Slurm runs a new job step in the job's allocation (slurm) or, launched with
+spare_tasks=0, in an additional job per node (slurm-jobs). SSH uses the SSH test
 bed (root; see tests/testbeds) unless --hosts names two machines that run this launchpad; Slurm
 (--slurm) the Slurm test bed.
 
@@ -109,6 +110,9 @@ def measure_all(args) -> Dict[str, Dict[str, List[float]]]:
             # The bed's node has 4 CPUs: the job holds the first node and 3 spare tasks.
             results['slurm'] = measure('slurm', min(args.adds, 3), job_dir=os.environ[
                 'LAUNCHPAD_LOGGING_DIR'])
+            # No spare task: each added node is a job of its own, which Slurm schedules.
+            results['slurm-jobs'] = measure('slurm', min(args.adds, 3), job_dir=os.environ[
+                'LAUNCHPAD_LOGGING_DIR'], spare_tasks=0)
     return results
 
 
