@@ -85,9 +85,10 @@ def make_actor(learner):
     return lp.CourierNode(Actor, learner)
 
 
-def build(make_node=None, *, driver: bool = True, sizes=(6, 1)) -> lp.Program:
+def build(make_node=None, *, driver: bool = True, sizes=(6, 1), stop: bool = True) -> lp.Program:
     """The program: a learner, two actors in elastic group 'actor', and (with `driver`) the node
-    that resizes the group to each of `sizes` in turn and checks the learner."""
+    that resizes the group to each of `sizes` in turn, checks the learner, and then (with `stop`)
+    stops the program."""
     program = lp.Program('elastic')
     learner_node = lp.CourierNode(Learner, program.group_handle('actor'))
     learner = program.add_node(learner_node, label='learner')
@@ -96,7 +97,7 @@ def build(make_node=None, *, driver: bool = True, sizes=(6, 1)) -> lp.Program:
         for _ in range(2):
             program.add_node(factory())
     if driver:
-        program.add_node(lp.PyNode(drive, learner, tuple(sizes)), label='driver')
+        program.add_node(lp.PyNode(drive, learner, tuple(sizes), stop), label='driver')
     return program
 
 
@@ -121,9 +122,9 @@ def wait_for_actors(learner, expected: List[str], resize=None) -> Dict[str, obje
                          f'{(seen.get("answered") or ["nobody"])[-3:]}.')
 
 
-def drive(learner, sizes=(6, 1)) -> None:
+def drive(learner, sizes=(6, 1), stop: bool = True) -> None:
     """Grows the actors from 2 to sizes[0], then shrinks them to sizes[1], from inside the
-    program, checking the learner at each."""
+    program, checking the learner at each; then stops the program (or returns)."""
     grow, shrink = sizes
     actors = [f'actor/{i}' for i in range(grow)]
     wait_for_actors(learner, actors[:2])
@@ -132,4 +133,5 @@ def drive(learner, sizes=(6, 1)) -> None:
     print(f'ELASTIC grew to {grow} in {time.monotonic() - started:.2f} s', flush=True)
     wait_for_actors(learner, actors[:shrink], lambda: lp.resize('actor', shrink))
     print(f'ELASTIC shrank to {shrink}', flush=True)
-    lp.stop()
+    if stop:
+        lp.stop()

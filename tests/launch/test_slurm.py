@@ -508,27 +508,44 @@ def test_an_elastic_group_grows_and_shrinks_within_the_allocation(slurm_multi, t
     assert_nothing_left(controller, tmp_path)
 
 
+def additional_jobs():
+    """The names of the jobs in the queue that run one added node (program:node)."""
+    out = subprocess.run(['squeue', '--noheader', '--format=%j'], capture_output=True, text=True,
+                         check=True).stdout
+    return sorted(name for name in out.split() if ':' in name)
+
+
 @pytest.mark.timeout(300)
 def test_an_elastic_group_grows_beyond_the_allocation_through_additional_jobs(
         slurm_multi, tmp_path, capfd):
     """tests/elastic_program.py grows the actors 2 -> 5 -> 2 in a job that reserved one spare
     task: actor/2 runs in the allocation, actor/3 and actor/4 each in an additional job, which
     joins the program's coordinator; the learner hears exactly the live actors throughout.
-    Shrinking ends their steps and cancels their jobs; after the stop nothing is left."""
+    Shrinking ends their steps and cancels their jobs while the program runs; after the stop
+    nothing is left."""
     from tests import elastic_program  # pylint: disable=import-outside-toplevel
-    controller = launch(elastic_program.build(sizes=(5, 2)), tmp_path, spare_tasks=1)
-    job_dir = os.path.dirname(controller.log_dir)
-    with open(os.path.join(job_dir, 'run', 'job.sh')) as f:
-        assert '#SBATCH --ntasks=5' in f.read()  # learner, driver, 2 actors and 1 spare
-    assert controller.wait(timeout=240)
+    controller = launch(elastic_program.build(sizes=(5, 2), stop=False), tmp_path,
+                        spare_tasks=1)
+    try:
+        job_dir = os.path.dirname(controller.log_dir)
+        with open(os.path.join(job_dir, 'run', 'job.sh')) as f:
+            assert '#SBATCH --ntasks=5' in f.read()  # learner, driver, 2 actors and 1 spare
+        assert wait_until(lambda: additional_jobs() == ['elastic:actor/3', 'elastic:actor/4'],
+                          timeout=120), additional_jobs()
+        assert wait_until(lambda: controller.status()['driver/0'].state.ended, timeout=180)
+        assert controller.status()['driver/0'].state is lp.NodeState.FINISHED
+        assert wait_until(lambda: additional_jobs() == [], timeout=60), additional_jobs()
+        assert not controller.done and controller.group_size('actor') == 2
+    finally:
+        controller.stop()
+    assert controller.wait(timeout=60)
     status = controller.status()
     assert {name: s.state for name, s in status.items() if name.startswith('actor/')} == {
         'actor/0': lp.NodeState.FINISHED, 'actor/1': lp.NodeState.FINISHED,
         **{f'actor/{i}': lp.NodeState.REMOVED for i in range(2, 5)}}
     out = capfd.readouterr().out
     assert 'ELASTIC grew to 5' in out and 'ELASTIC shrank to 2' in out
-    # The two additional jobs ran (their batch output files) and the allocation's step did not
-    # get one.
+    # The additional jobs' own output files: one per node that ran in one.
     assert sorted(name for name in os.listdir(controller.log_dir) if name.startswith('job-')) \
         == ['job-5.out', 'job-6.out']
     assert_nothing_left(controller, tmp_path)
