@@ -2,8 +2,9 @@
 broadcasts to every live actor through a group handle, while the group grows and shrinks.
 
 `driver` grows the actors from 2 to 6 and back to 1 (or other sizes) from inside the program
-(`lp.resize`) and checks, at each size, that the learner receives from every live actor and from no other, and
-that its broadcasts reach exactly the live ones; it fails the program (with what it saw) if not.
+(`lp.resize`) and checks, at each size, that the learner receives from every live actor and from
+no other, and that its broadcasts reach exactly the live ones; it fails the program (with what it
+saw) if not.
 """
 from __future__ import annotations
 

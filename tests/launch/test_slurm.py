@@ -211,53 +211,80 @@ def test_an_elastic_group_reserves_its_room_to_grow_and_the_script_runs_added_st
                                       {i: f'{i}.spec' for i in range(3)})
 
 
+class FakeSlurm:
+    """A growing step runner of an actor/learner job (learner, actor/0, 1 spare task) whose
+    sbatch, scancel and squeue are fakes: `submitted`, `cancelled`, `states` (job -> state)."""
+
+    def __init__(self, tmp_path, monkeypatch):
+        # pylint: disable=import-outside-toplevel,protected-access
+        from launchpad.launch.slurm import addresses, job, launcher
+        from launchpad.process import spec as specs
+        from launchpad.process.coordinator import Coordinator
+        self.submitted, self.cancelled, self.states = [], [], {}
+        monkeypatch.setattr(job, 'submit', lambda path, name, output, env: self.submitted.append(
+            (os.path.basename(path), name, env)) or f'10{len(self.submitted)}')
+        monkeypatch.setattr(job, 'cancel', self.cancelled.append)
+        monkeypatch.setattr(job, 'states', lambda job_id: [
+            (self.states.get(job_id, 'RUNNING'), 'None')])
+        self.program = actor_learner(actors=4)
+        options = lp.LaunchOptions('slurm', resources={})
+        self.executables = lp.executables_of(self.program, options)  # learner, actor/0 .. 3
+        self.run_dir = tmp_path / 'run'
+        self.run_dir.mkdir()
+        components = plan(self.executables[:2], {}, str(tmp_path), spare={'actor': 1})
+        packer = specs.Packer('actor-learner', 'slurm', addresses.NodeAddressTable(
+            published={}, coordinator='127.0.0.1:1'), '127.0.0.1:1')
+        self.coordinator = Coordinator([e.name for _, e in self.executables])
+        self.runner = launcher._GrowingStepRunner(
+            '100', str(self.run_dir), [step.watched() for step in components[0].steps],
+            self.coordinator, watch_job=False, packer=packer, components=components,
+            resources={}, log_dir=str(tmp_path), first_index=2, program_name='actor-learner',
+            environment={'COURIER_AUTH_TOKEN': 't'}, warning_seconds=None)
+
+    def add(self, number):
+        """Adds actor/NUMBER (its executable's index is NUMBER + 1)."""
+        self.runner.add_executable('actor', self.executables[number + 1][1],
+                                   self.program.policy_of('actor/1'))
+
+    def exited(self, index, code=0):
+        (self.run_dir / f'{index}.exit').write_text(str(code))
+
+
 def test_added_nodes_take_free_tasks_first_then_additional_jobs(tmp_path, monkeypatch):
-    """The placement of added nodes, against a fake Slurm: a free task of the allocation (a spare
-    one, or one a node that ended freed) runs the next added node; without one, an additional
-    job of one task does, cancelled once its removed node's step ended."""
-    # pylint: disable=import-outside-toplevel,protected-access
-    from launchpad.launch.slurm import addresses, job, launcher, shared
-    from launchpad.process import spec as specs
-    from launchpad.process.coordinator import Coordinator
-    submitted, cancelled = [], []
-    monkeypatch.setattr(job, 'submit', lambda path, name, output, env: submitted.append(
-        (path, name, env)) or f'10{len(submitted)}')
-    monkeypatch.setattr(job, 'cancel', cancelled.append)
-    monkeypatch.setattr(job, 'states', lambda job_id: [('RUNNING', 'None')])
-    program = actor_learner(actors=4)
-    options = lp.LaunchOptions('slurm', resources={})
-    executables = lp.executables_of(program, options)  # learner, actor/0 .. actor/3
-    run_dir = tmp_path / 'run'
-    run_dir.mkdir()
-    components = plan(executables[:2], options.resources, str(tmp_path), spare={'actor': 1})
-    steps = components[0].steps
-    packer = specs.Packer('actor-learner', 'slurm', addresses.NodeAddressTable(
-        published={}, coordinator='127.0.0.1:1'), '127.0.0.1:1')
-    runner = launcher._GrowingStepRunner(
-        '100', str(run_dir), [step.watched() for step in steps],
-        Coordinator([name for _, e in executables for name in [e.name]]), watch_job=False,
-        packer=packer, components=components, resources={}, log_dir=str(tmp_path),
-        first_index=2, program_name='actor-learner', environment={'COURIER_AUTH_TOKEN': 't'},
-        warning_seconds=None)
-    policy = program.policy_of('actor/1')
-    runner.add_executable('actor', executables[2][1], policy)  # the spare task
-    assert os.path.exists(shared.add_file(str(run_dir), 2)) and not submitted
-    runner.add_executable('actor', executables[3][1], policy)  # no free task: a job
-    assert [(os.path.basename(path), name, env) for path, name, env in submitted] == [
-        ('3.sh', 'actor-learner:actor/2', {'COURIER_AUTH_TOKEN': 't'})]
-    script = (run_dir / '3.sh').read_text()
+    """The placement of added nodes: a free task of the allocation (a spare one, or one a node
+    that ended freed) runs the next added node; without one, an additional job of one task does,
+    cancelled once its removed node's step ended."""
+    slurm = FakeSlurm(tmp_path, monkeypatch)
+    slurm.add(1)  # the spare task
+    assert (slurm.run_dir / '2.add').exists() and not slurm.submitted
+    slurm.add(2)  # no free task: a job
+    assert slurm.submitted == [('3.sh', 'actor-learner:actor/2', {'COURIER_AUTH_TOKEN': 't'})]
+    script = (slurm.run_dir / '3.sh').read_text()
     assert '#SBATCH --ntasks=1' in script and 'step 3 ' in script and '.add' not in script
-    (run_dir / '1.exit').write_text('0')  # actor/0 ended: its task is free
-    runner.poll()
-    runner.add_executable('actor', executables[4][1], policy)
-    assert os.path.exists(shared.add_file(str(run_dir), 4)) and len(submitted) == 1
-    runner.remove('actor/2')
-    runner.poll()
-    assert cancelled == []  # its step still runs
-    (run_dir / '3.exit').write_text('0')
-    assert runner.poll()['actor/2'] == 0 and cancelled == ['101']
-    runner.release()
-    assert cancelled == ['101'] and not run_dir.exists()
+    slurm.exited(1)  # actor/0 ended: its task is free
+    slurm.runner.poll()
+    slurm.add(3)
+    assert (slurm.run_dir / '4.add').exists() and len(slurm.submitted) == 1
+    slurm.runner.remove('actor/2')
+    slurm.runner.poll()
+    assert slurm.cancelled == []  # its step still runs
+    slurm.exited(3)
+    assert slurm.runner.poll()['actor/2'] == 0 and slurm.cancelled == ['101']
+    slurm.runner.release()
+    assert slurm.cancelled == ['101'] and not slurm.run_dir.exists()
+
+
+def test_a_node_whose_additional_job_ends_under_it_fails_with_slurms_state(tmp_path,
+                                                                           monkeypatch):
+    slurm = FakeSlurm(tmp_path, monkeypatch)
+    slurm.add(1)
+    slurm.add(2)
+    slurm.states['101'] = 'CANCELLED'
+    assert wait_until(lambda: slurm.runner.poll()['actor/2'] is not None, timeout=10)
+    status = slurm.coordinator.status()['actor/2']
+    assert 'its Slurm job 101 ended while it ran: CANCELLED' in status.error
+    slurm.runner.release()  # the ended job is cancelled again, harmlessly
+    assert slurm.cancelled == ['101']
 
 
 def test_detached_script_starts_the_driver_as_a_module(tmp_path):
