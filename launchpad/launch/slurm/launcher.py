@@ -11,6 +11,8 @@ side). The launcher serves the program's coordinator on the address this host us
 Slurm controller; a node's servers bind the address its host uses to reach the coordinator, on a
 port the kernel picks, and publish the endpoint to the coordinator, so ports never collide. The
 program's auth token reaches the steps through the job's environment, never a command line.
+Nodes added to a running program run as new steps in the job's allocation while their group has a
+free task there, and beyond it each in an additional job of its own (`_GrowingStepRunner`).
 
 The launching host and the compute nodes must share a filesystem, as the home directories of most
 clusters are: the job directory (`job_dir=`, or $LAUNCHPAD_SLURM_DIR, default ~/launchpad_slurm)
@@ -22,7 +24,8 @@ A program launched in the foreground lives in these threads of the launching pro
     main thread          lp.launch: writes the run directory, serves the coordinator, submits the
                          job, waits until it starts, returns the SlurmController
     courier threads      the program's coordinator, which every step calls
-    controller thread    StepRunner (steps.py): reads the steps' exit code files, and squeue
+    controller thread    StepRunner (steps.py): reads the steps' exit code files, and squeue;
+                         submits and cancels additional jobs (_GrowingStepRunner)
     lp-slurm-logs        _LogFollower: copies the steps' output files to stdout
 
 A detached program (detach=True) has its coordinator and step runner inside the job, in the driver
