@@ -436,10 +436,12 @@ import sys
 import launchpad as lp
 from tests.launch.test_slurm import producer_consumer, two_groups, serve_until_stopped
 kind = sys.argv[1]
-program = (two_groups(serve_until_stopped, name='forever') if kind == 'forever'
+program = (two_groups(serve_until_stopped, name='forever') if kind in ('forever', 'grown')
            else producer_consumer(sys.argv[2]))
 controller = lp.launch(program, launch_type=None if kind == 'cli' else 'slurm',
                        **({'detach': True} if kind == 'detach' else {}))
+if kind == 'grown':  # the job has no spare task: worker/1 runs in an additional job
+    controller.add_node(lp.PyNode(serve_until_stopped), label='worker')
 print('launched job', controller.job_id, flush=True)
 '''
 
@@ -467,11 +469,12 @@ def test_cli_runs_a_script_on_slurm(slurm_single, tmp_path):
 
 
 @contextlib.contextmanager
-def serving_script(tmp_path):
-    """A script that launches a program serving until stopped, and waits for it; yields the script
-    process (once every node serves) and the job directory. The process is killed on exit."""
+def serving_script(tmp_path, kind='forever'):
+    """A script that launches a program serving until stopped (`kind` 'grown': and adds a node,
+    which runs in an additional job), and waits for it; yields the script process (once every
+    node serves) and the job directory. The process is killed on exit."""
     process = subprocess.Popen(
-        [sys.executable, str(write_script(tmp_path, 'controller.wait()\n')), 'forever'],
+        [sys.executable, str(write_script(tmp_path, 'controller.wait()\n')), kind],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_for(tmp_path))
     try:
         for line in process.stdout:
@@ -479,14 +482,20 @@ def serving_script(tmp_path):
                 break
         job_dir = os.path.join(tmp_path, 'jobs', os.listdir(tmp_path / 'jobs')[0])
         assert wait_until(lambda: both_serving(job_dir), timeout=30)
+        if kind == 'grown':
+            added = pathlib.Path(job_dir, 'logs', 'worker_1-2.out')
+            assert wait_until(lambda: added.exists() and 'serving' in added.read_text(),
+                              timeout=60)
+            assert len(queue().splitlines()) == 2  # the program's job and the additional one
         yield process, job_dir
     finally:
         process.kill()
         process.wait()
 
 
-def test_ctrl_c_cancels_the_program(slurm_single, tmp_path):
-    with serving_script(tmp_path) as (process, job_dir):
+@pytest.mark.parametrize('kind', ['forever', 'grown'])
+def test_ctrl_c_cancels_the_program(slurm_single, tmp_path, kind):
+    with serving_script(tmp_path, kind) as (process, job_dir):
         process.send_signal(signal.SIGINT)
         output = process.communicate(timeout=30)[0]
     assert 'Stopping program' in output
@@ -506,10 +515,14 @@ def test_job_cancelled_behind_our_back_fails_the_running_nodes(slurm_single, tmp
     assert_nothing_left(controller, tmp_path)
 
 
-def test_nodes_end_when_the_launcher_dies(slurm_single, tmp_path):
-    with serving_script(tmp_path) as (process, job_dir):
+@pytest.mark.parametrize('kind', ['forever', 'grown'])
+def test_nodes_end_when_the_launcher_dies(slurm_single, tmp_path, kind):
+    """Also those of additional jobs: they lose the coordinator and end, and their jobs too."""
+    from launchpad.launch.slurm import shared  # pylint: disable=import-outside-toplevel
+    with serving_script(tmp_path, kind) as (process, job_dir):
         process.kill()
-    assert wait_until(lambda: queue() == '', timeout=30)
+    # The batch script starts added steps until the launcher has been silent ADDING_SILENCE s.
+    assert wait_until(lambda: queue() == '', timeout=shared.ADDING_SILENCE + 30)
     assert wait_until(lambda: not our_processes(job_dir), timeout=10)
 
 
