@@ -9,12 +9,12 @@ For each launch type it launches a program with one courier node in an elastic g
             node answered.
 
 local_mp forks new nodes from its pre-started fork server and SSH hosts' agents fork them from
-theirs, as at launch; Slurm runs a new job step in the job's allocation; Kubernetes creates a
-pod, whose init container joins it to the coordinator pod. SSH uses the SSH test bed (root; see
-tests/testbeds) unless --hosts names two machines that run this launchpad; Slurm (--slurm) the
-Slurm test bed; Kubernetes (--kubernetes) the podman bed, through the podman stand-in for the API
-server of tests/launch/test_kubernetes_podman.py (the launcher lists pods once a second, as on a
-cluster).
+theirs, as at launch; Slurm runs a new job step in the job's allocation (slurm) or, launched with
+spare_tasks=0, in an additional job per node (slurm-jobs); Kubernetes creates a pod, whose init
+container joins it to the coordinator pod. SSH uses the SSH test bed (root; see tests/testbeds)
+unless --hosts names two machines that run this launchpad; Slurm (--slurm) the Slurm test bed;
+Kubernetes (--kubernetes) the podman bed, through the podman stand-in for the API server of
+tests/launch/test_kubernetes_podman.py (the launcher lists pods once a second, as on a cluster).
 
   python benchmarks/elastic_bench.py [--adds 5] [--no-ssh] [--slurm] [--kubernetes]
 """
@@ -114,6 +114,9 @@ def measure_all(args) -> Dict[str, Dict[str, List[float]]]:
             # The bed's node has 4 CPUs: the job holds the first node and 3 spare tasks.
             results['slurm'] = measure('slurm', min(args.adds, 3), job_dir=os.environ[
                 'LAUNCHPAD_LOGGING_DIR'])
+            # No spare task: each added node is a job of its own, which Slurm schedules.
+            results['slurm-jobs'] = measure('slurm', min(args.adds, 3), job_dir=os.environ[
+                'LAUNCHPAD_LOGGING_DIR'], spare_tasks=0)
     if args.kubernetes:
         results['kubernetes'] = measure_pods(args.adds)
     return results

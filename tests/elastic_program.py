@@ -1,9 +1,10 @@
 """The elastic actor/learner program the launcher tests run: actors send to a learner, which
 broadcasts to every live actor through a group handle, while the group grows and shrinks.
 
-`driver` grows the actors from 2 to 6 and back to 1 from inside the program (`lp.resize`) and
-checks, at each size, that the learner receives from every live actor and from no other, and
-that its broadcasts reach exactly the live ones; it fails the program (with what it saw) if not.
+`driver` grows the actors from 2 to 6 and back to 1 (or other sizes) from inside the program
+(`lp.resize`) and checks, at each size, that the learner receives from every live actor and from
+no other, and that its broadcasts reach exactly the live ones; it fails the program (with what it
+saw) if not.
 """
 from __future__ import annotations
 
@@ -85,9 +86,10 @@ def make_actor(learner):
     return lp.CourierNode(Actor, learner)
 
 
-def build(make_node=None, *, driver: bool = True) -> lp.Program:
+def build(make_node=None, *, driver: bool = True, sizes=(6, 1), stop: bool = True) -> lp.Program:
     """The program: a learner, two actors in elastic group 'actor', and (with `driver`) the node
-    that resizes the group and checks the learner."""
+    that resizes the group to each of `sizes` in turn, checks the learner, and then (with `stop`)
+    stops the program."""
     program = lp.Program('elastic')
     learner_node = lp.CourierNode(Learner, program.group_handle('actor'))
     learner = program.add_node(learner_node, label='learner')
@@ -96,7 +98,7 @@ def build(make_node=None, *, driver: bool = True) -> lp.Program:
         for _ in range(2):
             program.add_node(factory())
     if driver:
-        program.add_node(lp.PyNode(drive, learner), label='driver')
+        program.add_node(lp.PyNode(drive, learner, tuple(sizes), stop), label='driver')
     return program
 
 
@@ -121,13 +123,16 @@ def wait_for_actors(learner, expected: List[str], resize=None) -> Dict[str, obje
                          f'{(seen.get("answered") or ["nobody"])[-3:]}.')
 
 
-def drive(learner) -> None:
-    """Grows the actors 2 -> 6 -> 1 from inside the program, checking the learner at each."""
-    actors = [f'actor/{i}' for i in range(6)]
+def drive(learner, sizes=(6, 1), stop: bool = True) -> None:
+    """Grows the actors from 2 to sizes[0], then shrinks them to sizes[1], from inside the
+    program, checking the learner at each; then stops the program (or returns)."""
+    grow, shrink = sizes
+    actors = [f'actor/{i}' for i in range(grow)]
     wait_for_actors(learner, actors[:2])
     started = time.monotonic()
-    wait_for_actors(learner, actors, lambda: lp.resize('actor', 6))
-    print(f'ELASTIC grew to 6 in {time.monotonic() - started:.2f} s', flush=True)
-    wait_for_actors(learner, actors[:1], lambda: lp.resize('actor', 1))
-    print('ELASTIC shrank to 1', flush=True)
-    lp.stop()
+    wait_for_actors(learner, actors, lambda: lp.resize('actor', grow))
+    print(f'ELASTIC grew to {grow} in {time.monotonic() - started:.2f} s', flush=True)
+    wait_for_actors(learner, actors[:shrink], lambda: lp.resize('actor', shrink))
+    print(f'ELASTIC shrank to {shrink}', flush=True)
+    if stop:
+        lp.stop()

@@ -9,8 +9,9 @@ and `resize` called from elsewhere (the launching script, a scaling policy's dec
   executable, the coordinator learns it, and the runner starts it with
   `runner.add_executable(label, executable, policy)`, the platform's one way of starting a node
   (local_mp and SSH fork it from their pre-started interpreters, Slurm runs a new job step in
-  the allocation). Its addresses are registered with the coordinator, where the
-  nodes started before it find them (`AddressTable` looks up addresses it does not know there).
+  the allocation, or beyond it in an additional job). Its addresses are registered with the
+  coordinator, where the nodes started before it find them (`AddressTable` looks up addresses
+  it does not know there).
 * Removing a node: the coordinator tells it (its worker watches `wait_for_stop(name)`; a thread
   runner's `remove(name)`), its stop handlers run, and it gets the notice period before it is
   killed. It ends as `removed`; a call to it fails with `NodeLeftError` instead of waiting.

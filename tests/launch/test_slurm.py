@@ -211,6 +211,82 @@ def test_an_elastic_group_reserves_its_room_to_grow_and_the_script_runs_added_st
                                       {i: f'{i}.spec' for i in range(3)})
 
 
+class FakeSlurm:
+    """A growing step runner of an actor/learner job (learner, actor/0, 1 spare task) whose
+    sbatch, scancel and squeue are fakes: `submitted`, `cancelled`, `states` (job -> state)."""
+
+    def __init__(self, tmp_path, monkeypatch):
+        # pylint: disable=import-outside-toplevel,protected-access
+        from launchpad.launch.slurm import addresses, job, launcher
+        from launchpad.process import spec as specs
+        from launchpad.process.coordinator import Coordinator
+        self.submitted, self.cancelled, self.states = [], [], {}
+        monkeypatch.setattr(job, 'submit', lambda path, name, output, env: self.submitted.append(
+            (os.path.basename(path), name, env)) or f'10{len(self.submitted)}')
+        monkeypatch.setattr(job, 'cancel', self.cancelled.append)
+        monkeypatch.setattr(job, 'states', lambda job_id: [
+            (self.states.get(job_id, 'RUNNING'), 'None')])
+        self.program = actor_learner(actors=4)
+        options = lp.LaunchOptions('slurm', resources={})
+        self.executables = lp.executables_of(self.program, options)  # learner, actor/0 .. 3
+        self.run_dir = tmp_path / 'run'
+        self.run_dir.mkdir()
+        components = plan(self.executables[:2], {}, str(tmp_path), spare={'actor': 1})
+        packer = specs.Packer('actor-learner', 'slurm', addresses.NodeAddressTable(
+            published={}, coordinator='127.0.0.1:1'), '127.0.0.1:1')
+        self.coordinator = Coordinator([e.name for _, e in self.executables])
+        self.runner = launcher._GrowingStepRunner(
+            '100', str(self.run_dir), [step.watched() for step in components[0].steps],
+            self.coordinator, watch_job=False, packer=packer, components=components,
+            resources={}, log_dir=str(tmp_path), first_index=2, program_name='actor-learner',
+            environment={'COURIER_AUTH_TOKEN': 't'}, warning_seconds=None)
+
+    def add(self, number):
+        """Adds actor/NUMBER (its executable's index is NUMBER + 1)."""
+        self.runner.add_executable('actor', self.executables[number + 1][1],
+                                   self.program.policy_of('actor/1'))
+
+    def exited(self, index, code=0):
+        (self.run_dir / f'{index}.exit').write_text(str(code))
+
+
+def test_added_nodes_take_free_tasks_first_then_additional_jobs(tmp_path, monkeypatch):
+    """The placement of added nodes: a free task of the allocation (a spare one, or one a node
+    that ended freed) runs the next added node; without one, an additional job of one task does,
+    cancelled once its removed node's step ended."""
+    slurm = FakeSlurm(tmp_path, monkeypatch)
+    slurm.add(1)  # the spare task
+    assert (slurm.run_dir / '2.add').exists() and not slurm.submitted
+    slurm.add(2)  # no free task: a job
+    assert slurm.submitted == [('3.sh', 'actor-learner:actor/2', {'COURIER_AUTH_TOKEN': 't'})]
+    script = (slurm.run_dir / '3.sh').read_text()
+    assert '#SBATCH --ntasks=1' in script and 'step 3 ' in script and '.add' not in script
+    slurm.exited(1)  # actor/0 ended: its task is free
+    slurm.runner.poll()
+    slurm.add(3)
+    assert (slurm.run_dir / '4.add').exists() and len(slurm.submitted) == 1
+    slurm.runner.remove('actor/2')
+    slurm.runner.poll()
+    assert slurm.cancelled == []  # its step still runs
+    slurm.exited(3)
+    assert slurm.runner.poll()['actor/2'] == 0 and slurm.cancelled == ['101']
+    slurm.runner.release()
+    assert slurm.cancelled == ['101'] and not slurm.run_dir.exists()
+
+
+def test_a_node_whose_additional_job_ends_under_it_fails_with_slurms_state(tmp_path,
+                                                                           monkeypatch):
+    slurm = FakeSlurm(tmp_path, monkeypatch)
+    slurm.add(1)
+    slurm.add(2)
+    slurm.states['101'] = 'CANCELLED'
+    assert wait_until(lambda: slurm.runner.poll()['actor/2'] is not None, timeout=10)
+    status = slurm.coordinator.status()['actor/2']
+    assert 'its Slurm job 101 ended while it ran: CANCELLED' in status.error
+    slurm.runner.release()  # the ended job is cancelled again, harmlessly
+    assert slurm.cancelled == ['101']
+
+
 def test_detached_script_starts_the_driver_as_a_module(tmp_path):
     program = producer_consumer('unused')
     options = lp.LaunchOptions('slurm', resources={})
@@ -360,10 +436,12 @@ import sys
 import launchpad as lp
 from tests.launch.test_slurm import producer_consumer, two_groups, serve_until_stopped
 kind = sys.argv[1]
-program = (two_groups(serve_until_stopped, name='forever') if kind == 'forever'
+program = (two_groups(serve_until_stopped, name='forever') if kind in ('forever', 'grown')
            else producer_consumer(sys.argv[2]))
 controller = lp.launch(program, launch_type=None if kind == 'cli' else 'slurm',
                        **({'detach': True} if kind == 'detach' else {}))
+if kind == 'grown':  # the job has no spare task: worker/1 runs in an additional job
+    controller.add_node(lp.PyNode(serve_until_stopped), label='worker')
 print('launched job', controller.job_id, flush=True)
 '''
 
@@ -391,11 +469,12 @@ def test_cli_runs_a_script_on_slurm(slurm_single, tmp_path):
 
 
 @contextlib.contextmanager
-def serving_script(tmp_path):
-    """A script that launches a program serving until stopped, and waits for it; yields the script
-    process (once every node serves) and the job directory. The process is killed on exit."""
+def serving_script(tmp_path, kind='forever'):
+    """A script that launches a program serving until stopped (`kind` 'grown': and adds a node,
+    which runs in an additional job), and waits for it; yields the script process (once every
+    node serves) and the job directory. The process is killed on exit."""
     process = subprocess.Popen(
-        [sys.executable, str(write_script(tmp_path, 'controller.wait()\n')), 'forever'],
+        [sys.executable, str(write_script(tmp_path, 'controller.wait()\n')), kind],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_for(tmp_path))
     try:
         for line in process.stdout:
@@ -403,14 +482,20 @@ def serving_script(tmp_path):
                 break
         job_dir = os.path.join(tmp_path, 'jobs', os.listdir(tmp_path / 'jobs')[0])
         assert wait_until(lambda: both_serving(job_dir), timeout=30)
+        if kind == 'grown':
+            added = pathlib.Path(job_dir, 'logs', 'worker_1-2.out')
+            assert wait_until(lambda: added.exists() and 'serving' in added.read_text(),
+                              timeout=60)
+            assert len(queue().splitlines()) == 2  # the program's job and the additional one
         yield process, job_dir
     finally:
         process.kill()
         process.wait()
 
 
-def test_ctrl_c_cancels_the_program(slurm_single, tmp_path):
-    with serving_script(tmp_path) as (process, job_dir):
+@pytest.mark.parametrize('kind', ['forever', 'grown'])
+def test_ctrl_c_cancels_the_program(slurm_single, tmp_path, kind):
+    with serving_script(tmp_path, kind) as (process, job_dir):
         process.send_signal(signal.SIGINT)
         output = process.communicate(timeout=30)[0]
     assert 'Stopping program' in output
@@ -430,10 +515,14 @@ def test_job_cancelled_behind_our_back_fails_the_running_nodes(slurm_single, tmp
     assert_nothing_left(controller, tmp_path)
 
 
-def test_nodes_end_when_the_launcher_dies(slurm_single, tmp_path):
-    with serving_script(tmp_path) as (process, job_dir):
+@pytest.mark.parametrize('kind', ['forever', 'grown'])
+def test_nodes_end_when_the_launcher_dies(slurm_single, tmp_path, kind):
+    """Also those of additional jobs: they lose the coordinator and end, and their jobs too."""
+    from launchpad.launch.slurm import shared  # pylint: disable=import-outside-toplevel
+    with serving_script(tmp_path, kind) as (process, job_dir):
         process.kill()
-    assert wait_until(lambda: queue() == '', timeout=30)
+    # The batch script starts added steps until the launcher has been silent ADDING_SILENCE s.
+    assert wait_until(lambda: queue() == '', timeout=shared.ADDING_SILENCE + 30)
     assert wait_until(lambda: not our_processes(job_dir), timeout=10)
 
 
@@ -506,3 +595,51 @@ def test_an_elastic_group_grows_and_shrinks_within_the_allocation(slurm_multi, t
         **{f'actor/{i}': lp.NodeState.REMOVED for i in range(1, 6)}}
     assert 'ELASTIC shrank to 1' in capfd.readouterr().out
     assert_nothing_left(controller, tmp_path)
+
+
+def additional_jobs():
+    """The names of the jobs in the queue that run one added node (program:node)."""
+    out = subprocess.run(['squeue', '--noheader', '--format=%j'], capture_output=True, text=True,
+                         check=True).stdout
+    return sorted(name for name in out.split() if ':' in name)
+
+
+@pytest.mark.timeout(300)
+def test_an_elastic_group_grows_beyond_the_allocation_through_additional_jobs(
+        slurm_multi, tmp_path, capfd):
+    """tests/elastic_program.py grows the actors 2 -> 5 -> 2 in a job that reserved one spare
+    task: actor/2 runs in the allocation, actor/3 and actor/4 each in an additional job, which
+    joins the program's coordinator; the learner hears exactly the live actors throughout.
+    Shrinking ends their steps and cancels their jobs while the program runs; after the stop
+    nothing is left."""
+    from tests import elastic_program  # pylint: disable=import-outside-toplevel
+    controller = launch(elastic_program.build(sizes=(5, 2), stop=False), tmp_path,
+                        spare_tasks=1)
+    try:
+        job_dir = os.path.dirname(controller.log_dir)
+        with open(os.path.join(job_dir, 'run', 'job.sh')) as f:
+            assert '#SBATCH --ntasks=5' in f.read()  # learner, driver, 2 actors and 1 spare
+        assert wait_until(lambda: additional_jobs() == ['elastic:actor/3', 'elastic:actor/4'],
+                          timeout=120), additional_jobs()
+        assert wait_until(lambda: controller.status()['driver/0'].state.ended, timeout=180)
+        assert controller.status()['driver/0'].state is lp.NodeState.FINISHED
+        assert wait_until(lambda: additional_jobs() == [], timeout=60), additional_jobs()
+        assert not controller.done and controller.group_size('actor') == 2
+    finally:
+        controller.stop()
+    assert controller.wait(timeout=60)
+    status = controller.status()
+    assert {name: s.state for name, s in status.items() if name.startswith('actor/')} == {
+        'actor/0': lp.NodeState.FINISHED, 'actor/1': lp.NodeState.FINISHED,
+        **{f'actor/{i}': lp.NodeState.REMOVED for i in range(2, 5)}}
+    out = capfd.readouterr().out
+    assert 'ELASTIC grew to 5' in out and 'ELASTIC shrank to 2' in out
+    # The additional jobs' own output files: one per node that ran in one.
+    assert sorted(name for name in os.listdir(controller.log_dir) if name.startswith('job-')) \
+        == ['job-5.out', 'job-6.out']
+    assert_nothing_left(controller, tmp_path)
+
+
+def test_spare_tasks_must_be_a_count(tmp_path):
+    with pytest.raises(ValueError, match='spare_tasks must be a whole number >= 0'):
+        launch(actor_learner(), tmp_path, spare_tasks=-1)

@@ -106,6 +106,12 @@ def ended(job_states: Optional[States]) -> bool:
     return job_states is None or all(state in _ENDED_STATES for state, _ in job_states)
 
 
+def hopeless(job_states: Optional[States]) -> bool:
+    """True if the job waits for a reason that waiting does not cure (it does not fit the
+    partition or account)."""
+    return any(reason in _HOPELESS_REASONS for _, reason in job_states or ())
+
+
 def describe(job_states: Optional[States]) -> str:
     """The job's states and reasons, for a message."""
     if job_states is None:
@@ -148,7 +154,7 @@ def wait_for_start(job_id: str, timeout: Optional[float], ran: Callable[[], bool
             if ran():
                 return
             raise SlurmError(f'Slurm job {job_id} ended before it started: {describe(now)}.')
-        if any(reason in _HOPELESS_REASONS for _, reason in now):
+        if hopeless(now):
             cancel(job_id)
             raise SlurmError(f'Slurm job {job_id} cannot start: {describe(now)}; the request '
                              'does not fit the partition or account. Cancelled it.')

@@ -11,6 +11,8 @@ side). The launcher serves the program's coordinator on the address this host us
 Slurm controller; a node's servers bind the address its host uses to reach the coordinator, on a
 port the kernel picks, and publish the endpoint to the coordinator, so ports never collide. The
 program's auth token reaches the steps through the job's environment, never a command line.
+Nodes added to a running program run as new steps in the job's allocation while their group has a
+free task there, and beyond it each in an additional job of its own (`_GrowingStepRunner`).
 
 The launching host and the compute nodes must share a filesystem, as the home directories of most
 clusters are: the job directory (`job_dir=`, or $LAUNCHPAD_SLURM_DIR, default ~/launchpad_slurm)
@@ -22,7 +24,8 @@ A program launched in the foreground lives in these threads of the launching pro
     main thread          lp.launch: writes the run directory, serves the coordinator, submits the
                          job, waits until it starts, returns the SlurmController
     courier threads      the program's coordinator, which every step calls
-    controller thread    StepRunner (steps.py): reads the steps' exit code files, and squeue
+    controller thread    StepRunner (steps.py): reads the steps' exit code files, and squeue;
+                         submits and cancels additional jobs (_GrowingStepRunner)
     lp-slurm-logs        _LogFollower: copies the steps' output files to stdout
 
 A detached program (detach=True) has its coordinator and step runner inside the job, in the driver
@@ -32,11 +35,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import re
 import secrets
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -68,14 +73,23 @@ class SlurmOptions:
       stop_before_time_limit: seconds before the job's time limit at which Slurm warns the steps
         (SIGUSR1, `--signal`), which stops the program: stop handlers run while there is time.
         Slurm may send it up to a minute early. None: the time limit ends the job unannounced.
+      spare_tasks: tasks the job reserves for each elastic group to grow into, at most its
+        `max_size` minus its initial size (None: all of that). A node added beyond its group's
+        free tasks runs in an additional job (docs/elastic.md); 0 reserves nothing.
     """
     detach: bool = False
     job_dir: Optional[str] = None
     start_timeout: Optional[float] = 600.0
     coordinator_host: Optional[str] = None
     stop_before_time_limit: Optional[int] = None
+    spare_tasks: Optional[int] = None
 
     def __post_init__(self):
+        spare = self.spare_tasks
+        if spare is not None and (not isinstance(spare, int) or isinstance(spare, bool)
+                                  or spare < 0):
+            raise ValueError(f'spare_tasks must be a whole number >= 0 (tasks the job reserves '
+                             f'for each elastic group to grow into) or None, got {spare!r}.')
         value = self.stop_before_time_limit
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                   or not 0 < value <= 65535):
@@ -125,7 +139,8 @@ class SlurmLauncher(Launcher):
         log_dir = os.path.join(job_dir, 'logs')
         batch_log = os.path.join(log_dir, 'job.out')
         components = script.plan(executables, options.resources, log_dir, spare={
-            label: max(0, (elastic.max_size or 0) - len(program.groups.get(label, ())))
+            label: _spare_tasks(elastic.max_size, len(program.groups.get(label, ())),
+                                settings.spare_tasks)
             for label, elastic in program.elastic_groups.items()} if not settings.detach else None)
         steps = sorted((s for c in components for s in c.steps), key=lambda s: s.index)
         names = [step.executable.name for step in steps]
@@ -197,27 +212,47 @@ class SlurmLauncher(Launcher):
             follower = _LogFollower([('slurm', batch_log)] + [(s.executable.name, s.log)
                                                               for s in steps])
             closing = [follower.close, server.Stop]
-        runner = _GrowingStepRunner(job_id, run_dir, watched, coordinator, watch_job=True,
-                                    closing=closing, batch_log=batch_log, packer=packer,
-                                    components=components, resources=options.resources,
-                                    log_dir=log_dir, first_index=len(steps))
+        runner = _GrowingStepRunner(
+            job_id, run_dir, watched, coordinator, watch_job=True, closing=closing,
+            batch_log=batch_log, packer=packer, components=components,
+            resources=options.resources, log_dir=log_dir, first_index=len(steps),
+            program_name=program.name, environment=_job_environment(token),
+            warning_seconds=settings.stop_before_time_limit)
         return SlurmController(program.name, coordinator, runner, launch_type=options.launch_type,
                                notice_period=options.notice_period, job_id=job_id, log_dir=log_dir)
 
 
 class _GrowingStepRunner(StepRunner):
-    """The step runner of a program launched in the foreground, which can also add nodes: each
-    runs as a new job step in the job's allocation (its group's spare tasks), started by the
-    batch script (`script.batch_script(growing=True)`)."""
+    """The step runner of a program launched in the foreground, which can also add nodes.
+
+    An added node runs as a new job step in the job's allocation while its group's component has
+    a free task (its spare tasks, or those of nodes that ended), started by the batch script
+    (`script.batch_script(growing=True)`). Beyond that it runs in an additional job of its own:
+    the node's step alone, with its group's resources, its partition and account, and the job's
+    environment (the program's token); its step joins the program's coordinator as any other.
+    Such a job is cancelled once its node was removed and its step ended, or ended well, and
+    every one of them on release.
+    """
 
     def __init__(self, *args, packer: specs.Packer, components, resources, log_dir: str,
-                 first_index: int, **kwargs):
+                 first_index: int, program_name: str, environment: Dict[str, str],
+                 warning_seconds: Optional[int], **kwargs):
         super().__init__(*args, **kwargs)
         self._packer = packer
         self._components = components
         self._resources = resources
         self._log_dir = log_dir
         self._next_index = first_index
+        self._program_name = program_name
+        self._environment = environment
+        self._warning_seconds = warning_seconds
+        # Node name -> the number of its component, for the steps in the job's allocation.
+        self._component_of = {step.executable.name: number
+                              for number, component in enumerate(components)
+                              for step in component.steps}
+        self._additional: Dict[str, str] = {}  # node name -> the additional job that runs it
+        self._removed: set = set()
+        self._checked_additional = time.monotonic()
         self._touched = 0.0
         self._touch()
 
@@ -230,10 +265,14 @@ class _GrowingStepRunner(StepRunner):
     def poll(self):
         if time.monotonic() - self._touched > 1.0:
             self._touch()
-        return super().poll()
+        super().poll()
+        if self._additional:
+            self._follow_additional_jobs()
+        return dict(self._codes)
 
     def add_executable(self, label: str, executable, policy) -> None:
-        """Has the batch script run the node as a new step (`Runner.add_executable`)."""
+        """Runs the node as a new step: in the allocation if its component has a free task, in
+        an additional job otherwise (`Runner.add_executable`)."""
         group = self._resources.get(label) or SlurmResources()
         key = script.component_key(label, group)
         numbers = [n for n, c in enumerate(self._components)
@@ -241,6 +280,10 @@ class _GrowingStepRunner(StepRunner):
         if not numbers:
             raise ValueError(f'Group {label!r} was not in the program when it was launched, so '
                              'the Slurm job has no room for it; add nodes to groups it had.')
+        number = numbers[0]
+        component = self._components[number]
+        busy = sum(1 for name, n in self._component_of.items()
+                   if n == number and self._codes.get(name) is None)
         index = self._next_index
         self._next_index += 1
         log = os.path.join(self._log_dir, re.sub(r'[^A-Za-z0-9_.-]', '_', executable.name)
@@ -252,20 +295,103 @@ class _GrowingStepRunner(StepRunner):
         spec_path = os.path.join(self._run_dir, f'{index}.spec')
         specs.write(self._packer.spec(executable.name, executable.run, args=group.args,
                                       env=group.env), spec_path)
-        srun = script.step_command(step, spec_path,
-                                   numbers[0] if len(self._components) > 1 else None)
-        ticks = int(_restart_waits([step], {executable.name: policy}).get(index, 0) * 5)
+        waits = _restart_waits([step], {executable.name: policy})
+        if busy >= len(component.steps) + component.spare:
+            self._submit_additional(step, spec_path, waits)
+        else:
+            srun = script.step_command(step, spec_path,
+                                       number if len(self._components) > 1 else None)
+            partial = os.path.join(self._run_dir, f'{index}.adding')
+            with open(partial, 'w') as f:
+                f.write(f'{index} {int(waits.get(index, 0) * 5)} {shlex.join(srun)}')
+            os.replace(partial, shared.add_file(self._run_dir, index))
+            self._component_of[executable.name] = number
         self._steps.append(step.watched())
         self._codes[executable.name] = None
-        partial = os.path.join(self._run_dir, f'{index}.adding')
-        with open(partial, 'w') as f:
-            f.write(f'{index} {ticks} {shlex.join(srun)}')
-        os.replace(partial, shared.add_file(self._run_dir, index))
+
+    def _submit_additional(self, step: script.Step, spec_path: str, waits) -> None:
+        """Submits a job that runs `step` alone, as the program's job runs its steps."""
+        path = os.path.join(self._run_dir, f'{step.index}.sh')
+        with open(path, 'w') as f:
+            f.write(script.batch_script(
+                self._program_name,  # one task on one machine: the group's `nodes` does not apply
+                [script.Component(dataclasses.replace(step.resources, nodes=None), [step])],
+                self._run_dir,
+                {step.index: spec_path}, restart_waits=waits,
+                warning_seconds=self._warning_seconds))
+        name = step.executable.name
+        job_id = job.submit(path, f'{self._program_name}:{name}',
+                            os.path.join(self._log_dir, f'job-{step.index}.out'),
+                            self._environment)
+        self._additional[name] = job_id
+        logging.info('%s runs in additional Slurm job %s (its group has no free task in job %s).',
+                     name, job_id, self._job_id)
+
+    def remove(self, name: str) -> None:
+        """Notes that `name` leaves: its additional job, if any, is cancelled once its step
+        ended (the node itself learns it from the coordinator)."""
+        self._removed.add(name)
+
+    def _follow_additional_jobs(self) -> None:
+        """Cancels the additional jobs whose node is done; fails the nodes whose job ended or
+        cannot start while they should run."""
+        for name, job_id in list(self._additional.items()):
+            code = self._codes.get(name)
+            if code is not None and (name in self._removed or code == 0):
+                job.cancel(job_id)
+                del self._additional[name]
+        if not self._additional or time.monotonic() - self._checked_additional < 1.0:
+            return
+        self._checked_additional = time.monotonic()
+        for name, job_id in list(self._additional.items()):
+            if self._codes.get(name) is not None:
+                continue
+            try:
+                states = job.states(job_id)
+            except job.SlurmError as e:
+                logging.warning('%s', e)
+                continue
+            why = None
+            if job.ended(states):
+                self._read_exit_codes()  # its batch script writes the code before it ends
+                if self._codes.get(name) is None:
+                    why = f'its Slurm job {job_id} ended while it ran: {job.describe(states)}'
+            elif job.hopeless(states):
+                job.cancel(job_id)
+                why = (f'its Slurm job {job_id} cannot start: {job.describe(states)}; the '
+                       "group's resources do not fit the partition or account. Cancelled it")
+            if why is not None:
+                if not self._coordinator.stopping and name not in self._removed:
+                    self._coordinator.node_failed(name, f'{why}. Its log: {self._log_of(name)}')
+                self._codes[name] = -signal.SIGKILL
+
+    def _log_of(self, name: str) -> str:
+        return next(step.log for step in self._steps if step.name == name)
+
+    def kill(self, names: Sequence[str]) -> None:
+        """Cancels the additional jobs of `names` (their steps count as ended once squeue says
+        so); the others end with the program's job."""
+        rest = []
+        for name in names:
+            if name in self._additional:
+                job.cancel(self._additional[name])
+            else:
+                rest.append(name)
+        if rest or not names:
+            super().kill(rest)
 
     def release(self) -> None:
         with open(os.path.join(self._run_dir, shared.ADDING_ENDS), 'w'):
             pass  # the batch script starts no more steps: the job can end
-        super().release()
+        try:
+            for job_id in self._additional.values():
+                job.cancel(job_id)
+            for job_id in self._additional.values():
+                if not job.wait_for_end(job_id, timeout=60.0):
+                    logging.error('Slurm job %s is still running 60 s after scancel; check it '
+                                  'with `squeue -j %s`.', job_id, job_id)
+        finally:
+            super().release()
 
 
 def _restart_waits(steps, policies) -> Dict[int, float]:
@@ -277,6 +403,12 @@ def _restart_waits(steps, policies) -> Dict[int, float]:
         if policy is not None and policy.restart is not None and policy.restart.max_restarts:
             waits[step.index] = policy.restart.max_backoff + 60.0
     return waits
+
+
+def _spare_tasks(max_size: Optional[int], size: int, cap: Optional[int]) -> int:
+    """The tasks the job reserves for an elastic group of `size` nodes to grow into."""
+    room = max(0, (max_size or 0) - size)
+    return room if cap is None else min(room, cap)
 
 
 def _make_job_dir(base: Optional[str], program_name: str) -> str:
