@@ -377,7 +377,7 @@ class _Pipeline:
                 entry = pending.pop(frame.call_id, None)
                 if entry is None:
                     continue  # Cancelled or timed out: nobody waits for it.
-                future, method, finish = entry[:3]
+                future, method, finish, owner = entry
                 try:
                     response = _response(frame, method, self._address)
                 except errors.CourierError as error:
@@ -386,7 +386,7 @@ class _Pipeline:
                     future.resolve(finish, response)
                 # While this thread waits for the next frame, it holds nothing of this call:
                 # its transport, future and result may go once their owner drops them.
-                entry = future = finish = frame = response = None
+                entry = future = finish = owner = frame = response = None
         except (EOFError, OSError, frames.ProtocolViolation) as error:
             self._break(dial.unreachable(_went_away(error)))
         finally:

@@ -225,6 +225,28 @@ def test_cancelled_futures_count_as_done_for_concurrent_futures(server):
     assert running.cancel()  # Cancelling again is harmless.
 
 
+def test_a_calls_future_works_with_everything_concurrent_futures_offers(server):
+    """A call's future makes its own attributes (a cheaper condition than Future's): none of
+    concurrent.futures.Future's is missing, and waiting, callbacks and timeouts work."""
+    client = courier.Client(server.address)
+    slow, fast = client.futures.sleep(0.5), client.futures.add(1, 2)
+    assert set(vars(concurrent.futures.Future())) <= set(vars(slow))
+    seen = []
+    slow.add_done_callback(seen.append)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        slow.result(timeout=0.01)
+    done, _ = concurrent.futures.wait([slow, fast], return_when=concurrent.futures.FIRST_COMPLETED,
+                                      timeout=30)
+    assert fast in done
+    assert set(concurrent.futures.as_completed([slow, fast], timeout=30)) == {slow, fast}
+    assert slow.result(timeout=30) == 'slept' and fast.result() == 3
+    assert seen == [slow]
+    failing = client.futures.add(1, 'one')
+    with pytest.raises(TypeError):
+        failing.result(timeout=30)
+    assert isinstance(failing.exception(), TypeError)
+
+
 def test_done_future_cannot_be_cancelled(server):
     future = courier.Client(server.address).futures.add(1, 2)
     assert future.result(timeout=10) == 3
