@@ -526,6 +526,31 @@ def test_nodes_end_when_the_launcher_dies(slurm_single, tmp_path, kind):
     assert wait_until(lambda: not our_processes(job_dir), timeout=10)
 
 
+
+@pytest.mark.timeout(180)
+def test_a_removed_node_that_outlives_its_notice_period_is_killed_alone(slurm_single, tmp_path):
+    """Its step is cancelled; the job, and the nodes in it, run on."""
+    program = lp.Program('stubborn')
+    program.add_node(lp.PyNode(serve_until_stopped), label='server')
+    with program.group('actor', elastic=lp.Elastic(min_size=0, max_size=2)):
+        program.add_node(lp.PyNode(serve_until_stopped))
+        program.add_node(lp.PyNode(ignore_stop))
+    controller = launch(program, tmp_path, notice_period=1.0)
+    try:
+        assert wait_until(lambda: all(s.state is lp.NodeState.RUNNING
+                                      for s in controller.status().values()), timeout=60)
+        controller.remove_node('actor/1')
+        assert wait_until(lambda: controller.status()['actor/1'].state.ended, timeout=60)
+        time.sleep(2.0)  # what cancelling the job would end has had time to end
+        status = controller.status()
+        assert status['server/0'].state is lp.NodeState.RUNNING, status
+        assert status['actor/0'].state is lp.NodeState.RUNNING, status
+        assert not controller.done and queue() != ''
+    finally:
+        controller.stop()
+    assert controller.wait(timeout=60)
+    assert_nothing_left(controller, tmp_path)
+
 # --- three-node cluster ------------------------------------------------------------------------
 
 def test_producers_spread_over_nodes(slurm_multi, tmp_path):

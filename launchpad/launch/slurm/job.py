@@ -126,6 +126,19 @@ def cancel(job_id: str) -> None:
                    stdin=subprocess.DEVNULL, timeout=60)
 
 
+def cancel_steps(job_id: str, names: Sequence[str]) -> None:
+    """Cancels the steps of the job named `names` (a node's step is named after it), leaving the
+    job and its other steps running; steps that already ended are skipped."""
+    out = run(['squeue', '--noheader', '--steps', f'--jobs={job_id}', '--format=%i|%j'],
+              f'Cannot list the steps of Slurm job {job_id}', timeout=30)
+    wanted = set(names)
+    for line in out.splitlines():
+        step_id, _, name = line.strip().partition('|')
+        if name in wanted:
+            subprocess.run(['scancel', '--quiet', step_id], capture_output=True, check=False,
+                           stdin=subprocess.DEVNULL, timeout=60)
+
+
 def wait_for_end(job_id: str, timeout: float) -> bool:
     """Waits until every step of the job has ended (the job left RUNNING and COMPLETING); False if
     `timeout` seconds passed first."""

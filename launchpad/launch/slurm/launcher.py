@@ -370,13 +370,23 @@ class _GrowingStepRunner(StepRunner):
 
     def kill(self, names: Sequence[str]) -> None:
         """Cancels the additional jobs of `names` (their steps count as ended once squeue says
-        so); the others end with the program's job."""
-        rest = []
+        so) and the steps of removed nodes (the program runs on); the others end with the
+        program's job."""
+        rest, removed = [], []
         for name in names:
             if name in self._additional:
                 job.cancel(self._additional[name])
+            elif name in self._removed:
+                removed.append(name)
             else:
                 rest.append(name)
+        if removed:
+            try:
+                job.cancel_steps(self._job_id, removed)
+            except job.SlurmError as e:
+                logging.warning('Could not cancel the steps of removed nodes %s (%s); cancelling '
+                                'the job.', ', '.join(removed), e)
+                rest += removed
         if rest or not names:
             super().kill(rest)
 
