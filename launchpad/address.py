@@ -87,13 +87,11 @@ class AddressTable:
         raise AddressNotFoundError(self._missing(address))
 
     def is_published(self, address: Address) -> bool:
-        return address.id in self.published or self._added(address)
-
-    def _added(self, address: Address) -> bool:
-        """Whether `address` is one of a node added after the launch: not in this table, which
-        was made before, but its launcher registers its endpoint with the registry."""
-        return (self.registry is not None and address.id not in self.static
-                and address.id not in self.published)
+        """Whether clients find `address`'s endpoint in the registry: a published address, or
+        one of a node added after the launch (not in this table, which was made before, but its
+        launcher registers its endpoint with the registry)."""
+        return address.id in self.published or (self.registry is not None
+                                                 and address.id not in self.static)
 
     def publish(self, address: Address, endpoint: str) -> None:
         """Records the endpoint a server bound for a published address."""
@@ -128,7 +126,7 @@ class AddressTable:
             return self.reserved[address.id]
         if address.id in self.static:
             return self.static[address.id]
-        if address.id in self.published or self._added(address):
+        if self.is_published(address):
             endpoint = self._registry().lookup_address(address.id, self.lookup_timeout)
             if endpoint is None:
                 raise TimeoutError(
@@ -142,7 +140,7 @@ class AddressTable:
         endpoint (a restarted node publishes a new one), or None while it has none."""
         if address.id in self.static:
             return self.static[address.id]
-        if address.id in self.published or self._added(address):
+        if self.is_published(address):
             return self._registry().lookup_address(address.id, 0.0)
         raise AddressNotFoundError(self._missing(address))
 

@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import courier
 
@@ -152,8 +152,8 @@ class Pool:
         """Starts `func(*args, **kwds)` in a worker; returns an `AsyncResult`."""
         self._check_running()
         job = AsyncResult(callback, error_callback)
-        self._dispatcher.submit(self._tasks(job, func, [(tuple(args), dict(kwds or {}))], 1,
-                                            'apply'))
+        self._dispatcher.submit(self._tasks(job, _pack(func), [(tuple(args), dict(kwds or {}))],
+                                            1, 'apply'))
         return job
 
     def map(self, func: Callable, iterable: Iterable, chunksize: Optional[int] = None) -> List:
@@ -272,11 +272,10 @@ class Pool:
         if self._state != _RUN:
             raise ValueError('Pool not running')
 
-    def _tasks(self, job: Job, func: Callable, items: Sequence, chunksize: int,
+    def _tasks(self, job: Job, packed: Tuple[str, bytes], items: Sequence, chunksize: int,
                mode: str, start: int = 0) -> List[Task]:
-        if not callable(func):
-            raise TypeError(f'The pool needs a callable, got {func!r}.')
-        key, function = pack_function(func)
+        """The tasks of `items`, `chunksize` at a time, for the function `packed` by `_pack`."""
+        key, function = packed
         tasks = []
         for offset in range(0, len(items), chunksize):
             chunk = items[offset:offset + chunksize]
@@ -293,7 +292,7 @@ class Pool:
             chunksize = max(1, chunksize + bool(extra))
         _check_chunksize(chunksize)
         job = MapResult(len(items), callback, error_callback)
-        self._dispatcher.submit(self._tasks(job, func, items, chunksize, mode))
+        self._dispatcher.submit(self._tasks(job, _pack(func), items, chunksize, mode))
         return job
 
     def _imap(self, job: IMapIterator, func, iterable, chunksize):
@@ -303,14 +302,15 @@ class Pool:
             raise TypeError(f'The pool needs a callable, got {func!r}.')
 
         def feed():
-            count = 0
+            count, packed = 0, None
             try:
                 iterator = iter(iterable)
                 while True:
                     chunk = list(itertools.islice(iterator, chunksize))
                     if not chunk:
                         break
-                    self._dispatcher.submit(self._tasks(job, func, chunk, chunksize, 'call',
+                    packed = packed or _pack(func)  # once, not per chunk
+                    self._dispatcher.submit(self._tasks(job, packed, chunk, chunksize, 'call',
                                                         count))
                     count += len(chunk)
             except BaseException as error:  # pylint: disable=broad-except
@@ -427,3 +427,9 @@ def _machine_addresses() -> List[str]:
              if entry.family == socket.AF_INET]
     return sorted(set(found), key=lambda address: address.startswith('127.'))
 
+
+def _pack(func: Callable) -> Tuple[str, bytes]:
+    """`pack_function(func)`, for a callable only."""
+    if not callable(func):
+        raise TypeError(f'The pool needs a callable, got {func!r}.')
+    return pack_function(func)
