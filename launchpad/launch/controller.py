@@ -151,8 +151,9 @@ class Controller:
             names = [name for name in self._coordinator.status()
                      if any(name.startswith(label + '/') for label in wanted)]
         awaited = list(self._coordinator.status()) if names is None else names
+        counts_running = names is not None or return_on_first_completed
         while True:
-            running = self._coordinator.running(awaited)
+            running = self._coordinator.running(awaited) if counts_running else None
             if names is not None and not running:
                 ended = True
             elif return_on_first_completed:
@@ -255,7 +256,8 @@ class Controller:
                     if code is None:
                         running.append(name)
                     else:
-                        self._coordinator.executable_exited(name, code, self._last_output(name))
+                        self._coordinator.executable_exited(
+                            name, code, lambda name=name: self._last_output(name))
                 running += self._restart_due()
                 if not running and not self._coordinator.restarts_pending:
                     break

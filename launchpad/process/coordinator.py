@@ -275,9 +275,11 @@ class Coordinator:
 
     # Called by the launcher and the controller.
 
-    def executable_exited(self, name: str, exit_code: int, last_output: str = '') -> None:
+    def executable_exited(self, name: str, exit_code: int,
+                          last_output: Callable[[], str] = lambda: '') -> None:
         """Records that the executable's process is gone, reporting a failure if it never did
-        (with `last_output`, the last lines it printed, which say why)."""
+        (with `last_output()`, the last lines it printed, which say why; read only then, as
+        the controller tells this at every poll)."""
         with self._changed:
             status = self._status(name)
             status.exit_code = exit_code
@@ -296,10 +298,10 @@ class Coordinator:
             else:
                 description = (f'killed by signal {-exit_code}' if exit_code < 0
                                else f'exit code {exit_code}')
-                if last_output.strip():
+                output = last_output()
+                if output.strip():
                     self._fail(name, f'its process ended ({description}) without reporting an '
-                                     'error; the last lines of its output:\n'
-                                     + last_output.rstrip())
+                                     'error; the last lines of its output:\n' + output.rstrip())
                 else:
                     self._fail(name, f'its process ended ({description}) without reporting an '
                                      'error; see its output above or in its log.')
