@@ -88,7 +88,7 @@ class NodeEndpoint(courier.AddressResolver):
             where = f'at {endpoint}' if endpoint else '(it has not published its endpoint)'
             if time.monotonic() - asked >= _MAX_LOOKUP:
                 asked = time.monotonic()
-                if _has_left(context, self.node_name):
+                if node_has_left(context, self.node_name):
                     raise NodeLeftError(
                         f'node {self.node_name} was removed from the program and is not serving '
                         f'{where}: it will not come back.')
@@ -138,7 +138,7 @@ def node_client(address: Address, node_name: str, client_kwargs: dict) -> courie
     return courier.Client(resolver, wait_for_ready=False, tls=tls, **kwargs)
 
 
-def _has_left(context, node_name: str) -> bool:
+def node_has_left(context, node_name: str) -> bool:
     """Whether the coordinator says `node_name` was removed from the program."""
     has_left = getattr(context.coordinator, 'has_left', None)
     if has_left is None:

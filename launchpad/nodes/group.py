@@ -25,7 +25,7 @@ import courier
 from launchpad import runtime
 from launchpad.address import Address
 from launchpad.nodes.base import Handle
-from launchpad.nodes.endpoint import NodeLeftError, node_client
+from launchpad.nodes.endpoint import NodeLeftError, node_client, node_has_left
 
 _LONGEST_WAIT = 10.0  # seconds of one wait for a change at the coordinator (under its call timeout)
 
@@ -182,12 +182,8 @@ class GroupClient:
     def _left(self, name: str, error: BaseException) -> bool:
         if isinstance(error, NodeLeftError):
             return True
-        if not isinstance(error, courier.ServerUnavailableError):
-            return False
-        try:
-            return bool(_coordinator().has_left(name))
-        except Exception:  # pylint: disable=broad-except
-            return False
+        return (isinstance(error, courier.ServerUnavailableError)
+                and node_has_left(runtime.get_context(), name))
 
     def _update(self, found) -> None:
         with self._lock:

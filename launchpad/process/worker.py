@@ -136,8 +136,6 @@ def _report(method, *args) -> None:
 
 
 def _exit_now(code: int, spec: WorkerSpec, launcher_lost: threading.Event) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
     tree.end_descendants()
     if launcher_lost.is_set() and spec.cleanup_dir:
         shutil.rmtree(spec.cleanup_dir, ignore_errors=True)
