@@ -256,15 +256,15 @@ class Loop:
                 del self._per_client[connection.client]
         _close_socket(connection.sock)
 
-    def stop(self) -> List[Connection]:
-        """Stops accepting and watching; returns the connections still open (the caller's now)."""
+    def stop(self) -> None:
+        """Stops accepting and watching; the connections still open (`connections()`) are the
+        caller's now."""
         self._stopping = True
         self._wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         else:
             self._shut()
-        return self.connections()
 
     # The loop thread.
 

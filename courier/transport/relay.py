@@ -33,7 +33,6 @@ _logger = logging.getLogger('courier')
 
 _CAP = 256 << 10  # Bytes buffered in each direction of a pair before reading pauses.
 _CHUNK = 64 << 10
-PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n'  # What every HTTP/2 client sends first.
 
 
 class _Pair:
