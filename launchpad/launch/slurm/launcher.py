@@ -37,7 +37,6 @@ import dataclasses
 import functools
 import logging
 import os
-import re
 import secrets
 import shlex
 import shutil
@@ -286,8 +285,7 @@ class _GrowingStepRunner(StepRunner):
                    if n == number and self._codes.get(name) is None)
         index = self._next_index
         self._next_index += 1
-        log = os.path.join(self._log_dir, re.sub(r'[^A-Za-z0-9_.-]', '_', executable.name)
-                           + f'-{index}.out')
+        log = os.path.join(self._log_dir, f'{script.log_stem(executable.name)}-{index}.out')
         step = script.Step(index, executable, group, log)
         self._packer.address_table.published.update(
             {address.id: '<node address>:0' for address in executable.addresses})
@@ -299,12 +297,9 @@ class _GrowingStepRunner(StepRunner):
         if busy >= len(component.steps) + component.spare:
             self._submit_additional(step, spec_path, waits)
         else:
-            srun = script.step_command(step, spec_path,
-                                       number if len(self._components) > 1 else None)
-            partial = os.path.join(self._run_dir, f'{index}.adding')
-            with open(partial, 'w') as f:
-                f.write(f'{index} {int(waits.get(index, 0) * 5)} {shlex.join(srun)}')
-            os.replace(partial, shared.add_file(self._run_dir, index))
+            shared.write_whole(shared.add_file(self._run_dir, index), script.step_line(
+                step, spec_path, number if len(self._components) > 1 else None,
+                waits.get(index, 0)))
             self._component_of[executable.name] = number
         self._steps.append(step.watched())
         self._codes[executable.name] = None
@@ -430,7 +425,7 @@ def _make_job_dir(base: Optional[str], program_name: str) -> str:
         raise ValueError(f'The Slurm job directory {base!r} contains "%", which Slurm reads as a '
                          'file name pattern; choose another job_dir.')
     os.makedirs(base, exist_ok=True)
-    stem = re.sub(r'[^A-Za-z0-9_.-]', '_', program_name) or 'program'
+    stem = script.log_stem(program_name) or 'program'
     job_dir = tempfile.mkdtemp(prefix=f'{stem}-{time.strftime("%Y%m%d-%H%M%S")}-', dir=base)
     os.mkdir(os.path.join(job_dir, 'run'), 0o700)
     os.mkdir(os.path.join(job_dir, 'logs'), 0o700)

@@ -66,7 +66,7 @@ def plan(executables: Sequence[Tuple[str, Executable]], resources: Mapping[str, 
         if label not in spared:
             spared.add(label)
             components.setdefault(key, Component(group, [])).spare += (spare or {}).get(label, 0)
-        log = re.sub(r'[^A-Za-z0-9_.-]', '_', executable.name)
+        log = log_stem(executable.name)
         if log in used_logs:
             log = f'{log}-{index}'
         used_logs.add(log)
@@ -87,6 +87,18 @@ def step_command(step: Step, spec_path: str, het_group: Optional[int]) -> List[s
         '--exact', '--ntasks=1', '--nodes=1', *step.resources.per_task_options(),
         f'--job-name={step.executable.name}', f'--output={step.log}', '--input=none',
         *specs.worker_argv(spec_path, python)]
+
+
+def log_stem(node_name: str) -> str:
+    """A node's name made safe for its log file's name."""
+    return re.sub(r'[^A-Za-z0-9_.-]', '_', node_name)
+
+
+def step_line(step: Step, spec_path: str, het_group: Optional[int], restart_wait: float) -> str:
+    """The arguments of the batch script's `step` function that run `step`: its index, how long
+    a failed run waits for a restart (in the script's 0.2 s ticks), and its `srun` arguments."""
+    srun = step_command(step, spec_path, het_group)
+    return f'{step.index} {int(restart_wait * 5)} {shlex.join(srun)}'
 
 
 def batch_script(program_name: str, components: Sequence[Component], run_dir: str,
@@ -153,9 +165,9 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
     heterogeneous = len(components) > 1
     for number, component in enumerate(components):
         for step in component.steps:
-            srun = step_command(step, spec_paths[step.index], number if heterogeneous else None)
-            ticks = int((restart_waits or {}).get(step.index, 0) * 5)  # sleep 0.2 per tick
-            lines.append(f'step {step.index} {ticks} {shlex.join(srun)} &')
+            line = step_line(step, spec_paths[step.index], number if heterogeneous else None,
+                             (restart_waits or {}).get(step.index, 0))
+            lines.append(f'step {line} &')
     if growing:
         lines += [
             '# Steps of nodes added while the program runs, until the step runner says no more.',

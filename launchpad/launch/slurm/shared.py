@@ -57,12 +57,18 @@ def restart_file(run_dir: str, index: int) -> str:
     return os.path.join(run_dir, f'{index}{RESTART_SUFFIX}')
 
 
-def write_coordinator_endpoint(run_dir: str, endpoint: str) -> None:
-    """Publishes the coordinator's endpoint; readers never see a partial file."""
-    partial = os.path.join(run_dir, COORDINATOR_FILE + '.tmp')
+def write_whole(path: str, text: str) -> None:
+    """Writes `text` to `path` by a rename: readers (the batch script, the step runner) never
+    see a partial file."""
+    partial = path + '.tmp'
     with open(partial, 'w') as f:
-        f.write(endpoint)
-    os.replace(partial, os.path.join(run_dir, COORDINATOR_FILE))
+        f.write(text)
+    os.replace(partial, path)
+
+
+def write_coordinator_endpoint(run_dir: str, endpoint: str) -> None:
+    """Publishes the coordinator's endpoint."""
+    write_whole(os.path.join(run_dir, COORDINATOR_FILE), endpoint)
 
 
 def read_coordinator_endpoint(run_dir: str) -> str:

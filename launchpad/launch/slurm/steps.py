@@ -103,10 +103,7 @@ class StepRunner:
         except FileNotFoundError:
             pass
         self._codes[name] = None
-        partial = shared.restart_file(self._run_dir, step.index) + '.tmp'
-        with open(partial, 'w'):
-            pass
-        os.replace(partial, shared.restart_file(self._run_dir, step.index))
+        shared.write_whole(shared.restart_file(self._run_dir, step.index), '')
 
     def kill(self, names: Sequence[str]) -> None:
         """Cancels the job, which ends every step."""
