@@ -111,16 +111,12 @@ class CallTable:
     def read(self) -> Dict[str, Any]:
         """This table as plain data: role, address, owner and per method its counts."""
         with self._lock:
-            shards = [_add({}, self._ended)] + [counts for _, counts in self._shards]
-        methods: Dict[str, Dict[str, Any]] = {}
+            total = _add({}, self._ended)
+            shards = [counts for _, counts in self._shards]
         for shard in shards:
-            for name, (calls, errors, seconds, buckets) in list(shard.items()):
-                total = methods.setdefault(name, {'calls': 0, 'errors': 0, 'seconds': 0.0,
-                                                  'buckets': [0] * len(LATENCY_BUCKETS)})
-                total['calls'] += calls
-                total['errors'] += errors
-                total['seconds'] += seconds
-                total['buckets'] = [a + b for a, b in zip(total['buckets'], list(buckets))]
+            _add(total, shard)
+        methods = {name: {'calls': calls, 'errors': errors, 'seconds': seconds, 'buckets': buckets}
+                   for name, (calls, errors, seconds, buckets) in total.items()}
         return {'role': self.role, 'address': self.address, 'owner': self.owner,
                 'methods': methods}
 
