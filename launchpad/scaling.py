@@ -141,10 +141,11 @@ class Scaler:
         return changes
 
 
-def group_total(metrics: Metrics, label: str, name: str) -> Optional[float]:
-    """The sum of metric `name` over the nodes of group `label` that report it (None: none do)."""
+def group_total(metrics: Metrics, label: Optional[str], name: str) -> Optional[float]:
+    """The sum of metric `name` over the nodes of group `label` (None: of every group) that
+    report it (None: none do)."""
     values = [values[name] for node, values in metrics.items()
-              if node.split('/', 1)[0] == label and name in values]
+              if (label is None or node.split('/', 1)[0] == label) and name in values]
     return sum(values) if values else None
 
 
@@ -162,10 +163,7 @@ class QueueLengthPolicy:
 
     def __call__(self, metrics: Metrics, now: float, sizes: Mapping[str, int]) -> Dict[str, int]:
         del now, sizes
-        backlog = None
-        for values in metrics.values():
-            if self.metric in values:
-                backlog = (backlog or 0.0) + values[self.metric]
+        backlog = group_total(metrics, None, self.metric)
         if backlog is None:
             return {}
         return {self.group: int(math.ceil(backlog / self.per_node))}
