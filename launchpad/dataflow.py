@@ -146,21 +146,22 @@ class ParallelIterator(Generic[T]):
         _positive(num_async, 'num_async')
 
         def generate() -> Iterator:
-            in_flight: Dict[concurrent.futures.Future, Any] = {}
-            for actor in self.actors:
+            in_flight: Dict[concurrent.futures.Future, int] = {}  # -> its actor's index
+            for index, actor in enumerate(self.actors):
                 for _ in range(num_async):
-                    in_flight[self._start(actor)] = actor
+                    in_flight[self._start(actor)] = index
             try:
                 while in_flight:
                     done, _ = concurrent.futures.wait(
                         in_flight, return_when=concurrent.futures.FIRST_COMPLETED)
-                    for future in sorted(done, key=lambda f: self.actors.index(in_flight[f])):
-                        actor = in_flight.pop(future)
+                    for future in sorted(done, key=in_flight.__getitem__):
+                        index = in_flight.pop(future)
+                        actor = self.actors[index]
                         item = future.result()
                         self.metrics.current_actor = actor
                         _count(self.metrics, item)
                         yield item
-                        in_flight[self._start(actor)] = actor
+                        in_flight[self._start(actor)] = index
             finally:
                 for future in in_flight:
                     future.cancel()
