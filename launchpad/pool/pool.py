@@ -369,9 +369,7 @@ class Pool:
         self._endpoints[key] = endpoint
 
         def connect() -> courier.Client:
-            address = self._endpoints[key]
-            return courier.Client(address, wait_for_ready=False, auth_token=registry.auth_token,
-                                  tls=registry._tls(address))  # pylint: disable=protected-access
+            return registry.client(self._endpoints[key])
 
         self._dispatcher.add_worker(key, connect, info)
 

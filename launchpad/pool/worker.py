@@ -140,9 +140,7 @@ class Registry:
 
     def register(self, key: str, endpoint: str, info: Dict[str, Any]) -> None:
         """Tells the pool that worker `key` serves at `endpoint` (tries every candidate)."""
-        clients = [courier.Client(address, call_timeout=10.0, wait_for_ready=False,
-                                  auth_token=self.auth_token, tls=self._tls(address))
-                   for address in self.candidates]
+        clients = [self.client(address, call_timeout=10.0) for address in self.candidates]
         executor = concurrent.futures.ThreadPoolExecutor(len(clients))
         try:
             futures = {executor.submit(client.ping): client for client in clients}
@@ -157,8 +155,10 @@ class Registry:
                               'lp.Pool(..., pool_host=ADDRESS) with the address of the launching '
                               'machine that the workers\' hosts can reach.')
 
-    def _tls(self, address: str) -> Any:
-        return None if address.startswith('unix:') else self.tls
+    def client(self, address: str, **kwargs: Any) -> courier.Client:
+        """A client of `address` (the pool's, or a worker's) with the pool's token and TLS."""
+        return courier.Client(address, wait_for_ready=False, auth_token=self.auth_token,
+                              tls=None if address.startswith('unix:') else self.tls, **kwargs)
 
 
 class _WorkerServerNode(Node):
