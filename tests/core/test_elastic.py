@@ -1,6 +1,7 @@
 """Elastic programs on threads and local processes: groups that grow and shrink while the program
 runs, from the launcher and from inside a node, group handles, scaling policies (the program is
 tests/elastic_program.py; tests/launch runs it on the other platforms)."""
+import pickle
 import threading
 import time
 
@@ -138,3 +139,67 @@ def test_elastic_bounds_are_checked():
         lp.Elastic(budget=0)
     with pytest.raises(TypeError, match='make_node'):
         lp.Elastic(make_node=3)
+
+
+class Echo:
+    def ping(self) -> str:
+        return lp.get_context().node_name
+
+
+class Caller:
+    """Holds clients of actor/1, each of which has carried a call (`warm`), and says how each
+    one's next call fails once actor/1 was removed (`after`)."""
+
+    def __init__(self, actor, actors):
+        self._actor = actor    # actor/1's handle, a courier client here
+        self._actors = actors  # group 'actor', an lp.GroupClient
+        self._clients = {}
+
+    def warm(self) -> list:
+        member = self._actors.members()['actor/1']
+        self._clients = {'handle': self._actor, 'handle.futures': pickle.loads(
+            pickle.dumps(self._actor)), 'group': member,
+            'group.futures': pickle.loads(pickle.dumps(member))}
+        return [self._ping(kind, client) for kind, client in self._clients.items()]
+
+    def after(self) -> dict:
+        errors = {}
+        for kind, client in self._clients.items():
+            try:
+                self._ping(kind, client)
+                errors[kind] = ('answered', '')
+            except Exception as e:  # pylint: disable=broad-except
+                errors[kind] = (type(e).__name__, str(e))
+        return errors
+
+    @staticmethod
+    def _ping(kind: str, client) -> str:
+        if kind.endswith('.futures'):
+            return client.futures.ping().result(timeout=30)
+        return client.ping()
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+def test_the_first_call_to_a_removed_node_says_it_left(launch_type):
+    """A client that has called actor/1 before fails its next call with NodeLeftError, not
+    with the unavailable server that a restart would also show (sync and futures calls,
+    through a handle and through the group's client)."""
+    program = lp.Program('left')
+    with program.group('actor', elastic=lp.Elastic(min_size=1, max_size=2)):
+        program.add_node(lp.CourierNode(Echo))
+        second = program.add_node(lp.CourierNode(Echo))
+    caller_handle = program.add_node(
+        lp.CourierNode(Caller, second, program.group_handle('actor')), label='caller')
+    controller = lp.launch(program, launch_type=launch_type)
+    caller = caller_handle.dereference()
+    assert wait_until(lambda: len(controller.coordinator.members('actor')) == 2, timeout=60)
+    assert caller.warm() == ['actor/1'] * 4
+    controller.remove_node('actor/1')
+    assert wait_until(lambda: controller.status()['actor/1'].state is lp.NodeState.REMOVED,
+                      timeout=30)
+    errors = caller.after()
+    assert {kind: name for kind, (name, _) in errors.items()} == dict.fromkeys(
+        ['handle', 'handle.futures', 'group', 'group.futures'], 'NodeLeftError'), errors
+    assert all('actor/1 was removed' in message for _, message in errors.values())
+    controller.stop()
+    assert controller.wait(timeout=30)
