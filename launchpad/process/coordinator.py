@@ -37,7 +37,7 @@ class NodeState(str, enum.Enum):
     RUNNING = 'running'
     FINISHED = 'finished'
     FAILED = 'failed'
-    KILLED = 'killed'
+    KILLED = 'killed'          # ended by the program's stop (also one whose restart it cancelled)
     RESTARTING = 'restarting'  # failed; starts again once its process is gone and its backoff over
     DROPPED = 'dropped'        # failed for good under on_failure='drop'; the program goes on
     REMOVED = 'removed'        # taken out of the running program (`Controller.remove_node`)
@@ -443,9 +443,11 @@ class Coordinator:
         if self._stop_reason is None:
             self._stop_reason = reason
             self._stop_time = time.monotonic()
-            for status in self._nodes.values():  # no restart once the program stops
+            # No restart once the program stops. A node waiting for one failed within its
+            # policy: the stop, not its failure, ends it (its error still says why it failed).
+            for status in self._nodes.values():
                 if status.state is NodeState.RESTARTING:
-                    status.state = NodeState.FAILED
+                    status.state = NodeState.KILLED
         self._changed.notify_all()
 
 
