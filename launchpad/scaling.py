@@ -65,6 +65,30 @@ class Elastic:
         return size if self.max_size is None else min(self.max_size, size)
 
 
+def check_size(label: str, size: int, groups: Optional[Mapping[str, Elastic]],
+               current: int) -> None:
+    """Raises, saying why, if group `label` cannot be resized to `size` nodes from `current`:
+    `groups` maps every group of the program to its `Elastic` (a default one for a group that
+    is not elastic: it may shrink, but has no node factory to grow); None checks the size
+    alone."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ValueError(f'A group size is an int >= 0, got {size!r}.')
+    if groups is None:
+        return
+    elastic = groups.get(label)
+    if elastic is None:
+        raise KeyError(f'The program has no group {label!r}; its groups are {sorted(groups)}.')
+    if elastic.clip(size) != size:
+        allowed = (f'{elastic.min_size} to {elastic.max_size}' if elastic.max_size is not None
+                   else f'at least {elastic.min_size}')
+        raise ValueError(f'Group {label!r} cannot have {size} nodes: its lp.Elastic allows '
+                         f'{allowed}.')
+    if size > current and elastic.make_node is None:
+        raise ValueError(f'Group {label!r} cannot grow to {size} nodes by itself: it has no '
+                         'node factory. Give it program.group(label, elastic=lp.Elastic('
+                         'make_node=...)), or add nodes with controller.add_node(node, label).')
+
+
 @dataclasses.dataclass
 class Decision:
     """One scaling decision, as the controller logs it (`controller.scaling_log`).

@@ -191,15 +191,53 @@ def test_the_first_call_to_a_removed_node_says_it_left(launch_type):
     caller_handle = program.add_node(
         lp.CourierNode(Caller, second, program.group_handle('actor')), label='caller')
     controller = lp.launch(program, launch_type=launch_type)
-    caller = caller_handle.dereference()
-    assert wait_until(lambda: len(controller.coordinator.members('actor')) == 2, timeout=60)
-    assert caller.warm() == ['actor/1'] * 4
-    controller.remove_node('actor/1')
-    assert wait_until(lambda: controller.status()['actor/1'].state is lp.NodeState.REMOVED,
-                      timeout=30)
-    errors = caller.after()
+    try:
+        caller = caller_handle.dereference()
+        assert wait_until(lambda: len(controller.coordinator.members('actor')) == 2, timeout=60)
+        assert caller.warm() == ['actor/1'] * 4
+        controller.remove_node('actor/1')
+        assert wait_until(lambda: controller.status()['actor/1'].state is lp.NodeState.REMOVED,
+                          timeout=30)
+        errors = caller.after()
+    finally:
+        controller.stop()
     assert {kind: name for kind, (name, _) in errors.items()} == dict.fromkeys(
         ['handle', 'handle.futures', 'group', 'group.futures'], 'NodeLeftError'), errors
     assert all('actor/1 was removed' in message for _, message in errors.values())
-    controller.stop()
+    assert controller.wait(timeout=30)
+
+
+class Resizer:
+    def ask(self, label, size):
+        """lp.resize(label, size) in this node: 'asked', or the error it raised."""
+        try:
+            lp.resize(label, size)
+        except Exception as e:  # pylint: disable=broad-except
+            return type(e).__name__, str(e)
+        return 'asked'
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+def test_a_node_asking_for_a_size_its_group_cannot_have_gets_the_error(launch_type):
+    program = elastic.build(driver=False)
+    with program.group('fixed'):
+        program.add_node(lp.PyNode(lp.wait_for_stop))
+    resizer_handle = program.add_node(lp.CourierNode(Resizer), label='resizer')
+    controller = lp.launch(program, launch_type=launch_type)
+    try:
+        resizer = resizer_handle.dereference()
+        assert resizer.ask('actor', 9) == (
+            'ValueError', "Group 'actor' cannot have 9 nodes: its lp.Elastic allows 1 to 8.")
+        assert resizer.ask('actor', 0)[1].endswith('allows 1 to 8.')
+        kind, message = resizer.ask('nope', 3)
+        assert kind == 'KeyError' and "no group 'nope'" in message and "'actor'" in message
+        kind, message = resizer.ask('fixed', 2)
+        assert kind == 'ValueError' and "'fixed' cannot grow to 2 nodes" in message
+        assert resizer.ask('actor', 3) == 'asked'  # within the bounds: the group grows
+        assert wait_until(lambda: controller.group_size('actor') == 3, timeout=60)
+        assert resizer.ask('fixed', 0) == 'asked'  # a group without a factory may shrink
+        assert wait_until(lambda: controller.status()['fixed/0'].state is lp.NodeState.REMOVED,
+                          timeout=60)
+    finally:
+        controller.stop()
     assert controller.wait(timeout=30)
