@@ -1,6 +1,7 @@
 """Elastic programs on threads and local processes: groups that grow and shrink while the program
 runs, from the launcher and from inside a node, group handles, scaling policies (the program is
 tests/elastic_program.py; tests/launch runs it on the other platforms)."""
+import logging
 import pickle
 import threading
 import time
@@ -8,6 +9,7 @@ import time
 import pytest
 
 import launchpad as lp
+from launchpad import scaling
 from tests import elastic_program as elastic
 from tests.core.conftest import wait_until
 
@@ -241,3 +243,37 @@ def test_a_node_asking_for_a_size_its_group_cannot_have_gets_the_error(launch_ty
     finally:
         controller.stop()
     assert controller.wait(timeout=30)
+
+
+def report_loss() -> None:
+    lp.report(loss=1.0)
+    lp.wait_for_stop()
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+def test_a_policy_on_a_metric_no_node_reports_warns_once(launch_type, caplog, monkeypatch):
+    monkeypatch.setattr(scaling, 'METRIC_GRACE', 2.0)  # the real one is a minute
+    program = elastic.build(driver=False)
+    program.add_node(lp.PyNode(report_loss), label='reporter')
+    policy, asked = lp.QueueLengthPolicy('actor', 'backlog'), []
+
+    def counted(*args):
+        asked.append(args[1])
+        return policy(*args)
+
+    def warnings():
+        return [record.getMessage() for record in caplog.records
+                if record.levelno == logging.WARNING and 'backlog' in record.getMessage()]
+
+    program.set_scaling_policy(counted, interval=0.1)
+    controller = lp.launch(program, launch_type=launch_type)
+    try:
+        assert wait_until(lambda: warnings(), timeout=60)
+        more = len(asked) + 5
+        assert wait_until(lambda: len(asked) >= more, timeout=60)  # five more decisions
+    finally:
+        controller.stop()
+    assert controller.wait(timeout=30)
+    assert len(warnings()) == 1
+    assert "no node has reported metric 'backlog'" in warnings()[0]
+    assert 'reporter: loss' in warnings()[0]
