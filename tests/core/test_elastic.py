@@ -257,9 +257,9 @@ def test_a_policy_on_a_metric_no_node_reports_warns_once(launch_type, caplog, mo
     program.add_node(lp.PyNode(report_loss), label='reporter')
     policy, asked = lp.QueueLengthPolicy('actor', 'backlog'), []
 
-    def counted(*args):
-        asked.append(args[1])
-        return policy(*args)
+    def counted(metrics, now, sizes):
+        asked.append(now)
+        return policy(metrics, now, sizes)
 
     def warnings():
         return [record.getMessage() for record in caplog.records
