@@ -217,7 +217,7 @@ class ThreadLauncher(launcher.Launcher):
         addresses = [address for _, executable in executables for address in executable.addresses]
         policies = launcher.policies_of(program, executables)
         coordinator = Coordinator([executable.name for _, executable in executables],
-                                  policies=policies)
+                                  policies=policies, groups=program.group_limits())
         table = local_address_table(addresses, workdir, registry=coordinator)
         runner = _ThreadRunner(workdir, coordinator)
 
