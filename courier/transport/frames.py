@@ -12,6 +12,7 @@ memory the receiver keeps, without copies in between.
 from __future__ import annotations
 
 import collections
+import functools
 import mmap
 import os
 import select
@@ -280,6 +281,15 @@ class FrameReader:
         self._sock = sock
         # A TLS socket may hold decrypted bytes that its file descriptor no longer shows.
         self._pending = getattr(sock, 'pending', None)
+        # A server's TLS socket stays non-blocking (its loop reads it): waits are polls here.
+        self._tls_server = self._pending is not None and sock.gettimeout() == 0.0
+        if self._tls_server:
+            self._receive_waiting = self._receive_tls_waiting
+            self._receive_now = self._receive_tls_now
+        else:
+            self._receive_waiting = sock.recv_into
+            self._receive_now = functools.partial(sock.recv_into, nbytes=0,
+                                                  flags=socket.MSG_DONTWAIT)
         self._buffer = _EMPTY  # Allocated at the first read: an idle connection holds none.
         self._view = memoryview(self._buffer)
         self._start = 0
@@ -342,7 +352,7 @@ class FrameReader:
         """
         self._wait = wait
         if wait:
-            self._impatient_at = None
+            self._impatient_at = None  # Patience is per call.
         else:
             self._receives_left = _RECEIVES_PER_TURN
         if self._frame is not None:
@@ -400,31 +410,36 @@ class FrameReader:
                      parts[2:])
 
     def _receive(self, view: memoryview) -> int:
-        sock = self._sock
-        if not self._wait:
+        if self._wait:
+            if self.patience is None or (self._end == self._start and self._frame is None):
+                count = self._receive_waiting(view)
+            else:  # Within a frame: a bounded wait.
+                count = self._receive_patiently(view)
+        else:
             if self._receives_left <= 0:
                 raise BlockingIOError('enough for one turn')
             self._receives_left -= 1
-            if self._pending is None:
-                count = sock.recv_into(view, 0, socket.MSG_DONTWAIT)
-            else:
-                count = self._receive_tls(view, 0.0)
-        else:
-            wait = None
-            if self.patience is not None and self.partial:  # Within a frame: a bounded wait.
-                now = time.monotonic()
-                if self._impatient_at is None:
-                    self._impatient_at = now + self.patience
-                elif now >= self._impatient_at:
-                    raise BlockingIOError('the rest of the frame is slow to come')
-                wait = self._impatient_at - now
-            if self._pending is None or sock.gettimeout() != 0.0:
-                count = sock.recv_into(view)
-            else:  # A server's TLS socket is non-blocking: wait for it here.
-                count = self._receive_tls(view, self.patience if wait is None else wait)
+            count = self._receive_now(view)
         if not count:
             raise EOFError('the peer closed the connection')
         return count
+
+    def _receive_patiently(self, view: memoryview) -> int:
+        """Receives the rest of a frame for a reader that waits, until its patience runs out."""
+        now = time.monotonic()
+        if self._impatient_at is None:
+            self._impatient_at = now + self.patience
+        elif now >= self._impatient_at:
+            raise BlockingIOError('the rest of the frame is slow to come')
+        if self._tls_server:
+            return self._receive_tls(view, self._impatient_at - now)
+        return self._sock.recv_into(view)
+
+    def _receive_tls_waiting(self, view: memoryview) -> int:
+        return self._receive_tls(view, self.patience)
+
+    def _receive_tls_now(self, view: memoryview) -> int:
+        return self._receive_tls(view, 0.0)
 
     def _receive_tls(self, view: memoryview, wait: Optional[float]) -> int:
         """Receives on a non-blocking TLS socket, waiting up to ``wait`` seconds for bytes."""
