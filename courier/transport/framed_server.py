@@ -324,10 +324,17 @@ class FramedServerTransport(_base.ServerTransport):
         self._end(connection)
 
     def _send_methods(self, connection: loops.Connection, call_id: int) -> None:
+        self._answer(connection, call_id, self._methods_frame(call_id))
+
+    def _answer(self, connection: loops.Connection, call_id: int, parts: List[Any]) -> None:
+        """Sends a futures connection's answer; a connection that cannot take it is hung up."""
         try:
-            connection.outbox.put(0, self._methods_frame(call_id))
-        except OSError:
-            pass  # The client went away; the loop notices.
+            connection.outbox.put(call_id, parts)
+        except OSError:  # Gone, or it took nothing for stall_timeout: the rest cannot follow.
+            try:
+                connection.sock.shutdown(socket.SHUT_RDWR)  # The loop reads its end.
+            except OSError:
+                pass
 
     def _serve(self, connection: loops.Connection, frame: frames.Frame) -> None:
         """On a worker: serves a blocking connection's frame, then its next calls while the
@@ -394,10 +401,7 @@ class FramedServerTransport(_base.ServerTransport):
             if entry is None or entry[1] or self._stopped:
                 return  # Cancelled (CANCEL came first), or the server stopped meanwhile.
             response = self._handle_call(method, pickle, buffers)
-            try:
-                connection.outbox.put(call_id, _encode_response(call_id, response))
-            except OSError:
-                pass  # The client went away; its reader fails what it waited for.
+            self._answer(connection, call_id, _encode_response(call_id, response))
         finally:
             self._call_ended(connection, call_id)
 

@@ -493,8 +493,6 @@ _EMPTY = bytearray()
 _RECEIVES_PER_TURN = 16  # What a read that does not wait takes before it lets others go first.
 # What a non-blocking TLS socket waits for, by what it raised: poll's events.
 _WANTS = {'SSLWantReadError': select.POLLIN, 'SSLWantWriteError': select.POLLOUT}
-# How long a send on a server's (non-blocking) TLS socket waits for its peer to take bytes.
-TLS_SEND_PATIENCE = 60.0
 
 
 def _wants(error: OSError) -> bool:
@@ -509,6 +507,13 @@ def _ready(sock: socket.socket, events: int, seconds: float) -> bool:
     return bool(poller.poll(max(1, int(seconds * 1000))))
 
 
+def _send_timeout(sock: socket.socket) -> float:
+    """The send timeout of ``sock`` (:func:`set_send_timeout`; none set: a day)."""
+    whole, micro = _TIMEVAL.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                                                   _TIMEVAL.size))
+    return whole + micro / 1e6 or 86400.0
+
+
 def _send_tls(sock: Any, data: Any) -> None:
     """Sends all of ``data`` on a TLS socket; a non-blocking one (a server's) waits for room."""
     if sock.gettimeout() != 0.0:
@@ -521,19 +526,33 @@ def _send_tls(sock: Any, data: Any) -> None:
         except OSError as error:
             if not _wants(error):
                 raise
-            if not _ready(sock, _WANTS[type(error).__name__], TLS_SEND_PATIENCE):
-                raise TimeoutError(f'the peer took no bytes for {TLS_SEND_PATIENCE:g} s') from None
+            patience = _send_timeout(sock)
+            if not _ready(sock, _WANTS[type(error).__name__], patience):
+                raise TimeoutError(f'the peer took no bytes for {patience:g} s') from None
 
 
 def set_receive_timeout(sock: socket.socket, seconds: float) -> None:
     """Makes a blocking ``sock``'s reads raise BlockingIOError after ``seconds`` without data.
 
     Unlike ``sock.settimeout``, this costs no extra system call per read: the kernel keeps
-    the timeout (SO_RCVTIMEO). :meth:`FrameReader.read_frame` raises only between frames.
+    the timeout (SO_RCVTIMEO).
     """
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
+
+
+def set_send_timeout(sock: socket.socket, seconds: float) -> None:
+    """Makes sends on ``sock`` fail (BlockingIOError, TimeoutError) once its peer took no byte
+    for ``seconds``: a blocking socket's by the kernel (SO_SNDTIMEO), a non-blocking TLS
+    socket's by :func:`send`, which reads it back."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(seconds))
+
+
+def _timeval(seconds: float) -> bytes:
     whole = int(seconds)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                    struct.pack('ll', whole, int((seconds - whole) * 1e6)))
+    return _TIMEVAL.pack(whole, int((seconds - whole) * 1e6))
+
+
+_TIMEVAL = struct.Struct('ll')
 
 
 def check(kind: int, text_size: int, payload_size: int, count: int, limits: Limits) -> None:

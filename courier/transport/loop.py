@@ -113,9 +113,10 @@ class ServerLimits:
         it hands the connection back to the loop (``COURIER_LINGER_MS``, default 20: long
         enough for a client descheduled between two calls on a busy machine); also how long
         a worker reads a frame that is not whole before the loop reads the rest.
-      stall_timeout: seconds a connection may send nothing in the middle of a frame before
-        the server drops it (``COURIER_STALL_TIMEOUT``, default 30). A frame of any size
-        may take as long as it needs while its bytes keep coming.
+      stall_timeout: seconds a connection may send nothing in the middle of a frame, or take
+        none of an answer's bytes, before the server drops it (``COURIER_STALL_TIMEOUT``,
+        default 30). A frame of any size may take as long as it needs while its bytes keep
+        coming.
     """
 
     max_connections: int = dataclasses.field(
@@ -608,6 +609,9 @@ class Loop:
             connection.reader.feed(bytes(data[size:]))
         try:
             connection.sock.sendall(frames.encode(frames.WELCOME)[0])
+            # A client that takes no byte of its answers for stall_timeout loses its
+            # connection: it cannot hold the worker sending to it.
+            frames.set_send_timeout(connection.sock, self.limits.stall_timeout)
             if self._tls is None:
                 # Workers wait for the next frame in plain blocking reads up to linger_ms (the
                 # loop reads with MSG_DONTWAIT); a TLS socket stays non-blocking (see frames).

@@ -153,6 +153,30 @@ def test_connections_silent_in_the_middle_of_a_frame_hold_no_worker(make_server,
             sock.close()
 
 
+def test_clients_that_take_none_of_their_answers_hold_no_worker(make_server, address,
+                                                                monkeypatch):
+    """A client that stops reading (a host that dropped off, or a hostile peer) while its
+    answer goes out loses its connection after stall_timeout, and the worker goes on."""
+    monkeypatch.setenv('COURIER_STALL_TIMEOUT', '2')
+    server = serve_add_and_sleep(make_server, address, thread_pool_size=2)
+    server.Bind('make', lambda: bytearray(16 << 20))  # Far more than the sockets buffer.
+    call = b''.join(frames.encode(frames.CALL, 0, 1, b'make', pickle.dumps(((), {}))))
+    deaf = []
+    try:
+        for mode in [frames.SYNC, frames.PIPELINED] * 2:  # More than the pool's 2 workers.
+            sock = raw_connect(address)
+            deaf.append(sock)
+            sock.sendall(hello_frame(mode=mode) + call)  # And never reads its answer.
+        with courier.Client(address, call_timeout=20) as client:
+            assert client.add(1, 2) == 3 and client.futures.add(2, 3).result() == 5
+        for sock in deaf[:2]:  # Those that held the workers first were hung up: what did go
+            while sock.recv(1 << 20):  # out, then the end. (Reading lets the others' go on.)
+                pass
+    finally:
+        for sock in deaf:
+            sock.close()
+
+
 def test_a_frame_may_take_longer_than_stall_timeout_while_its_bytes_keep_coming(
         make_server, address, monkeypatch):
     monkeypatch.setenv('COURIER_STALL_TIMEOUT', '2')
