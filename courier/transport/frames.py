@@ -297,11 +297,13 @@ class FrameReader:
         self._frame: Optional[_Partial] = None  # The frame being read, once its header is in.
         self._wait = True  # How the read in progress receives (see read_frame).
         self._receives_left = 0  # What a read that does not wait may still receive.
-        # Seconds a read that waits may spend on a frame that is not whole (None: no bound);
-        # then it raises BlockingIOError as if the socket had timed out. A server's workers
-        # read with one, so that a frame arriving slowly goes back to the event loop.
+        # Seconds a read that waits gives a frame that is not whole to come on (None: no
+        # bound): unless STEADY_BYTES of it came meanwhile, it then raises BlockingIOError as
+        # if the socket had timed out. A server's workers read with one, so that a frame that
+        # comes slowly, or stops, goes back to the event loop.
         self.patience: Optional[float] = None
         self._impatient_at: Optional[float] = None
+        self._progress = 0  # Bytes received since _impatient_at was set.
 
     @property
     def buffered(self) -> bool:
@@ -339,9 +341,10 @@ class FrameReader:
     def read_frame(self, limits: Limits = TRUSTED_LIMITS, wait: bool = True) -> Frame:
         """Returns the next frame.
 
-        ``wait``: receive as the socket does (blocking, or up to its timeouts), and up to
-        ``patience`` seconds over a frame that is not whole; False: take only what the socket
-        holds now (a few receives at most, so that one busy connection cannot hold the caller).
+        ``wait``: receive as the socket does (blocking, or up to its timeouts), and over a frame
+        that is not whole while it comes steadily (see ``patience``); False: take only what the
+        socket holds now (a few receives at most, so that one busy connection cannot hold the
+        caller).
 
         Raises:
           BlockingIOError: the frame is not whole yet (no more bytes now, the socket's receive
@@ -425,15 +428,21 @@ class FrameReader:
         return count
 
     def _receive_patiently(self, view: memoryview) -> int:
-        """Receives the rest of a frame for a reader that waits, until its patience runs out."""
+        """Receives the rest of a frame for a reader that waits, while it comes steadily: at
+        least ``STEADY_BYTES`` every ``patience`` seconds."""
         now = time.monotonic()
-        if self._impatient_at is None:
+        if self._impatient_at is None or (now >= self._impatient_at
+                                          and self._progress >= STEADY_BYTES):
             self._impatient_at = now + self.patience
+            self._progress = 0
         elif now >= self._impatient_at:
             raise BlockingIOError('the rest of the frame is slow to come')
         if self._tls_server:
-            return self._receive_tls(view, self._impatient_at - now)
-        return self._sock.recv_into(view)
+            count = self._receive_tls(view, self._impatient_at - now)
+        else:
+            count = self._sock.recv_into(view)
+        self._progress += count
+        return count
 
     def _receive_tls_waiting(self, view: memoryview) -> int:
         return self._receive_tls(view, self.patience)
@@ -491,6 +500,9 @@ class _Partial:
 
 _EMPTY = bytearray()
 _RECEIVES_PER_TURN = 16  # What a read that does not wait takes before it lets others go first.
+# What a frame must bring every `patience` seconds to keep a reader that waits (a worker):
+# 256 KiB every 20 ms, about 13 MB/s. A large array keeps its worker; a trickle does not.
+STEADY_BYTES = 256 << 10
 # What a non-blocking TLS socket waits for, by what it raised: poll's events.
 _WANTS = {'SSLWantReadError': select.POLLIN, 'SSLWantWriteError': select.POLLOUT}
 
