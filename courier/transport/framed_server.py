@@ -14,8 +14,8 @@ owns its port for gRPC clients too: its loop hands their connections to a relay
           thread and answers, then reads the next call itself, again and again while the
           client keeps calling (a busy connection costs no hand-over at all); it gives the
           connection back to the loop after ``linger_ms`` without a call (or with a frame
-          not whole after ``linger_ms`` more), or at once when other work waits for a
-          thread. While the pool has room, the wait is a plain read with the socket's
+          that stops coming, or comes slower than 256 KiB per ``linger_ms``: the loop reads
+          the rest), or at once when other work waits for a thread. While the pool has room, the wait is a plain read with the socket's
           receive timeout (no system call of its own); when it has little (or the
           connection is TLS), the wait is a poll the pool can cut short;
         - futures connection: the loop reads its calls and submits each to the pool, and
@@ -388,8 +388,8 @@ class FramedServerTransport(_base.ServerTransport):
                 if not pool.linger(poller, self.limits.linger_ms):
                     return _RESUME
             try:
-                # Waits up to linger_ms for the next call, and up to linger_ms more for the rest
-                # of a frame that is not whole: the loop reads what is slow to come.
+                # Waits up to linger_ms for the next call, and for the rest of a frame while it
+                # comes steadily (frames.STEADY_BYTES): the loop reads what is slow to come.
                 frame = read_frame()
             except BlockingIOError:
                 return _RESUME

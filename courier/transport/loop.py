@@ -111,8 +111,8 @@ class ServerLimits:
         (``COURIER_MAX_CALLS_IN_FLIGHT``, default 4096).
       linger_ms: how long a worker keeps waiting on a connection that just made a call before
         it hands the connection back to the loop (``COURIER_LINGER_MS``, default 20: long
-        enough for a client descheduled between two calls on a busy machine); also how long
-        a worker reads a frame that is not whole before the loop reads the rest.
+        enough for a client descheduled between two calls on a busy machine); a frame that
+        brings less than 256 KiB in that time goes back to the loop too.
       stall_timeout: seconds a connection may send nothing in the middle of a frame, or take
         none of an answer's bytes, before the server drops it (``COURIER_STALL_TIMEOUT``,
         default 30). A frame of any size may take as long as it needs while its bytes keep
