@@ -51,6 +51,7 @@ from courier.transport import _base
 from courier.transport import _here
 from courier.transport import frames
 from courier.transport import loop as loops
+from courier.transport.limits import ServerLimits
 from courier.transport import pool as pools
 
 _logger = logging.getLogger('courier')
@@ -61,7 +62,7 @@ _RESUME, _END = 'resume', 'end'
 
 def listen(path: str, handle_call: _base.HandleCall, list_methods: Callable[[], List[str]],
            *, thread_pool_size: int, auth_token: Optional[str],
-           limits: Optional[loops.ServerLimits] = None) -> 'FramedServerTransport':
+           limits: Optional[ServerLimits] = None) -> 'FramedServerTransport':
     """Binds Unix socket ``path`` and returns the unstarted server transport."""
     path = os.path.abspath(path)
     _base.check_unix_path_free(path)
@@ -85,7 +86,7 @@ def listen(path: str, handle_call: _base.HandleCall, list_methods: Callable[[], 
 
 def listen_tcp(host: str, port: int, handle_call: _base.HandleCall,
                list_methods: Callable[[], List[str]], *, thread_pool_size: int,
-               auth_token: Optional[str], limits: Optional[loops.ServerLimits] = None,
+               auth_token: Optional[str], limits: Optional[ServerLimits] = None,
                tls: Optional[security.TLSConfig] = None,
                grpc_service: Optional[Callable[[], str]] = None) -> 'FramedServerTransport':
     """Binds TCP ``host:port`` (port 0: a free one) and returns the unstarted server transport.
@@ -135,7 +136,7 @@ class FramedServerTransport(_base.ServerTransport):
 
     def __init__(self, listener: socket.socket, address: str, handle_call: _base.HandleCall,
                  list_methods: Callable[[], List[str]], *, thread_pool_size: int,
-                 auth_token: Optional[str], limits: Optional[loops.ServerLimits] = None,
+                 auth_token: Optional[str], limits: Optional[ServerLimits] = None,
                  path: Optional[str] = None, tls: Any = None,
                  grpc_service: Optional[Callable[[], str]] = None):
         self._path = path  # Unix sockets only: where clients of this process find the server.
@@ -144,7 +145,7 @@ class FramedServerTransport(_base.ServerTransport):
         self._list_methods = list_methods
         self._token = auth_token.encode() if auth_token else None
         try:
-            self.limits = limits or loops.ServerLimits()
+            self.limits = limits or ServerLimits()
         except BaseException:
             listener.close()
             raise
