@@ -318,10 +318,7 @@ class FramedServerTransport(_base.ServerTransport):
 
     def _fault(self, connection: loops.Connection, error: frames.ProtocolViolation) -> None:
         """Tells the client how it broke the protocol, then ends the connection."""
-        try:
-            connection.outbox.put(0, frames.encode(frames.FAULT, 0, 0, str(error).encode()))
-        except OSError:
-            pass
+        _tell(connection, error)
         self._end(connection)
 
     def _send_methods(self, connection: loops.Connection, call_id: int) -> None:
@@ -347,11 +344,7 @@ class FramedServerTransport(_base.ServerTransport):
         except (EOFError, OSError):
             pass  # The client went away, or the server is stopping.
         except frames.ProtocolViolation as error:
-            try:
-                connection.outbox.put(0, frames.encode(frames.FAULT, 0, 0,
-                                                       str(error).encode()))
-            except OSError:
-                pass
+            _tell(connection, error)
         except Exception:  # pylint: disable=broad-except
             _logger.exception('courier server %s: connection failed', self.address)
         connection.busy = False
@@ -434,6 +427,14 @@ class FramedServerTransport(_base.ServerTransport):
     def _methods_frame(self, call_id: int) -> List[Any]:
         return frames.encode(frames.METHODS, 0, call_id,
                              payload=wire.encode_method_list(self._list_methods()))
+
+
+def _tell(connection: loops.Connection, error: frames.ProtocolViolation) -> None:
+    """Tells the client how it broke the protocol (the connection ends after)."""
+    try:
+        connection.outbox.put(0, frames.encode(frames.FAULT, 0, 0, str(error).encode()))
+    except OSError:
+        pass
 
 
 def _unchanged(response: wire.Response) -> wire.Response:

@@ -274,7 +274,8 @@ class FrameReader:
     A frame may arrive in pieces over time: when the socket has nothing more for now,
     :meth:`read_frame` raises BlockingIOError and keeps what it read, and the next call
     goes on with the same frame. So a server reads frames on its event loop without ever
-    waiting, and its workers only ever wait a bounded time (``patience``) for a frame.
+    waiting, and its workers wait for the rest of a frame only while it comes steadily
+    (``patience``).
     """
 
     def __init__(self, sock: socket.socket):
@@ -313,7 +314,8 @@ class FrameReader:
 
     @property
     def partial(self) -> bool:
-        """Whether part of a frame was read and the rest has not come yet."""
+        """Whether bytes of a frame that :meth:`read_frame` has not returned were read (after
+        it raised BlockingIOError: the frame is not whole yet)."""
         return self._end > self._start or self._frame is not None
 
     def peek(self, size: int) -> bytes:
