@@ -8,10 +8,12 @@
     client.futures.add(4, 5).result()         # a concurrent.futures.Future
     server.Stop()
 
-Calls to a Unix socket (``unix:/path``) travel in courier's own frames (or
-without a socket when the server is in the same process); calls to TCP
-``host:port`` travel over gRPC, which is imported only then. Arguments and
-results are pickled (protocol 5, large buffers out-of-band).
+Calls travel in courier's own frames, over a Unix socket (``unix:/path``, or
+without a socket when the server is in the same process) or TCP ``host:port``
+(with TLS if asked for). A server's TCP port also serves gRPC clients of any
+language (``protos/courier.proto``), and a client calls a server that speaks
+only gRPC over gRPC: grpc is imported only then. Arguments and results are
+pickled (protocol 5, large buffers out-of-band).
 """
 
 from courier.batching import batched_handler

@@ -55,8 +55,8 @@ Address = Union[str, Callable[[], str]]
 
 _ARGUMENT_NAMES = ('args', 'kwargs')
 
-# Counts forks, so a client notices it runs in a child (gRPC channels do not survive
-# fork) without a getpid system call per call.
+# Counts forks, so a client notices it runs in a child (its connections, and gRPC
+# channels, do not survive fork) without a getpid system call per call.
 _fork_generation = 0
 
 

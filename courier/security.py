@@ -21,8 +21,8 @@ def resolve_auth_token(token: Optional[str]) -> Optional[str]:
     """Returns ``token``, or when it is None the ``COURIER_AUTH_TOKEN`` env var (or None).
 
     Raises:
-      ValueError: the token is empty or not printable ASCII (gRPC metadata
-        cannot carry it).
+      ValueError: the token is empty or not printable ASCII (the gRPC metadata
+        of gRPC clients cannot carry it).
     """
     if token is None:
         token = os.environ.get(AUTH_TOKEN_ENV) or None
@@ -35,7 +35,7 @@ def resolve_auth_token(token: Optional[str]) -> Optional[str]:
         raise TypeError(f'{source} must be a str, got {type(token).__name__}')
     if not token or not token.isascii() or not token.isprintable():
         raise ValueError(f'{source} must be a non-empty string of printable ASCII '
-                         f'characters (it travels as gRPC metadata)')
+                         f'characters (gRPC clients send it as metadata)')
     return token
 
 

@@ -45,7 +45,7 @@ class Server:
       tls: ``courier.TLSConfig`` with the server's certificate and key (and a
         client CA to require client certificates).
       max_connections, max_connections_per_client, hello_timeout, max_calls_in_flight,
-        linger_ms: the server's limits (docs/courier.md); None takes each from its
+        linger_ms, stall_timeout: the server's limits (docs/courier.md); None takes each from its
         ``COURIER_*`` environment variable, or its default.
 
     Raises:
@@ -61,7 +61,8 @@ class Server:
                  max_connections_per_client: Optional[int] = None,
                  hello_timeout: Optional[float] = None,
                  max_calls_in_flight: Optional[int] = None,
-                 linger_ms: Optional[int] = None):
+                 linger_ms: Optional[int] = None,
+                 stall_timeout: Optional[float] = None):
         from courier import transport  # pylint: disable=import-outside-toplevel
         if name is not None and not isinstance(name, str):
             raise TypeError(f'name must be a str, got {name!r}; a port is the second argument: '
@@ -86,7 +87,7 @@ class Server:
                 max_connections=max_connections,
                 max_connections_per_client=max_connections_per_client,
                 hello_timeout=hello_timeout, max_calls_in_flight=max_calls_in_flight,
-                linger_ms=linger_ms))
+                linger_ms=linger_ms, stall_timeout=stall_timeout))
         if not endpoint.is_local and auth_token is None:
             _logger.warning(
                 'courier server %s accepts calls from other machines without an auth token: '

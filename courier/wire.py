@@ -90,6 +90,24 @@ def decode_request(data: Any) -> Request:
     return request
 
 
+def decode_call_stream_start(data: Any) -> Request:
+    """Decodes the first message of a ``CallStream``: a ``Chunk`` whose data is an encoded
+    ``CallRequest``, as protos/courier.proto describes it (what typed clients send), or that
+    ``CallRequest`` itself, unwrapped (what courier's own clients send, which every courier
+    server takes).
+
+    A ``Chunk`` has field 1 only, where a ``CallRequest`` of a stream also has its pickle
+    (field 2) and buffer sizes (field 4): that tells one from the other.
+
+    Raises:
+      ValueError: ``data`` is neither.
+    """
+    fields = list(_fields(data))
+    if len(fields) == 1 and fields[0][:2] == (1, _LENGTH_DELIMITED):
+        return decode_request(fields[0][2])
+    return decode_request(data)
+
+
 def encode_response(response: Response) -> bytes:
     """Returns the ``CallResponse`` bytes; buffers are copied once, into the result."""
     parts: List[Any] = []

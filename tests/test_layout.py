@@ -22,7 +22,8 @@ LAYERS = [
     ('courier.transport.frames', 2),         # the framed protocol's frames
     ('courier.transport._here', 2),          # servers of this process, for in-process calls
     ('courier.transport.pool', 2),           # the framed server's bounded worker pool
-    ('courier.transport.loop', 2),           # the framed server's event loop and limits
+    ('courier.transport.limits', 2),         # the framed server's limits
+    ('courier.transport.loop', 2),           # the framed server's event loop
     ('courier.transport.tls', 2),            # TLS contexts and handshakes (Python's ssl)
     ('courier.transport.relay', 2),          # carries gRPC clients to a TCP server's gRPC service
     ('courier.transport.dial', 2),           # how a framed client connects and says hello

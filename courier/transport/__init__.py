@@ -61,7 +61,7 @@ def listen(address: str, handle_call: HandleCall, list_methods: Callable[[], Lis
 
     ``handle_call(method, pickle, buffers)`` runs in one of ``thread_pool_size``
     threads per call; the buffers it receives are writable and its own. ``limits`` are
-    :class:`courier.transport.loop.ServerLimits` fields (None: from the environment).
+    :class:`courier.transport.limits.ServerLimits` fields (None: from the environment).
 
     Raises:
       OSError: the address cannot be bound (e.g. it is in use).
@@ -79,8 +79,8 @@ def listen(address: str, handle_call: HandleCall, list_methods: Callable[[], Lis
                                         thread_pool_size=thread_pool_size,
                                         auth_token=auth_token, tls=tls)
     from courier.transport import framed_server  # pylint: disable=import-outside-toplevel
-    from courier.transport import loop  # pylint: disable=import-outside-toplevel
-    server_limits = loop.ServerLimits(**limits)
+    from courier.transport.limits import ServerLimits  # pylint: disable=import-outside-toplevel
+    server_limits = ServerLimits(**limits)
     if endpoint.kind == 'unix':
         return framed_server.listen(endpoint.path, handle_call, list_methods,
                                     thread_pool_size=thread_pool_size, auth_token=auth_token,

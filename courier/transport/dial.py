@@ -156,7 +156,11 @@ class Connection:
         idle, self.used = now - self.used, now
         if idle < _IDLE_CHECK:
             return False
-        return bool(self.reader.buffered or select.select([self.sock], [], [], 0)[0])
+        if self.reader.buffered:
+            return True
+        poller = select.poll()  # Not select(): it fails on descriptors above 1,024.
+        poller.register(self.sock, select.POLLIN)
+        return bool(poller.poll(0))
 
     def close(self) -> None:
         try:

@@ -6,19 +6,21 @@ owns its port for gRPC clients too: its loop hands their connections to a relay
 (:mod:`.relay`) that carries them to the server's gRPC service. The server's threads:
 
     loop thread (:mod:`.loop`): accepts, [TLS handshakes,] reads hellos, watches idle
-        │ connections                      a gRPC client ──▶ the relay thread
-        │ a welcomed connection has something to read
+        │ connections and reads whole frames      a gRPC client ──▶ the relay thread
+        │ (a frame still coming holds no worker)
         ▼
-    pool (:mod:`.pool`, ``thread_pool_size`` threads): a worker takes the connection and
-        - blocking connection: reads its call, runs it on this very thread and answers,
-          again and again while the client keeps calling (a busy connection costs no
-          hand-over at all), then gives it back to the loop after ``linger_ms`` without a
-          call, or at once when other work waits for a thread. While the pool has room,
-          the wait is a plain read with the socket's receive timeout (no system call of
-          its own); when it has little (or the connection is TLS, whose reads a receive
-          timeout cannot end), the wait is a poll the pool can cut short;
-        - futures connection: reads its calls and submits each to the pool; any worker
-          runs one and puts its answer in the connection's outbox.
+    pool (:mod:`.pool`, ``thread_pool_size`` threads):
+        - blocking connection: a worker takes it with its call, runs the call on this very
+          thread and answers, then reads the next call itself, again and again while the
+          client keeps calling (a busy connection costs no hand-over at all); it gives the
+          connection back to the loop after ``linger_ms`` without a call (or with a frame
+          that stops coming, or comes slower than 256 KiB per ``linger_ms``: the loop reads
+          the rest), or at once when other work waits for a thread. While the pool has room, the wait is a plain read with the socket's
+          receive timeout (no system call of its own); when it has little (or the
+          connection is TLS), the wait is a poll the pool can cut short;
+        - futures connection: the loop reads its calls and submits each to the pool, and
+          reads its cancellations: a call cancelled before a worker takes it never runs.
+          Any worker runs a call and puts its answer in the connection's outbox.
 
 A connection costs a socket and about 2 KB while idle, no thread, and the
 pool bounds both the threads and the calls running at once. A peer sending garbage
@@ -49,17 +51,18 @@ from courier.transport import _base
 from courier.transport import _here
 from courier.transport import frames
 from courier.transport import loop as loops
+from courier.transport.limits import ServerLimits
 from courier.transport import pool as pools
 
 _logger = logging.getLogger('courier')
 
 # What a worker does with a connection once it stops reading it.
-_RESUME, _PARK, _END = 'resume', 'park', 'end'
+_RESUME, _END = 'resume', 'end'
 
 
 def listen(path: str, handle_call: _base.HandleCall, list_methods: Callable[[], List[str]],
            *, thread_pool_size: int, auth_token: Optional[str],
-           limits: Optional[loops.ServerLimits] = None) -> 'FramedServerTransport':
+           limits: Optional[ServerLimits] = None) -> 'FramedServerTransport':
     """Binds Unix socket ``path`` and returns the unstarted server transport."""
     path = os.path.abspath(path)
     _base.check_unix_path_free(path)
@@ -83,7 +86,7 @@ def listen(path: str, handle_call: _base.HandleCall, list_methods: Callable[[], 
 
 def listen_tcp(host: str, port: int, handle_call: _base.HandleCall,
                list_methods: Callable[[], List[str]], *, thread_pool_size: int,
-               auth_token: Optional[str], limits: Optional[loops.ServerLimits] = None,
+               auth_token: Optional[str], limits: Optional[ServerLimits] = None,
                tls: Optional[security.TLSConfig] = None,
                grpc_service: Optional[Callable[[], str]] = None) -> 'FramedServerTransport':
     """Binds TCP ``host:port`` (port 0: a free one) and returns the unstarted server transport.
@@ -133,7 +136,7 @@ class FramedServerTransport(_base.ServerTransport):
 
     def __init__(self, listener: socket.socket, address: str, handle_call: _base.HandleCall,
                  list_methods: Callable[[], List[str]], *, thread_pool_size: int,
-                 auth_token: Optional[str], limits: Optional[loops.ServerLimits] = None,
+                 auth_token: Optional[str], limits: Optional[ServerLimits] = None,
                  path: Optional[str] = None, tls: Any = None,
                  grpc_service: Optional[Callable[[], str]] = None):
         self._path = path  # Unix sockets only: where clients of this process find the server.
@@ -142,7 +145,7 @@ class FramedServerTransport(_base.ServerTransport):
         self._list_methods = list_methods
         self._token = auth_token.encode() if auth_token else None
         try:
-            self.limits = limits or loops.ServerLimits()
+            self.limits = limits or ServerLimits()
         except BaseException:
             listener.close()
             raise
@@ -154,7 +157,8 @@ class FramedServerTransport(_base.ServerTransport):
             from courier.transport import relay  # pylint: disable=import-outside-toplevel
             self._relay = relay.Relay(grpc_service, self._relayed, f'courier-relay {address}')
         self._loop = loops.Loop(listener, greet=self._greet, serve=self._dispatch,
-                                limits=self.limits, name=f'courier-loop {self.address}',
+                                end=self._broken, limits=self.limits,
+                                name=f'courier-loop {self.address}',
                                 tls=tls, relay=self._relay and self._relay.hand)
 
     def start(self):
@@ -269,34 +273,87 @@ class FramedServerTransport(_base.ServerTransport):
             return reason, frames.REFUSALS[reason].encode()
         return None
 
-    def _dispatch(self, connection: loops.Connection) -> None:
-        """On the loop thread: ``connection`` has something to read; a worker takes it."""
-        self._pool.submit(self._serve, connection)
+    def _dispatch(self, connection: loops.Connection, frame: frames.Frame) -> bool:
+        """On the loop thread: a whole frame of ``connection``. A blocking connection's goes to
+        a worker with the connection; a futures connection's calls go to the pool one by one,
+        and the loop goes on reading it (returns False once too many calls are in flight)."""
+        if connection.mode == frames.SYNC:
+            connection.busy = True  # Till its answer went out: a graceful Stop waits for it.
+            self._pool.submit(self._serve, connection, frame)
+            return False
+        kind = frame.kind
+        calls = connection.calls
+        if kind == frames.CALL:
+            method = _method_name(frame)
+            call_id = frame.call_id
+            if call_id not in calls:  # Only the loop thread adds: no lock needed.
+                calls[call_id] = [1, False]
+            else:  # The client reused a call id: each call still gets its answer.
+                with connection.lock:
+                    calls.setdefault(call_id, [0, False])[0] += 1
+            self._pool.submit(self._run_pipelined, connection, call_id, method, frame.payload,
+                              frame.buffers)
+            if len(calls) >= self.limits.max_calls_in_flight:
+                with connection.lock:
+                    if len(calls) >= self.limits.max_calls_in_flight:
+                        connection.parked = True  # The end of a call resumes it.
+                        return False
+        elif kind == frames.CANCEL:  # A call not started yet never runs.
+            with connection.lock:
+                entry = calls.get(frame.call_id)
+                if entry is not None:
+                    entry[1] = True
+        elif kind == frames.LIST:
+            self._pool.submit(self._send_methods, connection, frame.call_id)
+        else:
+            raise frames.ProtocolViolation(f'unexpected frame of kind {kind}')
+        return True
 
-    def _serve(self, connection: loops.Connection) -> None:
-        """On a worker: serves the connection's calls while it keeps calling."""
+    def _broken(self, connection: loops.Connection, error: BaseException) -> None:
+        """On the loop thread: the client of ``connection`` closed it, or broke the protocol."""
+        if isinstance(error, frames.ProtocolViolation):
+            self._pool.submit(self._fault, connection, error)  # Sending may block.
+        else:
+            self._end(connection)
+
+    def _fault(self, connection: loops.Connection, error: frames.ProtocolViolation) -> None:
+        """Tells the client how it broke the protocol, then ends the connection."""
+        _tell(connection, error)
+        self._end(connection)
+
+    def _send_methods(self, connection: loops.Connection, call_id: int) -> None:
+        self._answer(connection, call_id, self._methods_frame(call_id))
+
+    def _answer(self, connection: loops.Connection, call_id: int, parts: List[Any]) -> None:
+        """Sends a futures connection's answer; a connection that cannot take it is hung up."""
+        try:
+            connection.outbox.put(call_id, parts)
+        except OSError:  # Gone, or it took nothing for stall_timeout: the rest cannot follow.
+            try:
+                connection.sock.shutdown(socket.SHUT_RDWR)  # The loop reads its end.
+            except OSError:
+                pass
+
+    def _serve(self, connection: loops.Connection, frame: frames.Frame) -> None:
+        """On a worker: serves a blocking connection's frame, then its next calls while the
+        client keeps calling; then the loop watches it again."""
         outcome = _END
         try:
-            if connection.mode == frames.SYNC:
-                outcome = self._serve_sync(connection)
-            else:
-                outcome = self._serve_pipelined(connection)
+            if not self._stopped:
+                outcome = self._serve_sync(connection, frame)
         except (EOFError, OSError):
             pass  # The client went away, or the server is stopping.
         except frames.ProtocolViolation as error:
-            try:
-                connection.outbox.put(0, frames.encode(frames.FAULT, 0, 0,
-                                                       str(error).encode()))
-            except OSError:
-                pass
+            _tell(connection, error)
         except Exception:  # pylint: disable=broad-except
             _logger.exception('courier server %s: connection failed', self.address)
+        connection.busy = False
         if outcome == _RESUME:
             self._loop.resume(connection)
-        elif outcome == _END:
+        else:
             self._end(connection)
 
-    def _serve_sync(self, connection: loops.Connection) -> str:
+    def _serve_sync(self, connection: loops.Connection, frame: frames.Frame) -> str:
         sock = connection.sock
         reader = connection.reader
         read_frame = reader.read_frame
@@ -304,10 +361,6 @@ class FramedServerTransport(_base.ServerTransport):
         pool = self._pool
         poller = None
         while True:
-            try:
-                frame = read_frame()
-            except BlockingIOError:  # No call within the socket's receive timeout (linger_ms).
-                return _RESUME
             kind = frame.kind
             if kind == frames.CALL:
                 method = _method_name(frame)
@@ -324,55 +377,15 @@ class FramedServerTransport(_base.ServerTransport):
             elif kind != frames.CANCEL:
                 raise frames.ProtocolViolation(f'unexpected frame of kind {kind}')
             frame = None
-            if reader.buffered or (pool.roomy() and not connection.tls):
-                continue  # The next read waits for the next call, up to linger_ms.
-            poller = poller or pool.poller(sock)
-            if not pool.linger(poller, self.limits.linger_ms):
-                return _RESUME
-
-    def _serve_pipelined(self, connection: loops.Connection) -> str:
-        calls = connection.calls
-        reader = connection.reader
-        read_frame = reader.read_frame
-        pool = self._pool
-        submit = pool.submit
-        poller = None
-        limits = self.limits
-        while True:
+            if not (reader.buffered or (pool.roomy() and not connection.tls)):
+                poller = poller or pool.poller(sock)
+                if not pool.linger(poller, self.limits.linger_ms):
+                    return _RESUME
             try:
+                # Waits up to linger_ms for the next call, and for the rest of a frame while it
+                # comes steadily (frames.STEADY_BYTES): the loop reads what is slow to come.
                 frame = read_frame()
-            except BlockingIOError:  # No call within the socket's receive timeout (linger_ms).
-                return _RESUME
-            kind = frame.kind
-            if kind == frames.CALL:
-                method = _method_name(frame)
-                call_id = frame.call_id
-                if call_id not in calls:  # Only this thread adds: no lock needed.
-                    calls[call_id] = [1, False]
-                else:  # The client reused a call id: each call still gets its answer.
-                    with connection.lock:
-                        calls.setdefault(call_id, [0, False])[0] += 1
-                submit(self._run_pipelined, connection, call_id, method, frame.payload,
-                       frame.buffers)
-            elif kind == frames.CANCEL:
-                with connection.lock:
-                    entry = calls.get(frame.call_id)
-                    if entry is not None:
-                        entry[1] = True
-            elif kind == frames.LIST:
-                connection.outbox.put(0, self._methods_frame(frame.call_id))
-            else:
-                raise frames.ProtocolViolation(f'unexpected frame of kind {kind}')
-            frame = None
-            if len(calls) >= limits.max_calls_in_flight:
-                with connection.lock:
-                    if len(calls) >= limits.max_calls_in_flight:
-                        connection.parked = True  # The end of a call resumes it.
-                        return _PARK
-            if reader.buffered or (pool.roomy() and not connection.tls):
-                continue
-            poller = poller or pool.poller(connection.sock)
-            if not pool.linger(poller, limits.linger_ms):
+            except BlockingIOError:
                 return _RESUME
 
     def _run_pipelined(self, connection: loops.Connection, call_id: int, method: str,
@@ -380,12 +393,9 @@ class FramedServerTransport(_base.ServerTransport):
         try:
             entry = connection.calls.get(call_id)
             if entry is None or entry[1] or self._stopped:
-                return  # Cancelled, or the server stopped before the call started.
+                return  # Cancelled (CANCEL came first), or the server stopped meanwhile.
             response = self._handle_call(method, pickle, buffers)
-            try:
-                connection.outbox.put(call_id, _encode_response(call_id, response))
-            except OSError:
-                pass  # The client went away; its reader fails what it waited for.
+            self._answer(connection, call_id, _encode_response(call_id, response))
         finally:
             self._call_ended(connection, call_id)
 
@@ -417,6 +427,14 @@ class FramedServerTransport(_base.ServerTransport):
     def _methods_frame(self, call_id: int) -> List[Any]:
         return frames.encode(frames.METHODS, 0, call_id,
                              payload=wire.encode_method_list(self._list_methods()))
+
+
+def _tell(connection: loops.Connection, error: frames.ProtocolViolation) -> None:
+    """Tells the client how it broke the protocol (the connection ends after)."""
+    try:
+        connection.outbox.put(0, frames.encode(frames.FAULT, 0, 0, str(error).encode()))
+    except OSError:
+        pass
 
 
 def _unchanged(response: wire.Response) -> wire.Response:

@@ -12,8 +12,10 @@ memory the receiver keeps, without copies in between.
 from __future__ import annotations
 
 import collections
+import functools
 import mmap
 import os
+import select
 import socket
 import struct
 import sys
@@ -130,12 +132,12 @@ def encode(kind: int, status: int = 0, call_id: int = 0, text: bytes = b'', payl
 
 def send(sock: socket.socket, parts: Sequence[Any]) -> None:
     """Sends every byte of ``parts``, in order (on a plain or a TLS socket)."""
-    if len(parts) == 1:
-        sock.sendall(parts[0])
-        return
     if sock.__class__ is not socket.socket:  # TLS: no sendmsg; a record per part is fine.
         for part in parts:
-            sock.sendall(part)
+            _send_tls(sock, part)
+        return
+    if len(parts) == 1:
+        sock.sendall(parts[0])
         return
     views = [view for view in (memoryview(part).cast('B') for part in parts) if view.nbytes]
     while views:
@@ -178,11 +180,7 @@ class Outbox:
                 return  # The sending thread re-checks after it is done.
             try:
                 if len(queued) == 1 and not self.skip:
-                    parts = queued.popleft()[1]
-                    if len(parts) == 1:
-                        self.sock.sendall(parts[0])
-                    else:
-                        send(self.sock, parts)
+                    send(self.sock, queued.popleft()[1])
                 else:
                     self._write([queued.popleft() for _ in range(len(queued))])
             finally:
@@ -203,11 +201,11 @@ class Outbox:
                 joined.append(parts[0])
                 continue
             if joined:
-                sock.sendall(b''.join(joined))
+                send(sock, [b''.join(joined)])
                 joined = []
             send(sock, parts)
         if joined:
-            sock.sendall(joined[0] if len(joined) == 1 else b''.join(joined))
+            send(sock, [joined[0] if len(joined) == 1 else b''.join(joined)])
 
 
 def enlarge_send_buffer(sock: socket.socket) -> None:
@@ -271,25 +269,58 @@ os.register_at_fork(after_in_child=_recycler.reset)
 
 
 class FrameReader:
-    """Reads frames from a stream socket (plain or TLS) through a reusable buffer."""
+    """Reads frames from a stream socket (plain or TLS) through a reusable buffer.
+
+    A frame may arrive in pieces over time: when the socket has nothing more for now,
+    :meth:`read_frame` raises BlockingIOError and keeps what it read, and the next call
+    goes on with the same frame. So a server reads frames on its event loop without ever
+    waiting, and its workers wait for the rest of a frame only while it comes steadily
+    (``patience``).
+    """
 
     def __init__(self, sock: socket.socket):
         self._sock = sock
         # A TLS socket may hold decrypted bytes that its file descriptor no longer shows.
         self._pending = getattr(sock, 'pending', None)
+        # A server's TLS socket stays non-blocking (its loop reads it): waits are polls here.
+        self._tls_server = self._pending is not None and sock.gettimeout() == 0.0
+        if self._tls_server:
+            self._receive_waiting = self._receive_tls_waiting
+            self._receive_now = self._receive_tls_now
+        else:
+            self._receive_waiting = sock.recv_into
+            self._receive_now = functools.partial(sock.recv_into, nbytes=0,
+                                                  flags=socket.MSG_DONTWAIT)
         self._buffer = _EMPTY  # Allocated at the first read: an idle connection holds none.
         self._view = memoryview(self._buffer)
         self._start = 0
         self._end = 0
-        self._started = True  # A byte of the frame being read has arrived (see _receive).
+        self._frame: Optional[_Partial] = None  # The frame being read, once its header is in.
+        self._wait = True  # How the read in progress receives (see read_frame).
+        self._receives_left = 0  # What a read that does not wait may still receive.
+        # Seconds a read that waits gives a frame that is not whole to come on (None: no
+        # bound): unless STEADY_BYTES of it came meanwhile, it then raises BlockingIOError as
+        # if the socket had timed out. A server's workers read with one, so that a frame that
+        # comes slowly, or stops, goes back to the event loop.
+        self.patience: Optional[float] = None
+        self._impatient_at: Optional[float] = None
+        self._progress = 0  # Bytes received since _impatient_at was set.
 
     @property
     def buffered(self) -> bool:
         """Whether bytes of the next frame were read already (so no need to wait for the socket)."""
-        return self._end > self._start or (self._pending is not None and self._pending() > 0)
+        return (self._end > self._start or self._frame is not None
+                or (self._pending is not None and self._pending() > 0))
+
+    @property
+    def partial(self) -> bool:
+        """Whether bytes of a frame that :meth:`read_frame` has not returned were read (after
+        it raised BlockingIOError: the frame is not whole yet)."""
+        return self._end > self._start or self._frame is not None
 
     def peek(self, size: int) -> bytes:
         """Returns the next ``size`` bytes without consuming them (fewer if the peer closed)."""
+        self._wait = True
         try:
             self._fill(size)
         except EOFError:
@@ -298,7 +329,9 @@ class FrameReader:
 
     def feed(self, data: bytes) -> None:
         """Takes ``data`` as if read from the socket, ahead of what the socket holds."""
-        self._fill_from(data)
+        self._make_room(self._end - self._start + len(data))
+        self._view[self._end:self._end + len(data)] = data
+        self._end += len(data)
 
     def release(self) -> None:
         """Frees the read buffer if it holds nothing: a connection going idle keeps no memory."""
@@ -307,18 +340,29 @@ class FrameReader:
             self._view = memoryview(self._buffer)
             self._start = self._end = 0
 
-    def read_frame(self, limits: Limits = TRUSTED_LIMITS) -> Frame:
+    def read_frame(self, limits: Limits = TRUSTED_LIMITS, wait: bool = True) -> Frame:
         """Returns the next frame.
 
+        ``wait``: receive as the socket does (blocking, or up to its timeouts), and over a frame
+        that is not whole while it comes steadily (see ``patience``); False: take only what the
+        socket holds now (a few receives at most, so that one busy connection cannot hold the
+        caller).
+
         Raises:
+          BlockingIOError: the frame is not whole yet (no more bytes now, the socket's receive
+            timeout passed, or the patience ran out); what was read is kept (see ``partial``).
           EOFError: the peer closed the connection (possibly mid-frame).
-          ProtocolViolation: the frame breaks ``limits``, or the peer stalled in its middle.
-          BlockingIOError: the socket has a receive timeout (see :func:`set_receive_timeout`)
-            and no byte of a frame came within it; nothing was consumed.
-          OSError: the socket failed or timed out.
+          ProtocolViolation: the frame breaks ``limits``.
+          OSError: the socket failed or timed out (a timeout set with ``settimeout``).
         """
+        self._wait = wait
+        if wait:
+            self._impatient_at = None  # Patience is per call.
+        else:
+            self._receives_left = _RECEIVES_PER_TURN
+        if self._frame is not None:
+            return self._read_parts()
         if self._end - self._start < HEADER.size:
-            self._started = self._end > self._start
             self._fill(HEADER.size)
         start = self._start
         kind, status, text_size, count, call_id, payload_size = HEADER.unpack_from(
@@ -332,43 +376,92 @@ class FrameReader:
             buffer = self._buffer
             return Frame(kind, status, call_id, bytes(buffer[body:body + text_size]),
                          buffer[body + text_size:end], [])
-        self._start = body
         sizes = ()
         if count:
-            self._fill(8 * count)
+            self._fill(HEADER.size + 8 * count)  # The header stays until its table is in.
             sizes = (_TABLE_STRUCTS[count] if count < len(_TABLE_STRUCTS)
-                     else struct.Struct(f'<{count}Q')).unpack_from(self._buffer, self._start)
-            self._start += 8 * count
+                     else struct.Struct(f'<{count}Q')).unpack_from(
+                         self._buffer, self._start + HEADER.size)
             if payload_size + sum(sizes) > limits.payload:
                 raise ProtocolViolation(f'frame of kind {kind} is too large (its payload and '
                                         f'buffers add up to {payload_size + sum(sizes)} bytes)')
-        text = bytes(self._read_buffer(text_size))
-        payload = self._read_buffer(payload_size)
-        buffers = [self._read_buffer(size) for size in sizes]
-        return Frame(kind, status, call_id, text, payload, buffers)
+        self._start += HEADER.size + 8 * count
+        self._frame = _Partial(kind, status, call_id, (text_size, payload_size, *sizes))
+        return self._read_parts()
+
+    def _read_parts(self) -> Frame:
+        """Reads the text, payload and buffers of the frame whose header was read."""
+        frame = self._frame
+        sizes, parts = frame.sizes, frame.parts
+        while len(parts) < len(sizes):
+            size = sizes[len(parts)]
+            if size <= _READ_BUFFER:
+                self._fill(size)
+                parts.append(self._buffer[self._start:self._start + size])  # A copy: ours.
+                self._start += size
+                continue
+            if frame.filling is None:
+                frame.filling = allocate(size)
+                frame.filled = min(size, self._end - self._start)
+                frame.filling[:frame.filled] = self._view[self._start:self._start + frame.filled]
+                self._start += frame.filled
+            destination = memoryview(frame.filling)
+            while frame.filled < size:
+                frame.filled += self._receive(destination[frame.filled:])
+            parts.append(frame.filling)
+            frame.filling = None
+        self._frame = None
+        return Frame(frame.kind, frame.status, frame.call_id, bytes(parts[0]), parts[1],
+                     parts[2:])
 
     def _receive(self, view: memoryview) -> int:
-        try:
-            count = self._sock.recv_into(view)
-        except BlockingIOError:  # The receive timeout passed.
-            if not self._started:
-                raise  # Between frames: the caller stops waiting for this connection.
-            count = self._receive_slowly(view)
+        if self._wait:
+            if self.patience is None or (self._end == self._start and self._frame is None):
+                count = self._receive_waiting(view)
+            else:  # Within a frame: a bounded wait.
+                count = self._receive_patiently(view)
+        else:
+            if self._receives_left <= 0:
+                raise BlockingIOError('enough for one turn')
+            self._receives_left -= 1
+            count = self._receive_now(view)
         if not count:
             raise EOFError('the peer closed the connection')
-        self._started = True
         return count
 
-    def _receive_slowly(self, view: memoryview) -> int:
-        """Waits through receive timeouts in the middle of a frame, up to ``STALL_SECONDS``."""
-        end = time.monotonic() + STALL_SECONDS
-        while time.monotonic() < end:
+    def _receive_patiently(self, view: memoryview) -> int:
+        """Receives the rest of a frame for a reader that waits, while it comes steadily: at
+        least ``STEADY_BYTES`` every ``patience`` seconds."""
+        now = time.monotonic()
+        if self._impatient_at is None or (now >= self._impatient_at
+                                          and self._progress >= STEADY_BYTES):
+            self._impatient_at = now + self.patience
+            self._progress = 0
+        elif now >= self._impatient_at:
+            raise BlockingIOError('the rest of the frame is slow to come')
+        if self._tls_server:
+            count = self._receive_tls(view, self._impatient_at - now)
+        else:
+            count = self._sock.recv_into(view)
+        self._progress += count
+        return count
+
+    def _receive_tls_waiting(self, view: memoryview) -> int:
+        return self._receive_tls(view, self.patience)
+
+    def _receive_tls_now(self, view: memoryview) -> int:
+        return self._receive_tls(view, 0.0)
+
+    def _receive_tls(self, view: memoryview, wait: Optional[float]) -> int:
+        """Receives on a non-blocking TLS socket, waiting up to ``wait`` seconds for bytes."""
+        while True:
             try:
                 return self._sock.recv_into(view)
-            except BlockingIOError:
-                pass
-        raise ProtocolViolation(f'the peer sent nothing for {STALL_SECONDS:g} s in the middle '
-                                f'of a frame')
+            except OSError as error:
+                if not _wants(error):
+                    raise
+                if not wait or not _ready(self._sock, _WANTS[type(error).__name__], wait):
+                    raise BlockingIOError('no bytes for now') from None
 
     def _make_room(self, size: int) -> None:
         """Moves what is buffered to the front, in a buffer with room for ``size`` bytes."""
@@ -391,42 +484,89 @@ class FrameReader:
         while self._end - self._start < size:
             self._end += self._receive(self._view[self._end:])
 
-    def _fill_from(self, data: bytes) -> None:
-        self._make_room(self._end - self._start + len(data))
-        self._view[self._end:self._end + len(data)] = data
-        self._end += len(data)
 
-    def _read_buffer(self, size: int) -> Any:
-        if size <= _READ_BUFFER:
-            self._fill(size)
-            data = self._buffer[self._start:self._start + size]  # A copy: writable and ours.
-            self._start += size
-            return data
-        buffer = allocate(size)
-        destination = memoryview(buffer)
-        taken = min(size, self._end - self._start)
-        if taken:
-            destination[:taken] = self._view[self._start:self._start + taken]
-            self._start += taken
-        while taken < size:
-            taken += self._receive(destination[taken:])
-        return buffer
+class _Partial:
+    """A frame being read: its header, and its parts (text, payload, buffers) read so far."""
+
+    __slots__ = ('kind', 'status', 'call_id', 'sizes', 'parts', 'filling', 'filled')
+
+    def __init__(self, kind: int, status: int, call_id: int, sizes: Sequence[int]):
+        self.kind = kind
+        self.status = status
+        self.call_id = call_id
+        self.sizes = sizes
+        self.parts: List[Any] = []
+        self.filling: Any = None  # A large part's memory, while it fills.
+        self.filled = 0
 
 
 _EMPTY = bytearray()
-# How long a reader whose socket has a receive timeout waits for the rest of a frame.
-STALL_SECONDS = 60.0
+_RECEIVES_PER_TURN = 16  # What a read that does not wait takes before it lets others go first.
+# What a frame must bring every `patience` seconds to keep a reader that waits (a worker):
+# 256 KiB every 20 ms, about 13 MB/s. A large array keeps its worker; a trickle does not.
+STEADY_BYTES = 256 << 10
+# What a non-blocking TLS socket waits for, by what it raised: poll's events.
+_WANTS = {'SSLWantReadError': select.POLLIN, 'SSLWantWriteError': select.POLLOUT}
+
+
+def _wants(error: OSError) -> bool:
+    """Whether a TLS socket raised ``error`` because it would block (ssl is imported lazily)."""
+    return type(error).__name__ in _WANTS
+
+
+def _ready(sock: socket.socket, events: int, seconds: float) -> bool:
+    """Whether ``sock`` gets ready for ``events`` within ``seconds``."""
+    poller = select.poll()  # Not select(): it fails on descriptors above 1,024.
+    poller.register(sock, events)
+    return bool(poller.poll(max(1, int(seconds * 1000))))
+
+
+def _send_timeout(sock: socket.socket) -> float:
+    """The send timeout of ``sock`` (:func:`set_send_timeout`; none set: a day)."""
+    whole, micro = _TIMEVAL.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                                                   _TIMEVAL.size))
+    return whole + micro / 1e6 or 86400.0
+
+
+def _send_tls(sock: Any, data: Any) -> None:
+    """Sends all of ``data`` on a TLS socket; a non-blocking one (a server's) waits for room."""
+    if sock.gettimeout() != 0.0:
+        sock.sendall(data)
+        return
+    view = memoryview(data).cast('B')
+    while view.nbytes:
+        try:
+            view = view[sock.send(view):]
+        except OSError as error:
+            if not _wants(error):
+                raise
+            patience = _send_timeout(sock)
+            if not _ready(sock, _WANTS[type(error).__name__], patience):
+                raise TimeoutError(f'the peer took no bytes for {patience:g} s') from None
 
 
 def set_receive_timeout(sock: socket.socket, seconds: float) -> None:
     """Makes a blocking ``sock``'s reads raise BlockingIOError after ``seconds`` without data.
 
     Unlike ``sock.settimeout``, this costs no extra system call per read: the kernel keeps
-    the timeout (SO_RCVTIMEO). :meth:`FrameReader.read_frame` raises only between frames.
+    the timeout (SO_RCVTIMEO).
     """
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
+
+
+def set_send_timeout(sock: socket.socket, seconds: float) -> None:
+    """Makes sends on ``sock`` fail (BlockingIOError, TimeoutError) once its peer took no byte
+    for ``seconds``: a blocking socket's by the kernel (SO_SNDTIMEO), a non-blocking TLS
+    socket's by :func:`send`, which reads it back."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(seconds))
+
+
+def _timeval(seconds: float) -> bytes:
     whole = int(seconds)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                    struct.pack('ll', whole, int((seconds - whole) * 1e6)))
+    return _TIMEVAL.pack(whole, int((seconds - whole) * 1e6))
+
+
+_TIMEVAL = struct.Struct('ll')
 
 
 def check(kind: int, text_size: int, payload_size: int, count: int, limits: Limits) -> None:

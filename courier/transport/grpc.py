@@ -423,7 +423,7 @@ class GrpcServerTransport(_base.ServerTransport):
             header = next(messages, None)
             if header is None:
                 raise ValueError('the stream is empty')
-            decoded = wire.decode_request(header)
+            decoded = wire.decode_call_stream_start(header)
             if decoded.buffers:
                 raise ValueError('its first message must announce buffer_sizes, not carry buffers')
             buffers = _assemble(decoded.buffer_sizes, messages)

@@ -6,11 +6,20 @@ watches the idle ones, so that a connection costs a socket and a little memory, 
                              │ HTTP/2's preface, or ALPN h2: a gRPC client ──▶ relay(...)
                              │ welcomed                        refused, timed out: closed
                              ▼
-          idle (in the selector) ──readable──▶ serve(connection): the server hands it to
-                             ▲                  a worker of its pool, which reads its calls
-                             │                                     │
+          watched (in the selector) ──readable──▶ the loop reads what came, without waiting;
+                             ▲                    each whole frame ──▶ serve(connection, frame)
+                             │                      futures connection: its calls go to the
+                             │                        pool, the loop goes on reading it
+                             │                      blocking connection: a worker takes it and
+                             │                        runs the call, then its next ones │
                              └── resume(connection) ◀── the worker is done with it for now
                                  (the wake socket tells the loop)
+
+A frame that is not whole stays with the loop until the rest comes, so a client that stops
+in the middle of a frame (a host that dropped off the network, a hostile peer) holds no
+worker; one silent for ``stall_timeout`` in the middle of a frame is dropped, however long
+a frame whose bytes keep coming takes. Cancellations are read here too, while every worker
+is busy, so a call cancelled before a worker took it never runs.
 
 Accepting stops for a while (doubling from 10 ms up to 1 s) when the process runs out of
 file descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): pending clients wait in the
@@ -18,19 +27,17 @@ listen backlog instead of the loop spinning, and serving resumes by itself. A co
 beyond ``max_connections``, or beyond ``max_connections_per_client`` from one client
 process (one host for TCP), gets a REFUSED frame saying which limit it hit.
 
-The loop reads nothing but hellos and never blocks. It does not care which family its
-sockets are (Unix or TCP) beyond :func:`client_of` and turning Nagle's delay off for TCP.
-A TLS server's handshakes happen here too (non-blocking); a TLS client at a connection
-limit gets its refusal after the handshake, when it can read it.
+The loop never blocks: it reads with MSG_DONTWAIT (a TLS socket stays non-blocking). It
+does not care which family its sockets are (Unix or TCP) beyond :func:`client_of` and
+turning Nagle's delay off for TCP. A TLS server's handshakes happen here too; a TLS client
+at a connection limit gets its refusal after the handshake, when it can read it.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import errno
 import logging
-import os
 import selectors
 import socket
 import struct
@@ -39,11 +46,13 @@ import time
 from typing import Any, Callable, Deque, Dict, List, Optional, Set
 
 from courier.transport import frames
+from courier.transport.limits import ServerLimits
 
 _logger = logging.getLogger('courier')
 
 BACKLOG = 1024
 _ACCEPTS_PER_WAKE = 64  # Then the loop looks at its other sockets again.
+_FRAMES_PER_TURN = 64  # Frames of one connection served per wake, for the same reason.
 _BACKOFF_FIRST = 0.01
 _BACKOFF_MAX = 1.0
 # Accept errors that mean "out of a resource for now": accepting again later may work.
@@ -57,78 +66,6 @@ HELLO, IDLE, ACTIVE, RELAYED, CLOSED = 'hello', 'idle', 'active', 'relayed', 'cl
 _MAX_TLS_REFUSALS = 64
 _HTTP2_PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n'
 _TLS_RECORD = b'\x16'  # The first byte of a TLS handshake record (a ClientHello).
-
-
-def _environment_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if not value:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise ValueError(f'{name} must be a whole number, got {value!r}') from None
-    if number < 1:
-        raise ValueError(f'{name} must be at least 1, got {value!r}')
-    return number
-
-
-def _default_max_connections() -> int:
-    try:
-        import resource  # pylint: disable=import-outside-toplevel
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):
-        soft = -1
-    if soft < 0:
-        return 4096
-    # Half the descriptors a process may open: the rest stay for its clients, files, pipes.
-    return max(64, min(4096, soft // 2))
-
-
-@dataclasses.dataclass(frozen=True)
-class ServerLimits:
-    """The limits of one framed server; the defaults read ``COURIER_*`` environment variables.
-
-    Attributes:
-      max_connections: connections open at once, in any state (``COURIER_MAX_CONNECTIONS``;
-        default half the process's file descriptor limit, at most 4096).
-      max_connections_per_client: of those, from one client process (a Unix socket's peer)
-        or one host (TCP) (``COURIER_MAX_CONNECTIONS_PER_CLIENT``; default: max_connections
-        // 2, at least 1).
-      hello_timeout: seconds a new connection may take to introduce itself
-        (``COURIER_HELLO_TIMEOUT``, default 10).
-      max_calls_in_flight: calls of one futures connection the server holds at once; past it
-        the server reads no more of that connection until some are answered
-        (``COURIER_MAX_CALLS_IN_FLIGHT``, default 4096).
-      linger_ms: how long a worker keeps waiting on a connection that just made a call before
-        it hands the connection back to the loop (``COURIER_LINGER_MS``, default 20: long
-        enough for a client descheduled between two calls on a busy machine).
-    """
-
-    max_connections: int = dataclasses.field(
-        default_factory=lambda: _environment_int('COURIER_MAX_CONNECTIONS',
-                                                 _default_max_connections()))
-    max_connections_per_client: int = 0
-    hello_timeout: float = dataclasses.field(
-        default_factory=lambda: float(_environment_int('COURIER_HELLO_TIMEOUT', 10)))
-    max_calls_in_flight: int = dataclasses.field(
-        default_factory=lambda: _environment_int('COURIER_MAX_CALLS_IN_FLIGHT', 4096))
-    linger_ms: int = dataclasses.field(
-        default_factory=lambda: _environment_int('COURIER_LINGER_MS', 20))
-
-    def __post_init__(self):
-        for name in ('max_connections', 'max_connections_per_client', 'max_calls_in_flight',
-                     'linger_ms'):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0 or (
-                    value == 0 and name != 'max_connections_per_client'):
-                raise ValueError(f'{name} must be a whole number of at least 1, got {value!r}')
-        if (not isinstance(self.hello_timeout, (int, float)) or isinstance(self.hello_timeout, bool)
-                or not self.hello_timeout > 0):
-            raise ValueError(f'hello_timeout must be a positive number of seconds, got '
-                             f'{self.hello_timeout!r}')
-        if not self.max_connections_per_client:
-            object.__setattr__(self, 'max_connections_per_client', _environment_int(
-                'COURIER_MAX_CONNECTIONS_PER_CLIENT', max(1, self.max_connections // 2)))
 
 
 class Connection:
@@ -150,10 +87,10 @@ class Connection:
         # Futures connections: call id -> [calls with that id not answered, cancelled].
         self.calls: Dict[int, List[Any]] = {}
         self.lock = threading.Lock()  # Orders a cancellation or the end against a call's end.
-        self.busy = False  # A blocking call is running or answering.
+        self.busy = False  # A blocking call waits for a worker, runs or answers.
         self.parked = False  # Too many calls in flight: nobody reads it until some end.
         self.ended = False  # The client closed its side: close once the calls in flight end.
-        self.tls = False  # Its socket is a TLS socket (welcomed: blocking with a stall timeout).
+        self.tls = False  # Its socket is a TLS socket (non-blocking, also once welcomed).
         self.handshake: Optional[str] = None  # What its TLS handshake waits for: 'read', 'write'.
         self.refusal: Optional[str] = None  # A TLS client at a limit: refused after the handshake.
 
@@ -184,8 +121,14 @@ class Loop:
       listener: a bound, listening stream socket of any family.
       greet: ``greet(connection, hello)`` returns None to welcome the connection, or the
         REFUSED frame's (reason, message); runs on the loop thread, so it must not block.
-      serve: ``serve(connection)`` is called on the loop thread when a welcomed connection has
-        something to read; the connection is the caller's until it calls :meth:`resume`.
+      serve: ``serve(connection, frame)`` is called on the loop thread with each whole frame
+        a welcomed connection sent, and must not block. A blocking (SYNC) connection is then
+        the callee's until it calls :meth:`resume`; for a futures (PIPELINED) connection it
+        returns whether the loop goes on reading it (False: not until :meth:`resume`).
+      end: ``end(connection, error)`` is called on the loop thread when the loop stops
+        reading a welcomed connection for good: the peer closed it (EOFError), it failed
+        (OSError), or it broke the protocol or stalled in a frame (ProtocolViolation); the
+        connection is the callee's, to close.
       limits: the server's limits.
       name: names the thread.
       tls: the ``ssl.SSLContext`` of a TLS server; every connection starts with a handshake.
@@ -196,11 +139,13 @@ class Loop:
 
     def __init__(self, listener: socket.socket, *, greet: Callable[[Connection, frames.Frame],
                                                                   Optional[tuple]],
-                 serve: Callable[[Connection], None], limits: ServerLimits, name: str,
+                 serve: Callable[[Connection, frames.Frame], bool],
+                 end: Callable[[Connection, BaseException], None], limits: ServerLimits, name: str,
                  tls: Any = None, relay: Optional[Callable[[Connection, Any, bytes], None]] = None):
         self._listener = listener
         self._greet = greet
         self._serve = serve
+        self._end = end
         self.limits = limits
         self._tls = tls
         self._relay = relay
@@ -221,6 +166,9 @@ class Loop:
         self._per_client: Dict[Any, int] = collections.Counter()
         self._hellos: Deque[Connection] = collections.deque()  # In order of their deadlines.
         self._resumed: Deque[Connection] = collections.deque()
+        self._again: List[Connection] = []  # Connections with more frames read already.
+        self._stalled: Set[Connection] = set()  # Watched connections in the middle of a frame.
+        self._stall_check_at: Optional[float] = None
         self._backoff = _BACKOFF_FIRST
         self._accepting_at: Optional[float] = None  # While backing off: when to accept again.
         self._stopping = False
@@ -271,7 +219,7 @@ class Loop:
     def _run(self) -> None:
         try:
             while not self._stopping:
-                for key, _ in self._selector.select(self._timeout()):
+                for key, _ in self._selector.select(0 if self._again else self._timeout()):
                     if self._stopping:
                         break
                     if isinstance(key.data, Connection):
@@ -279,8 +227,10 @@ class Loop:
                     else:  # The listener or the wake socket: its handler.
                         key.data(key.fileobj)
                 self._take_resumed()
+                self._take_again()
                 now = time.monotonic()
                 self._expire_hellos(now)
+                self._expire_stalls(now)
                 if self._accepting_at is not None and now >= self._accepting_at:
                     self._accepting_at = None
                     self._selector.register(self._listener, selectors.EVENT_READ, self._accept)
@@ -303,6 +253,8 @@ class Loop:
         ends = []
         if self._hellos:
             ends.append(self._hellos[0].deadline)
+        if self._stall_check_at is not None:
+            ends.append(self._stall_check_at)
         if self._accepting_at is not None:
             ends.append(self._accepting_at)
         return max(0.0, min(ends) - time.monotonic()) if ends else None
@@ -332,23 +284,85 @@ class Loop:
             connection = resumed.popleft()
             if connection.state != ACTIVE:
                 continue  # Closed meanwhile.
-            if connection.reader.buffered:  # Its next call is read already.
-                self._serve(connection)
-                continue
-            connection.reader.release()
             connection.state = IDLE
             try:
                 self._selector.register(connection.sock, selectors.EVENT_READ, connection)
             except (OSError, ValueError):  # Closed by its worker meanwhile.
                 self.close(connection)
+                continue
+            if connection.reader.buffered:  # Part of its next frame, or more, was read already.
+                self._read_frames(connection)
+            else:
+                connection.reader.release()
+
+    def _take_again(self) -> None:
+        again, self._again = self._again, []
+        for connection in again:
+            if connection.state == IDLE:
+                self._read_frames(connection)
 
     def _readable(self, connection: Connection) -> None:
         if connection.state == HELLO:
             self._read_hello(connection)
-            return
+        else:
+            self._read_frames(connection)
+
+    def _read_frames(self, connection: Connection) -> None:
+        """Reads what a watched connection sent, without waiting, and serves its whole frames.
+
+        A frame that is not whole stays with its reader until more comes (see
+        ``stall_timeout``): it never holds a worker.
+        """
+        reader = connection.reader
+        for _ in range(_FRAMES_PER_TURN):
+            try:
+                frame = reader.read_frame(wait=False)
+                if connection.mode == frames.SYNC:
+                    self._unwatch(connection)  # The callee's from now on.
+                    self._serve(connection, frame)
+                    return
+                if not self._serve(connection, frame):
+                    self._unwatch(connection)
+                    return
+            except BlockingIOError:
+                if reader.partial:
+                    self._stalling(connection)
+                return
+            except (EOFError, OSError, frames.ProtocolViolation) as error:
+                if connection.state == IDLE:
+                    self._unwatch(connection)
+                self._end(connection, error)
+                return
+        self._again.append(connection)  # Maybe more read already: after the others' turn.
+
+    def _unwatch(self, connection: Connection) -> None:
         self._selector.unregister(connection.sock)
         connection.state = ACTIVE
-        self._serve(connection)
+
+    def _stalling(self, connection: Connection) -> None:
+        """Notes that ``connection`` is in the middle of a frame and has just sent some of it."""
+        connection.deadline = time.monotonic() + self.limits.stall_timeout
+        self._stalled.add(connection)
+        if self._stall_check_at is None:
+            self._stall_check_at = connection.deadline
+
+    def _expire_stalls(self, now: float) -> None:
+        """Drops the watched connections that sent nothing for stall_timeout mid-frame."""
+        if self._stall_check_at is None or now < self._stall_check_at:
+            return
+        earliest = None
+        for connection in list(self._stalled):
+            if connection.state != IDLE or not connection.reader.partial:
+                self._stalled.discard(connection)
+            elif connection.deadline <= now:
+                self._stalled.discard(connection)
+                self._unwatch(connection)
+                self._end(connection, frames.ProtocolViolation(
+                    f'the client sent nothing for {self.limits.stall_timeout:g} s in the '
+                    f'middle of a frame (stall_timeout)'))
+            elif earliest is None or connection.deadline < earliest:
+                earliest = connection.deadline
+        self._stall_check_at = earliest
 
     def _accept(self, listener: socket.socket) -> None:
         for _ in range(_ACCEPTS_PER_WAKE):
@@ -515,23 +529,25 @@ class Loop:
             connection.reader.feed(bytes(data[size:]))
         try:
             connection.sock.sendall(frames.encode(frames.WELCOME)[0])
+            # A client that takes no byte of its answers for stall_timeout loses its
+            # connection: it cannot hold the worker sending to it.
+            frames.set_send_timeout(connection.sock, self.limits.stall_timeout)
             if self._tls is None:
+                # Workers wait for the next frame in plain blocking reads up to linger_ms (the
+                # loop reads with MSG_DONTWAIT); a TLS socket stays non-blocking (see frames).
                 connection.sock.setblocking(True)
                 frames.set_receive_timeout(connection.sock, self.limits.linger_ms / 1000)
-            else:  # Workers poll before they read (see framed_server); a stalled peer times out.
+            else:
                 connection.tls = True
-                connection.sock.settimeout(frames.STALL_SECONDS)
         except OSError:
             self._drop(connection)
             return
+        connection.reader.patience = self.limits.linger_ms / 1000
         connection.outbox = frames.Outbox(connection.sock)
         frames.enlarge_send_buffer(connection.sock)
+        connection.state = IDLE
         if connection.reader.buffered:
-            self._selector.unregister(connection.sock)
-            connection.state = ACTIVE
-            self._serve(connection)
-        else:
-            connection.state = IDLE
+            self._read_frames(connection)
 
     def _drop(self, connection: Connection, parts: Optional[List[Any]] = None) -> None:
         """Ends a connection in its hello, after sending ``parts`` (a refusal) if given."""

@@ -2,7 +2,7 @@
 at running programs.
 
     python -m launchpad.launch --type=local_mp script.py [script args]
-    python -m launchpad.launch list | status | logs | stop | dashboard | metrics ...
+    python -m launchpad.launch list | status | logs | stop | dashboard | metrics | token ...
 
 The script runs as `__main__` with `sys.argv = [script.py, script args...]`; every `lp.launch` in it
 without an explicit launch type uses `--type`. The command waits for the launched programs to end

@@ -104,16 +104,20 @@ class Controller:
         not keep the script alive.
       observer: what `lp.launch` made to let others see the program (its registry entry and
         dashboard: a `launchpad.observe.observer.Observer`), or None.
+      auth_token: the courier auth token the program's nodes require of every call (what
+        `python -m launchpad.launch token` prints), or None when they require none or the
+        launcher does not know it.
     """
 
     def __init__(self, program_name: str, coordinator: Coordinator, runner: Runner, *,
                  launch_type: str, notice_period: float = 10.0, poll_interval: float = 0.05,
-                 detached: bool = False):
+                 detached: bool = False, auth_token: Optional[str] = None):
         LaunchSignals.program_started()  # a signal from now on stops the program, not the launch
         self.program_name = program_name
         self.launch_type = launch_type
         self.detached = detached
         self.observer = None
+        self.auth_token = auth_token
         self._coordinator = coordinator
         self._runner = runner
         self._notice_period = notice_period

@@ -207,7 +207,7 @@ class ProcessLauncher(launcher.Launcher):
         runner.context = _launcher_context(program.name, options, packer.address_table,
                                            coordinator, token, runner.released)
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
-                          notice_period=options.notice_period)
+                          notice_period=options.notice_period, auth_token=token)
 
 
 def _launcher_context(program_name: str, options: launcher.LaunchOptions, table, coordinator,

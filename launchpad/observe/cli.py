@@ -6,11 +6,13 @@
     python -m launchpad.launch stop PROGRAM [--no-wait] [--timeout SECONDS]
     python -m launchpad.launch dashboard PROGRAM [--port PORT]
     python -m launchpad.launch metrics PROGRAM
+    python -m launchpad.launch token PROGRAM
 
 PROGRAM is a program's id (or the start of one) or its name, as `list` shows them. Each command
 finds the program in the user's registry (`registry`) and calls its observer through courier
 with the token of the registry entry (`observer`); nothing else is needed, and another user
-can do none of it.
+can do none of it. `token` prints the auth token every call to one of the program's nodes
+must carry (a gRPC client in another language sends it as `authorization: Bearer <token>`).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import courier
 
 from launchpad.observe import registry
 
-COMMANDS = ('list', 'status', 'logs', 'stop', 'dashboard', 'metrics')
+COMMANDS = ('list', 'status', 'logs', 'stop', 'dashboard', 'metrics', 'token')
 _FOLLOW_INTERVAL = 0.5
 _CALL_TIMEOUT = 30.0
 
@@ -59,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     dashboard.add_argument('--port', type=int, default=0, help='port on 127.0.0.1 (default: any)')
     metrics = commands.add_parser('metrics', help='print its metrics in the Prometheus format')
     metrics.add_argument('program', help='id (or its start) or name of the program')
+    token = commands.add_parser('token', help="the auth token calls to the program's nodes "
+                                              'carry (keep it secret)')
+    token.add_argument('program', help='id (or its start) or name of the program')
     return parser
 
 
@@ -92,7 +97,8 @@ def _call(entry: registry.Entry, call: Callable[[], Any]) -> Any:
 def _list(args) -> int:
     entries = registry.entries()
     if args.json:
-        print(json.dumps([{k: v for k, v in vars(e).items() if k != 'token'} for e in entries],
+        print(json.dumps([{k: v for k, v in vars(e).items() if k not in ('token', 'node_token')}
+                          for e in entries],
                          indent=1))
         return 0
     if not entries:
@@ -192,9 +198,20 @@ def _metrics(args) -> int:
     return 0
 
 
+def _token(args) -> int:
+    entry = registry.find(args.program)
+    if not entry.node_token:
+        raise CommandError(f'launchpad made no auth token for the nodes of program {entry.name} '
+                           f'({entry.id}, {entry.launch_type}): local_mt nodes require the '
+                           f'{courier.AUTH_TOKEN_ENV} of the launching process, if it had one; '
+                           f"on Kubernetes it is in the program's Secret <run>-token.")
+    print(entry.node_token)
+    return 0
+
+
 _COMMANDS: Dict[str, Callable[[Any], int]] = {
     'list': _list, 'status': _status, 'logs': _logs, 'stop': _stop, 'dashboard': _dashboard,
-    'metrics': _metrics}
+    'metrics': _metrics, 'token': _token}
 
 
 def _duration(seconds: Optional[float]) -> str:

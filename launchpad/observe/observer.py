@@ -93,7 +93,8 @@ class Observer:
         entry = registry.Entry(id=self.id, name=self._program,
                                launch_type=self._controller.launch_type,
                                address=f'unix:{registry.socket_path(self.id)}', token=token,
-                               nodes=len(self._graph.nodes), started=self._started)
+                               nodes=len(self._graph.nodes), started=self._started,
+                               node_token=self._controller.auth_token)
         registry.register(entry)
         try:
             server = courier.Server(address=entry.address, auth_token=token, thread_pool_size=8)

@@ -12,7 +12,9 @@ refused otherwise. In it, per program:
     <id>.json   mode 0600: {"version": 1, "id", "name", "launch_type", "host", "pid",
                 "pid_started" (the launcher's process start time, to tell a reused pid),
                 "started", "nodes", "address" (its observer's courier address), "token" (the
-                auth token every call to the observer must carry), "dashboard" (URL or null)}
+                auth token every call to the observer must carry), "node_token" (the auth
+                token every call to one of its nodes must carry, or null), "dashboard" (URL or
+                null)}
     <id>.sock   the observer's Unix socket (`launchpad.observe.observer`)
 
 Another user can neither list the directory, read an entry, nor connect to the socket, and a
@@ -53,6 +55,7 @@ class Entry:
     pid_started: float = 0.0
     started: float = dataclasses.field(default_factory=time.time)
     nodes: int = 0
+    node_token: Optional[str] = None
     dashboard: Optional[str] = None
     version: int = VERSION
 

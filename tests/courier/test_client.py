@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
 import pickle
+import resource
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -377,3 +380,35 @@ def test_an_address_resolver_explains_a_call_that_found_no_server(make_server, s
     assert resolver.threads == [threading.current_thread()] * 2
     assert courier.AddressResolver().explain(raised.value) is raised.value  # the default
 
+
+@pytest.fixture
+def more_than_1024_open_files():
+    """Opens files until this process has descriptors above 1,024 (select()'s limit), raising
+    the soft RLIMIT_NOFILE if needed; a socket opened now gets a descriptor beyond it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1024 + 256
+    if soft != resource.RLIM_INFINITY and soft < 2 * wanted:
+        if hard != resource.RLIM_INFINITY and hard < 2 * wanted:
+            pytest.skip(f'the hard limit on open files ({hard}) is too low to open more than '
+                        f'1,024 (raise it with ulimit -Hn)')
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2 * wanted, hard))
+    files = []
+    try:
+        while not files or files[-1] < wanted:
+            files.append(os.open(os.devnull, os.O_RDONLY))
+        yield
+    finally:
+        for fd in files:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_calls_work_in_a_process_with_more_than_1024_open_files(server,
+                                                                more_than_1024_open_files):
+    client = courier.Client(server.address, call_timeout=30)
+    for _ in range(3):
+        assert client.add(1, 2) == 3
+        assert client.futures.add(3, 4).result(timeout=30) == 7
+        time.sleep(0.1)  # Idle long enough for a blocking call to check its connection first.
+    assert courier.list_methods(client) == ['add', 'echo', 'sleep']
+    client.close()

@@ -11,6 +11,7 @@ import portpicker
 import pytest
 
 import courier
+from tests.core.conftest import wait_until
 
 
 class _Unpicklable(Exception):
@@ -213,6 +214,52 @@ def test_cancelling_a_running_call_leaves_server_serving(server):
         future.result()
     assert not future.cancel() or future.cancelled()
     assert client.add(3, 4) == 7
+
+
+@pytest.mark.parametrize('transport_kind', ['tcp', 'grpc', 'unix', 'in_process'],
+                         indirect=True)
+def test_calls_cancelled_while_waiting_for_a_worker_never_run(make_server, transport_kind,
+                                                              socket_dir):
+    """The server hears of a cancelled call: one still queued for a busy pool never runs."""
+    address = (f'unix:{socket_dir}/s.sock' if transport_kind in ('unix', 'in_process')
+               else None)
+    server = make_server(address=address, thread_pool_size=2)
+    release, blocked, ran = threading.Event(), threading.Semaphore(0), []
+    server.Bind('block', lambda: blocked.release() or release.wait(30))
+    server.Bind('record', lambda value, padding=b'': ran.append(value))
+    server.Start()
+    client = courier.Client(server.address, call_timeout=60)
+    try:
+        blockers = [client.futures.block() for _ in range(2)]
+        for _ in blockers:  # Every worker is busy now.
+            assert blocked.acquire(timeout=30)
+        # Far more bytes than one read of the server takes: their cancellations come later.
+        cancelled = [client.futures.record(i, bytes(4096)) for i in range(100)]
+        assert all(future.cancel() for future in cancelled)
+        _until_the_server_heard_the_cancels(server, transport_kind, len(cancelled))
+    finally:
+        release.set()
+    assert all(blocker.result(timeout=30) for blocker in blockers)
+    assert client.futures.record('after').result(timeout=30) is None  # Queued after them.
+    assert ran == ['after']
+
+
+def _until_the_server_heard_the_cancels(server, transport_kind: str, count: int) -> None:
+    """Waits until the server has read ``count`` cancellations of calls it has not started."""
+    if transport_kind == 'in_process':
+        return  # Cancelling the future is all there is.
+    if transport_kind == 'grpc':
+        time.sleep(1.0)  # gRPC's own threads take the cancellations, which nothing here shows.
+        return
+
+    def cancelled() -> int:  # pylint: disable=protected-access
+        connections = server._transport._framed._loop.connections() if transport_kind == 'tcp' \
+            else server._transport._loop.connections()
+        return sum(1 for connection in connections for entry in connection.calls.values()
+                   if entry[1])
+    # Read by the server while every worker is busy (a worker that reads them only once it is
+    # free would race the other workers, which may start a cancelled call first).
+    assert wait_until(lambda: cancelled() >= count, timeout=10), f'{cancelled()} of {count}'
 
 
 def test_cancelled_futures_count_as_done_for_concurrent_futures(server):

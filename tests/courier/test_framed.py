@@ -505,22 +505,38 @@ def test_pipelined_calls_sharing_a_call_id_each_get_their_answer(make_server, ad
     assert {pickle.loads(frame.payload) for frame in received[1:]} == {3, 'slept'}
 
 
-def test_a_reader_with_a_receive_timeout_stops_between_frames_only():
+def test_a_frame_is_read_in_pieces_as_its_bytes_come():
+    """A reader that finds no more bytes keeps what it read and goes on later: so the server's
+    loop reads frames without waiting, and no worker waits long on one that is slow to come."""
     left, right = socket.socketpair()
     with left, right:
         frames.set_receive_timeout(right, 0.05)
         reader = frames.FrameReader(right)
-        with pytest.raises(BlockingIOError):  # Nothing came: the caller may stop waiting.
+        with pytest.raises(BlockingIOError):  # Nothing came within the receive timeout.
             reader.read_frame()
-        frame = b''.join(frames.encode(frames.CALL, 0, 3, b'add', b'x' * 100_000))
-        left.sendall(frame[:10])
-        later = threading.Timer(0.3, left.sendall, (frame[10:],))  # Several timeouts later.
-        later.start()
-        try:
-            received = reader.read_frame()
-        finally:
-            later.join()
+        assert not reader.partial
+        large = bytes(range(256)) * 800  # Over 64 KiB: received in place, not through the buffer.
+        frame = b''.join(frames.encode(frames.CALL, 0, 3, b'add', b'x' * 1000, [large]))
+        cuts = [0, 10, 30, 36, 500, 1100, 50_000, 150_000]
+        for start, end in zip(cuts, cuts[1:]):
+            left.sendall(frame[start:end])
+            with pytest.raises(BlockingIOError):  # The rest has not come: what came is kept.
+                reader.read_frame(wait=False)
+            assert reader.partial
+        left.sendall(frame[cuts[-1]:])
+        received = reader.read_frame(wait=False)
         assert (received.call_id, received.text, bytes(received.payload)) == (
-            3, b'add', b'x' * 100_000)
+            3, b'add', b'x' * 1000)
+        assert [bytes(buffer) for buffer in received.buffers] == [large]
+        assert not reader.partial
+        left.sendall(frame[:50])  # A reader that waits stops mid-frame at the receive timeout,
         with pytest.raises(BlockingIOError):
             reader.read_frame()
+        assert reader.partial
+        reader.patience = 0.0  # or once out of patience, whatever still comes.
+        left.sendall(frame[50:60])
+        with pytest.raises(BlockingIOError):
+            reader.read_frame()
+        reader.patience = None
+        left.sendall(frame[60:])
+        assert [bytes(buffer) for buffer in reader.read_frame().buffers] == [large]

@@ -8,6 +8,7 @@ clear error instead of failing somewhere else.
 from __future__ import annotations
 
 import contextlib
+import pickle
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 import courier
 from courier.transport import _here
 from courier.transport import frames
+from courier import wire
 from tests.core.conftest import wait_until
 from tests.courier.conftest import (NoServersHere, free_tcp_address, hello_frame, raw_connect,
                                     serve_add_and_sleep)
@@ -120,6 +122,78 @@ def test_calls_beyond_the_in_flight_limit_wait_their_turn(make_server, address, 
     client = courier.Client(address, call_timeout=30)
     futures = [client.futures.sleep(0.01) for _ in range(40)]
     assert [future.result() for future in futures] == ['slept'] * 40
+
+
+def test_connections_silent_in_the_middle_of_a_frame_hold_no_worker(make_server, address,
+                                                                    monkeypatch):
+    """Clients that stop mid-frame (a host dropped off, or a hostile peer) hold no worker: other
+    clients' calls go on, and the silent connections are dropped after stall_timeout."""
+    monkeypatch.setenv('COURIER_STALL_TIMEOUT', '5')
+    serve_add_and_sleep(make_server, address, thread_pool_size=4)
+    call = b''.join(frames.encode(frames.CALL, 0, 1, b'add', pickle.dumps(((1, 2), {}))))
+    stalled = []
+    try:
+        for mode in [frames.SYNC, frames.PIPELINED] * 10:  # Far more than the pool's 4 workers.
+            sock = raw_connect(address)
+            stalled.append(sock)
+            sock.sendall(hello_frame(mode=mode) + call[:20])
+        for sock in stalled:
+            assert frames.HEADER.unpack(_receive(sock, frames.HEADER.size))[0] == frames.WELCOME
+        with courier.Client(address, call_timeout=10) as client:
+            for _ in range(3):
+                assert client.add(1, 2) == 3
+                assert client.futures.add(2, 3).result() == 5
+        for sock in stalled:  # Each is told why, then closed.
+            header = frames.HEADER.unpack(_receive(sock, frames.HEADER.size))
+            assert header[0] == frames.FAULT
+            assert b'stall_timeout' in _receive(sock, header[2])
+            assert sock.recv(1) == b''
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def test_clients_that_take_none_of_their_answers_hold_no_worker(make_server, address,
+                                                                monkeypatch):
+    """A client that stops reading (a host that dropped off, or a hostile peer) while its
+    answer goes out loses its connection after stall_timeout, and the worker goes on."""
+    monkeypatch.setenv('COURIER_STALL_TIMEOUT', '2')
+    server = serve_add_and_sleep(make_server, address, thread_pool_size=2)
+    server.Bind('make', lambda: bytearray(16 << 20))  # Far more than the sockets buffer.
+    call = b''.join(frames.encode(frames.CALL, 0, 1, b'make', pickle.dumps(((), {}))))
+    deaf = []
+    try:
+        for mode in [frames.SYNC, frames.PIPELINED] * 2:  # More than the pool's 2 workers.
+            sock = raw_connect(address)
+            deaf.append(sock)
+            sock.sendall(hello_frame(mode=mode) + call)  # And never reads its answer.
+        with courier.Client(address, call_timeout=20) as client:
+            assert client.add(1, 2) == 3 and client.futures.add(2, 3).result() == 5
+        for sock in deaf[:2]:  # Those that held the workers first were hung up: what did go
+            while sock.recv(1 << 20):  # out, then the end. (Reading lets the others' go on.)
+                pass
+    finally:
+        for sock in deaf:
+            sock.close()
+
+
+def test_a_frame_may_take_longer_than_stall_timeout_while_its_bytes_keep_coming(
+        make_server, address, monkeypatch):
+    monkeypatch.setenv('COURIER_STALL_TIMEOUT', '2')
+    serve_add_and_sleep(make_server, address, thread_pool_size=2)
+    argument = bytes(range(256)) * 4096  # 1 MiB, sent in 16 pieces over about 3 s.
+    call = b''.join(frames.encode(frames.CALL, 0, 1, b'add', pickle.dumps(
+        ((argument, b'!'), {}), protocol=5)))
+    with raw_connect(address) as sock:
+        sock.sendall(hello_frame())
+        assert frames.HEADER.unpack(_receive(sock, frames.HEADER.size))[0] == frames.WELCOME
+        piece = len(call) // 16 + 1
+        for start in range(0, len(call), piece):
+            sock.sendall(call[start:start + piece])
+            time.sleep(0.2)
+        header = frames.HEADER.unpack(_receive(sock, frames.HEADER.size))
+        assert header[0] == frames.RESPONSE and header[1] == wire.OK
+        assert pickle.loads(_receive(sock, header[5])) == argument + b'!'
 
 
 _EXHAUSTED_SERVER = '''

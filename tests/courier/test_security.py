@@ -7,10 +7,16 @@ gRPC service, under TLS chosen by ALPN).
 
 from __future__ import annotations
 
+import pickle
+import socket
+import ssl
+
+import numpy as np
 import pytest
 
 import courier
-from tests.courier.conftest import serve_add, speak_grpc
+from courier.transport import frames
+from tests.courier.conftest import hello_frame, serve_add, speak_grpc
 from tests.pki import Pki
 
 
@@ -107,6 +113,47 @@ def test_tls_round_trip(make_server, pki, lane):
     # A plaintext client cannot talk to a TLS server.
     with pytest.raises(courier.CourierError):
         courier.Client(server.address, call_timeout=2, wait_for_ready=False).add(1, 1)
+
+
+def test_tls_carries_large_arrays_both_ways(make_server, pki, lane):
+    server = make_server(tls=courier.TLSConfig(certificate_chain=pki.server_pem,
+                                               private_key=pki.server_key))
+    server.Bind('twice', lambda array: array * 2)
+    server.Start()
+    client = courier.Client(server.address, call_timeout=60,
+                            tls=courier.TLSConfig(root_certificates=pki.ca_pem))
+    array = np.arange(6 << 20, dtype=np.int32)  # 24 MiB: many TLS records, buffers filled up.
+    assert np.array_equal(client.twice(array), array * 2)
+    futures = [client.futures.twice(array[:1 << 20] + i) for i in range(4)]
+    for i, future in enumerate(futures):
+        assert np.array_equal(future.result(), (array[:1 << 20] + i) * 2)
+
+
+def test_tls_clients_silent_in_the_middle_of_a_frame_hold_no_worker(make_server, pki):
+    server = serve_add(make_server, thread_pool_size=2, stall_timeout=3, tls=courier.TLSConfig(
+        certificate_chain=pki.server_pem, private_key=pki.server_key))
+    context = ssl.create_default_context(cadata=pki.ca_pem.decode())
+    context.set_alpn_protocols(['courier'])
+    host, port = server.address.rsplit(':', 1)
+    call = b''.join(frames.encode(frames.CALL, 0, 1, b'add', pickle.dumps(((1, 2), {}))))
+    stalled = []
+    try:
+        for mode in [frames.SYNC, frames.PIPELINED] * 3:
+            sock = context.wrap_socket(socket.create_connection((host, int(port)), timeout=20),
+                                       server_hostname='localhost')
+            stalled.append(sock)
+            sock.sendall(hello_frame(mode=mode) + call[:20])
+            assert frames.HEADER.unpack(sock.recv(frames.HEADER.size))[0] == frames.WELCOME
+        client = courier.Client(server.address, call_timeout=10,
+                                tls=courier.TLSConfig(root_certificates=pki.ca_pem))
+        assert client.add(1, 2) == 3 and client.futures.add(2, 3).result() == 5
+        for sock in stalled:  # Dropped after stall_timeout, told why.
+            fault = sock.recv(4096)
+            assert frames.HEADER.unpack(fault[:frames.HEADER.size])[0] == frames.FAULT
+            assert b'stall_timeout' in fault
+    finally:
+        for sock in stalled:
+            sock.close()
 
 
 def test_tls_client_rejects_a_server_it_does_not_trust(make_server, pki):

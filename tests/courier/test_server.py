@@ -109,6 +109,16 @@ def test_bad_arguments_are_refused(kwargs):
         courier.Server(**kwargs)
 
 
+@pytest.mark.parametrize('kwargs, env', [({'stall_timeout': 0}, {}), ({'hello_timeout': -1}, {}),
+                                         ({}, {'COURIER_STALL_TIMEOUT': 'soon'})])
+def test_bad_limits_are_refused_naming_the_limit(kwargs, env, monkeypatch):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    name = next(iter(kwargs), None) or next(iter(env))
+    with pytest.raises(ValueError, match=name):
+        courier.Server(**kwargs)
+
+
 def test_bind_validates(make_server):
     server = make_server()
     with pytest.raises(TypeError, match='not callable'):

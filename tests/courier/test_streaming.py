@@ -110,9 +110,14 @@ def _raw_stream(server, messages, token=None):
         channel.close()
 
 
-def test_stream_through_a_raw_client(streaming_server):
+@pytest.mark.parametrize('first', ['chunk', 'bare'])
+def test_stream_through_a_raw_client(streaming_server, first):
+    """The first message is a Chunk wrapping the CallRequest (as protos/courier.proto says,
+    and typed clients send it), or the CallRequest itself (as courier's clients send it)."""
     data, buffers = serialization.dumps(((np.arange(20_000.0),), {}), 'x')
     header = wire.encode_request('total', data, buffer_sizes=[b.nbytes for b in buffers])
+    if first == 'chunk':
+        header = wire.encode_chunk(header)
     chunks = [wire.encode_chunk(buffers[0][i:i + 1000])
               for i in range(0, buffers[0].nbytes, 1000)]
     response = _raw_stream(streaming_server, [header] + chunks)
@@ -123,6 +128,8 @@ def test_stream_through_a_raw_client(streaming_server):
 @pytest.mark.parametrize('messages, problem', [
     ([], 'stream is empty'),
     ([b'\xff\xff'], 'malformed'),
+    ([wire.encode_chunk(b'\xff\xff')], 'malformed'),
+    ([wire.encode_chunk(wire.encode_request('total', b'', buffer_sizes=[10]))], '10 bytes short'),
     ([wire.encode_request('total', b'', [memoryview(b'x')])], 'buffer_sizes'),
     ([wire.encode_request('total', b'', buffer_sizes=[10])], '10 bytes short'),
     ([wire.encode_request('total', b'', buffer_sizes=[2]), wire.encode_chunk(b'abc')],

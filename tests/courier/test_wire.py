@@ -139,3 +139,18 @@ def test_service_names_match_the_proto():
     status = courier_pb2.CallResponse.Status
     assert (status.OK, status.EXCEPTION, status.UNKNOWN_METHOD, status.SERIALIZATION_ERROR) == (
         wire.OK, wire.EXCEPTION, wire.UNKNOWN_METHOD, wire.SERIALIZATION_ERROR)
+
+
+@pytest.mark.parametrize('seed', range(20))
+def test_a_call_streams_first_message_is_a_chunk_wrapping_the_request_or_the_request(seed):
+    """What protos/courier.proto describes (a Chunk whose data is the CallRequest), which typed
+    clients send, and the CallRequest itself, which courier's own clients send, decode alike."""
+    rng = random.Random(seed)
+    request = courier_pb2.CallRequest(
+        method=_random_text(rng), pickle=_random_bytes(rng) or b'\x80',
+        buffer_sizes=[rng.choice([1, 127, 128, 2**40]) for _ in range(rng.randrange(1, 4))])
+    for first in (courier_pb2.Chunk(data=request.SerializeToString()).SerializeToString(),
+                  request.SerializeToString()):
+        decoded = wire.decode_call_stream_start(first)
+        assert (decoded.method, bytes(decoded.pickle), decoded.buffer_sizes, decoded.buffers) == (
+            request.method, request.pickle, list(request.buffer_sizes), [])

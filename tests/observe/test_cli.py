@@ -36,7 +36,7 @@ def _look_then_stop(process: subprocess.Popen, launch_type: str) -> dict:
     listed = cli_json('list')
     assert [(e['id'], e['name'], e['launch_type'], e['nodes']) for e in listed] == [
         (entry.id, 'observed', launch_type, 3)]
-    assert 'token' not in listed[0]
+    assert 'token' not in listed[0] and 'node_token' not in listed[0]
     rows = {row['name']: row for row in cli_json('status', entry.id)['nodes']}
     assert rows['counter/0']['calls_per_s'] > 0 and rows['counter/0']['calls'] > 0
     for row in rows.values():
@@ -44,6 +44,17 @@ def _look_then_stop(process: subprocess.Popen, launch_type: str) -> dict:
         assert row['restarts'] == 0 and row['error'] is None
     text = cli('status', 'observed').stdout  # by name, as a table
     assert 'NODE' in text and 'RESTARTS' in text and 'producer/1' in text
+
+    token = cli('token', 'observed')  # What a client of a node must send.
+    assert token.returncode == 0, token.stderr
+    if launch_type == 'local_mp':  # (Nodes on SSH hosts listen in the hosts' own namespaces.)
+        import courier  # pylint: disable=import-outside-toplevel
+        servers = {row['node']: row['address'] for row in observer.sample()['servers']}
+        with courier.Client(servers['counter/0'], auth_token=token.stdout.strip(),
+                            call_timeout=30) as counter:
+            assert counter.add(0) > 0
+        with pytest.raises(courier.PermissionDeniedError):
+            courier.Client(servers['counter/0'], auth_token='not-it', call_timeout=30).add(0)
 
     one = cli('logs', entry.id[:-2], 'producer/0').stdout  # an id's start is enough
     assert one.startswith('producer 0 made ')
@@ -101,6 +112,21 @@ def test_cli_sees_and_stops_a_local_program(runtime_dir, tmp_path):
     assert {row['host'] for row in rows.values()} == {os.uname().nodename}
 
 
+def test_token_says_when_launchpad_made_none(runtime_dir, tmp_path):
+    process = launch(tmp_path, 'local_mt')  # Its nodes take COURIER_AUTH_TOKEN, if set.
+    try:
+        entry = wait_until(lambda: running('observed'), what='the program in the registry')
+        token = cli('token', entry.id)
+        assert token.returncode == 1 and not token.stdout
+        assert 'made no auth token' in token.stderr and 'local_mt' in token.stderr
+        assert cli('stop', entry.id).returncode == 0
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, 9)
+            process.wait()
+
+
 def test_cli_sees_and_stops_a_program_on_ssh_hosts(runtime_dir, tmp_path, ssh_testbed):
     from tests.launch.test_ssh import host_options  # pylint: disable=import-outside-toplevel
     options = {host.name: host_options(host) for host in ssh_testbed}
@@ -128,7 +154,8 @@ os.setgid(NOBODY)
 os.setuid(NOBODY)
 entry_path, socket_path = sys.argv[1], sys.argv[2]
 tried = {}
-for command in (['list'], ['status', 'observed'], ['stop', 'observed'], ['logs', 'observed']):
+for command in (['list'], ['status', 'observed'], ['stop', 'observed'], ['logs', 'observed'],
+                ['token', 'observed']):
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         code = cli.main(command)
@@ -159,7 +186,7 @@ def test_another_user_can_neither_see_nor_stop_the_program(runtime_dir, tmp_path
                               env=environment(), capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         tried = json.loads(done.stdout)
-        for command in ('list', 'status', 'stop', 'logs'):
+        for command in ('list', 'status', 'stop', 'logs', 'token'):
             code, message = tried[command]
             assert code == 1 and 'belongs to another user' in message, tried
         assert tried['read'] == 'PermissionError'

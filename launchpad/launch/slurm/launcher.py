@@ -218,7 +218,8 @@ class SlurmLauncher(Launcher):
             program_name=program.name, environment=_job_environment(token),
             warning_seconds=settings.stop_before_time_limit)
         return SlurmController(program.name, coordinator, runner, launch_type=options.launch_type,
-                               notice_period=options.notice_period, job_id=job_id, log_dir=log_dir)
+                               notice_period=options.notice_period, job_id=job_id, log_dir=log_dir,
+                               auth_token=token)
 
 
 class _GrowingStepRunner(StepRunner):

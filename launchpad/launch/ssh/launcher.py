@@ -296,7 +296,7 @@ class SshLauncher(Launcher):
             runner.added = (hosts, turn, packer, token, options, port)
         runner.next_index = len(executables)
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
-                          notice_period=options.notice_period)
+                          notice_period=options.notice_period, auth_token=token)
 
 
 def _coordinator_host(connections: List[Connection]) -> str:
