@@ -12,6 +12,7 @@ and exits non-zero, after printing the error, if a node failed. The other comman
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
 from typing import List, Optional
@@ -47,8 +48,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error(f'unknown launch type {args.type!r}; known launch types: {", ".join(known)}')
     launcher.run_as_script(args.type)
     sys.argv = [args.script] + args.script_args
-    try:
-        runpy.run_path(args.script, run_name='__main__')
+    try:  # by its absolute path, as `python script.py` does: tracebacks name the file anywhere
+        runpy.run_path(os.path.abspath(args.script), run_name='__main__')
     except SystemExit as e:
         if e.code not in (None, 0):
             for controller in launcher.launched():

@@ -80,8 +80,33 @@ def test_a_failing_node_makes_the_script_exit_non_zero(launch_type, tmp_path):
     result = run_script(PROGRAM, str(tmp_path), 'fail', env={'LAUNCH_TYPE': launch_type})
     assert result.returncode == 1
     assert 'Node client/0 failed: ValueError: client gave up' in result.stderr
-    assert 'raise ValueError' in result.stderr  # the node's traceback
+    # The node's traceback names the script and shows the failing line, as `python` would.
+    assert f'File "{result.args[1]}", line 24, in client\n' in result.stderr, result.stderr
+    assert "raise ValueError('client gave up')" in result.stderr
     assert_gone(node_pids(tmp_path))
+
+
+POOL_PROGRAM = textwrap.dedent('''
+    import sys
+    import launchpad as lp
+
+    def fails_on_two(x):
+        if x == 2:
+            raise ValueError(f'two is bad ({x})')
+        return x
+
+    if __name__ == '__main__':
+        with lp.Pool(2, launch_type=sys.argv[1]) as pool:
+            print(pool.map(fails_on_two, range(4)))
+''')
+
+
+@pytest.mark.parametrize('launch_type', ['local_mt', 'local_mp'])
+def test_a_failing_pool_task_of_a_script_shows_its_file_and_line(launch_type):
+    result = run_script(POOL_PROGRAM, launch_type)
+    assert result.returncode == 1
+    assert f'File "{result.args[1]}", line 7, in fails_on_two\n' in result.stderr, result.stderr
+    assert "raise ValueError(f'two is bad ({x})')" in result.stderr
 
 
 def start_script(tmp_path, mode, launch_type='local_mp', notice='10'):
@@ -187,11 +212,13 @@ def test_cli_runs_a_script_with_the_chosen_launch_type(tmp_path):
     assert 'double of 21 is 42' in result.stdout
     assert '[client/0]' not in result.stdout  # threads: no process prefixes
 
-    failing = subprocess.run(
-        [sys.executable, '-m', 'launchpad.launch', '--type=local_mp', str(script), str(tmp_path),
-         'fail'], capture_output=True, text=True, timeout=60, env=script_env(), cwd=REPO)
+    failing = subprocess.run(  # the script named relative to the working directory
+        [sys.executable, '-m', 'launchpad.launch', '--type=local_mp', 'program.py', str(tmp_path),
+         'fail'], capture_output=True, text=True, timeout=60, env=script_env(), cwd=tmp_path)
     assert failing.returncode == 1
     assert 'Node client/0 failed' in failing.stderr
+    assert f'File "{script}", line 24, in client\n' in failing.stderr, failing.stderr
+    assert "raise ValueError('client gave up')" in failing.stderr
 
 
 def test_cli_explains_itself_and_rejects_unknown_types():
