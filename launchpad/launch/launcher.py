@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import inspect
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from absl import flags
@@ -105,8 +106,10 @@ class Launcher(abc.ABC):
         stop, unless the returned controller is `detached`.
       resource_types: the types a group's resources may have (empty: anything).
       terminals: the `terminal=` values it supports, its default first (None: anything).
-      options: a dataclass whose fields are its own keyword arguments of `lp.launch`; None
-        accepts any and leaves them in `LaunchOptions.extra`.
+      options: a dataclass whose fields are its own keyword arguments of `lp.launch` (`NoOptions`
+        if it has none); None accepts any and leaves them in `LaunchOptions.extra`.
+      refused_options: option name -> why the launcher refuses it, though other launchers take
+        it (a false value, such as `detach=False`, is accepted and dropped).
       tls_refusal: why it refuses `tls=` (None: it supports TLS).
     """
 
@@ -114,6 +117,7 @@ class Launcher(abc.ABC):
     resource_types: Tuple[type, ...] = ()
     terminals: Optional[Tuple[str, ...]] = None
     options: Optional[type] = None
+    refused_options: Mapping[str, str] = {}
     tls_refusal: Optional[str] = None
 
     @abc.abstractmethod
@@ -142,13 +146,25 @@ class Launcher(abc.ABC):
         if options.tls is not None and self.tls_refusal is not None:
             raise ValueError(f'tls= is not supported by the {launch_type} launcher: '
                              f'{self.tls_refusal}')
+        for name, reason in self.refused_options.items():
+            if options.extra.get(name):
+                raise ValueError(f'{name}={options.extra[name]!r} is not supported by the '
+                                 f'{launch_type} launcher: {reason}')
+            options.extra.pop(name, None)
         if self.options is not None:
             known = [field.name for field in dataclasses.fields(self.options)]
             unknown = sorted(set(options.extra) - set(known))
             if unknown:
+                own = f'takes {", ".join(known)}' if known else 'takes no options of its own'
                 raise TypeError(f'Unknown option(s) {unknown} for launch type {launch_type}; it '
-                                f'takes {", ".join(known) or "none"}.')
+                                f'{own} (lp.launch itself takes {", ".join(_LAUNCH_KEYWORDS)}).')
             options.settings = self.options(**options.extra)
+
+
+@dataclasses.dataclass
+class NoOptions:
+    """The `options` of a launcher that takes no keyword arguments of its own: `lp.launch`
+    refuses any it is given, naming the valid ones."""
 
 
 def _type_names(types: Sequence[type]) -> str:
@@ -262,6 +278,11 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
             extra=dict(launcher_options))
         controllers.append(_launch_one(program, options, dashboard_port))
     return controllers if several else controllers[0]
+
+
+# The keyword arguments of `lp.launch` itself, named when an unknown option is refused.
+_LAUNCH_KEYWORDS = [name for name, parameter in inspect.signature(launch).parameters.items()
+                    if parameter.kind is not parameter.VAR_KEYWORD and name != 'programs']
 
 
 def _programs(programs) -> List[Program]:

@@ -148,6 +148,11 @@ class ProcessLauncher(launcher.Launcher):
     foreground = True
     resource_types = (PythonProcess,)
     terminals = TERMINALS
+    options = launcher.NoOptions
+    refused_options = {'detach': 'the program\'s coordinator runs in this process, so the program '
+                                 'ends with it (detached local_mp programs are not supported '
+                                 'yet). Run the script in the background (nohup, tmux), or '
+                                 'launch on slurm or kubernetes, which take detach=True.'}
 
     def launch(self, program: Program, options: launcher.LaunchOptions) -> Controller:
         executables = launcher.executables_of(program, options)
