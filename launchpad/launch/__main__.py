@@ -5,7 +5,8 @@ at running programs.
     python -m launchpad.launch list | status | logs | stop | dashboard | metrics ...
 
 The script runs as `__main__` with `sys.argv = [script.py, script args...]`; every `lp.launch` in it
-without an explicit launch type uses `--type`. The command waits for the launched programs to end
+without an explicit launch type uses `--type` (default: the script's own `--lp_launch_type` if its
+arguments have one, else local_mp; the two must agree when both are given). The command waits for the launched programs to end
 and exits non-zero, after printing the error, if a node failed. The other commands are those of
 `launchpad.observe.cli`.
 """
@@ -28,9 +29,9 @@ def _parser() -> argparse.ArgumentParser:
         description='Run a launchpad program script with the given launch type.',
         epilog=f'To look at running programs: python -m launchpad.launch '
                f'{{{",".join(cli.COMMANDS)}}} ... (each has --help).')
-    parser.add_argument('--type', default='local_mp',
+    parser.add_argument('--type',
                         help='launch type: ' + ', '.join(launcher.registered_launch_types())
-                             + ' (default: local_mp)')
+                             + " (default: the script's --lp_launch_type if given, else local_mp)")
     parser.add_argument('script', help='the Python script that builds and launches the program')
     parser.add_argument('script_args', nargs=argparse.REMAINDER,
                         help='arguments passed to the script')
@@ -43,11 +44,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         return cli.main(argv)
     parser = _parser()
     args = parser.parse_args(argv)
+    script_argv = [args.script] + args.script_args
+    try:
+        flagged = launcher.launch_type_in(script_argv)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.type is not None and flagged is not None and flagged != args.type:
+        parser.error(f'--type={args.type} and the script\'s --lp_launch_type={flagged} disagree; '
+                     'give the launch type once.')
+    launch_type = args.type or flagged or 'local_mp'
     known = launcher.registered_launch_types()
-    if args.type not in known:
-        parser.error(f'unknown launch type {args.type!r}; known launch types: {", ".join(known)}')
-    launcher.run_as_script(args.type)
-    sys.argv = [args.script] + args.script_args
+    if launch_type not in known:
+        parser.error(f'unknown launch type {launch_type!r}; known launch types: '
+                     f'{", ".join(known)}')
+    launcher.run_as_script(launch_type)
+    sys.argv = script_argv
     try:  # by its absolute path, as `python script.py` does: tracebacks name the file anywhere
         runpy.run_path(os.path.abspath(args.script), run_name='__main__')
     except SystemExit as e:

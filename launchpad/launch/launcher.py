@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from absl import flags
@@ -45,13 +46,31 @@ flags.DEFINE_string('lp_launch_type', 'local_mt',
 
 
 class _LaunchTypeFlag:
-    """`lp.LAUNCH_TYPE.value`: the launch type from `--lp_launch_type`, even if flags were never parsed."""
+    """`lp.LAUNCH_TYPE.value`: the launch type from `--lp_launch_type`, even if flags were never
+    parsed (a script without absl's `app.run`): then it is read from `sys.argv`."""
 
     @property
     def value(self) -> str:
         if _script_mode.launch_type is not None:
             return _script_mode.launch_type
-        return flags.FLAGS['lp_launch_type'].value
+        flag = flags.FLAGS['lp_launch_type']
+        if flags.FLAGS.is_parsed():
+            return flag.value
+        return launch_type_in(sys.argv) or flag.value
+
+
+def launch_type_in(argv: Sequence[str]) -> Optional[str]:
+    """The value of `--lp_launch_type` on command line `argv` (program name first), read as absl
+    reads it, or None if it is not there."""
+    if len(argv) < 2:
+        return None
+    values = flags.FlagValues()
+    flags.DEFINE_string('lp_launch_type', None, 'the launch type', flag_values=values)
+    try:
+        values(list(argv), known_only=True)
+    except flags.Error as e:
+        raise ValueError(f'Cannot read --lp_launch_type from the command line: {e}') from e
+    return values['lp_launch_type'].value
 
 
 LAUNCH_TYPE = _LaunchTypeFlag()

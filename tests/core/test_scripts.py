@@ -351,3 +351,47 @@ def test_tmux_session_runs_each_node_in_a_window(tmp_path):
     sessions = subprocess.run(['tmux', 'list-sessions'], capture_output=True, text=True,
                               env={**os.environ, 'TMUX_TMPDIR': str(socket_dir)})
     assert 'lp-tmuxed' not in sessions.stdout  # the session ends with the program
+
+
+NO_APP_RUN_PROGRAM = textwrap.dedent('''
+    import os
+    import launchpad as lp
+
+    def where():
+        print('launch type', lp.get_context().launch_type, 'in launcher:',
+              os.getpid() == int(os.environ['LAUNCHER_PID']), flush=True)
+
+    os.environ['LAUNCHER_PID'] = str(os.getpid())
+    program = lp.Program('no_app_run')
+    program.add_node(lp.PyNode(where), label='node')
+    lp.launch(program)
+''')
+
+
+@pytest.mark.parametrize('flag', [['--lp_launch_type=local_mp'], ['--lp_launch_type', 'local_mp']])
+def test_the_launch_type_flag_counts_without_absl_app_run(flag):
+    result = run_script(NO_APP_RUN_PROGRAM, *flag)
+    assert result.returncode == 0, result.stderr
+    assert '[node/0] launch type local_mp in launcher: False' in result.stdout
+
+
+def test_without_the_flag_a_script_runs_local_mt():
+    result = run_script(NO_APP_RUN_PROGRAM)
+    assert result.returncode == 0, result.stderr
+    assert 'launch type local_mt in launcher: True' in result.stdout
+
+
+def test_the_cli_honours_the_scripts_flag_and_refuses_a_conflicting_type(tmp_path):
+    script = tmp_path / 'program.py'
+    script.write_text(NO_APP_RUN_PROGRAM)
+    flagged = subprocess.run(
+        [sys.executable, '-m', 'launchpad.launch', str(script), '--lp_launch_type=local_mt'],
+        capture_output=True, text=True, timeout=60, env=script_env())
+    assert flagged.returncode == 0, flagged.stderr
+    assert 'launch type local_mt in launcher: True' in flagged.stdout
+    conflict = subprocess.run(
+        [sys.executable, '-m', 'launchpad.launch', '--type=local_mp', str(script),
+         '--lp_launch_type=local_mt'], capture_output=True, text=True, timeout=60,
+        env=script_env())
+    assert conflict.returncode == 2
+    assert '--type=local_mp' in conflict.stderr and '--lp_launch_type=local_mt' in conflict.stderr
