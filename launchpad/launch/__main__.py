@@ -60,12 +60,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     launcher.run_as_script(launch_type)
     sys.argv = script_argv
     try:  # by its absolute path, as `python script.py` does: tracebacks name the file anywhere
-        runpy.run_path(os.path.abspath(args.script), run_name='__main__')
+        failed = _run_script(os.path.abspath(args.script))
     except SystemExit as e:
-        if e.code not in (None, 0):
-            for controller in launcher.launched():
-                controller.stop()
-            raise
+        if e.code in (None, 0):
+            failed = None
+        else:
+            failed = e
+    if failed is not None:  # the programs it launched end with it
+        for controller in launcher.launched():
+            controller.stop()
+        if isinstance(failed, SystemExit):
+            raise failed
+        return failed
     status = 0
     for controller in launcher.launched():
         try:
@@ -74,6 +80,23 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f'\n{e}', file=sys.stderr, flush=True)
             status = 1
     return status
+
+
+def _run_script(path: str) -> Optional[int]:
+    """Runs the script at `path` as `__main__`. An exception that ends it is shown as `python
+    script.py` shows it, without this command's frames, and its exit status is returned (None:
+    the script ran to its end)."""
+    try:
+        runpy.run_path(path, run_name='__main__')
+    except SystemExit:
+        raise
+    except BaseException as error:  # pylint: disable=broad-except
+        trace = error.__traceback__
+        while trace is not None and trace.tb_frame.f_code.co_filename != path:
+            trace = trace.tb_next  # a syntax error has no frame of the script: none is left
+        sys.excepthook(type(error), error.with_traceback(trace), trace)
+        return 130 if isinstance(error, KeyboardInterrupt) else 1
+    return None
 
 
 if __name__ == '__main__':

@@ -395,3 +395,19 @@ def test_the_cli_honours_the_scripts_flag_and_refuses_a_conflicting_type(tmp_pat
         env=script_env())
     assert conflict.returncode == 2
     assert '--type=local_mp' in conflict.stderr and '--lp_launch_type=local_mt' in conflict.stderr
+
+
+@pytest.mark.parametrize('source', [
+    'import launchpad as lp\n\ndef broken(:\n    pass\n',
+    'import launchpad as lp\n\ndef fails():\n    raise RuntimeError("boom")\n\nfails()\n',
+], ids=['syntax_error', 'exception'])
+def test_the_cli_shows_an_error_of_the_script_as_python_does(tmp_path, source):
+    script = tmp_path / 'broken.py'
+    script.write_text(source)
+    ours = subprocess.run([sys.executable, '-m', 'launchpad.launch', 'broken.py'],
+                          capture_output=True, text=True, timeout=60, env=script_env(),
+                          cwd=tmp_path)
+    python = subprocess.run([sys.executable, 'broken.py'], capture_output=True, text=True,
+                            timeout=60, env=script_env(), cwd=tmp_path)
+    assert python.returncode == 1 and python.stderr
+    assert (ours.returncode, ours.stderr) == (python.returncode, python.stderr)
