@@ -113,7 +113,9 @@ class Controller:
         self.program_name = program_name
         self.launch_type = launch_type
         self.detached = detached
-        self.observer = None
+        self._observer = None
+        self._observer_lock = threading.Lock()
+        self._ended = False  # the monitor is done with the program (under _observer_lock)
         self._coordinator = coordinator
         self._runner = runner
         self._notice_period = notice_period
@@ -194,6 +196,19 @@ class Controller:
     def status(self) -> Dict[str, NodeStatus]:
         """Node name -> its status."""
         return self._coordinator.status()
+
+    @property
+    def observer(self):
+        """What lets others see the program (see the class docstring), or None."""
+        return self._observer
+
+    @observer.setter
+    def observer(self, observer) -> None:
+        with self._observer_lock:
+            self._observer = observer
+            ended = self._ended
+        if ended and observer is not None:  # it ended while the observer was being made
+            observer.program_ended()
 
     @property
     def done(self) -> bool:
@@ -280,8 +295,11 @@ class Controller:
             try:
                 self._runner.release()
             finally:
-                if self.observer is not None:  # it unregisters the program before wait returns
-                    self.observer.program_ended()
+                with self._observer_lock:
+                    self._ended = True
+                    observer = self._observer
+                if observer is not None:  # it unregisters the program before wait returns
+                    observer.program_ended()
                 self._done.set()
 
     def _last_output(self, name: str) -> str:
