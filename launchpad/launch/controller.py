@@ -391,22 +391,23 @@ class Controller:
 
 
 class LaunchSignals:
-    """Ctrl-C and SIGTERM while a foreground program launches (a context manager).
+    """Ctrl-C and SIGTERM while a program launches (a context manager).
 
     Until the program has started (its launcher makes its `Controller`, which calls
     `program_started`) they abort the launch as KeyboardInterrupt, so that the launcher undoes
-    what it started; after that they are kept for the controller (`Controller.handle_signals`),
-    which takes over the handlers without a moment in which a signal would kill the process.
-    Outside the main thread it does nothing.
+    what it started (`interruption`); after that they are kept for the controller
+    (`Controller.handle_signals`), which takes over the handlers without a moment in which a
+    signal would kill the process. Outside the main thread it does nothing.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
     _current: Optional['LaunchSignals'] = None  # the launch in progress in the main thread
 
-    def __init__(self):
+    def __init__(self, program_name: str = ''):
         self.previous: Dict[int, Any] = {}
         self.pending: List[int] = []
         self._launching = True
+        self._program_name = program_name
 
     def __enter__(self) -> 'LaunchSignals':
         if threading.current_thread() is threading.main_thread():
@@ -442,8 +443,39 @@ class LaunchSignals:
     def _handle(self, signum, frame) -> None:
         del frame
         if self._launching:
-            raise KeyboardInterrupt(f'{signal.Signals(signum).name} while launching')
+            raise interruption(signum, self._program_name)
         self.pending.append(signum)
+
+
+def interruption(signum: int, program_name: str) -> KeyboardInterrupt:
+    """The KeyboardInterrupt that aborts the launch of `program_name` on signal `signum`.
+
+    Launchers undo what they started when it passes through them. If nothing catches it, the
+    script ends as on Ctrl-C, with one line saying what happened instead of a traceback of
+    launchpad's internals (that line is all a user needs: the launch was undone).
+    """
+    name = signal.Signals(signum).name
+    error = KeyboardInterrupt(f'{name} while launching program {program_name!r}')
+    error.launch_summary = (f'\nLaunch of program {program_name!r} interrupted by {name}; what '
+                            f'it had started was ended.')
+    if not getattr(sys.excepthook, 'shows_launch_summaries', False):
+        sys.excepthook = _summarizing_hook(sys.excepthook)
+    return error
+
+
+def _summarizing_hook(previous: Callable[..., Any]) -> Callable[..., Any]:
+    """`sys.excepthook` that prints an aborted launch's summary instead of its traceback (and
+    leaves every other exception to `previous`)."""
+
+    def hook(kind, value, trace):
+        summary = getattr(value, 'launch_summary', None)
+        if summary is None:
+            previous(kind, value, trace)
+        else:
+            print(summary, file=sys.stderr, flush=True)
+
+    hook.shows_launch_summaries = True
+    return hook
 
 
 class Controllers(list):

@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import signal
 import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -295,7 +296,11 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
                        if not several or label in program.groups},
             serialize_py_nodes=serialize_py_nodes, notice_period=notice_period, tls=tls,
             extra=dict(launcher_options))
-        controllers.append(_launch_one(program, options, dashboard_port))
+        try:
+            controllers.append(_launch_one(program, options, dashboard_port))
+        except KeyboardInterrupt:  # the launch was interrupted: what this call started ends
+            controllers.stop()
+            raise
     return controllers if several else controllers[0]
 
 
@@ -331,10 +336,11 @@ def _check_resources_have_a_program(resources: Mapping[str, Any],
 
 def _launch_one(program: Program, options: LaunchOptions,
                 dashboard_port: Optional[int]) -> Controller:
-    platform = _registry[str(options.launch_type)]()
-    platform.check(program, options)
-    foreground = options.launch_type not in _TEST_TYPES and platform.foreground
-    with LaunchSignals() if foreground else contextlib.nullcontext() as signals:
+    interruptible = options.launch_type not in _TEST_TYPES  # Ctrl-C aborts it cleanly
+    with LaunchSignals(program.name) if interruptible else contextlib.nullcontext() as signals:
+        platform = _registry[str(options.launch_type)]()  # its module may load only now
+        platform.check(program, options)
+        foreground = interruptible and platform.foreground
         controller = platform.launch(program, options)
         if signals is not None:
             signals.started()
@@ -351,6 +357,9 @@ def _launch_one(program: Program, options: LaunchOptions,
             controller.run_until_done_at_exit()
     elif signals is not None:
         signals.restore()
+        if signals.pending:  # a program not run from here is not stopped by this process
+            raise KeyboardInterrupt(f'{signal.Signals(signals.pending[0]).name} at the end of '
+                                    f'the launch of program {program.name!r}')
     try:  # after the signal handlers: nodes already run, and Ctrl-C must stop them
         controller.observer = observers.observe(program, controller, dashboard_port)
     except BaseException:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -178,7 +179,66 @@ def test_a_signal_during_the_launch_aborts_it_and_the_launcher_undoes_it(tmp_pat
         process.wait()
     assert process.returncode != 0
     assert (tmp_path / 'undone').read_text() == 'KeyboardInterrupt'
-    assert 'KeyboardInterrupt' in err
+    assert (f"Launch of program 'slow' interrupted by {signal.Signals(signum).name}; what it "
+            f"had started was ended.") in err
+    assert 'Traceback' not in err
+
+
+INTERRUPTED_PROGRAM = PROGRAM.replace(
+    "lp.launch(program,", "report('launching')\nlp.launch(program,")
+
+
+def processes_marked(marker):
+    """Our processes whose environment carries `marker` (node processes and fork servers
+    inherit the launching script's environment)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get('LP_TEST_MARKER') == marker:
+                found.append(process)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.mark.parametrize('launch_type', ['local_mt', 'local_mp'])
+def test_ctrl_c_during_the_launch_stops_as_cleanly_as_after_it(tmp_path, launch_type):
+    path = tmp_path / 'program.py'
+    path.write_text(INTERRUPTED_PROGRAM)
+    registry_dir = tmp_path / 'registry'
+    registry_dir.mkdir(mode=0o700)
+    outcomes = []
+    for delay in (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8):
+        reports = tmp_path / f'reports-{delay}'
+        reports.mkdir()
+        marker = f'{os.getpid()}-{launch_type}-{delay}'
+        process = subprocess.Popen(  # Ctrl-C as a terminal sends it, even if we ignore it
+            [sys.executable, str(path), str(reports), 'run'], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(
+                signal.SIGINT, signal.SIG_DFL),
+            env=script_env({'LAUNCH_TYPE': launch_type, 'LP_TEST_MARKER': marker,
+                            'LAUNCHPAD_RUNTIME_DIR': str(registry_dir)}))
+        try:
+            assert wait_until(lambda: (reports / 'launching').exists(), timeout=30)
+            time.sleep(delay)
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        assert 'Traceback' not in err + out, (delay, err)
+        if 'Stopping program' in err:  # the program had started: the usual stop
+            assert process.returncode == 0, (delay, err)
+            outcomes.append('stopped')
+        else:
+            assert f"Launch of program 'script' interrupted by SIGINT" in err, (delay, err)
+            assert process.returncode == -signal.SIGINT, (delay, err)
+            outcomes.append('interrupted')
+        assert wait_until(lambda: not processes_marked(marker), timeout=10), (
+            delay, [p.cmdline() for p in processes_marked(marker)])
+        assert not os.listdir(registry_dir), delay
+    assert 'interrupted' in outcomes, outcomes  # (the no_leftovers fixture checks TMPDIR)
 
 
 def test_second_ctrl_c_kills_at_once(tmp_path):
