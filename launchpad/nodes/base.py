@@ -19,8 +19,9 @@ class Handle(abc.ABC, Generic[ClientT]):
 
     def __init__(self, node: 'Node'):
         self._node_id = node.node_id
-        self._node_name = node.name or node.node_id
-        self._program_name = node.program_name
+        # (A group's handle refers to a stand-in that has only a node_id.)
+        self._node_name = getattr(node, 'name', None) or node.node_id
+        self._program_name = getattr(node, 'program_name', None)
 
     @property
     def node_id(self) -> str:
