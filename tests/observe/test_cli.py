@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from tests.observe.programs import (cli, cli_json, environment, launch, observer_of, running,
-                                    wait_until)
+from tests.observe.programs import (cli, cli_json, environment, launch, launched, observer_of,
+                                    running, wait_until)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -152,8 +152,7 @@ print(json.dumps(tried))
 @pytest.mark.skipif(os.geteuid() != 0, reason='dropping to another user needs root')
 def test_another_user_can_neither_see_nor_stop_the_program(runtime_dir, tmp_path):
     import courier  # pylint: disable=import-outside-toplevel
-    process = launch(tmp_path, 'local_mp')
-    try:
+    with launched(tmp_path, 'local_mp') as process:
         entry = wait_until(lambda: running('observed'), what='the program in the registry')
         entry_path = os.path.join(runtime_dir, f'{entry.id}.json')
         socket_path = os.path.join(runtime_dir, f'{entry.id}.sock')
@@ -174,10 +173,6 @@ def test_another_user_can_neither_see_nor_stop_the_program(runtime_dir, tmp_path
         assert wait_until(lambda: _busy(observer_of(entry)))  # untouched
         assert cli('stop', entry.id).returncode == 0
         assert process.wait(timeout=60) == 0
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, 9)
-            process.wait()
 
 
 def _cli_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess:
@@ -192,8 +187,7 @@ def _cli_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_commands_whose_reader_is_gone_end_quietly(runtime_dir, tmp_path):
-    process = launch(tmp_path, 'local_mp')
-    try:
+    with launched(tmp_path, 'local_mp') as process:
         entry = wait_until(lambda: running('observed'), what='the program in the registry')
         observer = observer_of(entry)
         wait_until(lambda: observer.logs()['lines'], what='a line in the logs')
@@ -204,16 +198,11 @@ def test_commands_whose_reader_is_gone_end_quietly(runtime_dir, tmp_path):
             assert (done.returncode, done.stderr) == (141, ''), command  # as `cat` would
         assert cli('stop', entry.id).returncode == 0
         assert process.wait(timeout=60) == 0
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, 9)
-            process.wait()
 
 
 def test_the_launcher_says_who_stopped_its_program_and_how_its_nodes_ended(runtime_dir,
                                                                             tmp_path):
-    process = launch(tmp_path, 'local_mp')
-    try:
+    with launched(tmp_path, 'local_mp') as process:
         entry = wait_until(lambda: running('observed'), what='the program in the registry')
         wait_until(lambda: _busy(observer_of(entry)), what='every node running')
         stopper = subprocess.Popen([sys.executable, '-m', 'launchpad.launch', 'stop', entry.id],
@@ -222,10 +211,6 @@ def test_the_launcher_says_who_stopped_its_program_and_how_its_nodes_ended(runti
         stopper.stdout.close()
         _, err = process.communicate(timeout=60)
         assert process.returncode == 0, err
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, 9)
-            process.wait()
     user = pwd.getpwuid(os.getuid()).pw_name
     who = (f'`python -m launchpad.launch stop` (user {user}, pid {stopper.pid}, parent pid '
            f'{os.getpid()}, host {socket.gethostname()})')
