@@ -403,11 +403,11 @@ class LaunchSignals:
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
     _current: Optional['LaunchSignals'] = None  # the launch in progress in the main thread
 
-    def __init__(self, program_name: str = ''):
+    def __init__(self, what: str = 'the program'):
         self.previous: Dict[int, Any] = {}
         self.pending: List[int] = []
         self._launching = True
-        self._program_name = program_name
+        self._what = what  # what is launched, for messages: "program 'x'"
 
     def __enter__(self) -> 'LaunchSignals':
         if threading.current_thread() is threading.main_thread():
@@ -443,21 +443,21 @@ class LaunchSignals:
     def _handle(self, signum, frame) -> None:
         del frame
         if self._launching:
-            raise interruption(signum, self._program_name)
+            raise interruption(signum, self._what)
         self.pending.append(signum)
 
 
-def interruption(signum: int, program_name: str) -> KeyboardInterrupt:
-    """The KeyboardInterrupt that aborts the launch of `program_name` on signal `signum`.
+def interruption(signum: int, what: str) -> KeyboardInterrupt:
+    """The KeyboardInterrupt that aborts the launch of `what` ("program 'x'") on signal `signum`.
 
     Launchers undo what they started when it passes through them. If nothing catches it, the
     script ends as on Ctrl-C, with one line saying what happened instead of a traceback of
     launchpad's internals (that line is all a user needs: the launch was undone).
     """
     name = signal.Signals(signum).name
-    error = KeyboardInterrupt(f'{name} while launching program {program_name!r}')
-    error.launch_summary = (f'\nLaunch of program {program_name!r} interrupted by {name}; what '
-                            f'it had started was ended.')
+    error = KeyboardInterrupt(f'{name} while launching {what}')
+    error.launch_summary = (f'\nLaunch of {what} interrupted by {name}; what it had started '
+                            f'was ended.')
     if not getattr(sys.excepthook, 'shows_launch_summaries', False):
         sys.excepthook = _summarizing_hook(sys.excepthook)
     return error

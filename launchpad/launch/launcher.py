@@ -274,20 +274,24 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
     launch types return at once and register `stop` as a cleanup of `test_case`.
     """
     name = str(launch_type if launch_type is not None else LAUNCH_TYPE.value)
-    load_builtin_launchers()
-    if name not in _registry:
-        raise ValueError(f'Unknown launch type {name!r}; known launch types: '
-                         f'{", ".join(registered_launch_types())}.')
     several = not isinstance(programs, Program)
-    program_list = _programs(programs)
-    dashboard_port = observers.check_dashboard_option(dashboard)
-    if several and dashboard_port:
-        raise ValueError(f'dashboard={dashboard!r} asks for one port, but several programs are '
-                         'launched: pass dashboard=True, which serves each on a free port.')
-    if resources is not None and local_resources is not None:
-        raise ValueError('Pass either resources= or local_resources= (they are the same), not both.')
-    resources = dict(resources if resources is not None else local_resources or {})
-    _check_resources_have_a_program(resources, program_list)
+    with (contextlib.nullcontext() if name in _TEST_TYPES else  # Ctrl-C here ends it cleanly
+          LaunchSignals(f'program {programs.name!r}' if not several else 'programs')):
+        load_builtin_launchers()
+        if name not in _registry:
+            raise ValueError(f'Unknown launch type {name!r}; known launch types: '
+                             f'{", ".join(registered_launch_types())}.')
+        program_list = _programs(programs)
+        dashboard_port = observers.check_dashboard_option(dashboard)
+        if several and dashboard_port:
+            raise ValueError(f'dashboard={dashboard!r} asks for one port, but several programs '
+                             'are launched: pass dashboard=True, which serves each on a free '
+                             'port.')
+        if resources is not None and local_resources is not None:
+            raise ValueError('Pass either resources= or local_resources= (they are the same), '
+                             'not both.')
+        resources = dict(resources if resources is not None else local_resources or {})
+        _check_resources_have_a_program(resources, program_list)
     controllers = Controllers()
     for program in program_list:
         options = LaunchOptions(
@@ -337,7 +341,8 @@ def _check_resources_have_a_program(resources: Mapping[str, Any],
 def _launch_one(program: Program, options: LaunchOptions,
                 dashboard_port: Optional[int]) -> Controller:
     interruptible = options.launch_type not in _TEST_TYPES  # Ctrl-C aborts it cleanly
-    with LaunchSignals(program.name) if interruptible else contextlib.nullcontext() as signals:
+    with (LaunchSignals(f'program {program.name!r}') if interruptible
+          else contextlib.nullcontext()) as signals:
         platform = _registry[str(options.launch_type)]()  # its module may load only now
         platform.check(program, options)
         foreground = interruptible and platform.foreground
