@@ -14,10 +14,14 @@ other pickle; a server answers a compressed call with a compressed result.
 
 from __future__ import annotations
 
+import functools
+import io
+import marshal
 import pickle
 import struct
+import types
 import zlib
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from courier import errors
 
@@ -59,8 +63,7 @@ def dumps(value: Any, what: str, top_names: Optional[Sequence[str]] = None, *,
     except Exception:  # pylint: disable=broad-except
         buffers.clear()
         try:
-            import cloudpickle  # pylint: disable=import-outside-toplevel
-            data = cloudpickle.dumps(value, protocol=PROTOCOL,
+            data = cloudpickle_dumps(value, protocol=PROTOCOL,
                                      buffer_callback=_buffer_collector(buffers))
         except Exception as error:  # pylint: disable=broad-except
             raise errors.SerializationError(
@@ -68,6 +71,39 @@ def dumps(value: Any, what: str, top_names: Optional[Sequence[str]] = None, *,
     if compress:
         return _compressed(data, buffers)
     return data, buffers
+
+
+def cloudpickle_dumps(value: Any, protocol: int = PROTOCOL,
+                      buffer_callback: Optional[Callable[[pickle.PickleBuffer], Any]] = None
+                      ) -> bytes:
+    """``cloudpickle.dumps``, except that code sent by value keeps its file name.
+
+    cloudpickle 3.1 names the file of every code object it sends by value (the functions of a
+    script's ``__main__``) ``<dynamic-code>``, so a traceback where it runs would show neither the
+    script nor the failing line. Code travels here as ``marshal`` makes it, which is exact and
+    complete (a receiver runs the same Python, as cloudpickle requires anyway).
+    """
+    file = io.BytesIO()
+    _code_keeping_pickler()(file, protocol=protocol, buffer_callback=buffer_callback).dump(value)
+    return file.getvalue()
+
+
+@functools.lru_cache(maxsize=None)
+def _code_keeping_pickler() -> type:
+    import cloudpickle  # pylint: disable=import-outside-toplevel
+
+    class CodeKeepingPickler(cloudpickle.Pickler):
+        """cloudpickle's pickler, with code objects as marshal's bytes."""
+
+        def reducer_override(self, obj):
+            if type(obj) is types.CodeType:  # pylint: disable=unidiomatic-typecheck
+                try:
+                    return marshal.loads, (marshal.dumps(obj),)
+                except ValueError:  # a constant marshal cannot write: cloudpickle's way
+                    pass
+            return super().reducer_override(obj)
+
+    return CodeKeepingPickler
 
 
 def is_compressed(data: Any) -> bool:
@@ -174,9 +210,8 @@ def _find_culprit(value: Any, path: str, depth: int) -> Tuple[str, Any]:
 
 
 def _picklable(value: Any) -> bool:
-    import cloudpickle  # pylint: disable=import-outside-toplevel
     try:
-        cloudpickle.dumps(value, protocol=PROTOCOL, buffer_callback=lambda _: False)
+        cloudpickle_dumps(value, buffer_callback=lambda _: False)
     except Exception:  # pylint: disable=broad-except
         return False
     return True

@@ -144,7 +144,7 @@ class Program:
         nodes = self._groups.get(label, [])
         name = f'{label}/{len(nodes)}'
         self._set_policy(name, f'node {name}', restart, progress_deadline)
-        node.name = name
+        node.name, node.program_name = name, self.name
         self._groups.setdefault(label, nodes).append(node)
         return node.create_handle()
 
@@ -214,9 +214,22 @@ class Program:
                             f'{self.name!r} does not have; its groups are {sorted(self._groups)}.')
                     continue
                 if handle.node_id not in by_id:
-                    raise ProgramError(
-                        f'{user!r} received a handle of {handle.node_id}, which is not in program '
-                        f'{self.name!r}. Add that node with program.add_node(...) first.')
+                    raise ProgramError(self._foreign_handle(user, handle))
+
+    def _foreign_handle(self, user: Node, handle: Handle) -> str:
+        """Why `user` cannot have `handle` (of a node that is not in this program), and what to
+        do instead."""
+        who = f'Node {user.name!r} ({user!r}) of program {self.name!r}'
+        if handle.program_name is None:
+            return (f'{who} received a handle of {handle.node_name}, which is not in program '
+                    f'{self.name!r} (nor in any other). Add that node with program.add_node(...) '
+                    f'and pass the handle it returns.')
+        other = (f'another program also named {self.name!r}' if handle.program_name == self.name
+                 else f'program {handle.program_name!r}')
+        return (f'{who} received a handle of node {handle.node_name!r} of {other}. Handles connect the nodes of one program '
+                f'only (lp.launch([a, b]) runs programs side by side, not wired): build both '
+                f'nodes in one program, or serve that node at an address of your own '
+                f'(courier.Server) and call it with courier.Client(address).')
 
     def to_dot(self) -> str:
         """The program as Graphviz text: one cluster per group, one arrow per edge."""

@@ -5,13 +5,15 @@ at running programs.
     python -m launchpad.launch list | status | logs | stop | dashboard | metrics | token ...
 
 The script runs as `__main__` with `sys.argv = [script.py, script args...]`; every `lp.launch` in it
-without an explicit launch type uses `--type`. The command waits for the launched programs to end
+without an explicit launch type uses `--type` (default: the script's own `--lp_launch_type` if its
+arguments have one, else local_mp; the two must agree when both are given). The command waits for the launched programs to end
 and exits non-zero, after printing the error, if a node failed. The other commands are those of
 `launchpad.observe.cli`.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
 from typing import List, Optional
@@ -27,9 +29,9 @@ def _parser() -> argparse.ArgumentParser:
         description='Run a launchpad program script with the given launch type.',
         epilog=f'To look at running programs: python -m launchpad.launch '
                f'{{{",".join(cli.COMMANDS)}}} ... (each has --help).')
-    parser.add_argument('--type', default='local_mp',
+    parser.add_argument('--type',
                         help='launch type: ' + ', '.join(launcher.registered_launch_types())
-                             + ' (default: local_mp)')
+                             + " (default: the script's --lp_launch_type if given, else local_mp)")
     parser.add_argument('script', help='the Python script that builds and launches the program')
     parser.add_argument('script_args', nargs=argparse.REMAINDER,
                         help='arguments passed to the script')
@@ -42,18 +44,34 @@ def main(argv: Optional[List[str]] = None) -> int:
         return cli.main(argv)
     parser = _parser()
     args = parser.parse_args(argv)
-    known = launcher.registered_launch_types()
-    if args.type not in known:
-        parser.error(f'unknown launch type {args.type!r}; known launch types: {", ".join(known)}')
-    launcher.run_as_script(args.type)
-    sys.argv = [args.script] + args.script_args
+    script_argv = [args.script] + args.script_args
     try:
-        runpy.run_path(args.script, run_name='__main__')
+        flagged = launcher.launch_type_in(script_argv)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.type is not None and flagged is not None and flagged != args.type:
+        parser.error(f'--type={args.type} and the script\'s --lp_launch_type={flagged} disagree; '
+                     'give the launch type once.')
+    launch_type = args.type or flagged or 'local_mp'
+    known = launcher.registered_launch_types()
+    if launch_type not in known:
+        parser.error(f'unknown launch type {launch_type!r}; known launch types: '
+                     f'{", ".join(known)}')
+    launcher.run_as_script(launch_type)
+    sys.argv = script_argv
+    try:  # by its absolute path, as `python script.py` does: tracebacks name the file anywhere
+        failed = _run_script(os.path.abspath(args.script))
     except SystemExit as e:
-        if e.code not in (None, 0):
-            for controller in launcher.launched():
-                controller.stop()
-            raise
+        if e.code in (None, 0):
+            failed = None
+        else:
+            failed = e
+    if failed is not None:  # the programs it launched end with it
+        for controller in launcher.launched():
+            controller.stop()
+        if isinstance(failed, SystemExit):
+            raise failed
+        return failed
     status = 0
     for controller in launcher.launched():
         try:
@@ -62,6 +80,23 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f'\n{e}', file=sys.stderr, flush=True)
             status = 1
     return status
+
+
+def _run_script(path: str) -> Optional[int]:
+    """Runs the script at `path` as `__main__`. An exception that ends it is shown as `python
+    script.py` shows it, without this command's frames, and its exit status is returned (None:
+    the script ran to its end)."""
+    try:
+        runpy.run_path(path, run_name='__main__')
+    except SystemExit:
+        raise
+    except BaseException as error:  # pylint: disable=broad-except
+        trace = error.__traceback__
+        while trace is not None and trace.tb_frame.f_code.co_filename != path:
+            trace = trace.tb_next  # a syntax error has no frame of the script: none is left
+        sys.excepthook(type(error), error.with_traceback(trace), trace)
+        return 130 if isinstance(error, KeyboardInterrupt) else 1
+    return None
 
 
 if __name__ == '__main__':

@@ -116,8 +116,10 @@ class Controller:
         self.program_name = program_name
         self.launch_type = launch_type
         self.detached = detached
-        self.observer = None
         self.auth_token = auth_token
+        self._observer = None
+        self._observer_lock = threading.Lock()
+        self._ended = False  # the monitor is done with the program (under _observer_lock)
         self._coordinator = coordinator
         self._runner = runner
         self._notice_period = notice_period
@@ -198,6 +200,19 @@ class Controller:
     def status(self) -> Dict[str, NodeStatus]:
         """Node name -> its status."""
         return self._coordinator.status()
+
+    @property
+    def observer(self):
+        """What lets others see the program (see the class docstring), or None."""
+        return self._observer
+
+    @observer.setter
+    def observer(self, observer) -> None:
+        with self._observer_lock:
+            self._observer = observer
+            ended = self._ended
+        if ended and observer is not None:  # it ended while the observer was being made
+            observer.program_ended()
 
     @property
     def done(self) -> bool:
@@ -284,8 +299,11 @@ class Controller:
             try:
                 self._runner.release()
             finally:
-                if self.observer is not None:  # it unregisters the program before wait returns
-                    self.observer.program_ended()
+                with self._observer_lock:
+                    self._ended = True
+                    observer = self._observer
+                if observer is not None:  # it unregisters the program before wait returns
+                    observer.program_ended()
                 self._done.set()
 
     def _last_output(self, name: str) -> str:
@@ -377,22 +395,23 @@ class Controller:
 
 
 class LaunchSignals:
-    """Ctrl-C and SIGTERM while a foreground program launches (a context manager).
+    """Ctrl-C and SIGTERM while a program launches (a context manager).
 
     Until the program has started (its launcher makes its `Controller`, which calls
     `program_started`) they abort the launch as KeyboardInterrupt, so that the launcher undoes
-    what it started; after that they are kept for the controller (`Controller.handle_signals`),
-    which takes over the handlers without a moment in which a signal would kill the process.
-    Outside the main thread it does nothing.
+    what it started (`interruption`); after that they are kept for the controller
+    (`Controller.handle_signals`), which takes over the handlers without a moment in which a
+    signal would kill the process. Outside the main thread it does nothing.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
     _current: Optional['LaunchSignals'] = None  # the launch in progress in the main thread
 
-    def __init__(self):
+    def __init__(self, what: str = 'the program'):
         self.previous: Dict[int, Any] = {}
         self.pending: List[int] = []
         self._launching = True
+        self._what = what  # what is launched, for messages: "program 'x'"
 
     def __enter__(self) -> 'LaunchSignals':
         if threading.current_thread() is threading.main_thread():
@@ -428,8 +447,39 @@ class LaunchSignals:
     def _handle(self, signum, frame) -> None:
         del frame
         if self._launching:
-            raise KeyboardInterrupt(f'{signal.Signals(signum).name} while launching')
+            raise interruption(signum, self._what)
         self.pending.append(signum)
+
+
+def interruption(signum: int, what: str) -> KeyboardInterrupt:
+    """The KeyboardInterrupt that aborts the launch of `what` ("program 'x'") on signal `signum`.
+
+    Launchers undo what they started when it passes through them. If nothing catches it, the
+    script ends as on Ctrl-C, with one line saying what happened instead of a traceback of
+    launchpad's internals (that line is all a user needs: the launch was undone).
+    """
+    name = signal.Signals(signum).name
+    error = KeyboardInterrupt(f'{name} while launching {what}')
+    error.launch_summary = (f'\nLaunch of {what} interrupted by {name}; what it had started '
+                            f'was ended.')
+    if not getattr(sys.excepthook, 'shows_launch_summaries', False):
+        sys.excepthook = _summarizing_hook(sys.excepthook)
+    return error
+
+
+def _summarizing_hook(previous: Callable[..., Any]) -> Callable[..., Any]:
+    """`sys.excepthook` that prints an aborted launch's summary instead of its traceback (and
+    leaves every other exception to `previous`)."""
+
+    def hook(kind, value, trace):
+        summary = getattr(value, 'launch_summary', None)
+        if summary is None:
+            previous(kind, value, trace)
+        else:
+            print(summary, file=sys.stderr, flush=True)
+
+    hook.shows_launch_summaries = True
+    return hook
 
 
 class Controllers(list):

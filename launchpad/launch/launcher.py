@@ -22,6 +22,9 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import inspect
+import signal
+import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from absl import flags
@@ -44,13 +47,31 @@ flags.DEFINE_string('lp_launch_type', 'local_mt',
 
 
 class _LaunchTypeFlag:
-    """`lp.LAUNCH_TYPE.value`: the launch type from `--lp_launch_type`, even if flags were never parsed."""
+    """`lp.LAUNCH_TYPE.value`: the launch type from `--lp_launch_type`, even if flags were never
+    parsed (a script without absl's `app.run`): then it is read from `sys.argv`."""
 
     @property
     def value(self) -> str:
         if _script_mode.launch_type is not None:
             return _script_mode.launch_type
-        return flags.FLAGS['lp_launch_type'].value
+        flag = flags.FLAGS['lp_launch_type']
+        if flags.FLAGS.is_parsed():
+            return flag.value
+        return launch_type_in(sys.argv) or flag.value
+
+
+def launch_type_in(argv: Sequence[str]) -> Optional[str]:
+    """The value of `--lp_launch_type` on command line `argv` (program name first), read as absl
+    reads it, or None if it is not there."""
+    if len(argv) < 2:
+        return None
+    values = flags.FlagValues()
+    flags.DEFINE_string('lp_launch_type', None, 'the launch type', flag_values=values)
+    try:
+        values(list(argv), known_only=True)
+    except flags.Error as e:
+        raise ValueError(f'Cannot read --lp_launch_type from the command line: {e}') from e
+    return values['lp_launch_type'].value
 
 
 LAUNCH_TYPE = _LaunchTypeFlag()
@@ -105,8 +126,10 @@ class Launcher(abc.ABC):
         stop, unless the returned controller is `detached`.
       resource_types: the types a group's resources may have (empty: anything).
       terminals: the `terminal=` values it supports, its default first (None: anything).
-      options: a dataclass whose fields are its own keyword arguments of `lp.launch`; None
-        accepts any and leaves them in `LaunchOptions.extra`.
+      options: a dataclass whose fields are its own keyword arguments of `lp.launch` (`NoOptions`
+        if it has none); None accepts any and leaves them in `LaunchOptions.extra`.
+      refused_options: option name -> why the launcher refuses it, though other launchers take
+        it (a false value, such as `detach=False`, is accepted and dropped).
       tls_refusal: why it refuses `tls=` (None: it supports TLS).
     """
 
@@ -114,6 +137,7 @@ class Launcher(abc.ABC):
     resource_types: Tuple[type, ...] = ()
     terminals: Optional[Tuple[str, ...]] = None
     options: Optional[type] = None
+    refused_options: Mapping[str, str] = {}
     tls_refusal: Optional[str] = None
 
     @abc.abstractmethod
@@ -142,13 +166,25 @@ class Launcher(abc.ABC):
         if options.tls is not None and self.tls_refusal is not None:
             raise ValueError(f'tls= is not supported by the {launch_type} launcher: '
                              f'{self.tls_refusal}')
+        for name, reason in self.refused_options.items():
+            if options.extra.get(name):
+                raise ValueError(f'{name}={options.extra[name]!r} is not supported by the '
+                                 f'{launch_type} launcher: {reason}')
+            options.extra.pop(name, None)
         if self.options is not None:
             known = [field.name for field in dataclasses.fields(self.options)]
             unknown = sorted(set(options.extra) - set(known))
             if unknown:
+                own = f'takes {", ".join(known)}' if known else 'takes no options of its own'
                 raise TypeError(f'Unknown option(s) {unknown} for launch type {launch_type}; it '
-                                f'takes {", ".join(known) or "none"}.')
+                                f'{own} (lp.launch itself takes {", ".join(_LAUNCH_KEYWORDS)}).')
             options.settings = self.options(**options.extra)
+
+
+@dataclasses.dataclass
+class NoOptions:
+    """The `options` of a launcher that takes no keyword arguments of its own: `lp.launch`
+    refuses any it is given, naming the valid ones."""
 
 
 def _type_names(types: Sequence[type]) -> str:
@@ -238,20 +274,24 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
     launch types return at once and register `stop` as a cleanup of `test_case`.
     """
     name = str(launch_type if launch_type is not None else LAUNCH_TYPE.value)
-    load_builtin_launchers()
-    if name not in _registry:
-        raise ValueError(f'Unknown launch type {name!r}; known launch types: '
-                         f'{", ".join(registered_launch_types())}.')
     several = not isinstance(programs, Program)
-    program_list = _programs(programs)
-    dashboard_port = observers.check_dashboard_option(dashboard)
-    if several and dashboard_port:
-        raise ValueError(f'dashboard={dashboard!r} asks for one port, but several programs are '
-                         'launched: pass dashboard=True, which serves each on a free port.')
-    if resources is not None and local_resources is not None:
-        raise ValueError('Pass either resources= or local_resources= (they are the same), not both.')
-    resources = dict(resources if resources is not None else local_resources or {})
-    _check_resources_have_a_program(resources, program_list)
+    with (contextlib.nullcontext() if name in _TEST_TYPES else  # Ctrl-C here ends it cleanly
+          LaunchSignals(f'program {programs.name!r}' if not several else 'programs')):
+        load_builtin_launchers()
+        if name not in _registry:
+            raise ValueError(f'Unknown launch type {name!r}; known launch types: '
+                             f'{", ".join(registered_launch_types())}.')
+        program_list = _programs(programs)
+        dashboard_port = observers.check_dashboard_option(dashboard)
+        if several and dashboard_port:
+            raise ValueError(f'dashboard={dashboard!r} asks for one port, but several programs '
+                             'are launched: pass dashboard=True, which serves each on a free '
+                             'port.')
+        if resources is not None and local_resources is not None:
+            raise ValueError('Pass either resources= or local_resources= (they are the same), '
+                             'not both.')
+        resources = dict(resources if resources is not None else local_resources or {})
+        _check_resources_have_a_program(resources, program_list)
     controllers = Controllers()
     for program in program_list:
         options = LaunchOptions(
@@ -260,8 +300,17 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
                        if not several or label in program.groups},
             serialize_py_nodes=serialize_py_nodes, notice_period=notice_period, tls=tls,
             extra=dict(launcher_options))
-        controllers.append(_launch_one(program, options, dashboard_port))
+        try:
+            controllers.append(_launch_one(program, options, dashboard_port))
+        except KeyboardInterrupt:  # the launch was interrupted: what this call started ends
+            controllers.stop()
+            raise
     return controllers if several else controllers[0]
+
+
+# The keyword arguments of `lp.launch` itself, named when an unknown option is refused.
+_LAUNCH_KEYWORDS = [name for name, parameter in inspect.signature(launch).parameters.items()
+                    if parameter.kind is not parameter.VAR_KEYWORD and name != 'programs']
 
 
 def _programs(programs) -> List[Program]:
@@ -291,10 +340,12 @@ def _check_resources_have_a_program(resources: Mapping[str, Any],
 
 def _launch_one(program: Program, options: LaunchOptions,
                 dashboard_port: Optional[int]) -> Controller:
-    platform = _registry[str(options.launch_type)]()
-    platform.check(program, options)
-    foreground = options.launch_type not in _TEST_TYPES and platform.foreground
-    with LaunchSignals() if foreground else contextlib.nullcontext() as signals:
+    interruptible = options.launch_type not in _TEST_TYPES  # Ctrl-C aborts it cleanly
+    with (LaunchSignals(f'program {program.name!r}') if interruptible
+          else contextlib.nullcontext()) as signals:
+        platform = _registry[str(options.launch_type)]()  # its module may load only now
+        platform.check(program, options)
+        foreground = interruptible and platform.foreground
         controller = platform.launch(program, options)
         if signals is not None:
             signals.started()
@@ -311,6 +362,9 @@ def _launch_one(program: Program, options: LaunchOptions,
             controller.run_until_done_at_exit()
     elif signals is not None:
         signals.restore()
+        if signals.pending:  # a program not run from here is not stopped by this process
+            raise KeyboardInterrupt(f'{signal.Signals(signals.pending[0]).name} at the end of '
+                                    f'the launch of program {program.name!r}')
     try:  # after the signal handlers: nodes already run, and Ctrl-C must stop them
         controller.observer = observers.observe(program, controller, dashboard_port)
     except BaseException:

@@ -64,13 +64,15 @@ class _NodeProcess:
 
 
 class _ProcessRunner(ProcessRunner):
-    def __init__(self, workdir: str, server: courier.Server, output: Output,
-                 fork_server: Optional[ForkServer]):
+    """The node processes of one launch, and what they need: made piece by piece by the launch,
+    which ends what it made so far (`abort`) if it does not complete."""
+
+    def __init__(self, workdir: str):
         super().__init__()
-        self._workdir = workdir
-        self._server = server
-        self._output = output
-        self._fork_server = fork_server
+        self.workdir = workdir
+        self.server: Optional[courier.Server] = None
+        self.output: Optional[Output] = None  # where the nodes' output goes
+        self.fork_server: Optional[ForkServer] = None
         self.context: Optional[runtime.NodeContext] = None
         self.released = threading.Event()
         # What nodes added to the running program are started with (set by the launch).
@@ -79,38 +81,45 @@ class _ProcessRunner(ProcessRunner):
         self.coordinator: Optional[Coordinator] = None
         self.resources: Dict[str, PythonProcess] = {}
 
-    def release(self) -> None:
+    def release(self, aborted: bool = False) -> None:
         self.released.set()
         if self.context is not None:
             runtime.clear_process_context(self.context)
             self.context.stop.trigger()
-        self._server.Stop()
-        if self._fork_server is not None:
-            self._fork_server.close()
-        self._output.close()
-        shutil.rmtree(self._workdir, ignore_errors=True)
+        if self.server is not None:
+            self.server.Stop()
+        if self.fork_server is not None:
+            self.fork_server.close(abort=aborted)
+        if self.output is not None:
+            self.output.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def abort(self) -> None:
+        """Ends at once what an unfinished launch started (on an error, or Ctrl-C in it)."""
+        self.kill(list(self.processes))
+        self.release(aborted=True)
 
     def add_executable(self, label: str, executable, policy) -> None:
         """Starts a node added to the running program, as the launch started the others: forked
         from the fork server when its group can be (`Runner.add_executable`)."""
         resources = self.resources.get(label) or PythonProcess()
         packer = self.packer
-        add_to_local_table(packer.address_table, executable.addresses, self._workdir,
+        add_to_local_table(packer.address_table, executable.addresses, self.workdir,
                            registry=self.coordinator)
         packer.policies = {**packer.policies, executable.name: policy}
-        forkable = self._fork_server is not None and forkserver.usable_for(
+        forkable = self.fork_server is not None and forkserver.usable_for(
             resources.env, resources.interpreter)
-        parent = None if self._output.runs_commands else (
-            self._fork_server.pid if forkable else os.getpid())
-        path = os.path.join(self._workdir, f'added-{len(self.processes)}.spec')
+        parent = None if self.output.runs_commands else (
+            self.fork_server.pid if forkable else os.getpid())
+        path = os.path.join(self.workdir, f'added-{len(self.processes)}.spec')
         specs.write(packer.spec(executable.name, executable.run, args=resources.args,
-                                parent_pid=parent, cleanup_dir=self._workdir), path)
+                                parent_pid=parent, cleanup_dir=self.workdir), path)
         self.start_node(executable.name, specs.worker_argv(path, resources.interpreter),
                         specs.node_environment(self.token, extra=resources.env), forkable)
 
     def last_output(self, name: str) -> str:
         """The last lines node `name` printed (see `Runner.last_output`)."""
-        return self._output.tail(name)
+        return self.output.tail(name)
 
     def start_node(self, name: str, argv: List[str], env: Dict[str, str], forkable: bool):
         """Starts a node process (and again on `restart`): through the fork server when it can,
@@ -120,13 +129,13 @@ class _ProcessRunner(ProcessRunner):
     def _start(self, name: str, argv: List[str], env: Dict[str, str], forkable: bool,
                starts: List[int]):
         starts[0] += 1
-        if self._output.runs_commands:
+        if self.output.runs_commands:
             window = name if starts[0] == 1 else f'{name}~{starts[0] - 1}'
-            return self._output.start_command(window, argv, env, os.getcwd())
-        stdout_fd, reader = self._output.open_for(name)
+            return self.output.start_command(window, argv, env, os.getcwd())
+        stdout_fd, reader = self.output.open_for(name)
         try:
-            if forkable and self._fork_server is not None:
-                process = self._fork_server.spawn(name, argv[1:], env, os.getcwd(), stdout_fd)
+            if forkable and self.fork_server is not None:
+                process = self.fork_server.spawn(name, argv[1:], env, os.getcwd(), stdout_fd)
             else:
                 process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                            stdout=stdout_fd, stderr=subprocess.STDOUT,
@@ -134,11 +143,6 @@ class _ProcessRunner(ProcessRunner):
         finally:
             os.close(stdout_fd)
         return _NodeProcess(process, reader)
-
-    @property
-    def output(self) -> Output:
-        """Where the nodes' output goes (read by `Controller.output`)."""
-        return self._output
 
 
 class ProcessLauncher(launcher.Launcher):
@@ -148,17 +152,23 @@ class ProcessLauncher(launcher.Launcher):
     foreground = True
     resource_types = (PythonProcess,)
     terminals = TERMINALS
+    options = launcher.NoOptions
+    refused_options = {'detach': 'the program\'s coordinator runs in this process, so the program '
+                                 'ends with it (detached local_mp programs are not supported '
+                                 'yet). Run the script in the background (nohup, tmux), or '
+                                 'launch on slurm or kubernetes, which take detach=True.'}
 
     def launch(self, program: Program, options: launcher.LaunchOptions) -> Controller:
         executables = launcher.executables_of(program, options)
-        workdir = tempfile.mkdtemp(prefix='launchpad-')
+        runner = _ProcessRunner(tempfile.mkdtemp(prefix='launchpad-'))
         try:
-            return self._launch(program, options, executables, workdir)
-        except BaseException:
-            shutil.rmtree(workdir, ignore_errors=True)
+            return self._launch(program, options, executables, runner)
+        except BaseException:  # Ctrl-C included: nothing of an unfinished launch is left
+            runner.abort()
             raise
 
-    def _launch(self, program, options, executables, workdir) -> Controller:
+    def _launch(self, program, options, executables, runner: _ProcessRunner) -> Controller:
+        workdir = runner.workdir
         addresses = [address for _, executable in executables for address in executable.addresses]
         token = secrets.token_hex(16)
         coordinator_address = f'unix:{workdir}/coordinator.sock'
@@ -167,43 +177,31 @@ class ProcessLauncher(launcher.Launcher):
                               local_address_table(addresses, workdir), coordinator_address,
                               notice_period=options.notice_period, tls=options.tls,
                               policies=policies)
-        output = Output(options.terminal, program.name, workdir)
+        output = runner.output = Output(options.terminal, program.name, workdir)
         groups = [options.resources.get(label) or PythonProcess() for label, _ in executables]
         fork_server = None
         if not output.runs_commands and any(forkserver.usable_for(r.env, r.interpreter)
                                             for r in groups):
             # It starts importing while the specs are packed.
-            fork_server = ForkServer(workdir, options.notice_period)
-        try:
-            starts = []
-            for i, ((_, executable), resources) in enumerate(zip(executables, groups)):
-                forkable = fork_server is not None and forkserver.usable_for(
-                    resources.env, resources.interpreter)
-                parent = None if output.runs_commands else (  # tmux starts those
-                    fork_server.pid if forkable else os.getpid())
-                path = os.path.join(workdir, f'{i}.spec')
-                specs.write(packer.spec(executable.name, executable.run, args=resources.args,
-                                        parent_pid=parent, cleanup_dir=workdir), path)
-                starts.append((executable.name, specs.worker_argv(path, resources.interpreter),
-                               specs.node_environment(token, extra=resources.env), forkable))
-        except BaseException:
-            if fork_server is not None:
-                fork_server.close()
-            output.close()
-            raise
+            fork_server = runner.fork_server = ForkServer(workdir, options.notice_period)
+        starts = []
+        for i, ((_, executable), resources) in enumerate(zip(executables, groups)):
+            forkable = fork_server is not None and forkserver.usable_for(
+                resources.env, resources.interpreter)
+            parent = None if output.runs_commands else (  # tmux starts those
+                fork_server.pid if forkable else os.getpid())
+            path = os.path.join(workdir, f'{i}.spec')
+            specs.write(packer.spec(executable.name, executable.run, args=resources.args,
+                                    parent_pid=parent, cleanup_dir=workdir), path)
+            starts.append((executable.name, specs.worker_argv(path, resources.interpreter),
+                           specs.node_environment(token, extra=resources.env), forkable))
         coordinator = Coordinator([name for name, _, _, _ in starts], policies=policies,
                                   groups=program.group_limits())
-        server = serve_coordinator(coordinator, coordinator_address, auth_token=token)
-        runner = _ProcessRunner(workdir, server, output, fork_server)
+        runner.server = serve_coordinator(coordinator, coordinator_address, auth_token=token)
         runner.packer, runner.token, runner.coordinator = packer, token, coordinator
         runner.resources = dict(options.resources)
-        try:
-            for name, argv, env, forkable in starts:  # every node was packed before any starts
-                runner.start_node(name, argv, env, forkable)
-        except BaseException:
-            runner.kill(list(runner.processes))
-            runner.release()
-            raise
+        for name, argv, env, forkable in starts:  # every node was packed before any starts
+            runner.start_node(name, argv, env, forkable)
         runner.context = _launcher_context(program.name, options, packer.address_table,
                                            coordinator, token, runner.released)
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,

@@ -40,8 +40,8 @@ class _ThreadRunner:
     """The node threads of one launch (a controller `Runner`)."""
 
     def __init__(self, workdir: str, coordinator: Coordinator):
-        self._workdir = workdir
-        self._coordinator = coordinator
+        self.workdir = workdir
+        self.coordinator = coordinator
         self._lock = threading.Lock()
         self.threads: Dict[str, threading.Thread] = {}
         self.contexts: Dict[str, runtime.NodeContext] = {}
@@ -109,7 +109,7 @@ class _ThreadRunner:
     def add_executable(self, label: str, executable, policy) -> None:
         """Starts a node added to the running program in a thread of its own (`Runner.add`)."""
         del label
-        add_to_local_table(self.context.address_table, executable.addresses, self._workdir)
+        add_to_local_table(self.context.address_table, executable.addresses, self.workdir)
         context = self.new_context(executable.name, policy)
         with self._lock:
             self.add(executable.name, context, executable.run)
@@ -154,7 +154,7 @@ class _ThreadRunner:
         if self.watchdog is not None:
             self.watchdog.close()
         runtime.clear_process_context(self.context)
-        shutil.rmtree(self._workdir, ignore_errors=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def _raise_in(thread: threading.Thread, error: type) -> None:
@@ -180,7 +180,7 @@ class _Reports:
 
     def __init__(self, runner: _ThreadRunner, name: str):
         self._runner = runner
-        self._coordinator = runner._coordinator  # pylint: disable=protected-access
+        self._coordinator = runner.coordinator
         self._name = name
 
     def _speaks(self) -> bool:
@@ -207,19 +207,34 @@ class ThreadLauncher(launcher.Launcher):
 
     foreground = True
     terminals = TERMINALS
+    options = launcher.NoOptions
+    refused_options = {'detach': 'local_mt nodes are threads of this process, so the program '
+                                 'ends with it. Run the script in the background (nohup, tmux), '
+                                 'or launch on slurm or kubernetes, which take detach=True.'}
 
     def launch(self, program: Program, options: launcher.LaunchOptions) -> Controller:
         executables = launcher.executables_of(program, options)
         if options.serialize_py_nodes:  # nodes get copies, as they would in processes
             for _, executable in executables:
                 executable.run = pickle.loads(pickle_node(executable.name, executable.run))
-        workdir = tempfile.mkdtemp(prefix='launchpad-')
-        addresses = [address for _, executable in executables for address in executable.addresses]
         policies = launcher.policies_of(program, executables)
         coordinator = Coordinator([executable.name for _, executable in executables],
                                   policies=policies, groups=program.group_limits())
+        runner = _ThreadRunner(tempfile.mkdtemp(prefix='launchpad-'), coordinator)
+        try:
+            return self._launch(program, options, executables, policies, runner)
+        except BaseException:  # Ctrl-C included: nothing of an unfinished launch is left
+            coordinator.request_stop('the launch did not complete')
+            runner.stop_all()
+            runner.release()
+            raise
+
+    @staticmethod
+    def _launch(program: Program, options: launcher.LaunchOptions, executables, policies,
+                runner: _ThreadRunner) -> Controller:
+        coordinator, workdir = runner.coordinator, runner.workdir
+        addresses = [address for _, executable in executables for address in executable.addresses]
         table = local_address_table(addresses, workdir, registry=coordinator)
-        runner = _ThreadRunner(workdir, coordinator)
 
         def watch_stop():
             coordinator.wait_for_stop()

@@ -19,10 +19,23 @@ class Handle(abc.ABC, Generic[ClientT]):
 
     def __init__(self, node: 'Node'):
         self._node_id = node.node_id
+        # (A group's handle refers to a stand-in that has only a node_id.)
+        self._node_name = getattr(node, 'name', None) or node.node_id
+        self._program_name = getattr(node, 'program_name', None)
 
     @property
     def node_id(self) -> str:
         return self._node_id
+
+    @property
+    def node_name(self) -> str:
+        """The node's name ('group/index') in its program (before it is added: its id)."""
+        return self._node_name
+
+    @property
+    def program_name(self) -> Optional[str]:
+        """The name of the program the node was added to (None: not added to any)."""
+        return self._program_name
 
     @abc.abstractmethod
     def dereference(self) -> ClientT:
@@ -76,6 +89,7 @@ class Node(abc.ABC):
         Node._next_id += 1
         self.node_id = f'{type(self).__name__}-{Node._next_id}'
         self.name: Optional[str] = None  # 'group/index', set when added to a program
+        self.program_name: Optional[str] = None  # the name of that program
         self._addresses: List[Address] = []
         self.colocated_in: Optional['Node'] = None  # the colocation node running it, if any
 

@@ -43,7 +43,6 @@ class CourierHandle(Handle):
         super().__init__(node)
         self._address = address
         self._client_kwargs = dict(client_kwargs or {})
-        self._node_name = node.name or node.node_id
 
     @property
     def address(self) -> Address:

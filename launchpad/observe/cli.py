@@ -17,7 +17,11 @@ must carry (a gRPC client in another language sends it as `authorization: Bearer
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import os
+import signal
+import socket
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -77,6 +81,11 @@ def main(argv: Sequence[str]) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # its reader is gone (`... | head`): end as quietly as `cat` does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # what is left in the buffer goes nowhere
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
 
 
 def _connect(query: str):
@@ -153,7 +162,7 @@ def _logs(args) -> int:
 
 def _stop(args) -> int:
     entry, client = _connect(args.program)
-    _call(entry, client.stop)
+    _call(entry, lambda: client.stop(_requester()))
     if args.no_wait:
         print(f'Stopping {entry.name} ({entry.id}).')
         return 0
@@ -166,6 +175,21 @@ def _stop(args) -> int:
         time.sleep(0.2)
     print(f'Stopped {entry.name} ({entry.id}).')
     return 0
+
+
+def _requester() -> str:
+    """Who runs this command, as the launcher of the program it stops prints it."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid
+        user = f'uid {os.getuid()}'
+    parts = [f'user {user}', f'pid {os.getpid()}', f'parent pid {os.getppid()}']
+    for stream in (sys.stdin, sys.stdout, sys.stderr):
+        if stream is not None and stream.isatty():
+            parts.append(f'terminal {os.ttyname(stream.fileno())}')
+            break
+    parts.append(f'host {socket.gethostname()}')
+    return f'`python -m launchpad.launch stop` ({", ".join(parts)})'
 
 
 def _dashboard(args) -> int:

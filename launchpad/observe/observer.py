@@ -74,6 +74,7 @@ class Observer:
         self._closed = threading.Event()
         self._finishing = threading.Lock()
         self._finished = False
+        self._stopped_by: Optional[str] = None  # who asked `stop`, if anyone did
         self._refresh()
 
     def start(self) -> 'Observer':
@@ -139,6 +140,10 @@ class Observer:
                     registry.unregister(self.id)
                 if self._server is not None:
                     self._server.Stop()
+                if self._stopped_by is not None and ended:
+                    print(f'Program {self._program!r} has stopped; '
+                          f'{how_nodes_ended(self._controller.status())}.', file=sys.stderr,
+                          flush=True)
 
     def _refresh(self, ended: bool = False) -> None:
         """Takes one sample of the program."""
@@ -226,10 +231,18 @@ class Observer:
             lines.extend([name, line] for line in read)
         return {'lines': lines, 'cursor': positions}
 
-    def stop(self) -> None:
-        """Stops the program (in the background: returns at once)."""
-        threading.Thread(target=self._controller.stop, daemon=True,
-                         name=f'lp-observe-stop-{self.id}').start()
+    def stop(self, by: Optional[str] = None) -> None:
+        """Stops the program (returns at once). `by` says who asks (the CLI sends its user,
+        pids and host); the launching process prints it, and how the nodes ended once they
+        have, so that a program stopped from another shell does not end without a word."""
+        who = by or 'a client of its observer'
+        with self._lock:
+            first = self._stopped_by is None and not self._controller.coordinator.stopping
+            self._stopped_by = self._stopped_by or who
+        if first:
+            print(f'\nStopping program {self._program!r}: asked by {who}.', file=sys.stderr,
+                  flush=True)
+        self._controller.coordinator.request_stop(f'stopped by {who}')
 
     # In the launching process only.
 
@@ -251,6 +264,20 @@ class Observer:
         if self._dashboard is not None:
             self._dashboard.close()
             self._dashboard = None
+
+
+def how_nodes_ended(status: Dict[str, Any], named: int = 10) -> str:
+    """'its 3 nodes ended: 2 finished, 1 killed (producer/1)': how many ended in each state,
+    naming those that did not finish (the first `named` of each state)."""
+    by_state: Dict[str, List[str]] = {}
+    for name, node in status.items():
+        by_state.setdefault(node.state.value, []).append(name)
+    parts = []
+    for state, names in by_state.items():
+        listed = '' if state == 'finished' else ' (' + ', '.join(names[:named]) + (
+            ', ...' if len(names) > named else '') + ')'
+        parts.append(f'{len(names)} {state}{listed}')
+    return f'its {len(status)} node{"s" * (len(status) != 1)} ended: {", ".join(parts)}'
 
 
 def check_dashboard_option(dashboard: Union[bool, int]) -> Optional[int]:

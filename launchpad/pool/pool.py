@@ -29,6 +29,7 @@ import time
 from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import courier
+from courier import serialization
 
 from launchpad import runtime
 from launchpad.context import is_local_launch_or_test
@@ -118,9 +119,8 @@ class Pool:
             self._size = processes
         init = None
         if initializer is not None:
-            import cloudpickle  # pylint: disable=import-outside-toplevel
             key, function = pack_function(initializer)
-            init_args = cloudpickle.dumps(tuple(initargs))
+            init_args = serialization.cloudpickle_dumps(tuple(initargs))
             init = lambda client: client.initialize(key, function, init_args)  # noqa: E731
         self._dispatcher = Dispatcher(prefetch=prefetch, initialize=init)
         if workers is not None:

@@ -25,6 +25,7 @@ import traceback
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import courier
+from courier import serialization
 
 from launchpad import runtime
 from launchpad.address import Address
@@ -40,16 +41,15 @@ def pack_chunk(items: Sequence[Any]) -> Tuple[bytes, List[pickle.PickleBuffer]]:
     """The items of a task as cloudpickle bytes plus out-of-band buffers (large arrays are not
     copied into the bytes; courier sends them as buffers). cloudpickle, since arguments may be
     instances of classes of the caller's `__main__`, which workers cannot import."""
-    import cloudpickle  # pylint: disable=import-outside-toplevel
     buffers: List[pickle.PickleBuffer] = []
-    data = cloudpickle.dumps(list(items), protocol=5, buffer_callback=buffers.append)
+    data = serialization.cloudpickle_dumps(list(items), buffer_callback=buffers.append)
     return data, buffers
 
 
 def pack_function(function: Any) -> Tuple[str, bytes]:
-    """A function as (key, cloudpickle bytes): functions of `__main__` travel by value."""
-    import cloudpickle  # pylint: disable=import-outside-toplevel
-    data = cloudpickle.dumps(function)
+    """A function as (key, cloudpickle bytes): functions of `__main__` travel by value (with
+    their file names, for the tracebacks of failed tasks)."""
+    data = serialization.cloudpickle_dumps(function)
     return f'{len(data)}-{hash(data)}', data
 
 

@@ -62,6 +62,10 @@ class ForkServer:
         listener.settimeout(0.1)
         try:
             self._conn = self._accept(listener)
+        except BaseException:  # Ctrl-C included: it must not outlive the launch
+            self.process.kill()
+            self.process.wait()
+            raise
         finally:
             listener.close()
             os.unlink(path)
@@ -107,8 +111,15 @@ class ForkServer:
         with self._lock:
             return self._exit_codes.get(pid)
 
-    def close(self) -> None:
-        """Ends the fork server (after its children have ended)."""
+    def close(self, abort: bool = False) -> None:
+        """Ends the fork server: after its children have ended, or, to `abort` a launch, ending
+        them (and whatever it forked that the launcher did not hear of yet) at once."""
+        if abort:
+            request = json.dumps({'abort': True}).encode()
+            try:
+                self._conn.sendall(len(request).to_bytes(4, 'big') + request)
+            except OSError:
+                pass  # it is gone already
         try:
             self._conn.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -183,7 +194,10 @@ def main() -> None:
     preload()
     notice_period = float(sys.argv[2])
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.connect(sys.argv[1])
+    try:
+        conn.connect(sys.argv[1])
+    except OSError:
+        return  # the launch was given up (e.g. Ctrl-C) before this process was ready
     children_ended, wakeup = socket.socketpair()
     wakeup.setblocking(False)
     signal.set_wakeup_fd(wakeup.fileno())
@@ -193,42 +207,48 @@ def main() -> None:
     selector.register(conn, selectors.EVENT_READ)
     selector.register(children_ended, selectors.EVENT_READ)
     workers: set = set()
-    serving = True
+    serving, aborted = True, False
     while serving:
         for key, _ in selector.select(timeout=1.0):
             if key.fileobj is children_ended:
                 children_ended.recv(4096)
-            elif not _serve_request(conn, workers):
-                serving = False
+            else:
+                outcome = _serve_request(conn, workers)
+                serving, aborted = outcome == 'served', outcome == 'abort'
         _report_exits(conn, workers)
         if os.getppid() != launcher_pid:
             break
     # Nodes whose launcher died stop by themselves once they notice (COORDINATOR_LOSS_TIMEOUT,
-    # 5 s) and their notice period is over; then whatever is left goes.
-    deadline = time.monotonic() + notice_period + 8.0
+    # 5 s) and their notice period is over; then whatever is left goes. An aborted launch's
+    # nodes go at once.
+    deadline = time.monotonic() + (0.0 if aborted else notice_period + 8.0)
     while workers and time.monotonic() < deadline:
         time.sleep(0.1)
         _report_exits(None, workers)
     tree.end_descendants()
 
 
-def _serve_request(conn: socket.socket, workers: set) -> bool:
+def _serve_request(conn: socket.socket, workers: set) -> str:
+    """Serves the launcher's next request: 'served', or 'closed' (the launcher closed the
+    connection) or 'abort' (it aborts the launch)."""
     header, fds, _, _ = socket.recv_fds(conn, 4, 1)
     if not header:
-        return False
+        return 'closed'
     size = int.from_bytes(header, 'big')
     data = b''
     while len(data) < size:
         chunk = conn.recv(min(size - len(data), _MAX_MESSAGE))
         if not chunk:
-            return False
+            return 'closed'
         data += chunk
     request = json.loads(data)
+    if request.get('abort'):
+        return 'abort'
     pid = fork_worker(request, fds[0], [conn.fileno()])
     workers.add(pid)
     os.close(fds[0])
     conn.sendall(f'started {request["name"]} {pid}\n'.encode())
-    return True
+    return 'served'
 
 
 def _report_exits(conn: Optional[socket.socket], workers: set) -> None:

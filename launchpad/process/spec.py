@@ -16,6 +16,7 @@ import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import courier
+from courier import serialization
 
 from launchpad.address import AddressTable
 from launchpad.policy import NodePolicy
@@ -141,12 +142,12 @@ class Packer:
 
 
 def pickle_node(node_name: str, value: Any) -> bytes:
-    """cloudpickle of `value`, or a NodePicklingError naming the node and what cannot be pickled."""
-    import cloudpickle  # pylint: disable=import-outside-toplevel
+    """cloudpickle of `value` (its code keeps its file names, for tracebacks where it runs), or a
+    NodePicklingError naming the node and what cannot be pickled."""
     flags.pickle_by_reference()
     copyreg.pickle(_LRU_CACHE_TYPE, _reduce_lru_cache)
     try:
-        return cloudpickle.dumps(value)
+        return serialization.cloudpickle_dumps(value)
     except Exception as e:  # pylint: disable=broad-except
         raise NodePicklingError(
             f'Cannot send node {node_name} to where it runs: its arguments cannot be pickled '

@@ -312,3 +312,26 @@ def test_served_methods_see_their_own_node_context(launch_type):
     controller = lp.launch(program, launch_type=launch_type)
     assert controller.wait(labels=['asker'], timeout=60)
     controller.stop()
+
+
+@pytest.mark.parametrize('launch_type', ['local_mt', 'local_mp', 'test_mt', 'test_mp'])
+def test_unknown_launch_options_are_refused_with_the_valid_ones(launch_type):
+    program = lp.Program('options')
+    program.add_node(lp.PyNode(print, 'never runs'), label='node')
+    with pytest.raises(TypeError) as error:
+        lp.launch(program, launch_type=launch_type, bogus_option=True)
+    message = str(error.value)
+    assert f"Unknown option(s) ['bogus_option'] for launch type {launch_type}" in message
+    assert 'takes no options of its own' in message
+    assert 'local_resources' in message and 'notice_period' in message  # lp.launch's own
+    assert not program.launched
+
+
+@pytest.mark.parametrize('launch_type', ['local_mt', 'local_mp'])
+def test_detach_is_refused_on_local_launchers_with_the_reason(launch_type):
+    program = lp.Program('detached')
+    program.add_node(lp.PyNode(print, 'never runs'), label='node')
+    with pytest.raises(ValueError, match=f'detach=True is not supported by the {launch_type} '
+                                         'launcher: .*this process'):
+        lp.launch(program, launch_type=launch_type, detach=True)
+    assert not program.launched

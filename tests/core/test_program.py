@@ -109,6 +109,23 @@ def test_handle_of_a_node_outside_the_program_fails_validation():
         lp.launch(program, launch_type='test_mt')
 
 
+@pytest.mark.parametrize('other_name', ['learner', 'actors'])
+def test_a_handle_of_another_program_names_its_node_and_program_and_what_to_do(other_name):
+    learner = lp.Program('learner')
+    server = learner.add_node(lp.CourierNode(Service), label='server')
+    actors = lp.Program(other_name)
+    actors.add_node(lp.PyNode(noop, server), label='actor')
+    with pytest.raises(lp.ProgramError) as error:
+        actors.validate()
+    message = str(error.value)
+    assert 'CourierNode-' not in message  # an internal id means nothing to the user
+    other = "another program also named 'learner'" if other_name == 'learner' else \
+        "program 'learner'"
+    assert (f"Node 'actor/0' (PyNode(noop)) of program {other_name!r} received a handle of "
+            f"node 'server/0' of {other}") in message
+    assert 'one program' in message and 'courier.Client' in message
+
+
 def test_empty_program_cannot_launch():
     with pytest.raises(lp.ProgramError, match='no nodes'):
         lp.launch(lp.Program('empty'), launch_type='test_mt')

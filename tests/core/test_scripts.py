@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -80,8 +81,33 @@ def test_a_failing_node_makes_the_script_exit_non_zero(launch_type, tmp_path):
     result = run_script(PROGRAM, str(tmp_path), 'fail', env={'LAUNCH_TYPE': launch_type})
     assert result.returncode == 1
     assert 'Node client/0 failed: ValueError: client gave up' in result.stderr
-    assert 'raise ValueError' in result.stderr  # the node's traceback
+    # The node's traceback names the script and shows the failing line, as `python` would.
+    assert f'File "{result.args[1]}", line 24, in client\n' in result.stderr, result.stderr
+    assert "raise ValueError('client gave up')" in result.stderr
     assert_gone(node_pids(tmp_path))
+
+
+POOL_PROGRAM = textwrap.dedent('''
+    import sys
+    import launchpad as lp
+
+    def fails_on_two(x):
+        if x == 2:
+            raise ValueError(f'two is bad ({x})')
+        return x
+
+    if __name__ == '__main__':
+        with lp.Pool(2, launch_type=sys.argv[1]) as pool:
+            print(pool.map(fails_on_two, range(4)))
+''')
+
+
+@pytest.mark.parametrize('launch_type', ['local_mt', 'local_mp'])
+def test_a_failing_pool_task_of_a_script_shows_its_file_and_line(launch_type):
+    result = run_script(POOL_PROGRAM, launch_type)
+    assert result.returncode == 1
+    assert f'File "{result.args[1]}", line 7, in fails_on_two\n' in result.stderr, result.stderr
+    assert "raise ValueError(f'two is bad ({x})')" in result.stderr
 
 
 def start_script(tmp_path, mode, launch_type='local_mp', notice='10'):
@@ -153,7 +179,77 @@ def test_a_signal_during_the_launch_aborts_it_and_the_launcher_undoes_it(tmp_pat
         process.wait()
     assert process.returncode != 0
     assert (tmp_path / 'undone').read_text() == 'KeyboardInterrupt'
-    assert 'KeyboardInterrupt' in err
+    assert (f"Launch of program 'slow' interrupted by {signal.Signals(signum).name}; what it "
+            f"had started was ended.") in err
+    assert 'Traceback' not in err
+
+
+INTERRUPTED_PROGRAM = PROGRAM.replace('lp.launch(program,', textwrap.dedent('''
+    class SlowToSend:
+        """Takes 0.3 s to pickle, so the launch (which sends it to its node) takes longer."""
+        def __reduce__(self):
+            time.sleep(0.3)
+            return SlowToSend, ()
+
+    program.add_node(lp.PyNode(print, SlowToSend()), label='slow')
+    report('launching')
+    lp.launch(program, serialize_py_nodes=True,''').strip())
+
+
+def processes_marked(marker):
+    """Our processes whose environment carries `marker` (node processes and fork servers
+    inherit the launching script's environment)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get('LP_TEST_MARKER') == marker:
+                found.append(process)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.mark.parametrize('launch_type', ['local_mt', 'local_mp'])
+def test_ctrl_c_during_the_launch_stops_as_cleanly_as_after_it(tmp_path, launch_type):
+    path = tmp_path / 'program.py'
+    path.write_text(INTERRUPTED_PROGRAM)
+    registry_dir = tmp_path / 'registry'
+    registry_dir.mkdir(mode=0o700)
+    outcomes = []
+    for delay in (0.05, 0.1, 0.2, 0.3, 0.5, 0.8):  # from just after the script's last line
+        reports = tmp_path / f'reports-{delay}'
+        reports.mkdir()
+        marker = f'{os.getpid()}-{launch_type}-{delay}'
+        process = subprocess.Popen(  # Ctrl-C as a terminal sends it, even if we ignore it
+            [sys.executable, str(path), str(reports), 'run'], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(
+                signal.SIGINT, signal.SIG_DFL),
+            env=script_env({'LAUNCH_TYPE': launch_type, 'LP_TEST_MARKER': marker,
+                            'LAUNCHPAD_RUNTIME_DIR': str(registry_dir)}))
+        try:
+            assert wait_until(lambda: (reports / 'launching').exists(), timeout=30,
+                              interval=0.002)
+            time.sleep(delay)
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        assert 'Traceback' not in err + out, (delay, err)
+        if 'Stopping program' in err:  # the program had started: the usual stop
+            assert process.returncode == 0, (delay, err)
+            outcomes.append('stopped')
+        else:
+            assert f"Launch of program 'script' interrupted by SIGINT" in err, (delay, err)
+            assert process.returncode == -signal.SIGINT, (delay, err)
+            outcomes.append('interrupted')
+        assert wait_until(lambda: not processes_marked(marker), timeout=10), (
+            delay, [p.cmdline() for p in processes_marked(marker)])
+        assert not os.listdir(registry_dir), delay
+    # The first signals came while the slow argument was being sent: in the launch.
+    assert outcomes[:2] == ['interrupted', 'interrupted'], outcomes
+    # (The no_leftovers fixture checks that nothing was left in TMPDIR.)
 
 
 def test_second_ctrl_c_kills_at_once(tmp_path):
@@ -187,11 +283,13 @@ def test_cli_runs_a_script_with_the_chosen_launch_type(tmp_path):
     assert 'double of 21 is 42' in result.stdout
     assert '[client/0]' not in result.stdout  # threads: no process prefixes
 
-    failing = subprocess.run(
-        [sys.executable, '-m', 'launchpad.launch', '--type=local_mp', str(script), str(tmp_path),
-         'fail'], capture_output=True, text=True, timeout=60, env=script_env(), cwd=REPO)
+    failing = subprocess.run(  # the script named relative to the working directory
+        [sys.executable, '-m', 'launchpad.launch', '--type=local_mp', 'program.py', str(tmp_path),
+         'fail'], capture_output=True, text=True, timeout=60, env=script_env(), cwd=tmp_path)
     assert failing.returncode == 1
     assert 'Node client/0 failed' in failing.stderr
+    assert f'File "{script}", line 24, in client\n' in failing.stderr, failing.stderr
+    assert "raise ValueError('client gave up')" in failing.stderr
 
 
 def test_cli_explains_itself_and_rejects_unknown_types():
@@ -324,3 +422,63 @@ def test_tmux_session_runs_each_node_in_a_window(tmp_path):
     sessions = subprocess.run(['tmux', 'list-sessions'], capture_output=True, text=True,
                               env={**os.environ, 'TMUX_TMPDIR': str(socket_dir)})
     assert 'lp-tmuxed' not in sessions.stdout  # the session ends with the program
+
+
+NO_APP_RUN_PROGRAM = textwrap.dedent('''
+    import os
+    import launchpad as lp
+
+    def where():
+        print('launch type', lp.get_context().launch_type, 'in launcher:',
+              os.getpid() == int(os.environ['LAUNCHER_PID']), flush=True)
+
+    os.environ['LAUNCHER_PID'] = str(os.getpid())
+    program = lp.Program('no_app_run')
+    program.add_node(lp.PyNode(where), label='node')
+    lp.launch(program)
+''')
+
+
+@pytest.mark.parametrize('flag', [['--lp_launch_type=local_mp'], ['--lp_launch_type', 'local_mp']])
+def test_the_launch_type_flag_counts_without_absl_app_run(flag):
+    result = run_script(NO_APP_RUN_PROGRAM, *flag)
+    assert result.returncode == 0, result.stderr
+    assert '[node/0] launch type local_mp in launcher: False' in result.stdout
+
+
+def test_without_the_flag_a_script_runs_local_mt():
+    result = run_script(NO_APP_RUN_PROGRAM)
+    assert result.returncode == 0, result.stderr
+    assert 'launch type local_mt in launcher: True' in result.stdout
+
+
+def test_the_cli_honours_the_scripts_flag_and_refuses_a_conflicting_type(tmp_path):
+    script = tmp_path / 'program.py'
+    script.write_text(NO_APP_RUN_PROGRAM)
+    flagged = subprocess.run(
+        [sys.executable, '-m', 'launchpad.launch', str(script), '--lp_launch_type=local_mt'],
+        capture_output=True, text=True, timeout=60, env=script_env())
+    assert flagged.returncode == 0, flagged.stderr
+    assert 'launch type local_mt in launcher: True' in flagged.stdout
+    conflict = subprocess.run(
+        [sys.executable, '-m', 'launchpad.launch', '--type=local_mp', str(script),
+         '--lp_launch_type=local_mt'], capture_output=True, text=True, timeout=60,
+        env=script_env())
+    assert conflict.returncode == 2
+    assert '--type=local_mp' in conflict.stderr and '--lp_launch_type=local_mt' in conflict.stderr
+
+
+@pytest.mark.parametrize('source', [
+    'import launchpad as lp\n\ndef broken(:\n    pass\n',
+    'import launchpad as lp\n\ndef fails():\n    raise RuntimeError("boom")\n\nfails()\n',
+], ids=['syntax_error', 'exception'])
+def test_the_cli_shows_an_error_of_the_script_as_python_does(tmp_path, source):
+    script = tmp_path / 'broken.py'
+    script.write_text(source)
+    ours = subprocess.run([sys.executable, '-m', 'launchpad.launch', 'broken.py'],
+                          capture_output=True, text=True, timeout=60, env=script_env(),
+                          cwd=tmp_path)
+    python = subprocess.run([sys.executable, 'broken.py'], capture_output=True, text=True,
+                            timeout=60, env=script_env(), cwd=tmp_path)
+    assert python.returncode == 1 and python.stderr
+    assert (ours.returncode, ours.stderr) == (python.returncode, python.stderr)

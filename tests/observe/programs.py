@@ -1,13 +1,15 @@
 """A program to look at, run by a launching process of its own, and the CLI run beside it."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import courier
 
@@ -66,6 +68,19 @@ def launch(tmp_path, launch_type: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(script), launch_type, *args], env=environment(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+
+
+@contextlib.contextmanager
+def launched(tmp_path, launch_type: str, *args: str) -> Iterator[subprocess.Popen]:
+    """PROGRAM running (as `launch` starts it); killed, with its process group, if it still
+    runs at the end of the block."""
+    process = launch(tmp_path, launch_type, *args)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

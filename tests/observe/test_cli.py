@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import socket
 import subprocess
 import sys
 import urllib.request
 
 import pytest
 
-from tests.observe.programs import (cli, cli_json, environment, launch, observer_of, running,
-                                    wait_until)
+from tests.observe.programs import (cli, cli_json, environment, launch, launched, observer_of,
+                                    running, wait_until)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -177,8 +179,7 @@ print(json.dumps(tried))
 @pytest.mark.skipif(os.geteuid() != 0, reason='dropping to another user needs root')
 def test_another_user_can_neither_see_nor_stop_the_program(runtime_dir, tmp_path):
     import courier  # pylint: disable=import-outside-toplevel
-    process = launch(tmp_path, 'local_mp')
-    try:
+    with launched(tmp_path, 'local_mp') as process:
         entry = wait_until(lambda: running('observed'), what='the program in the registry')
         entry_path = os.path.join(runtime_dir, f'{entry.id}.json')
         socket_path = os.path.join(runtime_dir, f'{entry.id}.sock')
@@ -199,7 +200,46 @@ def test_another_user_can_neither_see_nor_stop_the_program(runtime_dir, tmp_path
         assert wait_until(lambda: _busy(observer_of(entry)))  # untouched
         assert cli('stop', entry.id).returncode == 0
         assert process.wait(timeout=60) == 0
+
+
+def _cli_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess:
+    """The command with its output going to a pipe nobody reads any more (`... | head`)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run([sys.executable, '-m', 'launchpad.launch', *args], stdout=write,
+                              stderr=subprocess.PIPE, text=True, env=environment(), timeout=60)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, 9)
-            process.wait()
+        os.close(write)
+
+
+def test_commands_whose_reader_is_gone_end_quietly(runtime_dir, tmp_path):
+    with launched(tmp_path, 'local_mp') as process:
+        entry = wait_until(lambda: running('observed'), what='the program in the registry')
+        observer = observer_of(entry)
+        wait_until(lambda: observer.logs()['lines'], what='a line in the logs')
+        for command in (['list'], ['list', '--json'], ['status', entry.id],
+                        ['status', entry.id, '--json'], ['logs', entry.id],
+                        ['metrics', entry.id]):
+            done = _cli_into_a_closed_pipe(*command)
+            assert (done.returncode, done.stderr) == (141, ''), command  # as `cat` would
+        assert cli('stop', entry.id).returncode == 0
+        assert process.wait(timeout=60) == 0
+
+
+def test_the_launcher_says_who_stopped_its_program_and_how_its_nodes_ended(runtime_dir,
+                                                                            tmp_path):
+    with launched(tmp_path, 'local_mp') as process:
+        entry = wait_until(lambda: running('observed'), what='the program in the registry')
+        wait_until(lambda: _busy(observer_of(entry)), what='every node running')
+        stopper = subprocess.Popen([sys.executable, '-m', 'launchpad.launch', 'stop', entry.id],
+                                   env=environment(), stdout=subprocess.PIPE, text=True)
+        assert stopper.wait(timeout=60) == 0
+        stopper.stdout.close()
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+    user = pwd.getpwuid(os.getuid()).pw_name
+    who = (f'`python -m launchpad.launch stop` (user {user}, pid {stopper.pid}, parent pid '
+           f'{os.getpid()}, host {socket.gethostname()})')
+    assert f"Stopping program 'observed': asked by {who}." in err, err
+    assert f"Program 'observed' has stopped; its 3 nodes ended: 3 finished.\n" in err, err

@@ -21,6 +21,25 @@ def _listening(entry: registry.Entry) -> None:
     open(registry.socket_path(entry.id), 'w').close()
 
 
+SHORT_PROGRAM = '''
+import sys
+import launchpad as lp
+program = lp.Program('short')
+program.add_node(lp.PyNode(print, 'done at once'), label='node')
+lp.launch(program, launch_type=sys.argv[1])
+'''
+
+
+@pytest.mark.parametrize('launch_type', ['local_mt', 'local_mp'])
+def test_a_program_that_ends_at_once_leaves_nothing_in_the_registry(runtime_dir, launch_type):
+    for _ in range(3):  # it ended before or while its observer registered it: racy before
+        done = subprocess.run([sys.executable, '-c', SHORT_PROGRAM, launch_type],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert 'done at once' in done.stdout
+        assert os.listdir(runtime_dir) == []
+
+
 def test_entries_are_private_files_in_a_private_directory(runtime_dir):
     entry = _entry('my program/1')
     registry.register(entry)
