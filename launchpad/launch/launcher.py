@@ -226,7 +226,7 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
       dashboard: True serves the program's web dashboard on a free port of 127.0.0.1 (a port
         number: on that port; several programs each get one, on free ports only) and prints
         its URL, token included; needs
-        `pip install 'launchpad[dashboard]'`. It stays up after the program ends, until
+        `pip install 'launchpad-ml[dashboard]'`. It stays up after the program ends, until
         `controller.observer.close()` or the end of the process.
       **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh.
 
