@@ -121,6 +121,15 @@ def make_program(actors: int, max_actors: int, episodes: int, step_ms: float, ro
     return program
 
 
+def check_plotting() -> None:
+    """--plot needs matplotlib, which only the `plot` extra installs: say so before the run."""
+    try:
+        import matplotlib  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except ImportError as error:
+        sys.exit(f"--plot needs matplotlib ({error}); install it with "
+                 "pip install 'launchpad-ml[plot]' (or drop --plot).")
+
+
 def plot(path: str, timeline, decisions) -> None:
     """Actors and average return against time, with the policy's decisions."""
     import matplotlib  # pylint: disable=import-outside-toplevel
@@ -151,6 +160,8 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
     if not 1 <= _ACTORS.value <= _MAX_ACTORS.value:
         raise app.UsageError('--actors must be between 1 and --max_actors.')
+    if _PLOT.value:
+        check_plotting()
     results = _RESULTS.value or (os.path.splitext(_PLOT.value)[0] + '.json' if _PLOT.value
                                  else None)
     program = make_program(_ACTORS.value, _MAX_ACTORS.value, _EPISODES.value, _STEP_MS.value,
