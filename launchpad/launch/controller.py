@@ -428,7 +428,7 @@ class LaunchSignals:
         self.pending.append(signum)
 
 
-class Controllers(list):
+class Controllers(List[Controller]):
     """The controllers of several programs launched together (`lp.launch([a, b])`), in order,
     with `wait`, `stop` and `stop_and_wait` acting on all of them."""
 

@@ -22,7 +22,8 @@ import contextlib
 import dataclasses
 import functools
 import importlib
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union,
+                    overload)
 
 from absl import flags
 
@@ -196,6 +197,24 @@ def policies_of(program: Program, executables: Sequence[Tuple[str, Executable]]
         if policy != NodePolicy():
             policies[executable.name] = policy
     return policies
+
+
+@overload
+def launch(programs: Program, launch_type: Optional[str] = None,
+           local_resources: Optional[Mapping[str, Any]] = None, test_case: Any = None,
+           terminal: Optional[str] = None, *, resources: Optional[Mapping[str, Any]] = None,
+           serialize_py_nodes: Optional[bool] = None, notice_period: float = 10.0,
+           tls: Optional[courier.TLSConfig] = None, dashboard: Union[bool, int] = False,
+           **launcher_options: Any) -> Controller: ...
+
+
+@overload
+def launch(programs: Sequence[Program], launch_type: Optional[str] = None,
+           local_resources: Optional[Mapping[str, Any]] = None, test_case: Any = None,
+           terminal: Optional[str] = None, *, resources: Optional[Mapping[str, Any]] = None,
+           serialize_py_nodes: Optional[bool] = None, notice_period: float = 10.0,
+           tls: Optional[courier.TLSConfig] = None, dashboard: Union[bool, int] = False,
+           **launcher_options: Any) -> Controllers: ...
 
 
 def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
