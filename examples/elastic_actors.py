@@ -13,7 +13,8 @@ The launcher asks the scaling policy every --interval seconds for the actors' si
 average return) per actor improves and shrinks them when it does not, within [1, --max_actors]
 and a --budget of actor-seconds. The learner stops the program once the average return of the
 last rounds reaches --target (or after --rounds rounds); then the script writes a plot of the
-actors and the average return over time (--plot) and prints the scaling decisions.
+actors and the average return over time (--plot; needs matplotlib, from the plot extra:
+pip install 'launchpad-ml[plot]') and prints the scaling decisions.
 
     python -m launchpad.launch --type=local_mp examples/elastic_actors.py --plot=elastic.png
 """
