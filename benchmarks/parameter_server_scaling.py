@@ -8,7 +8,7 @@ dm-launchpad, the same script also runs under dm-launchpad, each run right after
 see the same load. dm-launchpad has no CacherNode, so its cacher is always the paper's Cacher class.
 
 Writes parameter_server_scaling.csv and a log-log parameter_server_scaling.png (needs matplotlib:
-pip install -e '.[benchmarks]').
+pip install -e '.[plot]').
 
     python benchmarks/parameter_server_scaling.py --partitions=4 --seconds=2
     python benchmarks/parameter_server_scaling.py --plot_only   # redraw from the CSV

@@ -15,8 +15,9 @@ The program (local_mp, one process per node):
 
 This process samples, every ``--interval`` seconds, the resident memory (RSS), open file
 descriptors and threads of every process of the program (each node names itself in a
-pid file), and writes a CSV and a plot of the three over time. After a warm-up, flat lines
-mean no leak: connections, threads and memory are released as fast as they are made.
+pid file), and writes a CSV and a plot of the three over time (the plot needs matplotlib:
+pip install -e '.[plot]'). After a warm-up, flat lines mean no leak: connections, threads and
+memory are released as fast as they are made.
 
     nice python benchmarks/soak.py --minutes 30 --out docs/soak   # docs/soak.csv, docs/soak.png
 """

@@ -13,7 +13,8 @@ The launcher asks the scaling policy every --interval seconds for the actors' si
 average return) per actor improves and shrinks them when it does not, within [1, --max_actors]
 and a --budget of actor-seconds. The learner stops the program once the average return of the
 last rounds reaches --target (or after --rounds rounds); then the script writes a plot of the
-actors and the average return over time (--plot) and prints the scaling decisions.
+actors and the average return over time (--plot; needs matplotlib, from the plot extra:
+pip install 'launchpad-ml[plot]') and prints the scaling decisions.
 
     python -m launchpad.launch --type=local_mp examples/elastic_actors.py --plot=elastic.png
 """
@@ -121,6 +122,15 @@ def make_program(actors: int, max_actors: int, episodes: int, step_ms: float, ro
     return program
 
 
+def check_plotting() -> None:
+    """--plot needs matplotlib, which only the `plot` extra installs: say so before the run."""
+    try:
+        import matplotlib  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except ImportError as error:
+        sys.exit(f"--plot needs matplotlib ({error}); install it with "
+                 "pip install 'launchpad-ml[plot]' (or drop --plot).")
+
+
 def plot(path: str, timeline, decisions) -> None:
     """Actors and average return against time, with the policy's decisions."""
     import matplotlib  # pylint: disable=import-outside-toplevel
@@ -151,6 +161,8 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
     if not 1 <= _ACTORS.value <= _MAX_ACTORS.value:
         raise app.UsageError('--actors must be between 1 and --max_actors.')
+    if _PLOT.value:
+        check_plotting()
     results = _RESULTS.value or (os.path.splitext(_PLOT.value)[0] + '.json' if _PLOT.value
                                  else None)
     program = make_program(_ACTORS.value, _MAX_ACTORS.value, _EPISODES.value, _STEP_MS.value,

@@ -10,7 +10,7 @@
 Platform modules (processes, ssh, slurm, kubernetes) load when one of their names is first used.
 """
 import importlib
-from typing import Any, List
+from typing import TYPE_CHECKING, Any, List
 
 from courier import batched_handler
 
@@ -38,6 +38,12 @@ from launchpad.program import Program, ProgramError, make_program
 from launchpad.runtime import (get_context, heartbeat, register_stop_handler, resize, stop,
                                stop_event, unregister_stop_handler, wait_for_stop)
 from launchpad.scaling import Elastic, ProgressPerActorPolicy, QueueLengthPolicy
+
+if TYPE_CHECKING:  # what __getattr__ below returns, for type checkers
+    from launchpad.launch.kubernetes import KubernetesResources, program_to_manifests
+    from launchpad.launch.processes import PythonProcess
+    from launchpad.launch.slurm import SlurmController, SlurmError, SlurmResources
+    from launchpad.launch.ssh import SshHost, SshHosts
 
 # Public names of the platform modules, imported on first use (see __getattr__).
 _PLATFORM_NAMES = {

@@ -24,8 +24,8 @@ import itertools
 import queue
 import threading
 import time
-from typing import (Any, Callable, Deque, Dict, Generic, Iterable, Iterator, List, Optional,
-                    Sequence, Tuple, TypeVar, Union)
+from typing import (Any, Callable, Deque, Dict, Generic, Iterable, Iterator, List, Literal,
+                    Optional, Sequence, Tuple, TypeVar, Union, overload)
 
 T = TypeVar('T')
 U = TypeVar('U')
@@ -185,6 +185,21 @@ class ParallelIterator(Generic[T]):
     def gather_sync(self) -> LocalIterator:
         """One item per actor per round, in actor order (rounds as in `batch_across_shards`)."""
         return self.batch_across_shards().combine(lambda items: items)
+
+
+@overload
+def ParallelRollouts(workers: Sequence[Any], mode: Literal['bulk_sync', 'async'] = 'bulk_sync',
+                     num_async: int = 1) -> LocalIterator: ...  # pylint: disable=invalid-name
+
+
+@overload
+def ParallelRollouts(workers: Sequence[Any], mode: Literal['raw'],
+                     num_async: int = 1) -> ParallelIterator: ...  # pylint: disable=invalid-name
+
+
+@overload
+def ParallelRollouts(workers: Sequence[Any], mode: str,  # pylint: disable=invalid-name
+                     num_async: int = 1) -> Union[LocalIterator, ParallelIterator]: ...
 
 
 def ParallelRollouts(  # pylint: disable=invalid-name

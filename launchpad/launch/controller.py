@@ -482,7 +482,7 @@ def _summarizing_hook(previous: Callable[..., Any]) -> Callable[..., Any]:
     return hook
 
 
-class Controllers(list):
+class Controllers(List[Controller]):
     """The controllers of several programs launched together (`lp.launch([a, b])`), in order,
     with `wait`, `stop` and `stop_and_wait` acting on all of them."""
 

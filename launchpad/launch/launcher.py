@@ -25,7 +25,8 @@ import importlib
 import inspect
 import signal
 import sys
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union,
+                    overload)
 
 from absl import flags
 
@@ -234,6 +235,24 @@ def policies_of(program: Program, executables: Sequence[Tuple[str, Executable]]
     return policies
 
 
+@overload
+def launch(programs: Program, launch_type: Optional[str] = None,
+           local_resources: Optional[Mapping[str, Any]] = None, test_case: Any = None,
+           terminal: Optional[str] = None, *, resources: Optional[Mapping[str, Any]] = None,
+           serialize_py_nodes: Optional[bool] = None, notice_period: float = 10.0,
+           tls: Optional[courier.TLSConfig] = None, dashboard: Union[bool, int] = False,
+           **launcher_options: Any) -> Controller: ...
+
+
+@overload
+def launch(programs: Sequence[Program], launch_type: Optional[str] = None,
+           local_resources: Optional[Mapping[str, Any]] = None, test_case: Any = None,
+           terminal: Optional[str] = None, *, resources: Optional[Mapping[str, Any]] = None,
+           serialize_py_nodes: Optional[bool] = None, notice_period: float = 10.0,
+           tls: Optional[courier.TLSConfig] = None, dashboard: Union[bool, int] = False,
+           **launcher_options: Any) -> Controllers: ...
+
+
 def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
            local_resources: Optional[Mapping[str, Any]] = None, test_case=None,
            terminal: Optional[str] = None, *, resources: Optional[Mapping[str, Any]] = None,
@@ -262,7 +281,7 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
       dashboard: True serves the program's web dashboard on a free port of 127.0.0.1 (a port
         number: on that port; several programs each get one, on free ports only) and prints
         its URL, token included; needs
-        `pip install 'launchpad[dashboard]'`. It stays up after the program ends, until
+        `pip install 'launchpad-ml[dashboard]'`. It stays up after the program ends, until
         `controller.observer.close()` or the end of the process.
       **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh.
 

@@ -1,7 +1,7 @@
 """`ReverbNode`: a Reverb replay server built and served inside its own executable.
 
-dm-reverb is optional (`pip install 'launchpad[reverb]'`); it is imported only where the node runs
-and where its handles are dereferenced.
+dm-reverb is optional (`pip install 'launchpad-ml[reverb]'`); it is imported only where the node
+runs and where its handles are dereferenced.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def missing_reverb_message() -> Optional[str]:
         return None
     python = f'{sys.version_info[0]}.{sys.version_info[1]}'
     versions = ', '.join(f'{major}.{minor}' for major, minor in REVERB_PYTHONS)
-    fix = ("install it with `pip install 'launchpad[reverb]'` (dm-reverb>=0.14.0 with "
+    fix = ("install it with `pip install 'launchpad-ml[reverb]'` (dm-reverb>=0.14.0 with "
            'tensorflow~=2.15.0, which needs numpy<2)')
     if sys.version_info[:2] not in REVERB_PYTHONS:
         fix = (f'dm-reverb has wheels for CPython {versions} only, and this is Python {python}: '

@@ -1,4 +1,5 @@
-"""The web dashboard of a running program, served with aiohttp (`pip install 'launchpad[dashboard]'`).
+"""The web dashboard of a running program, served with aiohttp (`pip install
+'launchpad-ml[dashboard]'`).
 
 It binds 127.0.0.1 only, on a port of its own, and every request but the page's static files
 must carry its random token (the URL it prints has it; the page passes it on as a header; a
@@ -29,7 +30,7 @@ from typing import Any, Callable, Optional
 
 from launchpad.observe import prometheus
 
-EXTRA = 'launchpad[dashboard]'
+EXTRA = 'launchpad-ml[dashboard]'
 STATIC = pathlib.Path(__file__).resolve().parent / 'static'
 TOKEN_HEADER = 'X-Launchpad-Token'
 

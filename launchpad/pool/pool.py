@@ -82,7 +82,8 @@ class Pool:
 
     def __init__(self, processes: Optional[int] = None, initializer: Optional[Callable] = None,
                  initargs: Sequence[Any] = (), maxtasksperchild: Optional[int] = None, *,
-                 workers: Optional[Sequence[Worker]] = None, launch_type: Optional[str] = None,
+                 workers: Union[Sequence[Worker], GroupClient, None] = None,
+                 launch_type: Optional[str] = None,
                  resources: Any = None, max_restarts: int = 100, prefetch: int = 2,
                  pool_host: Optional[str] = None, name: str = 'pool',
                  start_timeout: float = 300.0, **launch_options):

@@ -218,6 +218,22 @@ def test_dataflow_agents_learn_cartpole(run_example, tmp_path, name, args):
                                      f'to {last:.1f} (last 20)')
 
 
+def test_elastic_actors_asks_for_the_plot_extra_before_it_runs(run_example, tmp_path,
+                                                                monkeypatch):
+    """--plot without matplotlib stops at once, naming the extra that installs it, instead of a
+    traceback after the whole run."""
+    hidden = tmp_path / 'without_matplotlib' / 'matplotlib'
+    hidden.mkdir(parents=True)
+    (hidden / '__init__.py').write_text(  # what Python raises when it is not installed
+        "raise ModuleNotFoundError(\"No module named 'matplotlib'\", name='matplotlib')\n")
+    monkeypatch.setenv('PYTHONPATH', str(hidden.parent))
+    run = run_example('elastic_actors', 'local_mp', f'--plot={tmp_path / "elastic.png"}')
+    assert run.returncode != 0
+    assert "pip install 'launchpad-ml[plot]'" in run.stderr, run.stderr
+    assert not (tmp_path / 'elastic.json').exists()  # the program never started
+    assert 'Traceback' not in run.stderr, run.stderr
+
+
 def test_elastic_actors_follow_the_learner_and_plot_it(run_example, tmp_path):
     """local_mp, as CI runs it: the policy changes the actors while the learner trains, every
     change within [1, max_actors], and the plot is written."""

@@ -438,7 +438,7 @@ def test_importing_launchpad_does_not_import_the_kubernetes_client():
 
 def test_a_missing_client_names_the_extra_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, 'kubernetes', None)
-    with pytest.raises(ImportError, match=r"pip install 'launchpad\[kubernetes\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'launchpad-ml\[kubernetes\]'"):
         lp.launch(kubernetes_programs.producer_consumer(), launch_type='kubernetes', image='i')
 
 

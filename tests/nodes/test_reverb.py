@@ -24,7 +24,7 @@ def test_without_reverb_the_node_says_what_to_install(monkeypatch):
     with pytest.raises(ImportError) as error:
         lp.ReverbNode(tables)
     message = str(error.value)
-    assert "pip install 'launchpad[reverb]'" in message
+    assert "pip install 'launchpad-ml[reverb]'" in message
     assert 'dm-reverb' in message and 'tensorflow~=2.15.0' in message
     assert 'CPython 3.9, 3.10, 3.11' in message
 

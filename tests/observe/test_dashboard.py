@@ -42,7 +42,7 @@ def test_several_programs_get_a_dashboard_each_on_free_ports(runtime_dir, tmp_pa
 def test_without_its_extra_the_dashboard_names_the_extra(runtime_dir, monkeypatch):
     del runtime_dir
     monkeypatch.setitem(sys.modules, 'aiohttp', None)  # makes `import aiohttp` fail
-    with pytest.raises(ImportError, match=re.escape("pip install 'launchpad[dashboard]'")):
+    with pytest.raises(ImportError, match=re.escape("pip install 'launchpad-ml[dashboard]'")):
         lp.launch(nodes.agent('unused'), launch_type='test_mt', dashboard=True)
 
 

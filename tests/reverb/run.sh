@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs tests/reverb in an environment of its own: a CPython 3.9-3.11 virtualenv with
-# launchpad[reverb] (dm-reverb 0.14 + TensorFlow 2.15, numpy<2; about 1.7 GB). The main test
+# launchpad-ml[reverb] (dm-reverb 0.14 + TensorFlow 2.15, numpy<2; about 1.7 GB). The main test
 # environment needs neither. The environment is kept and reused; delete it to rebuild.
 #
 #   bash tests/reverb/run.sh [pytest arguments]
+#   bash tests/reverb/run.sh --build        # only make sure the environment is ready
 #
 # REVERB_PYTHON: the interpreter to build it from (default: python3.11).
 # REVERB_VENV:   where to keep it (default: launchpad/reverb-venv in the user's cache directory).
@@ -21,10 +22,12 @@ if ! "$venv/bin/pip" show dm-reverb >/dev/null 2>&1; then
   # pip builds in the source tree. Tests import launchpad from this checkout.
   source_copy="$(mktemp -d)"
   trap 'rm -rf "$source_copy"' EXIT
-  cp -r "$repo/setup.py" "$repo/README.md" "$repo/launchpad" "$repo/courier" "$source_copy"
+  cp -r "$repo/pyproject.toml" "$repo/README.md" "$repo/LICENSE" "$repo/launchpad" "$repo/courier" \
+    "$repo/protos" "$source_copy"
   "$venv/bin/pip" install --quiet "$source_copy[reverb]" pytest pytest-timeout
 fi
 echo "Reverb environment ready after $((SECONDS - start)) s"
+[ "${1:-}" = --build ] && exit 0
 
 cd "$repo"
 start=$SECONDS

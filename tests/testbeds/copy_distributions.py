@@ -2,8 +2,8 @@
 
 podman_image.sh runs this with the interpreter the tests use:
 
-    python copy_distributions.py list SETUP_PY        # name==version lines (the image cache key)
-    python copy_distributions.py copy SETUP_PY DIR    # fill DIR (the image's dist-packages)
+    python copy_distributions.py list PYPROJECT       # name==version lines (the image cache key)
+    python copy_distributions.py copy PYPROJECT DIR   # fill DIR (the image's dist-packages)
 
 The image's Python is Debian's python3.11. When this interpreter is also CPython 3.11 (e.g. a
 pyenv 3.11 beside Debian's), the installed distributions are copied file by file: cp311 wheels
@@ -13,7 +13,6 @@ extensions, so pip fetches cp311 wheels of the same versions instead (this needs
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib.metadata
 import pathlib
 import platform
@@ -27,6 +26,10 @@ try:
 except ImportError:  # an interpreter without pytest's dependencies still has pip's copy
     from pip._vendor.packaging.requirements import Requirement
     from pip._vendor.packaging.utils import canonicalize_name
+try:
+    import tomllib
+except ImportError:  # Python < 3.11: pip's copy of tomli, the same parser
+    from pip._vendor import tomli as tomllib
 
 IMAGE_PYTHON = (3, 11)
 IMAGE_GLIBC = (2, 36)  # Debian 12: wheels built for this glibc or an older one load there
@@ -43,12 +46,10 @@ IMAGE_MARKER_ENV = {
 }
 
 
-def install_requires(setup_py: pathlib.Path) -> list[str]:
-    """Returns the literal `install_requires` list of the project's setup.py."""
-    for node in ast.walk(ast.parse(setup_py.read_text())):
-        if isinstance(node, ast.keyword) and node.arg == 'install_requires':
-            return ast.literal_eval(node.value)
-    raise SystemExit(f'{setup_py}: no literal install_requires=[...] found')
+def dependencies(pyproject: pathlib.Path) -> list[str]:
+    """Returns the runtime dependencies of the project (`[project] dependencies`)."""
+    with open(pyproject, 'rb') as f:
+        return tomllib.load(f)['project']['dependencies']
 
 
 def _installed(name: str) -> importlib.metadata.Distribution | None:
@@ -107,10 +108,10 @@ def pip_install(dists: dict[str, importlib.metadata.Distribution | None],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('command', choices=['list', 'copy'])
-    parser.add_argument('setup_py', type=pathlib.Path)
+    parser.add_argument('pyproject', type=pathlib.Path)
     parser.add_argument('target', type=pathlib.Path, nargs='?')
     args = parser.parse_args()
-    dists = closure(install_requires(args.setup_py))
+    dists = closure(dependencies(args.pyproject))
     same_python = sys.implementation.name == 'cpython' and sys.version_info[:2] == IMAGE_PYTHON
     missing = sorted(name for name, dist in dists.items() if dist is None)
     if same_python and missing:

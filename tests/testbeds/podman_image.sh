@@ -25,7 +25,7 @@ IMAGE=localhost/lp-python:latest
 NETWORK=lpnet
 SUBNET=10.201.0.0/24
 PYTHON=${LP_PYTHON:-python3}
-SETUP_PY=$HERE/../../setup.py
+PYPROJECT=$HERE/../../pyproject.toml
 CONTAINERS_CONF=/etc/containers/containers.conf
 lp_hold_bed podman
 
@@ -47,7 +47,7 @@ EOF
 
 image_key() {
   { cat "$HERE/podman_image.sh" "$HERE/copy_distributions.py"
-    "$PYTHON" "$HERE/copy_distributions.py" list "$SETUP_PY"
+    "$PYTHON" "$HERE/copy_distributions.py" list "$PYPROJECT"
     /usr/bin/python3.11 --version
   } | sha256sum | cut -c1-16
 }
@@ -73,7 +73,7 @@ build_image() {  # KEY
   tar -C / --exclude=__pycache__ --exclude=usr/lib/python3.11/test --exclude=usr/lib/python3.11/idlelib \
     --exclude=usr/lib/python3.11/tkinter --exclude=usr/lib/python3.11/lib2to3 \
     -cf - usr/lib/python3.11 | tar -C "$root" -xf -
-  "$PYTHON" "$HERE/copy_distributions.py" copy "$SETUP_PY" "$root/usr/local/lib/python3.11/dist-packages"
+  "$PYTHON" "$HERE/copy_distributions.py" copy "$PYPROJECT" "$root/usr/local/lib/python3.11/dist-packages"
   # Shared libraries of the programs and of every extension module, from this machine.
   find "$root" -name '*.so*' -type f -print0 | xargs -0 ldd 2>/dev/null | cat - <(for b in $bins; do ldd "$b"; done) |
     awk '$2 == "=>" && $3 ~ /^\/(usr\/)?lib/ {print $3}' | sort -u | while read -r lib; do

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any, Dict, List, Optional
 
-INSTALL_HINT = "pip install 'launchpad[kubernetes]'"
+INSTALL_HINT = "pip install 'launchpad-ml[kubernetes]'"
 
 # Labels and annotations. Every object carries the program label (value: the launch name); all
 # but the RBAC objects also a role label (program, token, dns, spec, coordinator or node).

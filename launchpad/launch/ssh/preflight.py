@@ -70,7 +70,7 @@ def _diagnose(connection: Connection) -> Optional[Tuple[str, str]]:
                     "python='/path/to/python3').")
         if 'ModuleNotFoundError' in errors or 'ImportError' in errors:
             return (f'{python} cannot import launchpad and its dependencies: {last}',
-                    f'install launchpad there for {python} (pip install launchpad) or put '
+                    f'install launchpad there for {python} (pip install launchpad-ml) or put '
                     "your checkout on its path with SshHost(..., env={'PYTHONPATH': ...}).")
         return (f'the host agent failed (exit status {code}): {last or "no error output"}',
                 'see the error; the host agent is started with `' +
