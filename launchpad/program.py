@@ -226,10 +226,10 @@ class Program:
                     f'and pass the handle it returns.')
         other = (f'another program also named {self.name!r}' if handle.program_name == self.name
                  else f'program {handle.program_name!r}')
-        return (f'{who} received a handle of node {handle.node_name!r} of {other}. Handles connect the nodes of one program '
-                f'only (lp.launch([a, b]) runs programs side by side, not wired): build both '
-                f'nodes in one program, or serve that node at an address of your own '
-                f'(courier.Server) and call it with courier.Client(address).')
+        return (f'{who} received a handle of node {handle.node_name!r} of {other}. Handles '
+                f'connect the nodes of one program only (lp.launch([a, b]) runs programs side by '
+                f'side, not wired): build both nodes in one program, or serve that node at an '
+                f'address of your own (courier.Server) and call it with courier.Client(address).')
 
     def to_dot(self) -> str:
         """The program as Graphviz text: one cluster per group, one arrow per edge."""

@@ -6,9 +6,9 @@ at running programs.
 
 The script runs as `__main__` with `sys.argv = [script.py, script args...]`; every `lp.launch` in it
 without an explicit launch type uses `--type` (default: the script's own `--lp_launch_type` if its
-arguments have one, else local_mp; the two must agree when both are given). The command waits for the launched programs to end
-and exits non-zero, after printing the error, if a node failed. The other commands are those of
-`launchpad.observe.cli`.
+arguments have one, else local_mp; the two must agree when both are given). The command waits for
+the launched programs to end and exits non-zero, after printing the error, if a node failed. The
+other commands are those of `launchpad.observe.cli`.
 """
 from __future__ import annotations
 

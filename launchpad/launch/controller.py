@@ -399,7 +399,7 @@ class LaunchSignals:
 
     Until the program has started (its launcher makes its `Controller`, which calls
     `program_started`) they abort the launch as KeyboardInterrupt, so that the launcher undoes
-    what it started (`interruption`); after that they are kept for the controller
+    what it started (`_interruption`); after that they are kept for the controller
     (`Controller.handle_signals`), which takes over the handlers without a moment in which a
     signal would kill the process. Outside the main thread it does nothing.
     """
@@ -447,11 +447,11 @@ class LaunchSignals:
     def _handle(self, signum, frame) -> None:
         del frame
         if self._launching:
-            raise interruption(signum, self._what)
+            raise _interruption(signum, self._what)
         self.pending.append(signum)
 
 
-def interruption(signum: int, what: str) -> KeyboardInterrupt:
+def _interruption(signum: int, what: str) -> KeyboardInterrupt:
     """The KeyboardInterrupt that aborts the launch of `what` ("program 'x'") on signal `signum`.
 
     Launchers undo what they started when it passes through them. If nothing catches it, the

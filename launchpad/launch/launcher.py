@@ -381,9 +381,8 @@ def _launch_one(program: Program, options: LaunchOptions,
             controller.run_until_done_at_exit()
     elif signals is not None:
         signals.restore()
-        if signals.pending:  # a program not run from here is not stopped by this process
-            raise KeyboardInterrupt(f'{signal.Signals(signals.pending[0]).name} at the end of '
-                                    f'the launch of program {program.name!r}')
+        for signum in signals.pending:  # (its controller handles none): to the old handlers
+            signal.raise_signal(signum)
     try:  # after the signal handlers: nodes already run, and Ctrl-C must stop them
         controller.observer = observers.observe(program, controller, dashboard_port)
     except BaseException:
