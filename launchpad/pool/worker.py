@@ -15,14 +15,17 @@ Inside a program, a worker's handle dereferences into a `WorkerRef` for `lp.Pool
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import contextlib
 import dataclasses
+import multiprocessing
 import os
 import pickle
 import socket
 import threading
 import traceback
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import courier
 from courier import serialization
@@ -34,6 +37,7 @@ from launchpad.nodes.colocation import MultiProcessingColocation
 
 MODES = ('call', 'star', 'apply')
 _FUNCTIONS_KEPT = 32
+_CLAIMS_KEPT = 4096  # task ids run or withdrawn; far more than the tasks in flight to a worker
 _STOP_GRACE = 2.0
 
 
@@ -58,10 +62,14 @@ class PoolWorker:
 
     A task that raises does not hurt the worker: the exception (or, if it cannot be pickled, a
     `courier.RemoteError` describing it) travels back with its traceback as that item's outcome.
+    A pool sends a worker its next task while the current one runs (prefetch); `withdraw` takes
+    back such a task that has not started, so that an idle worker can run it instead.
     """
 
     def __init__(self):
-        self._lock = threading.Lock()  # tasks run one at a time, as in a multiprocessing worker
+        self._turn = threading.Condition()  # tasks run one at a time, as in multiprocessing
+        self._running = False
+        self._claims: collections.OrderedDict = collections.OrderedDict()  # task id -> ran?
         self._functions: Dict[str, Any] = {}
         self._initialized: set = set()
 
@@ -69,23 +77,33 @@ class PoolWorker:
         """Who answers: the process id and host name (a restarted worker has a new pid)."""
         return {'pid': os.getpid(), 'host': socket.gethostname()}
 
-    def initialize(self, key: str, function: bytes, args: bytes) -> None:
-        """Runs the pool's initializer once in this process (like multiprocessing's)."""
-        with self._lock:
+    def initialize(self, key: str, function: bytes, args: bytes,
+                   authkey: Optional[bytes] = None) -> None:
+        """Runs the pool's initializer once in this process (like multiprocessing's); `authkey`
+        is the pool's process's, for the `multiprocessing.Manager()` proxies in its arguments."""
+        with self._one_at_a_time(None):
             if key in self._initialized:
                 return
-            pickle.loads(function)(*pickle.loads(args))
+            with _authkey(authkey):
+                initializer, initargs = pickle.loads(function), pickle.loads(args)
+            initializer(*initargs)
             self._initialized.add(key)
 
     def execute(self, key: str, function: bytes, data: bytes, buffers: Sequence[Any],
-                mode: str) -> List[Tuple[bool, Any]]:
+                mode: str, authkey: Optional[bytes] = None, task: Optional[str] = None
+                ) -> Optional[List[Tuple[bool, Any]]]:
         """Calls the function on every item of a chunk: `fn(x)` ('call'), `fn(*x)` ('star') or
-        `fn(*args, **kwargs)` for x = (args, kwargs) ('apply'). Returns an outcome per item."""
+        `fn(*args, **kwargs)` for x = (args, kwargs) ('apply'). Returns an outcome per item, or
+        None if the chunk's `task` id was withdrawn before it started. `authkey`: as for
+        `initialize`."""
         if mode not in MODES:
             raise ValueError(f'Unknown task mode {mode!r}; expected one of {MODES}.')
-        with self._lock:
-            fn = self._function(key, function)
-            items = pickle.loads(data, buffers=buffers)
+        with self._one_at_a_time(task) as started:
+            if not started:
+                return None
+            with _authkey(authkey):
+                fn = self._function(key, function)
+                items = pickle.loads(data, buffers=buffers)
             outcomes = []
             for item in items:
                 try:
@@ -101,6 +119,38 @@ class PoolWorker:
                     outcomes.append((True, value))
             return outcomes
 
+    def withdraw(self, task: str) -> bool:
+        """Takes back task `task` (an `execute` call sent or about to be): True if it had not
+        started and now never will, False if it started (it runs to its end)."""
+        with self._turn:
+            withdrawn = self._claim(task, run=False)
+            self._turn.notify_all()
+            return withdrawn
+
+    @contextlib.contextmanager
+    def _one_at_a_time(self, task: Optional[str]) -> Iterator[bool]:
+        """Waits for this worker's turn; yields False instead if `task` was withdrawn."""
+        with self._turn:
+            self._turn.wait_for(lambda: not self._running or self._claims.get(task) is False)
+            if task is not None and not self._claim(task, run=True):
+                yield False
+                return
+            self._running = True
+        try:
+            yield True
+        finally:
+            with self._turn:
+                self._running = False
+                self._turn.notify_all()
+
+    def _claim(self, task: str, run: bool) -> bool:
+        """The first of running and withdrawing `task` wins; True if `run` is that one."""
+        if task not in self._claims:
+            self._claims[task] = run
+            while len(self._claims) > _CLAIMS_KEPT:
+                self._claims.popitem(last=False)
+        return self._claims[task] == run
+
     def _function(self, key: str, data: bytes) -> Any:
         fn = self._functions.get(key)
         if fn is None:
@@ -108,6 +158,23 @@ class PoolWorker:
                 self._functions.clear()
             fn = self._functions[key] = pickle.loads(data)
         return fn
+
+
+@contextlib.contextmanager
+def _authkey(authkey: Optional[bytes]) -> Iterator[None]:
+    """This process's multiprocessing authkey is `authkey` inside the block: a
+    `multiprocessing.Manager()` proxy unpickled there keeps it to call its manager (as
+    multiprocessing's own workers, which inherit their parent's authkey)."""
+    if authkey is None:
+        yield
+        return
+    process = multiprocessing.current_process()
+    own = process.authkey
+    process.authkey = authkey
+    try:
+        yield
+    finally:
+        process.authkey = own
 
 
 def _portable(error: BaseException) -> BaseException:

@@ -222,3 +222,53 @@ def test_a_pool_on_a_group_handle_follows_the_group_as_it_grows_and_shrinks(tmp_
     assert results == [list(range(10, 0, -1)), [None] * 20, [None] * 20]
     assert sizes == [['pool/0', 'pool/1', 'pool/2'], ['pool/0']]
     assert stats['joined'] == 3, stats
+
+
+# --- A pool on a group that has no member yet waits for one --------------------------------
+
+def _pool_on_a_group_growing_from_nothing(workers, results_path):
+    """Builds the pool while the group is still empty; a thread asks for one member."""
+    grower = threading.Thread(target=lp.resize, args=('pool', 1))
+    grower.start()
+    with lp.Pool(workers=workers, start_timeout=60) as pool:
+        results = pool.map(abs, range(-10, 0))
+    grower.join()
+    with open(results_path, 'w') as f:
+        f.write(repr(results))
+    lp.stop()
+
+
+def _pool_on_a_group_that_stays_empty(workers, results_path):
+    try:
+        lp.Pool(workers=workers, start_timeout=1)
+        outcome = 'returned'
+    except TimeoutError as error:
+        outcome = str(error)
+    with open(results_path, 'w') as f:
+        f.write(outcome)
+    lp.stop()
+
+
+def _run_on_an_empty_elastic_group(main, launch_type, tmp_path):
+    program = lp.Program('pool_empty_group')
+    with program.group('pool', elastic=lp.Elastic(make_node=lp.PoolWorkerNode)):
+        pass  # no member at start
+    results_path = tmp_path / 'results'
+    program.add_node(lp.PyNode(main, program.group_handle('pool'), str(results_path)),
+                     label='main')
+    assert lp.launch(program, launch_type=launch_type).wait(timeout=120)
+    return results_path.read_text()
+
+
+@pytest.mark.parametrize('launch_type', ['local_mp', 'local_mt'])
+def test_a_pool_on_a_group_with_no_member_yet_waits_for_one(tmp_path, launch_type):
+    results = _run_on_an_empty_elastic_group(_pool_on_a_group_growing_from_nothing,
+                                             launch_type, tmp_path)
+    assert results == repr(list(range(10, 0, -1)))
+
+
+@pytest.mark.parametrize('launch_type', ['local_mp', 'local_mt'])
+def test_a_pool_on_a_group_that_never_gets_a_member_times_out_naming_it(tmp_path, launch_type):
+    message = _run_on_an_empty_elastic_group(_pool_on_a_group_that_stays_empty, launch_type,
+                                             tmp_path)
+    assert "group 'pool'" in message and 'no member' in message, message
