@@ -16,7 +16,7 @@ import functools
 import logging
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 
 class StopSignal:
@@ -131,6 +131,19 @@ class NodeContext:
 
 _thread_context = threading.local()
 _process_context: Optional[NodeContext] = None
+
+
+def group_of(name: str) -> str:
+    """The group label in the name of a node ('group/index'), of an inner node of a colocation
+    ('group/index/i') or of an executable running several nodes ('group/index+group/index')."""
+    return name.split('/', 1)[0]
+
+
+def label_and_index(name: str) -> Tuple[str, int]:
+    """The context label and index of the (first) node that executable `name` runs: 'group/3'
+    -> ('group', 3); an inner node of a colocation, 'group/3/1' -> ('group/3', 1)."""
+    label, _, index = name.split('+', 1)[0].rpartition('/')
+    return label, int(index) if index.isdigit() else 0
 
 
 def set_thread_context(context: NodeContext) -> None:

@@ -299,9 +299,7 @@ def _launch_one(program: Program, options: LaunchOptions,
         if signals is not None:
             signals.started()
     program.launched = True
-    attach = getattr(controller, 'attach', None)  # a custom launcher's controller may lack it
-    if attach is not None:
-        attach(program, options.resources)
+    controller.attach(program, options.resources)
     _launched.append(controller)
     if options.launch_type in _TEST_TYPES and options.test_case is not None:
         options.test_case.addCleanup(controller.stop)

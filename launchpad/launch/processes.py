@@ -17,6 +17,7 @@ from launchpad import runtime
 from launchpad.address import add_to_local_table, local_address_table
 from launchpad.launch import launcher
 from launchpad.launch.controller import Controller, ProcessRunner
+from launchpad.process import faces
 from launchpad.process import flags
 from launchpad.process import forkserver
 from launchpad.process import spec as specs
@@ -90,9 +91,12 @@ class _ProcessRunner(ProcessRunner):
         self._output.close()
         shutil.rmtree(self._workdir, ignore_errors=True)
 
+    def check_add(self, label: str) -> None:
+        """Any group can grow."""
+
     def add_executable(self, label: str, executable, policy) -> None:
         """Starts a node added to the running program, as the launch started the others: forked
-        from the fork server when its group can be (`Runner.add_executable`)."""
+        from the fork server when its group can be."""
         resources = self.resources.get(label) or PythonProcess()
         packer = self.packer
         add_to_local_table(packer.address_table, executable.addresses, self._workdir,
@@ -109,7 +113,7 @@ class _ProcessRunner(ProcessRunner):
                         specs.node_environment(self.token, extra=resources.env), forkable)
 
     def last_output(self, name: str) -> str:
-        """The last lines node `name` printed (see `Runner.last_output`)."""
+        """The last lines node `name` printed."""
         return self._output.tail(name)
 
     def start_node(self, name: str, argv: List[str], env: Dict[str, str], forkable: bool):
@@ -215,11 +219,12 @@ def _launcher_context(program_name: str, options: launcher.LaunchOptions, table,
     clients of the program's nodes (e.g. a test talking to a node it launched). It carries the
     program's auth token, which this process's environment does not, and is removed when the
     program ends."""
-    stop = runtime.StopSignal(coordinator.request_stop)
+    node_face = faces.NodeFaceProxy(coordinator)
+    stop = runtime.StopSignal(node_face.request_stop)
     context = runtime.NodeContext(
         launch_type=options.launch_type, program_name=program_name, label='launcher', index=0,
-        address_table=dataclasses.replace(table, registry=coordinator), stop=stop,
-        coordinator=coordinator, notice_period=options.notice_period, tls=options.tls,
+        address_table=dataclasses.replace(table, registry=node_face), stop=stop,
+        coordinator=node_face, notice_period=options.notice_period, tls=options.tls,
         auth_token=token)
 
     def watch_stop():

@@ -27,15 +27,17 @@ import secrets
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 import courier
 
-from launchpad.launch.controller import Controller
 from launchpad.observe import figures
 from launchpad.observe import registry
-from launchpad.observe import report
+from launchpad import report
 from launchpad.program import Program
+
+if TYPE_CHECKING:
+    from launchpad.launch.controller import Controller  # which runs beside the observer
 
 SAMPLE_INTERVAL = 1.0
 HISTORY = 600  # samples kept for the plots: ten minutes at one a second

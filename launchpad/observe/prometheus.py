@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, Tuple
 
 from courier import metrics as courier_metrics
 
-from launchpad.observe import report
+from launchpad import report
 from launchpad.process.coordinator import NodeState
 
 STATES = tuple(state.value for state in NodeState)

@@ -1,8 +1,10 @@
 """The coordinator: the one place that knows a launched program's state.
 
 Nodes report to it (started, finished, failed), publish their endpoints to it and watch it for the
-stop signal; the controller reads it. In threads it is a plain object; for processes and remote
-hosts the launcher serves it with courier and nodes call it through a client with the same methods.
+stop signal; the controller reads it. It has two faces (`faces`): nodes call the node face, the
+controller, the runners and observers the control face. In threads nodes get a proxy with the node
+face only; for processes and remote hosts the launcher serves the node face with courier
+(`serve_coordinator`) and nodes call it through a client.
 Stop and failure therefore travel one way on every platform: a node tells the coordinator, and every
 node learns it from the coordinator.
 
@@ -24,6 +26,7 @@ import uuid
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from launchpad.policy import NodePolicy, RestartBudget
+from launchpad.process import faces
 
 # Seconds a node keeps running without reaching its coordinator before it decides that the
 # launcher is gone and stops itself.
@@ -182,7 +185,7 @@ class Coordinator:
             self._changed.notify_all()
 
     def report_metrics(self, name: str, snapshot: dict) -> None:
-        """Keeps the latest metrics executable `name` reported (`launchpad.observe.report`)."""
+        """Keeps the latest metrics executable `name` reported (`launchpad.report`)."""
         with self._changed:
             self._metrics[name] = snapshot
 
@@ -450,16 +453,19 @@ class Coordinator:
 
 
 def serve_coordinator(coordinator: Coordinator, address: str, *, auth_token: Optional[str] = None,
-                      tls=None):
-    """Serves `coordinator` with courier on `address` and returns the started courier.Server.
+                      tls=None, face: type = faces.NodeFace):
+    """Serves the node face of `coordinator` (`face`: `faces.NodeFace`, or a Protocol extending
+    it) with courier on `address` and returns the started courier.Server; its control face is
+    refused there (`faces.serve`).
 
     Every node keeps a call to `wait_for_stop` open, so the server gets two threads per node and
-    some to spare, and room for nodes added while the program runs (threads start when needed). `auth_token` None reads COURIER_AUTH_TOKEN, as courier does.
+    some to spare, and room for nodes added while the program runs (threads start when needed).
+    `auth_token` None reads COURIER_AUTH_TOKEN, as courier does.
     """
     import courier  # pylint: disable=import-outside-toplevel
     server = courier.Server(address=address, auth_token=auth_token, tls=tls,
                             thread_pool_size=2 * len(coordinator.status()) + 8 + _ROOM_TO_GROW)
-    server.bind_object(coordinator)
+    faces.serve(coordinator, server, face)
     server.Start()
     return server
 

@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from launchpad.launch.controller import Controller
+from launchpad.launch.controller import Controller, Runner
 from launchpad.launch.kubernetes.api import AlreadyExists, KubernetesApi, terminated
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
 from launchpad.launch.kubernetes.manifests import LaunchPlan, grace_period, plan_launch, to_yaml
@@ -133,9 +133,9 @@ def program_to_manifests(program: Program, *, image: str, path: Optional[str] = 
     return text
 
 
-class PodRunner:
-    """Follows the program's pods through the API for the controller (a `controller.Runner`),
-    and restarts a node by creating its pod again.
+class PodRunner(Runner):
+    """Follows the program's pods through the API for the controller, and restarts a node by
+    creating its pod again.
 
     It reports what the pods show to `mirror`, the launcher's own view of the program's state: the
     program's coordinator runs in its pod, which the launcher may not be able to reach.
@@ -164,13 +164,17 @@ class PodRunner:
         # pending_timeout after the kill was due, should their leave pod never run).
         self._kill_later: Dict[str, float] = {}
 
+    def check_add(self, label: str) -> None:
+        """Any group of an attached launch can grow."""
+        if self._config.detach:
+            raise NotImplementedError('a detached Kubernetes launch cannot add nodes: no '
+                                      'launcher stays to create their pods')
+
     def add_executable(self, label: str, executable, policy) -> None:
         """Creates the pod of a node added to the running program, made as the launch made its
         pods (labels, owner, DNS name, image, env, token; `LaunchPlan.add_node`); its first init
         container joins it to the coordinator pod before the node starts."""
-        if self._config.detach:
-            raise NotImplementedError('A detached Kubernetes launch cannot add nodes: no '
-                                      'launcher stays to create their pods.')
+        self.check_add(label)
         created: List[Mapping[str, Any]] = []
         try:
             _create_owned(self._api, self._plan,

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import courier
 
+from launchpad import runtime
 from launchpad.address import AddressTable
 from launchpad.launch.kubernetes import names
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
@@ -74,7 +75,7 @@ class LaunchPlan:
         growth = self.growth
         if growth is None:
             raise RuntimeError(f'Launch {self.run} cannot grow: it was not planned to.')
-        index = executable.name.rsplit('/', 1)[1]
+        index = runtime.label_and_index(executable.name)[1]
         pod = _PodPlan(f'{self.run}-{growth.slug(label)}-{index}', executable.name, label,
                        len(executable.addresses))
         endpoints = {address.id: f'{pod.name}.{growth.domain}:{growth.port + j}'

@@ -269,9 +269,11 @@ class _GrowingStepRunner(StepRunner):
             self._follow_additional_jobs()
         return dict(self._codes)
 
-    def add_executable(self, label: str, executable, policy) -> None:
-        """Runs the node as a new step: in the allocation if its component has a free task, in
-        an additional job otherwise (`Runner.add_executable`)."""
+    def check_add(self, label: str) -> None:
+        """Only groups the job was planned with can grow."""
+        self._component_number(label)
+
+    def _component_number(self, label: str) -> int:
         group = self._resources.get(label) or SlurmResources()
         key = script.component_key(label, group)
         numbers = [n for n, c in enumerate(self._components)
@@ -279,7 +281,13 @@ class _GrowingStepRunner(StepRunner):
         if not numbers:
             raise ValueError(f'Group {label!r} was not in the program when it was launched, so '
                              'the Slurm job has no room for it; add nodes to groups it had.')
-        number = numbers[0]
+        return numbers[0]
+
+    def add_executable(self, label: str, executable, policy) -> None:
+        """Runs the node as a new step: in the allocation if its component has a free task, in
+        an additional job otherwise."""
+        group = self._resources.get(label) or SlurmResources()
+        number = self._component_number(label)
         component = self._components[number]
         busy = sum(1 for name, n in self._component_of.items()
                    if n == number and self._codes.get(name) is None)

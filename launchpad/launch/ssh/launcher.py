@@ -101,18 +101,22 @@ class _SshRunner(ProcessRunner):
             connection.kill([index])  # what is left of its last run
             self.start_session(name, connection, index, f'{name}~{self._restarts[name]}')
 
-    def add_executable(self, label: str, executable, policy) -> None:
-        """Starts a node added to the running program on the next host of its group, forked by
-        that host's agent as the launch's nodes were (`Runner.add_executable`); a host without a
-        connection yet gets one, checked as at launch."""
+    def check_add(self, label: str) -> None:
+        """Nodes in tmux windows cannot be added, nor nodes of a group without hosts."""
         if self.added is None:
-            raise NotImplementedError('Nodes shown in tmux windows (terminal=\'tmux_session\') '
+            raise NotImplementedError('nodes shown in tmux windows (terminal=\'tmux_session\') '
                                       'cannot be added to a running ssh program; use another '
-                                      'terminal.')
-        hosts, turn, packer, token, options, port = self.added
-        if label not in hosts:
+                                      'terminal')
+        if label not in self.added[0]:
             raise ValueError(f'Group {label!r} has no ssh hosts: a group that is not in the '
                              'program at launch needs its hosts in resources= all the same.')
+
+    def add_executable(self, label: str, executable, policy) -> None:
+        """Starts a node added to the running program on the next host of its group, forked by
+        that host's agent as the launch's nodes were; a host without a connection yet gets one,
+        checked as at launch."""
+        self.check_add(label)
+        hosts, turn, packer, token, options, port = self.added
         group_hosts = hosts[label]
         host = group_hosts[turn.get(label, 0) % len(group_hosts)]
         turn[label] = turn.get(label, 0) + 1
