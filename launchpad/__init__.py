@@ -29,7 +29,7 @@ from launchpad.nodes.endpoint import NodeLeftError, NodeStoppedError
 from launchpad.nodes.group import GroupClient, GroupHandle
 from launchpad.nodes.python import PyClassNode, PyNode
 from launchpad.nodes.reverb import ReverbHandle, ReverbNode
-from launchpad.report import count, report
+from launchpad.metrics import count, report
 from launchpad.pool import Pool, PoolWorker, PoolWorkerNode
 from launchpad.policy import RestartPolicy
 from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus

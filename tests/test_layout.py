@@ -40,7 +40,7 @@ LAYERS = [
     ('launchpad.policy', 10),
     ('launchpad.scaling', 10),               # elastic groups' bounds, scaling policies
     ('launchpad.address', 11),
-    ('launchpad.report', 11),                # what a node reports: lp.report, its calls
+    ('launchpad.metrics', 11),               # what a node reports: lp.report, its calls
     ('launchpad.process', 12),
     ('launchpad.nodes', 13),
     ('launchpad.pool.results', 12),          # what a pool's callers wait on

@@ -26,7 +26,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from launchpad.nodes.base import Handle, LaunchInfo, Node
-from launchpad import report, runtime
+from launchpad import metrics, runtime
 from launchpad.process.coordinator import NodeState
 from launchpad.process.faces import ControlFace
 from launchpad.scaling import Decision, Scaler
@@ -267,7 +267,7 @@ def gather_metrics(coordinator: ControlFace, program_name: str) -> Dict[str, Dic
     node processes send theirs to the coordinator; nodes that are threads of this process
     record them here."""
     found: Dict[str, Dict[str, float]] = {}
-    snapshots = [*coordinator.metrics().values(), report.snapshot(program_name)]
+    snapshots = [*coordinator.metrics().values(), metrics.snapshot(program_name)]
     for snapshot in snapshots:
         for owner, values in (snapshot or {}).get('values', {}).items():
             node = owner[1] if isinstance(owner, (tuple, list)) else str(owner)

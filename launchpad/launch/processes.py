@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import courier
 
@@ -75,8 +75,7 @@ class _ProcessRunner(ProcessRunner):
         self.context: Optional[runtime.NodeContext] = None
         self.released = threading.Event()
         # What nodes added to the running program are started with (set by the launch).
-        self.packer: Optional[specs.Packer] = None
-        self.token = ''
+        self.nodes: Optional[_NodePacker] = None
         self.coordinator: Optional[Coordinator] = None
         self.resources: Dict[str, PythonProcess] = {}
 
@@ -97,20 +96,10 @@ class _ProcessRunner(ProcessRunner):
     def add_executable(self, label: str, executable, policy) -> None:
         """Starts a node added to the running program, as the launch started the others: forked
         from the fork server when its group can be."""
-        resources = self.resources.get(label) or PythonProcess()
-        packer = self.packer
-        add_to_local_table(packer.address_table, executable.addresses, self._workdir,
+        add_to_local_table(self.nodes.packer.address_table, executable.addresses, self._workdir,
                            registry=self.coordinator)
-        packer.policies = {**packer.policies, executable.name: policy}
-        forkable = self._fork_server is not None and forkserver.usable_for(
-            resources.env, resources.interpreter)
-        parent = None if self._output.runs_commands else (
-            self._fork_server.pid if forkable else os.getpid())
-        path = os.path.join(self._workdir, f'added-{len(self.processes)}.spec')
-        specs.write(packer.spec(executable.name, executable.run, args=resources.args,
-                                parent_pid=parent, cleanup_dir=self._workdir), path)
-        self.start_node(executable.name, specs.worker_argv(path, resources.interpreter),
-                        specs.node_environment(self.token, extra=resources.env), forkable)
+        self.start_node(*self.nodes.pack(executable, self.resources.get(label) or PythonProcess(),
+                                         policy))
 
     def last_output(self, name: str) -> str:
         """The last lines node `name` printed."""
@@ -143,6 +132,33 @@ class _ProcessRunner(ProcessRunner):
     def output(self) -> Output:
         """Where the nodes' output goes (read by `Controller.output`)."""
         return self._output
+
+
+@dataclasses.dataclass
+class _NodePacker:
+    """Packs nodes into spec files of the launch's directory: every node of the launch, and each
+    node added to the running program, goes through `pack` (then `_ProcessRunner.start_node`)."""
+    packer: specs.Packer
+    token: str
+    workdir: str
+    output: Output
+    fork_server: Optional[ForkServer]
+    packed: int = 0
+
+    def pack(self, executable, resources: PythonProcess, policy=None
+             ) -> Tuple[str, List[str], Dict[str, str], bool]:
+        """Writes the spec of `executable` (`policy`: an added node's); returns what
+        `start_node` takes: its name, command line, environment and whether it can be forked."""
+        forkable = self.fork_server is not None and forkserver.usable_for(
+            resources.env, resources.interpreter)
+        parent = None if self.output.runs_commands else (  # tmux starts those
+            self.fork_server.pid if forkable else os.getpid())
+        path = os.path.join(self.workdir, f'{self.packed}.spec')
+        self.packed += 1
+        specs.write(self.packer.admit(executable, policy, args=resources.args, parent_pid=parent,
+                                      cleanup_dir=self.workdir), path)
+        return (executable.name, specs.worker_argv(path, resources.interpreter),
+                specs.node_environment(self.token, extra=resources.env), forkable)
 
 
 class ProcessLauncher(launcher.Launcher):
@@ -178,18 +194,10 @@ class ProcessLauncher(launcher.Launcher):
                                             for r in groups):
             # It starts importing while the specs are packed.
             fork_server = ForkServer(workdir, options.notice_period)
+        nodes = _NodePacker(packer, token, workdir, output, fork_server)
         try:
-            starts = []
-            for i, ((_, executable), resources) in enumerate(zip(executables, groups)):
-                forkable = fork_server is not None and forkserver.usable_for(
-                    resources.env, resources.interpreter)
-                parent = None if output.runs_commands else (  # tmux starts those
-                    fork_server.pid if forkable else os.getpid())
-                path = os.path.join(workdir, f'{i}.spec')
-                specs.write(packer.spec(executable.name, executable.run, args=resources.args,
-                                        parent_pid=parent, cleanup_dir=workdir), path)
-                starts.append((executable.name, specs.worker_argv(path, resources.interpreter),
-                               specs.node_environment(token, extra=resources.env), forkable))
+            starts = [nodes.pack(executable, resources)
+                      for (_, executable), resources in zip(executables, groups)]
         except BaseException:
             if fork_server is not None:
                 fork_server.close()
@@ -198,7 +206,7 @@ class ProcessLauncher(launcher.Launcher):
         coordinator = Coordinator([name for name, _, _, _ in starts], policies=policies)
         server = serve_coordinator(coordinator, coordinator_address, auth_token=token)
         runner = _ProcessRunner(workdir, server, output, fork_server)
-        runner.packer, runner.token, runner.coordinator = packer, token, coordinator
+        runner.nodes, runner.coordinator = nodes, coordinator
         runner.resources = dict(options.resources)
         try:
             for name, argv, env, forkable in starts:  # every node was packed before any starts

@@ -1,7 +1,7 @@
 """From what nodes report to what people look at: the graph, per-node rows and per-edge rates.
 
 Pure functions over plain data, used by the observer in the launching process. Nodes report raw
-cumulative numbers (`launchpad.report`): courier call tables tagged with the node that
+cumulative numbers (`launchpad.metrics`): courier call tables tagged with the node that
 owns each server or client, and the values of `lp.report` / `lp.count`. Here they are attributed
 to the program's executables (the units the coordinator tracks), a client's calls to the
 executable serving the address it called, and turned into rates between two samples.
@@ -78,7 +78,7 @@ class Totals:
 
 def merge(reports: Iterable[Dict[str, Any]], graph: Graph, program: str,
           ignored: Iterable[str] = ()) -> Dict[str, Any]:
-    """Merges snapshots (`report.snapshot()`) of the program's processes into one.
+    """Merges snapshots (`launchpad.metrics.snapshot()`) of the program's processes into one.
 
     Returns {'servers': [{'node', 'address', 'methods', 'time'}], 'clients': [{'node', 'target',
     'address', 'methods', 'time'}], 'values': {node: {name: [kind, value, time]}}}, with every table of

@@ -33,7 +33,7 @@ import courier
 
 from launchpad.observe import figures
 from launchpad.observe import registry
-from launchpad import report
+from launchpad import metrics
 from launchpad.program import Program
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ class Observer:
         """Takes one sample of the program."""
         coordinator = self._controller.coordinator
         status = coordinator.status()
-        reports = list(coordinator.metrics().values()) + [report.snapshot(self._program)]
+        reports = list(coordinator.metrics().values()) + [metrics.snapshot(self._program)]
         ignored = [self._server.address] if self._server is not None else []
         merged = figures.merge(reports, self._graph, self._program, ignored)
         now = time.time()

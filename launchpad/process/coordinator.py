@@ -185,7 +185,7 @@ class Coordinator:
             self._changed.notify_all()
 
     def report_metrics(self, name: str, snapshot: dict) -> None:
-        """Keeps the latest metrics executable `name` reported (`launchpad.report`)."""
+        """Keeps the latest metrics executable `name` reported (`launchpad.metrics`)."""
         with self._changed:
             self._metrics[name] = snapshot
 

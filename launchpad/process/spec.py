@@ -139,6 +139,15 @@ class Packer:
             tls=self.tls, stop_signal=self.stop_signal,
             progress_deadline=(self.policies.get(node_name) or NodePolicy()).progress_deadline)
 
+    def admit(self, executable, policy: Optional[NodePolicy] = None, **options) -> WorkerSpec:
+        """The spec of `executable` (a `launchpad.nodes.base.Executable`), with `options` as for
+        `spec`: every platform's one step that packs a node, of the launch or added to the
+        running program; `policy` is an added node's own (the launch gives the packer all of
+        its nodes' policies at once)."""
+        if policy is not None:
+            self.policies = {**self.policies, executable.name: policy}
+        return self.spec(executable.name, executable.run, **options)
+
 
 def pickle_node(node_name: str, value: Any) -> bytes:
     """cloudpickle of `value`, or a NodePicklingError naming the node and what cannot be pickled."""

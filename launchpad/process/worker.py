@@ -32,7 +32,7 @@ import traceback
 import courier
 
 from launchpad import runtime
-from launchpad import report
+from launchpad import metrics
 from launchpad.process import faces
 from launchpad.process import flags
 from launchpad.process import spec as specs
@@ -224,8 +224,8 @@ def _run(spec_path: str) -> int:
     stop = runtime.StopSignal(coordinator.request_stop)
     context.stop, context.coordinator = stop, coordinator
     runtime.set_process_context(context)
-    report.start_reporting(spec.node_name, courier.Client(
-        spec.coordinator_address, call_timeout=report.REPORT_TIMEOUT, wait_for_ready=False,
+    metrics.start_reporting(spec.node_name, courier.Client(
+        spec.coordinator_address, call_timeout=metrics.REPORT_TIMEOUT, wait_for_ready=False,
         tls=tls))
     launcher_lost = threading.Event()
     done = threading.Event()

@@ -168,12 +168,7 @@ class SlurmLauncher(Launcher):
                 program.name, options.launch_type, table, coordinator_address,
                 notice_period=options.notice_period, tls=options.tls, policies=policies,
                 stop_signal=script.WARNING_SIGNAL if settings.stop_before_time_limit else None)
-            spec_paths = {}
-            for step in steps:
-                spec_paths[step.index] = os.path.join(run_dir, f'{step.index}.spec')
-                specs.write(packer.spec(step.executable.name, step.executable.run,
-                                        args=step.resources.args, env=step.resources.env),
-                            spec_paths[step.index])
+            spec_paths = {step.index: _write_spec(packer, run_dir, step) for step in steps}
             script_path = os.path.join(run_dir, 'job.sh')
             with open(script_path, 'w') as f:
                 f.write(script.batch_script(
@@ -219,6 +214,15 @@ class SlurmLauncher(Launcher):
             warning_seconds=settings.stop_before_time_limit)
         return SlurmController(program.name, coordinator, runner, launch_type=options.launch_type,
                                notice_period=options.notice_period, job_id=job_id, log_dir=log_dir)
+
+
+def _write_spec(packer: specs.Packer, run_dir: str, step: script.Step, policy=None) -> str:
+    """Writes the spec file of `step`'s node (`policy`: an added node's) into the run directory
+    and returns its path: every node's one packing step, at launch or added later."""
+    path = os.path.join(run_dir, f'{step.index}.spec')
+    specs.write(packer.admit(step.executable, policy, args=step.resources.args,
+                             env=step.resources.env), path)
+    return path
 
 
 class _GrowingStepRunner(StepRunner):
@@ -297,10 +301,7 @@ class _GrowingStepRunner(StepRunner):
         step = script.Step(index, executable, group, log)
         self._packer.address_table.published.update(
             {address.id: '<node address>:0' for address in executable.addresses})
-        self._packer.policies = {**self._packer.policies, executable.name: policy}
-        spec_path = os.path.join(self._run_dir, f'{index}.spec')
-        specs.write(self._packer.spec(executable.name, executable.run, args=group.args,
-                                      env=group.env), spec_path)
+        spec_path = _write_spec(self._packer, self._run_dir, step, policy)
         waits = _restart_waits([step], {executable.name: policy})
         if busy >= len(component.steps) + component.spare:
             self._submit_additional(step, spec_path, waits)

@@ -64,10 +64,14 @@ class _SshRunner(ProcessRunner):
         self.output: Optional[Output] = None
         self.placement: Dict[str, Tuple[Connection, int]] = {}
         self._restarts: Dict[str, int] = {}
-        # What nodes added to the running program are placed and packed with: (hosts by
-        # group, the groups' next host, the packer, the token, the options, the coordinator's
-        # port), set by the launch; None where they cannot be added (tmux windows).
-        self.added: Optional[tuple] = None
+        # What nodes are packed with, set by the launch: the packer, the program's token, the
+        # options, the coordinator's port, the hosts of each group and each group's next host.
+        self.packer: Optional[specs.Packer] = None
+        self.token = ''
+        self.options: Optional[LaunchOptions] = None
+        self.port = 0
+        self.hosts: Dict[str, List[SshHost]] = {}
+        self.turn: Dict[str, int] = {}
         self.next_index = 0
         self._released = threading.Event()
         threading.Thread(target=self._heartbeat, daemon=True, name='lp-ssh-heartbeat').start()
@@ -101,13 +105,48 @@ class _SshRunner(ProcessRunner):
             connection.kill([index])  # what is left of its last run
             self.start_session(name, connection, index, f'{name}~{self._restarts[name]}')
 
+    def next_host(self, label: str) -> SshHost:
+        """The host of group `label` whose turn it is (round-robin)."""
+        group_hosts = self.hosts[label]
+        host = group_hosts[self.turn.get(label, 0) % len(group_hosts)]
+        self.turn[label] = self.turn.get(label, 0) + 1
+        return host
+
+    def publish(self, connection: Connection, executable) -> None:
+        """Where the servers of `executable` bind on its host: the address its host has towards
+        the launcher, on a port the kernel picks (every node is published before any is packed,
+        so that each spec holds the whole table)."""
+        self.packer.address_table.published.update(
+            {address.id: _endpoint(connection.bind_host, 0) for address in executable.addresses})
+
+    def admit(self, connection: Connection, index: int, executable, policy=None) -> bytes:
+        """Packs `executable` (`policy`: an added node's) as node `index` of `connection`, and
+        gets ready for its process: every node's one step before its host's agent starts it."""
+        coordinator_host = self.options.settings.coordinator_host or connection.launcher_address
+        self.packer.coordinator_address = _endpoint(coordinator_host, self.port)
+        spec = specs.pack(self.packer.admit(executable, policy,
+                                            env={courier.AUTH_TOKEN_ENV: self.token},
+                                            cleanup_dir=connection.directory))
+        self.placement[executable.name] = (connection, index)
+        if self.options.terminal != 'tmux_session':
+            self.expect_fork(executable.name, connection, index)
+        return spec
+
+    def send_files(self, connection: Connection, files: Dict[str, bytes],
+                   start: Sequence[int]) -> bool:
+        """Ships spec files to `connection`'s agent, which forks nodes `start`; False if the
+        connection is gone."""
+        return connection.send('files', {
+            'files': files, 'start': list(start),
+            'grace': COORDINATOR_LOSS_TIMEOUT + self.options.notice_period})
+
     def check_add(self, label: str) -> None:
         """Nodes in tmux windows cannot be added, nor nodes of a group without hosts."""
-        if self.added is None:
+        if self.options.terminal == 'tmux_session':
             raise NotImplementedError('nodes shown in tmux windows (terminal=\'tmux_session\') '
                                       'cannot be added to a running ssh program; use another '
                                       'terminal')
-        if label not in self.added[0]:
+        if label not in self.hosts:
             raise ValueError(f'Group {label!r} has no ssh hosts: a group that is not in the '
                              'program at launch needs its hosts in resources= all the same.')
 
@@ -116,10 +155,7 @@ class _SshRunner(ProcessRunner):
         that host's agent as the launch's nodes were; a host without a connection yet gets one,
         checked as at launch."""
         self.check_add(label)
-        hosts, turn, packer, token, options, port = self.added
-        group_hosts = hosts[label]
-        host = group_hosts[turn.get(label, 0) % len(group_hosts)]
-        turn[label] = turn.get(label, 0) + 1
+        host = self.next_host(label)
         connection = next((c for c in self.connections
                            if connection_key(c.host) == connection_key(host)), None)
         if connection is None:
@@ -128,20 +164,10 @@ class _SshRunner(ProcessRunner):
             preflight([connection])
         index = self.next_index
         self.next_index += 1
-        packer.address_table.published.update(
-            {address.id: _endpoint(connection.bind_host, 0) for address in executable.addresses})
-        packer.policies = {**packer.policies, executable.name: policy}
-        packer.coordinator_address = _endpoint(
-            options.settings.coordinator_host or connection.launcher_address, port)
-        spec = specs.pack(packer.spec(executable.name, executable.run,
-                                      env={courier.AUTH_TOKEN_ENV: token},
-                                      cleanup_dir=connection.directory))
         connection.nodes.append(index)
-        self.placement[executable.name] = (connection, index)
-        self.expect_fork(executable.name, connection, index)
-        if not connection.send('files', {
-                'files': {protocol.spec_name(index): spec}, 'start': [index],
-                'grace': COORDINATOR_LOSS_TIMEOUT + options.notice_period}):
+        self.publish(connection, executable)
+        spec = self.admit(connection, index, executable, policy)
+        if not self.send_files(connection, {protocol.spec_name(index): spec}, [index]):
             raise RuntimeError(f'the connection to {connection.host} is gone')
         if connection.expect('ready', protocol.AGENT_START_TIMEOUT) is None:
             raise RuntimeError(f'The connection to {connection.host} ended while starting '
@@ -233,15 +259,13 @@ class SshLauncher(Launcher):
     def _launch(self, program, options, executables, hosts, runner) -> Controller:
         # Place the executables round-robin over their group's hosts. In tmux windows every
         # node runs in an ssh session, at most NODES_PER_CONNECTION to a connection.
+        runner.options, runner.hosts = options, hosts
         in_sessions = options.terminal == 'tmux_session'
         per_connection = NODES_PER_CONNECTION if in_sessions else len(executables)
         connections: Dict[tuple, List[Connection]] = {}
         placed: List[Tuple[Connection, int]] = []
-        turn: Dict[str, int] = {}
         for i, (label, _) in enumerate(executables):
-            group_hosts = hosts[label]
-            host = group_hosts[turn.get(label, 0) % len(group_hosts)]
-            turn[label] = turn.get(label, 0) + 1
+            host = runner.next_host(label)
             pool = connections.setdefault(connection_key(host), [])
             if not pool or len(pool[-1].nodes) >= per_connection:
                 pool.append(Connection(host, os.path.join(runner.local_dir,
@@ -249,46 +273,34 @@ class SshLauncher(Launcher):
                 runner.connections.append(pool[-1])
             pool[-1].nodes.append(i)
             placed.append((pool[-1], i))
+        runner.next_index = len(executables)
         preflight(runner.connections)
 
-        token = secrets.token_hex(16)
+        runner.token = secrets.token_hex(16)
         policies = policies_of(program, executables)
         coordinator = Coordinator([executable.name for _, executable in executables],
                                   policies=policies)
         bind_host = options.settings.coordinator_host or _coordinator_host(runner.connections)
         try:
             runner.server = serve_coordinator(coordinator, _endpoint(bind_host, 0),
-                                               auth_token=token, tls=options.tls)
+                                               auth_token=runner.token, tls=options.tls)
         except OSError as e:
             raise OSError(f'Cannot serve the program\'s coordinator on {bind_host}: {e}. Pass '
                           "lp.launch(..., coordinator_host='<an address of this machine that "
                           "every host reaches>').") from e
-        port = int(runner.server.address.rsplit(':', 1)[1])
-
-        table = AddressTable(published={
-            address.id: _endpoint(connection.bind_host, 0)
-            for (connection, _), (_, executable) in zip(placed, executables)
-            for address in executable.addresses})
-        packer = specs.Packer(program.name, options.launch_type, table, '',
-                              notice_period=options.notice_period, tls=options.tls,
-                              policies=policies)
+        runner.port = int(runner.server.address.rsplit(':', 1)[1])
+        runner.packer = specs.Packer(program.name, options.launch_type, AddressTable(), '',
+                                     notice_period=options.notice_period, tls=options.tls,
+                                     policies=policies)
+        runner.output = Output(options.terminal, program.name, runner.local_dir)
+        for (connection, _), (_, executable) in zip(placed, executables):
+            runner.publish(connection, executable)
         files: Dict[int, Dict[str, bytes]] = {id(c): {} for c in runner.connections}
         for (connection, i), (_, executable) in zip(placed, executables):
-            # Each host reaches the coordinator at the address it sees the launcher at.
-            coordinator_host = options.settings.coordinator_host or connection.launcher_address
-            packer.coordinator_address = _endpoint(coordinator_host, port)
-            files[id(connection)][protocol.spec_name(i)] = specs.pack(packer.spec(
-                executable.name, executable.run, env={courier.AUTH_TOKEN_ENV: token},
-                cleanup_dir=connection.directory))
-        runner.output = Output(options.terminal, program.name, runner.local_dir)
-        for (connection, i), (_, executable) in zip(placed, executables):
-            runner.placement[executable.name] = (connection, i)
-            if not in_sessions:
-                runner.expect_fork(executable.name, connection, i)
+            files[id(connection)][protocol.spec_name(i)] = runner.admit(connection, i, executable)
         for connection in runner.connections:
-            connection.send('files', {
-                'files': files[id(connection)], 'start': [] if in_sessions else connection.nodes,
-                'grace': COORDINATOR_LOSS_TIMEOUT + options.notice_period})
+            runner.send_files(connection, files[id(connection)],
+                              [] if in_sessions else connection.nodes)
         for connection in runner.connections:
             if connection.expect('ready', protocol.AGENT_START_TIMEOUT) is None:
                 raise RuntimeError(f'The connection to {connection.host} ended while starting the '
@@ -296,9 +308,6 @@ class SshLauncher(Launcher):
         if in_sessions:
             for (connection, i), (_, executable) in zip(placed, executables):
                 runner.start_session(executable.name, connection, i)
-        else:
-            runner.added = (hosts, turn, packer, token, options, port)
-        runner.next_index = len(executables)
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
                           notice_period=options.notice_period)
 
