@@ -41,6 +41,15 @@ class AddressResolver:
         del elapsed
         return False
 
+    def explain(self, error: errors.ServerUnavailableError) -> errors.ServerUnavailableError:
+        """The error raised by a call that found no server and does not go again: ``error``,
+        or one that says more (launchpad's: the node was removed and will not come back).
+
+        It runs in the thread that reads the call's outcome (a blocking call's, or the one
+        asking its future). The default returns ``error``.
+        """
+        return error
+
 
 Address = Union[str, Callable[[], str]]
 
@@ -213,13 +222,16 @@ class Client:
             transport = self._connection()
             try:
                 result = attempt(transport)
-            except errors.ServerUnavailableError:
+            except errors.ServerUnavailableError as error:
                 self._server_gone(transport)
                 started = started or time.monotonic()
                 address = self._address
-                if fresh and isinstance(address, AddressResolver) and address.retry(
-                        time.monotonic() - started):
-                    continue
+                if isinstance(address, AddressResolver):
+                    if fresh and address.retry(time.monotonic() - started):
+                        continue
+                    explained = address.explain(error)
+                    if explained is not error:
+                        raise explained from error
                 raise
             self._fresh = False
             return transport, result
@@ -248,9 +260,12 @@ class Client:
         # counted: a done-callback to count it would cost the client ~30% of a future's CPU.
         future = transport.call_async(method, data, buffers, self._call_timeout, finish)
         if callable(self._address):
+            # The transport's own error (Future.exception: not explained on its thread).
             future.add_done_callback(lambda done: isinstance(
-                done.exception() if not done.cancelled() else None,
+                concurrent.futures.Future.exception(done) if not done.cancelled() else None,
                 errors.ServerUnavailableError) and self._server_gone(transport))
+            if isinstance(self._address, AddressResolver):
+                future.explain = self._address.explain
         return future
 
     def _list_methods(self) -> List[str]:

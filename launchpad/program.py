@@ -105,6 +105,12 @@ class Program:
         _check_label(label)
         return GroupHandle(label)
 
+    def group_limits(self) -> Dict[str, Elastic]:
+        """Every group -> what resizing may make of it: its `lp.Elastic`, or `Elastic()` for a
+        group that is not elastic (it may shrink, but has no node factory to grow)."""
+        return {label: self.elastic_groups.get(label, Elastic())
+                for label in [*self._groups, *self.elastic_groups]}
+
     def set_scaling_policy(self, policy: ScalingPolicy, interval: float = 1.0) -> None:
         """Has the launcher ask `policy(metrics, now, sizes)` every `interval` seconds for the
         sizes of the elastic groups (see `launchpad.scaling`)."""

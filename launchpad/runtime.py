@@ -214,9 +214,13 @@ def heartbeat() -> None:
 def resize(label: str, size: int) -> None:
     """Asks for group `label` of the program to have `size` nodes: the launcher adds nodes (made
     by the group's `lp.Elastic(make_node=...)`) or removes the newest. Returns at once; the
-    group's `lp.GroupClient` sees the members join and leave."""
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise ValueError(f'lp.resize({label!r}, {size!r}): a size is an int >= 0.')
+    group's `lp.GroupClient` sees the members join and leave.
+
+    Raises ValueError (KeyError for an unknown group), naming the group, the size and what it
+    allows, if the group cannot have `size` nodes: outside its `lp.Elastic(min_size, max_size)`,
+    or growing without a node factory. What fails later (the factory or the platform cannot
+    start a node, the program stops) the launcher logs; see docs/elastic.md.
+    """
     context = get_context()
     if context.coordinator is None:
         raise RuntimeError('lp.resize needs the program\'s coordinator, which this node has not.')

@@ -25,6 +25,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 Metrics = Mapping[str, Mapping[str, float]]
 ScalingPolicy = Callable[[Metrics, float, Mapping[str, int]], Mapping[str, int]]
 
+# Seconds after the launch before a policy says that no node reports its metric: nodes may be
+# slow to start (a pod's image to pull, a learner's first update).
+METRIC_GRACE = 60.0
+
 
 @dataclasses.dataclass(frozen=True)
 class Elastic:
@@ -63,6 +67,30 @@ class Elastic:
         """`size` within [min_size, max_size]."""
         size = max(self.min_size, size)
         return size if self.max_size is None else min(self.max_size, size)
+
+
+def check_size(label: str, size: int, groups: Optional[Mapping[str, Elastic]],
+               current: int) -> None:
+    """Raises, saying why, if group `label` cannot be resized to `size` nodes from `current`:
+    `groups` maps every group of the program to its `Elastic` (a default one for a group that
+    is not elastic: it may shrink, but has no node factory to grow); None checks the size
+    alone."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ValueError(f'A group size is an int >= 0, got {size!r}.')
+    if groups is None:
+        return
+    elastic = groups.get(label)
+    if elastic is None:
+        raise KeyError(f'The program has no group {label!r}; its groups are {sorted(groups)}.')
+    if elastic.clip(size) != size:
+        allowed = (f'{elastic.min_size} to {elastic.max_size}' if elastic.max_size is not None
+                   else f'at least {elastic.min_size}')
+        raise ValueError(f'Group {label!r} cannot have {size} nodes: its lp.Elastic allows '
+                         f'{allowed}.')
+    if size > current and elastic.make_node is None:
+        raise ValueError(f'Group {label!r} cannot grow to {size} nodes by itself: it has no '
+                         'node factory. Give it program.group(label, elastic=lp.Elastic('
+                         'make_node=...)), or add nodes with controller.add_node(node, label).')
 
 
 @dataclasses.dataclass
@@ -149,6 +177,36 @@ def group_total(metrics: Metrics, label: Optional[str], name: str) -> Optional[f
     return sum(values) if values else None
 
 
+class _UnreportedMetric:
+    """Warns once when metric `name` (of group `label`; None: of any node) is still unreported
+    `METRIC_GRACE` seconds after the launch: a policy on it changes nothing, which a typo in a
+    metric's name would otherwise leave silent."""
+
+    def __init__(self, policy: str, name: str, label: Optional[str] = None):
+        self.policy, self.name, self.label = policy, name, label
+        self._done = False  # warned, or the metric was seen
+
+    def check(self, metrics: Metrics, now: float, value: Optional[float]) -> None:
+        """The policy found `value` (None: nothing) for the metric in `metrics` at `now`."""
+        if value is not None:
+            self._done = True  # reported once: a node that stops reporting it is another matter
+        if self._done or now < METRIC_GRACE:
+            return
+        self._done = True
+        by_group: Dict[str, set] = {}
+        for node, values in metrics.items():
+            by_group.setdefault(node.split('/', 1)[0], set()).update(values)
+        reported = '; '.join(f'{label}: {", ".join(sorted(names))}'
+                             for label, names in sorted(by_group.items()) if names)
+        whose = f'no node of group {self.label!r}' if self.label is not None else 'no node'
+        logging.warning('%s changes nothing: %s has reported metric %r in the %g s since the '
+                        'launch. %s. Report it with lp.report(%s=...) or lp.count(%s=...), or '
+                        'give the policy the name of a metric that is reported.',
+                        self.policy, whose, self.name, METRIC_GRACE,
+                        f'The metrics reported are {reported}' if reported else
+                        'No node has reported any metric', self.name, self.name)
+
+
 class QueueLengthPolicy:
     """Sizes group `group` so that each node has about `per_node` items of a backlog that a node
     reports (`lp.report(**{metric: length})`, summed over the reporting nodes).
@@ -160,10 +218,12 @@ class QueueLengthPolicy:
         if not per_node > 0:
             raise ValueError(f'QueueLengthPolicy(per_node=...) must be > 0, got {per_node!r}.')
         self.group, self.metric, self.per_node = group, metric, per_node
+        self._unreported = _UnreportedMetric(f'QueueLengthPolicy({group!r}, {metric!r})', metric)
 
     def __call__(self, metrics: Metrics, now: float, sizes: Mapping[str, int]) -> Dict[str, int]:
-        del now, sizes
+        del sizes
         backlog = group_total(metrics, None, self.metric)
+        self._unreported.check(metrics, now, backlog)
         if backlog is None:
             return {}
         return {self.group: int(math.ceil(backlog / self.per_node))}
@@ -192,10 +252,13 @@ class ProgressPerActorPolicy:
         self.round, self.step, self.tolerance = round, step, tolerance
         self._start: Optional[tuple] = None   # (time, progress, actors) at the round's start
         self._previous: Optional[float] = None  # progress per actor-second in the last round
+        self._unreported = _UnreportedMetric(
+            f'ProgressPerActorPolicy({actors!r}, {learner!r}, {metric!r})', metric, learner)
 
     def __call__(self, metrics: Metrics, now: float, sizes: Mapping[str, int]) -> Dict[str, int]:
         progress = group_total(metrics, self.learner, self.metric)
         actors = sizes.get(self.actors, 0)
+        self._unreported.check(metrics, now, progress)
         if progress is None:
             return {}
         if self._start is None:

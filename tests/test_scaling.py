@@ -1,9 +1,11 @@
 """Scaling policies and the Scaler that applies them within bounds and budget (pure functions:
 no program runs here)."""
+import logging
+
 import pytest
 
 import launchpad as lp
-from launchpad.scaling import Scaler, group_total
+from launchpad.scaling import METRIC_GRACE, Scaler, group_total
 
 
 def test_the_scaler_clips_to_bounds_and_logs_why():
@@ -61,3 +63,35 @@ def test_group_total_sums_a_metric_over_a_group():
     metrics = {'learner/0': {'x': 1.0}, 'learner/1': {'x': 2.0}, 'actor/0': {'x': 5.0}}
     assert group_total(metrics, 'learner', 'x') == 3.0
     assert group_total(metrics, 'learner', 'y') is None
+
+
+def test_a_policy_whose_metric_no_node_reports_warns_once_after_a_grace_period(caplog):
+    policy = lp.QueueLengthPolicy('worker', 'backlog')
+    reported = {'learner/0': {'loss': 1.0, 'steps': 3.0}, 'worker/1': {'done': 2.0}}
+    with caplog.at_level(logging.WARNING):
+        assert policy(reported, METRIC_GRACE - 1, {'worker': 2}) == {}  # a slow start
+        assert not caplog.records
+        for now in (METRIC_GRACE + 1, METRIC_GRACE + 2):
+            assert policy(reported, now, {'worker': 2}) == {}
+    assert len(caplog.records) == 1  # once
+    message = caplog.records[0].getMessage()
+    assert "no node has reported metric 'backlog'" in message
+    assert 'learner: loss, steps; worker: done' in message
+    assert policy({}, 0.0, {}) == {} and len(caplog.records) == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # reported in time: no warning
+        policy = lp.QueueLengthPolicy('worker', 'backlog')
+        policy({'queue/0': {'backlog': 4.0}}, 1.0, {'worker': 1})
+        policy({}, METRIC_GRACE + 1, {'worker': 1})
+    assert not caplog.records
+
+
+def test_progress_per_actor_warns_when_the_learner_does_not_report_its_metric(caplog):
+    policy = lp.ProgressPerActorPolicy('actor', 'learner', 'progress')
+    with caplog.at_level(logging.WARNING):
+        assert policy({'actor/0': {'progress': 5.0}}, METRIC_GRACE + 1, {'actor': 2}) == {}
+        policy({}, METRIC_GRACE + 2, {'actor': 2})
+    assert len(caplog.records) == 1
+    message = caplog.records[0].getMessage()
+    assert "no node of group 'learner' has reported metric 'progress'" in message
+    assert 'actor: progress' in message

@@ -224,11 +224,38 @@ class CallFuture(concurrent.futures.Future):
         self._done_callbacks: List[Callable[[Any], Any]] = []
         self.on_cancel: Optional[Callable[[], Any]] = None
 
+    # The client's AddressResolver.explain, applied to a ServerUnavailableError when the
+    # outcome is read (in the reader's thread: it may call out), not where the call failed.
+    explain: Optional[Callable[[BaseException], BaseException]] = None
+
     def result(self, timeout: Optional[float] = None) -> Any:
         # Set once: a completed future's _exception is set before its _state.
         if self._state == _FINISHED and self._exception is None:
             return self._result
-        return super().result(timeout)
+        try:
+            return super().result(timeout)
+        except errors.ServerUnavailableError as error:
+            explained = self._explained(error)
+            if explained is error:
+                raise
+            raise explained from error
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        return self._explained(super().exception(timeout))
+
+    def _explained(self, error: Optional[BaseException]) -> Optional[BaseException]:
+        """``error`` as ``explain`` says it, once (every later reader gets the same)."""
+        explain = self.explain
+        if explain is None or not isinstance(error, errors.ServerUnavailableError):
+            return error
+        explained = explain(error)
+        with self._condition:
+            if self.explain is explain and self._exception is error:
+                self.explain = None
+                if explained is not error:
+                    explained.__cause__ = error
+                    self._exception = explained
+            return self._exception
 
     def cancel(self) -> bool:
         if not super().cancel():

@@ -29,7 +29,7 @@ from launchpad.nodes.base import Handle, LaunchInfo, Node
 from launchpad import metrics, runtime
 from launchpad.process.coordinator import NodeState
 from launchpad.process.faces import ControlFace
-from launchpad.scaling import Decision, Scaler
+from launchpad.scaling import Decision, Scaler, check_size
 
 if TYPE_CHECKING:
     from launchpad.launch.controller import Runner  # which imports this module
@@ -192,35 +192,18 @@ class Elasticity:
         self._watch_removals()
 
     def _resize(self, label: str, size: int) -> None:
-        if not isinstance(size, int) or size < 0:
-            raise ValueError(f'A group size is an int >= 0, got {size!r}.')
-        if label not in self._program.groups and label not in self._program.elastic_groups:
-            raise KeyError(f'The program has no group {label!r}; its groups are '
-                           f'{sorted(self._program.groups)}.')
-        elastic = self._program.elastic_groups.get(label)
-        if elastic is not None and elastic.clip(size) != size:
-            raise ValueError(f'Group {label!r} cannot have {size} nodes: its lp.Elastic allows '
-                             f'{elastic.min_size} to {elastic.max_size}.')
+        groups = self._program.group_limits()
         members = self._members(label)
+        check_size(label, size, groups, len(members))
         if size < len(members):
             for name in members[size:][::-1]:  # the newest leave first
                 self._remove(name)
             return
-        if size > len(members) and (elastic is None or elastic.make_node is None):
-            raise ValueError(f'Group {label!r} cannot grow to {size} nodes by itself: it has no '
-                             'node factory. Give it program.group(label, elastic=lp.Elastic('
-                             'make_node=...)), or add nodes with controller.add_node(node, '
-                             'label).')
         for _ in range(size - len(members)):
-            self._add(elastic.make_node(), label)
+            self._add(groups[label].make_node(), label)
 
     def _members(self, label: str) -> List[str]:
-        removing = self._coordinator.removals()
-        statuses = self._coordinator.status()
-        names = [name for name, status in statuses.items()
-                 if runtime.group_of(name) == label and not status.state.ended
-                 and name not in removing and '+' not in name]
-        return sorted(names, key=lambda name: runtime.label_and_index(name)[1])
+        return self._coordinator.group_nodes(label)
 
     def _scale(self) -> None:
         if self._scaler is None or time.monotonic() < self._next_scaling:

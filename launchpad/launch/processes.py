@@ -203,7 +203,8 @@ class ProcessLauncher(launcher.Launcher):
                 fork_server.close()
             output.close()
             raise
-        coordinator = Coordinator([name for name, _, _, _ in starts], policies=policies)
+        coordinator = Coordinator([name for name, _, _, _ in starts], policies=policies,
+                                  groups=program.group_limits())
         server = serve_coordinator(coordinator, coordinator_address, auth_token=token)
         runner = _ProcessRunner(workdir, server, output, fork_server)
         runner.nodes, runner.coordinator = nodes, coordinator

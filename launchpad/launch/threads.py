@@ -218,7 +218,7 @@ class ThreadLauncher(launcher.Launcher):
         addresses = [address for _, executable in executables for address in executable.addresses]
         policies = launcher.policies_of(program, executables)
         coordinator = Coordinator([executable.name for _, executable in executables],
-                                  policies=policies)
+                                  policies=policies, groups=program.group_limits())
         node_face = faces.NodeFaceProxy(coordinator)  # all that node threads see of it
         table = local_address_table(addresses, workdir, registry=node_face)
         runner = _ThreadRunner(workdir, coordinator)

@@ -89,9 +89,7 @@ class NodeEndpoint(courier.AddressResolver):
             if time.monotonic() - asked >= _MAX_LOOKUP:
                 asked = time.monotonic()
                 if node_has_left(context, self.node_name):
-                    raise NodeLeftError(
-                        f'node {self.node_name} was removed from the program and is not serving '
-                        f'{where}: it will not come back.')
+                    raise self._left(f'is not serving {where}')
             if stopping:
                 raise NodeStoppedError(
                     f'node {self.node_name} is not serving {where} and the program is stopping, '
@@ -109,6 +107,21 @@ class NodeEndpoint(courier.AddressResolver):
                     'for its error in the program output.')
             time.sleep(pause)
             pause = min(2 * pause, _MAX_LOOKUP if published else _MAX_PAUSE)
+
+    def explain(self, error: courier.ServerUnavailableError) -> courier.ServerUnavailableError:
+        """A call found the node gone: `NodeLeftError` if it was removed from the program (a
+        client that had reached it learns so at its first failed call), else `error`."""
+        try:
+            context = runtime.get_context()
+        except RuntimeError:  # a thread outside the program reads the call's future
+            return error
+        if node_has_left(context, self.node_name):
+            return self._left('did not answer')
+        return error
+
+    def _left(self, what: str) -> NodeLeftError:
+        return NodeLeftError(f'node {self.node_name} was removed from the program and {what}: '
+                             'it will not come back.')
 
     def retry(self, elapsed: float) -> bool:
         """Whether a blocking call that could not connect goes again: while the node accepts
@@ -140,11 +153,10 @@ def node_client(address: Address, node_name: str, client_kwargs: dict) -> courie
 
 def node_has_left(context, node_name: str) -> bool:
     """Whether the coordinator says `node_name` was removed from the program."""
-    has_left = getattr(context.coordinator, 'has_left', None)
-    if has_left is None:
+    if context.coordinator is None:
         return False
     try:
-        return bool(has_left(node_name))
+        return bool(context.coordinator.has_left(node_name))
     except Exception:  # pylint: disable=broad-except  (an older coordinator, or it is gone)
         return False
 

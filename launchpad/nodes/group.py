@@ -20,12 +20,10 @@ import logging
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import courier
-
 from launchpad import runtime
 from launchpad.address import Address
 from launchpad.nodes.base import Handle
-from launchpad.nodes.endpoint import NodeLeftError, node_client, node_has_left
+from launchpad.nodes.endpoint import NodeLeftError, node_client
 
 _LONGEST_WAIT = 10.0  # seconds of one wait for a change at the coordinator (under its call timeout)
 
@@ -155,7 +153,7 @@ class GroupClient:
                 error = future.exception()
             if error is None:
                 results[name] = future.result()
-            elif self._left(name, error):
+            elif isinstance(error, NodeLeftError):
                 continue
             elif return_exceptions:
                 results[name] = error
@@ -170,20 +168,13 @@ class GroupClient:
         `NodeLeftError` if there is none (or every one left)."""
         members = [(name, client) for name, client in self.members().items()
                    if client is not None]
-        for name, client in members:
+        for _, client in members:
             try:
                 return getattr(client, method)(*args, **kwargs)
-            except courier.ServerUnavailableError as e:
-                if not self._left(name, e):
-                    raise
+            except NodeLeftError:
+                continue
         raise NodeLeftError(f'group {self.label} has no member that serves {method}: '
                             f'{len(members)} tried.')
-
-    def _left(self, name: str, error: BaseException) -> bool:
-        if isinstance(error, NodeLeftError):
-            return True
-        return (isinstance(error, courier.ServerUnavailableError)
-                and node_has_left(runtime.get_context(), name))
 
     def _update(self, found) -> None:
         with self._lock:

@@ -25,8 +25,10 @@ import traceback
 import uuid
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from launchpad import runtime
 from launchpad.policy import NodePolicy, RestartBudget
 from launchpad.process import faces
+from launchpad.scaling import Elastic, check_size
 
 # Seconds a node keeps running without reaching its coordinator before it decides that the
 # launcher is gone and stops itself.
@@ -40,7 +42,7 @@ class NodeState(str, enum.Enum):
     RUNNING = 'running'
     FINISHED = 'finished'
     FAILED = 'failed'
-    KILLED = 'killed'
+    KILLED = 'killed'          # ended by the program's stop (also one whose restart it cancelled)
     RESTARTING = 'restarting'  # failed; starts again once its process is gone and its backoff over
     DROPPED = 'dropped'        # failed for good under on_failure='drop'; the program goes on
     REMOVED = 'removed'        # taken out of the running program (`Controller.remove_node`)
@@ -115,7 +117,11 @@ class Coordinator:
     """Node states, published addresses and the stop signal of one launched program."""
 
     def __init__(self, node_names: Iterable[str], *,
-                 policies: Optional[Mapping[str, NodePolicy]] = None):
+                 policies: Optional[Mapping[str, NodePolicy]] = None,
+                 groups: Optional[Mapping[str, Elastic]] = None):
+        """`groups` (`Program.group_limits()`): what each group may be resized to, so that a
+        node's `lp.resize` beyond it fails in that node; None leaves the check to the
+        controller, which logs a refused request."""
         self._changed = threading.Condition()
         self._nodes: Dict[str, NodeStatus] = {name: NodeStatus(name) for name in node_names}
         self._incarnations = {name: _Incarnation((policies or {}).get(name) or NodePolicy())
@@ -124,6 +130,7 @@ class Coordinator:
         self._node_addresses: Dict[str, List[str]] = {}  # node -> its address ids (group members)
         self._removing: Dict[str, float] = {}  # node -> when its removal was asked (monotonic)
         self._size_requests: Dict[str, int] = {}  # group -> the size a node asked for
+        self._groups = dict(groups) if groups is not None else None
         self._stop_reason: Optional[str] = None
         self._stop_time: Optional[float] = None
         self._failure: Optional[NodeFailedError] = None
@@ -256,18 +263,31 @@ class Coordinator:
 
     def request_size(self, label: str, size: int) -> None:
         """Asks for group `label` to have `size` nodes (a node's `lp.resize`); the controller
-        grows or shrinks it."""
-        if not isinstance(size, int) or size < 0:
-            raise ValueError(f'A group size is an int >= 0, got {size!r}.')
+        grows or shrinks it. Raises, saying why, if the group cannot have that size (an unknown
+        group, outside its `lp.Elastic` bounds, or growing without a node factory)."""
         with self._changed:
+            check_size(label, size, self._groups, len(self._group_nodes(label)))
             self._size_requests[label] = size
             self._changed.notify_all()
+
+    def group_nodes(self, label: str) -> List[str]:
+        """The nodes of group `label` that run or are starting (not ended, not leaving), by
+        index: the group's size as resizing counts it."""
+        with self._changed:
+            return self._group_nodes(label)
 
     def take_size_requests(self) -> Dict[str, int]:
         """The group sizes asked for since the last call."""
         with self._changed:
             requests, self._size_requests = self._size_requests, {}
             return requests
+
+    def _group_nodes(self, label: str) -> List[str]:
+        prefix = label + '/'
+        names = [name for name, status in self._nodes.items()
+                 if name.startswith(prefix) and '+' not in name and not status.state.ended
+                 and name not in self._removing]
+        return sorted(names, key=lambda name: runtime.label_and_index(name)[1])
 
     def _members(self, label: str) -> List[Tuple[str, List[str]]]:
         prefix = label + '/'
@@ -446,9 +466,11 @@ class Coordinator:
         if self._stop_reason is None:
             self._stop_reason = reason
             self._stop_time = time.monotonic()
-            for status in self._nodes.values():  # no restart once the program stops
+            # No restart once the program stops. A node waiting for one failed within its
+            # policy: the stop, not its failure, ends it (its error still says why it failed).
+            for status in self._nodes.values():
                 if status.state is NodeState.RESTARTING:
-                    status.state = NodeState.FAILED
+                    status.state = NodeState.KILLED
         self._changed.notify_all()
 
 

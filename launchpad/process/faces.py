@@ -145,6 +145,9 @@ class ControlFace(Protocol):
     def take_size_requests(self) -> Dict[str, int]:
         """The group sizes nodes asked for since the last call."""
 
+    def group_nodes(self, label: str) -> List[str]:
+        """The nodes of group `label` that run or start (not ended, not leaving), by index."""
+
 
 def members_of(face: type) -> FrozenSet[str]:
     """The names a Protocol declares (its methods and properties, its bases' included)."""

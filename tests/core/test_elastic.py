@@ -1,12 +1,15 @@
 """Elastic programs on threads and local processes: groups that grow and shrink while the program
 runs, from the launcher and from inside a node, group handles, scaling policies (the program is
 tests/elastic_program.py; tests/launch runs it on the other platforms)."""
+import logging
+import pickle
 import threading
 import time
 
 import pytest
 
 import launchpad as lp
+from launchpad import scaling
 from tests import elastic_program as elastic
 from tests.core.conftest import wait_until
 
@@ -138,3 +141,139 @@ def test_elastic_bounds_are_checked():
         lp.Elastic(budget=0)
     with pytest.raises(TypeError, match='make_node'):
         lp.Elastic(make_node=3)
+
+
+class Echo:
+    def ping(self) -> str:
+        return lp.get_context().node_name
+
+
+class Caller:
+    """Holds clients of actor/1, each of which has carried a call (`warm`), and says how each
+    one's next call fails once actor/1 was removed (`after`)."""
+
+    def __init__(self, actor, actors):
+        self._actor = actor    # actor/1's handle, a courier client here
+        self._actors = actors  # group 'actor', an lp.GroupClient
+        self._clients = {}
+
+    def warm(self) -> list:
+        member = self._actors.members()['actor/1']
+        self._clients = {'handle': self._actor, 'handle.futures': pickle.loads(
+            pickle.dumps(self._actor)), 'group': member,
+            'group.futures': pickle.loads(pickle.dumps(member))}
+        return [self._ping(kind, client) for kind, client in self._clients.items()]
+
+    def after(self) -> dict:
+        errors = {}
+        for kind, client in self._clients.items():
+            try:
+                self._ping(kind, client)
+                errors[kind] = ('answered', '')
+            except Exception as e:  # pylint: disable=broad-except
+                errors[kind] = (type(e).__name__, str(e))
+        return errors
+
+    @staticmethod
+    def _ping(kind: str, client) -> str:
+        if kind.endswith('.futures'):
+            return client.futures.ping().result(timeout=30)
+        return client.ping()
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+def test_the_first_call_to_a_removed_node_says_it_left(launch_type):
+    """A client that has called actor/1 before fails its next call with NodeLeftError, not
+    with the unavailable server that a restart would also show (sync and futures calls,
+    through a handle and through the group's client)."""
+    program = lp.Program('left')
+    with program.group('actor', elastic=lp.Elastic(min_size=1, max_size=2)):
+        program.add_node(lp.CourierNode(Echo))
+        second = program.add_node(lp.CourierNode(Echo))
+    caller_handle = program.add_node(
+        lp.CourierNode(Caller, second, program.group_handle('actor')), label='caller')
+    controller = lp.launch(program, launch_type=launch_type)
+    try:
+        caller = caller_handle.dereference()
+        assert wait_until(lambda: len(controller.coordinator.members('actor')) == 2, timeout=60)
+        assert caller.warm() == ['actor/1'] * 4
+        controller.remove_node('actor/1')
+        assert wait_until(lambda: controller.status()['actor/1'].state is lp.NodeState.REMOVED,
+                          timeout=30)
+        errors = caller.after()
+    finally:
+        controller.stop()
+    assert {kind: name for kind, (name, _) in errors.items()} == dict.fromkeys(
+        ['handle', 'handle.futures', 'group', 'group.futures'], 'NodeLeftError'), errors
+    assert all('actor/1 was removed' in message for _, message in errors.values())
+    assert controller.wait(timeout=30)
+
+
+class Resizer:
+    def ask(self, label, size):
+        """lp.resize(label, size) in this node: 'asked', or the error it raised."""
+        try:
+            lp.resize(label, size)
+        except Exception as e:  # pylint: disable=broad-except
+            return type(e).__name__, str(e)
+        return 'asked'
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+def test_a_node_asking_for_a_size_its_group_cannot_have_gets_the_error(launch_type):
+    program = elastic.build(driver=False)
+    with program.group('fixed'):
+        program.add_node(lp.PyNode(lp.wait_for_stop))
+    resizer_handle = program.add_node(lp.CourierNode(Resizer), label='resizer')
+    controller = lp.launch(program, launch_type=launch_type)
+    try:
+        resizer = resizer_handle.dereference()
+        assert resizer.ask('actor', 9) == (
+            'ValueError', "Group 'actor' cannot have 9 nodes: its lp.Elastic allows 1 to 8.")
+        assert resizer.ask('actor', 0)[1].endswith('allows 1 to 8.')
+        kind, message = resizer.ask('nope', 3)
+        assert kind == 'KeyError' and "no group 'nope'" in message and "'actor'" in message
+        kind, message = resizer.ask('fixed', 2)
+        assert kind == 'ValueError' and "'fixed' cannot grow to 2 nodes" in message
+        assert resizer.ask('actor', 3) == 'asked'  # within the bounds: the group grows
+        assert wait_until(lambda: controller.group_size('actor') == 3, timeout=60)
+        assert resizer.ask('fixed', 0) == 'asked'  # a group without a factory may shrink
+        assert wait_until(lambda: controller.status()['fixed/0'].state is lp.NodeState.REMOVED,
+                          timeout=60)
+    finally:
+        controller.stop()
+    assert controller.wait(timeout=30)
+
+
+def report_loss() -> None:
+    lp.report(loss=1.0)
+    lp.wait_for_stop()
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+def test_a_policy_on_a_metric_no_node_reports_warns_once(launch_type, caplog, monkeypatch):
+    monkeypatch.setattr(scaling, 'METRIC_GRACE', 2.0)  # the real one is a minute
+    program = elastic.build(driver=False)
+    program.add_node(lp.PyNode(report_loss), label='reporter')
+    policy, asked = lp.QueueLengthPolicy('actor', 'backlog'), []
+
+    def counted(metrics, now, sizes):
+        asked.append(now)
+        return policy(metrics, now, sizes)
+
+    def warnings():
+        return [record.getMessage() for record in caplog.records
+                if record.levelno == logging.WARNING and 'backlog' in record.getMessage()]
+
+    program.set_scaling_policy(counted, interval=0.1)
+    controller = lp.launch(program, launch_type=launch_type)
+    try:
+        assert wait_until(lambda: warnings(), timeout=60)
+        more = len(asked) + 5
+        assert wait_until(lambda: len(asked) >= more, timeout=60)  # five more decisions
+    finally:
+        controller.stop()
+    assert controller.wait(timeout=30)
+    assert len(warnings()) == 1
+    assert "no node has reported metric 'backlog'" in warnings()[0]
+    assert 'reporter: loss' in warnings()[0]

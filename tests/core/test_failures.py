@@ -208,3 +208,30 @@ def test_a_program_whose_only_node_restarts_runs_on(launch_type):
         controller.stop()
     assert controller.wait(timeout=60)
     assert controller.status()['alone/0'].state is lp.NodeState.FINISHED
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+@pytest.mark.parametrize('stopped_by', ['controller', 'node'])
+def test_a_node_waiting_to_restart_when_the_program_stops_is_killed_not_failed(launch_type,
+                                                                               stopped_by):
+    """Its failure was within its policy and the stop was asked for: not a program failure, so
+    wait() returns True and the node ends `killed` (its error still says why it had failed)."""
+    program = lp.Program('pending_restart')
+    program.add_node(lp.PyNode(fail_at_first_attempt), label='flaky',
+                     restart=lp.RestartPolicy(max_restarts=3, backoff=600))
+    program.add_node(lp.PyNode(lp.wait_for_stop), label='steady')
+    controller = lp.launch(program, launch_type=launch_type)
+    try:
+        assert wait_until(lambda: controller.status()['flaky/0'].state is
+                          lp.NodeState.RESTARTING, timeout=60), controller.status()
+        if stopped_by == 'node':
+            program.add_node(lp.PyNode(lp.stop), label='stopper')
+        else:
+            controller.stop()
+        assert controller.wait(timeout=60) is True
+    finally:
+        controller.stop()
+    flaky = controller.status()['flaky/0']
+    assert (flaky.state, flaky.restarts) == (lp.NodeState.KILLED, 0)
+    assert flaky.error == 'RuntimeError: the first attempt fails'
+    assert controller.status()['steady/0'].state is lp.NodeState.FINISHED

@@ -334,3 +334,46 @@ def test_an_address_resolver_has_a_call_that_never_reached_its_server_tried_agai
     assert resolver.retries == 3
     assert courier.AddressResolver().retry(0.0) is False  # The default never retries.
 
+
+class _Gone(courier.ServerUnavailableError):
+    pass
+
+
+class _Explaining(courier.AddressResolver):
+    """Resolves to ``address``; explains a missing server as ``_Gone``, noting each thread
+    that asked."""
+
+    def __init__(self, address):
+        self.address = address
+        self.threads = []
+
+    def __call__(self):
+        return self.address
+
+    def explain(self, error):
+        self.threads.append(threading.current_thread())
+        return _Gone(f'explained: {error}')
+
+
+def test_an_address_resolver_explains_a_call_that_found_no_server(make_server, socket_dir):
+    """The first call on a connection whose server went away raises what the resolver says,
+    sync or through its future (asked in the thread reading it, once per future)."""
+    address = f'unix:{socket_dir}/gone.sock'
+    server = serve_add(make_server, address=address)
+    resolver = _Explaining(address)
+    client = courier.Client(resolver, call_timeout=20, wait_for_ready=False)
+    futures_client = courier.Client(resolver, call_timeout=20, wait_for_ready=False)
+    assert client.add(1, 2) == 3 and futures_client.futures.add(1, 2).result() == 3
+    server.Stop()
+    with pytest.raises(_Gone, match='explained: .*unavailable') as raised:
+        client.add(3, 3)
+    assert isinstance(raised.value.__cause__, courier.ServerUnavailableError)
+    future = futures_client.futures.add(3, 3)
+    assert wait_until(future.done, timeout=20)
+    assert resolver.threads == [threading.current_thread()]  # not explained where it failed
+    assert isinstance(future.exception(), _Gone) and isinstance(future.exception(), _Gone)
+    with pytest.raises(_Gone):
+        future.result()
+    assert resolver.threads == [threading.current_thread()] * 2
+    assert courier.AddressResolver().explain(raised.value) is raised.value  # the default
+

@@ -201,6 +201,17 @@ def test_a_stop_ends_the_restarts_and_a_node_that_cannot_restart_fails():
     assert not coordinator.restarts_pending
 
 
+def test_a_stop_cancels_a_pending_restart_without_failing_the_program():
+    policy = NodePolicy(RestartPolicy(max_restarts=5, backoff=60.0))
+    coordinator = Coordinator(['a/0', 'b/0'], policies={'a/0': policy})
+    coordinator.node_failed('a/0', 'ValueError: a', 'tb a')
+    assert coordinator.status()['a/0'].state is NodeState.RESTARTING
+    coordinator.request_stop('stopped by the launcher')
+    status = coordinator.status()['a/0']
+    assert (status.state, status.error) == (NodeState.KILLED, 'ValueError: a')
+    assert coordinator.failure is None and not coordinator.restarts_pending
+
+
 def test_nodes_join_and_leave_a_group_and_its_members_follow():
     coordinator = Coordinator(['actor/0', 'learner/0'])
     coordinator.set_node_addresses({'actor/0': ['a0'], 'learner/0': []})

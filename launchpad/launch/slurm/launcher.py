@@ -154,7 +154,7 @@ class SlurmLauncher(Launcher):
                                       name: policy.to_json() for name, policy in policies.items()}
                                   ).write(run_dir)
         else:
-            coordinator = Coordinator(names, policies=policies)
+            coordinator = Coordinator(names, policies=policies, groups=program.group_limits())
             server = serve_coordinator(
                 coordinator, job.coordinator_bind_endpoint(settings.coordinator_host),
                 auth_token=token, tls=options.tls)

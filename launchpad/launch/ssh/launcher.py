@@ -279,7 +279,7 @@ class SshLauncher(Launcher):
         runner.token = secrets.token_hex(16)
         policies = policies_of(program, executables)
         coordinator = Coordinator([executable.name for _, executable in executables],
-                                  policies=policies)
+                                  policies=policies, groups=program.group_limits())
         bind_host = options.settings.coordinator_host or _coordinator_host(runner.connections)
         try:
             runner.server = serve_coordinator(coordinator, _endpoint(bind_host, 0),
