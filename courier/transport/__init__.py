@@ -23,11 +23,6 @@ from courier.transport._base import (ClientTransport, Endpoint, HandleCall, Serv
 __all__ = ['PROTOCOLS', 'ClientTransport', 'Endpoint', 'HandleCall', 'ServerTransport',
            'connect', 'listen', 'parse_address', 'tcp_address']
 
-# What a client may be told to speak (courier.Client's protocol=): courier's frames only, or
-# gRPC only. Not told, it speaks the framed protocol where the server does.
-PROTOCOLS = ('framed', 'grpc')
-
-
 def _framed_client(address: str, endpoint: Endpoint, **options: Any) -> ClientTransport:
     from courier.transport import framed_client  # pylint: disable=import-outside-toplevel
     return framed_client.connect(address, endpoint, **options)
@@ -66,6 +61,9 @@ _DEFAULT_CLIENTS = {('unix', False): _framed_client, ('unix', True): _grpc_clien
                     **{('tcp', tls): _framed_else_grpc_client for tls in (False, True)}}
 _SERVERS = {('unix', False): _framed_unix_server, ('unix', True): _grpc_server,
             **{('tcp', tls): tcp.listen for tls in (False, True)}}
+# What a client may be told to speak (courier.Client's protocol=): courier's frames only, or
+# gRPC only. Not told, it speaks the framed protocol where the server does.
+PROTOCOLS = tuple(_CLIENTS)
 
 
 def connect(address: str, *, auth_token: Optional[str] = None,
