@@ -18,6 +18,7 @@ MAX_LINES = 650
 # Layers, lowest first: a module may import modules of its own layer or below, never above.
 # The first prefix that matches a module name gives its layer (docs/architecture.md shows them).
 LAYERS = [
+    ('courier.transport._compat', 1),        # the CPython internals a call's future reaches into
     ('courier.transport._base', 1),          # transport interfaces, addresses, errors
     ('courier.transport.frames', 2),         # the framed protocol's frames
     ('courier.transport._here', 2),          # servers of this process, for in-process calls
@@ -29,7 +30,8 @@ LAYERS = [
     ('courier.transport.framed_client', 3),  # the transports: never import each other
     ('courier.transport.framed_server', 3),
     ('courier.transport.grpc', 3),
-    ('courier.transport', 4),                # picks a transport by address
+    ('courier.transport.tcp', 4),            # a TCP address's lane: framed, else gRPC
+    ('courier.transport', 4),                # picks a transport by address and protocol
     ('courier.client', 5),
     ('courier.server', 5),
     ('courier.batching', 5),

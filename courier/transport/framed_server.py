@@ -245,7 +245,7 @@ class FramedServerTransport(_base.ServerTransport):
 
     # Calls through the socket.
 
-    def _relayed(self, connection: loops.Connection) -> None:
+    def _relayed(self, connection: loops.AcceptedConnection) -> None:
         """The relay is done with a gRPC client's connection."""
         self._loop.close(connection)
 
@@ -256,7 +256,7 @@ class FramedServerTransport(_base.ServerTransport):
             return frames.TOKEN_MISSING
         return 0 if hmac.compare_digest(token, self._token) else frames.TOKEN_WRONG
 
-    def _greet(self, connection: loops.Connection, hello: frames.Frame) -> Optional[tuple]:
+    def _greet(self, connection: loops.AcceptedConnection, hello: frames.Frame) -> Optional[tuple]:
         """On the loop thread: None welcomes the connection, else the refusal's (reason, text)."""
         del connection
         if (hello.kind != frames.HELLO or hello.payload != frames.MAGIC
@@ -269,11 +269,11 @@ class FramedServerTransport(_base.ServerTransport):
             return reason, frames.REFUSALS[reason].encode()
         return None
 
-    def _dispatch(self, connection: loops.Connection) -> None:
+    def _dispatch(self, connection: loops.AcceptedConnection) -> None:
         """On the loop thread: ``connection`` has something to read; a worker takes it."""
         self._pool.submit(self._serve, connection)
 
-    def _serve(self, connection: loops.Connection) -> None:
+    def _serve(self, connection: loops.AcceptedConnection) -> None:
         """On a worker: serves the connection's calls while it keeps calling."""
         outcome = _END
         try:
@@ -296,7 +296,7 @@ class FramedServerTransport(_base.ServerTransport):
         elif outcome == _END:
             self._end(connection)
 
-    def _serve_sync(self, connection: loops.Connection) -> str:
+    def _serve_sync(self, connection: loops.AcceptedConnection) -> str:
         sock = connection.sock
         reader = connection.reader
         read_frame = reader.read_frame
@@ -330,7 +330,7 @@ class FramedServerTransport(_base.ServerTransport):
             if not pool.linger(poller, self.limits.linger_ms):
                 return _RESUME
 
-    def _serve_pipelined(self, connection: loops.Connection) -> str:
+    def _serve_pipelined(self, connection: loops.AcceptedConnection) -> str:
         calls = connection.calls
         reader = connection.reader
         read_frame = reader.read_frame
@@ -375,7 +375,7 @@ class FramedServerTransport(_base.ServerTransport):
             if not pool.linger(poller, limits.linger_ms):
                 return _RESUME
 
-    def _run_pipelined(self, connection: loops.Connection, call_id: int, method: str,
+    def _run_pipelined(self, connection: loops.AcceptedConnection, call_id: int, method: str,
                        pickle: bytes, buffers: List[Any]) -> None:
         try:
             entry = connection.calls.get(call_id)
@@ -389,7 +389,7 @@ class FramedServerTransport(_base.ServerTransport):
         finally:
             self._call_ended(connection, call_id)
 
-    def _call_ended(self, connection: loops.Connection, call_id: int) -> None:
+    def _call_ended(self, connection: loops.AcceptedConnection, call_id: int) -> None:
         calls = connection.calls
         with connection.lock:
             entry = calls.get(call_id)
@@ -406,7 +406,7 @@ class FramedServerTransport(_base.ServerTransport):
         elif close:
             self._loop.close(connection)
 
-    def _end(self, connection: loops.Connection) -> None:
+    def _end(self, connection: loops.AcceptedConnection) -> None:
         """The client is gone or broke the protocol: close, once the answers in flight went out."""
         with connection.lock:
             connection.ended = True
