@@ -26,6 +26,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import courier
+from courier.transport import tcp_address
 
 from launchpad.address import AddressTable
 from launchpad.launch.controller import Controller, ProcessRunner
@@ -117,13 +118,13 @@ class _SshRunner(ProcessRunner):
         the launcher, on a port the kernel picks (every node is published before any is packed,
         so that each spec holds the whole table)."""
         self.packer.address_table.published.update(
-            {address.id: _endpoint(connection.bind_host, 0) for address in executable.addresses})
+            {address.id: tcp_address(connection.bind_host, 0) for address in executable.addresses})
 
     def admit(self, connection: Connection, index: int, executable, policy=None) -> bytes:
         """Packs `executable` (`policy`: an added node's) as node `index` of `connection`, and
         gets ready for its process: every node's one step before its host's agent starts it."""
         coordinator_host = self.options.settings.coordinator_host or connection.launcher_address
-        self.packer.coordinator_address = _endpoint(coordinator_host, self.port)
+        self.packer.coordinator_address = tcp_address(coordinator_host, self.port)
         spec = specs.pack(self.packer.admit(executable, policy,
                                             env={courier.AUTH_TOKEN_ENV: self.token},
                                             cleanup_dir=connection.directory))
@@ -282,7 +283,7 @@ class SshLauncher(Launcher):
                                   policies=policies, groups=program.group_limits())
         bind_host = options.settings.coordinator_host or _coordinator_host(runner.connections)
         try:
-            runner.server = serve_coordinator(coordinator, _endpoint(bind_host, 0),
+            runner.server = serve_coordinator(coordinator, tcp_address(bind_host, 0),
                                                auth_token=runner.token, tls=options.tls)
         except OSError as e:
             raise OSError(f'Cannot serve the program\'s coordinator on {bind_host}: {e}. Pass '
@@ -319,8 +320,3 @@ def _coordinator_host(connections: List[Connection]) -> str:
     if len(seen) == 1:
         return seen.pop()
     return '::' if any(':' in address for address in seen) else '0.0.0.0'
-
-
-def _endpoint(host: str, port: int) -> str:
-    """`host:port`, an IPv6 host in brackets."""
-    return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'
