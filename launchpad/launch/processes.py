@@ -21,7 +21,7 @@ from launchpad.process import faces
 from launchpad.process import flags
 from launchpad.process import forkserver
 from launchpad.process import spec as specs
-from launchpad.process.devices import Allocator, Inventory
+from launchpad.process.devices import Allocator, Inventory, preflight
 from launchpad.process.coordinator import Coordinator, serve_coordinator
 from launchpad.process.forkserver import ForkServer
 from launchpad.process.output import TERMINALS, Output, kill_group
@@ -115,7 +115,9 @@ class _ProcessRunner(ProcessRunner):
                            registry=self.coordinator)
         self._release_ended()
         group = self.resources.get(label) or PythonProcess()
-        self.start_node(*self.nodes.pack(executable, group, policy))
+        start = self.nodes.pack(executable, group, policy)
+        _show_resources(self.coordinator, self.nodes.devices, executable.name)
+        self.start_node(*start)
 
     def last_output(self, name: str) -> str:
         """The last lines node `name` printed."""
@@ -182,6 +184,13 @@ class _NodePacker:
                 specs.node_environment(self.token, extra=env), forkable)
 
 
+def _show_resources(coordinator: Coordinator, devices: Allocator, name: str) -> None:
+    """Tells the coordinator what node `name` was given, for `status` and the dashboard."""
+    given = devices.given(name)
+    if given is not None:
+        coordinator.set_node_resources(name, **given.describe())
+
+
 class ProcessLauncher(launcher.Launcher):
     """Runs every executable in a worker process; servers listen on Unix sockets in a private
     directory that only this user can open, and calls carry the program's auth token."""
@@ -216,8 +225,8 @@ class ProcessLauncher(launcher.Launcher):
                               policies=policies)
         groups = [options.resources.get(label) or PythonProcess() for label, _ in executables]
         devices = Allocator(Inventory.discover())
-        devices.preflight([(executable.name, resources.resources) for (_, executable), resources
-                           in zip(executables, groups) if resources.resources is not None])
+        preflight([(devices, executable.name, resources.resources) for (_, executable), resources
+                   in zip(executables, groups) if resources.resources is not None])
         output = Output(options.terminal, program.name, workdir)
         fork_server = None
         if not output.runs_commands and any(forkserver.usable_for(r.env, r.interpreter)
@@ -234,6 +243,8 @@ class ProcessLauncher(launcher.Launcher):
             output.close()
             raise
         coordinator = Coordinator([name for name, _, _, _ in starts], policies=policies)
+        for name, _, _, _ in starts:
+            _show_resources(coordinator, devices, name)
         server = serve_coordinator(coordinator, coordinator_address, auth_token=token)
         runner = _ProcessRunner(workdir, server, output, fork_server)
         runner.nodes, runner.coordinator = nodes, coordinator

@@ -94,7 +94,9 @@ class ResourceShortfallError(RuntimeError):
         super().__init__('\n'.join(lines))
 
 
-class _Short(Exception):
+class Short(Exception):
+    """A node finds too few free GPUs or cores (`kind`) on its host."""
+
     def __init__(self, kind: str):
         super().__init__(kind)
         self.kind = kind
@@ -111,12 +113,13 @@ class Allocator:
         """What node `name` gets: what it got before if it had something (a restart), else free
         devices and cores; ResourceShortfallError if the host lacks them."""
         try:
-            return self._assign(name, requested)
-        except _Short as short:
+            return self.take(name, requested)
+        except Short as short:
             raise ResourceShortfallError([(self.inventory.host, name.split('/')[0],
-                                           self._shortfall(short.kind, requested, 1))]) from None
+                                           self.shortfall(short.kind, requested, 1))]) from None
 
-    def _assign(self, name: str, requested: Resources) -> NodeResources:
+    def take(self, name: str, requested: Resources) -> NodeResources:
+        """`assign`, raising `Short` where the host lacks something."""
         if name in self._given:
             return self._given[name]
         gpus, share = self._gpus(requested)
@@ -125,7 +128,7 @@ class Allocator:
             taken = {core for given in self._given.values() for core in given.cores or ()}
             free = [core for core in self.inventory.cores if core not in taken]
             if len(free) < requested.cpus:
-                raise _Short('cores')
+                raise Short('cores')
             cores = tuple(free[:requested.cpus])
         given = NodeResources(requested, self.inventory.host, gpus, share, cores)
         self._given[name] = given
@@ -139,13 +142,13 @@ class Allocator:
             share = requested.gpu_share
             fitting = [gpu for gpu in self.inventory.gpus if use[gpu] + share <= 1 + _EPSILON]
             if not fitting:
-                raise _Short('gpus')
+                raise Short('gpus')
             # Fill a device already shared before opening a free one.
             return (max(fitting, key=lambda gpu: (use[gpu] < 1 and use[gpu] > 0, use[gpu])),
                     ), share
         free = [gpu for gpu in self.inventory.gpus if use[gpu] <= _EPSILON]
         if len(free) < requested.whole_gpus:
-            raise _Short('gpus')
+            raise Short('gpus')
         return tuple(free[:requested.whole_gpus]), 1.0
 
     def use(self) -> Dict[str, float]:
@@ -172,21 +175,8 @@ class Allocator:
         """What node `name` holds, if anything."""
         return self._given.get(name)
 
-    def preflight(self, nodes: Sequence[Tuple[str, Resources]]) -> None:
-        """Assigns every (node name, request) of a launch; ResourceShortfallError listing every
-        group that finds too little on this host, if any does."""
-        short: Dict[Tuple[str, str], List[Resources]] = {}
-        for name, requested in nodes:
-            try:
-                self._assign(name, requested)
-            except _Short as e:
-                short.setdefault((name.split('/')[0], e.kind), []).append(requested)
-        if short:
-            raise ResourceShortfallError(
-                [(self.inventory.host, group, self._shortfall(kind, requests[0], len(requests)))
-                 for (group, kind), requests in short.items()])
-
-    def _shortfall(self, kind: str, requested: Resources, count: int) -> str:
+    def shortfall(self, kind: str, requested: Resources, count: int) -> str:
+        """What `count` nodes asking `requested` lack here (`kind`: 'gpus' or 'cores')."""
         inventory = self.inventory
         if kind == 'gpus':
             have = (f'{len(inventory.gpus)} GPU(s) ({",".join(inventory.gpus)}, from '
@@ -198,3 +188,19 @@ class Allocator:
                 f'the host has {len(inventory.cores)} core(s) for nodes, '
                 f'{sum(len(g.cores or ()) for g in self._given.values())} of them given to '
                 'other nodes')
+
+
+def preflight(nodes: Sequence[Tuple[Allocator, str, Resources]]) -> None:
+    """Assigns every node of a launch, (its host's allocator, its name, its request), before
+    anything starts; ResourceShortfallError listing every group and host that lacks something."""
+    short: Dict[Tuple[int, str, str], List] = {}
+    for allocator, name, requested in nodes:
+        try:
+            allocator.take(name, requested)
+        except Short as e:
+            key = (id(allocator), name.split('/')[0], e.kind)
+            short.setdefault(key, [allocator, requested, 0])[2] += 1
+    if short:
+        raise ResourceShortfallError(
+            [(allocator.inventory.host, group, allocator.shortfall(kind, requested, count))
+             for (_, group, kind), (allocator, requested, count) in short.items()])

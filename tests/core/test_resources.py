@@ -7,6 +7,7 @@ import psutil
 import pytest
 
 import launchpad as lp
+from launchpad.observe import cli
 from launchpad.process.devices import Allocator, Inventory, ResourceShortfallError
 from tests.core.conftest import wait_until
 
@@ -50,7 +51,7 @@ def _two_cores():
     return cores
 
 
-def test_each_node_gets_its_devices_cores_and_thread_counts(four_devices):
+def test_each_node_gets_its_devices_cores_and_thread_counts(four_devices, capsys):
     cores = _two_cores()
     program, handles = _probes({'learner': 1, 'actor': 3, 'evaluator': 1, 'plain': 1})
     controller = lp.launch(program, launch_type='test_mp', resources={
@@ -75,6 +76,19 @@ def test_each_node_gets_its_devices_cores_and_thread_counts(four_devices):
         lp.Resources(gpus=2, cpus=1), ('0', '1'), (cores[0],))
     assert seen['actor/1']['context'].gpu_share == 0.5
     assert seen['plain/0']['context'] is None
+    # status and the CLI show each node's devices and cores.
+    status = controller.status()
+    assert {name: (s.devices, s.cores) for name, s in status.items()} == {
+        'learner/0': ('0,1', str(cores[0])), 'evaluator/0': ('none', str(cores[1])),
+        'actor/0': ('2 (0.5 each)', ''), 'actor/1': ('2 (0.5 each)', ''),
+        'actor/2': ('3 (0.5 each)', ''), 'plain/0': ('', '')}
+    capsys.readouterr()
+    assert cli.main(['status', 'resources']) == 0
+    table = capsys.readouterr().out.splitlines()
+    header = next(line for line in table if line.startswith('NODE'))
+    assert 'GPUS' in header and 'CORES' in header
+    learner = next(line for line in table if line.startswith('learner/0'))
+    assert learner[header.index('GPUS'):].split()[:2] == ['0,1', str(cores[0])]
     controller.stop()
 
 
