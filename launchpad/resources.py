@@ -16,7 +16,7 @@ import dataclasses
 import math
 import numbers
 import re
-from typing import Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 # The variables that name the GPUs a process may use (NVIDIA's, and AMD's HIP, which numbers
 # devices as CUDA_VISIBLE_DEVICES does).
@@ -79,6 +79,22 @@ class Resources:
                 'nodes that share it in one executable (lp.MultiThreadingColocation or '
                 'lp.MultiProcessingColocation).')
         return self.whole_gpus
+
+    def platform_fields(self, platform: str, *, cpus: str, gpus: str, memory: str,
+                        mib: str) -> Dict[str, Any]:
+        """This request as the fields of a platform's own type (`cpus`, `gpus`, `memory`: their
+        names there; `mib`: its suffix of MiB), for platforms that allocate whole GPUs: with an
+        `env` that hides every device from a node asking for none."""
+        fields: Dict[str, Any] = {'env': {}}
+        if self.cpus is not None:
+            fields[cpus] = self.cpus
+        if self.gpus is not None:
+            fields[gpus] = self.gpu_count(platform)
+        if self.gpus == 0:
+            fields['env'] = dict.fromkeys(DEVICE_VARIABLES, '')
+        if self.memory is not None:
+            fields[memory] = f'{mebibytes(self.memory)}{mib}'
+        return fields
 
     @property
     def memory_bytes(self) -> Optional[int]:

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 from launchpad.launch.kubernetes import names
-from launchpad.resources import DEVICE_VARIABLES, Resources, mebibytes
+from launchpad.resources import Resources
 
 
 @dataclasses.dataclass
@@ -38,15 +38,9 @@ class KubernetesResources:
     def from_resources(cls, resources: Resources, **fields: Any) -> 'KubernetesResources':
         """The pod request of an `lp.Resources` (cpu, memory, whole GPUs), with `fields` of its
         own (node_selector, tolerations, ...): what a group given `lp.Resources` gets."""
-        if resources.cpus is not None:
-            fields.setdefault('cpu', resources.cpus)
-        if resources.gpus is not None:
-            fields.setdefault('gpus', resources.gpu_count('Kubernetes'))
-        if resources.gpus == 0:  # the node sees no GPU, as on local_mp and ssh
-            fields['env'] = {**dict.fromkeys(DEVICE_VARIABLES, ''), **fields.get('env', {})}
-        if resources.memory is not None:
-            fields.setdefault('memory', f'{mebibytes(resources.memory)}Mi')
-        return cls(**fields)
+        own = resources.platform_fields('Kubernetes', cpus='cpu', gpus='gpus', memory='memory',
+                                        mib='Mi')
+        return cls(**{**own, **fields, 'env': {**own['env'], **fields.get('env', {})}})
 
     def to_container_resources(self) -> Dict[str, Dict[str, str]]:
         """The node container's `resources` (requests and limits; empty ones left out)."""

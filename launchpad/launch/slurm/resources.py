@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any, List, Mapping, Optional, Sequence, Union
 
-from launchpad.resources import DEVICE_VARIABLES, Resources, mebibytes
+from launchpad.resources import Resources
 _MEM_UNITS = {'K': 1 / 1024, 'M': 1, 'G': 1024, 'T': 1024 * 1024}
 
 
@@ -73,15 +73,8 @@ class SlurmResources:
     def from_resources(cls, resources: Resources, **fields: Any) -> 'SlurmResources':
         """The Slurm request of an `lp.Resources` (cpus, gpus and memory per executable), with
         `fields` of its own (partition, gpu_type, ...): what a group given `lp.Resources` gets."""
-        if resources.cpus is not None:
-            fields.setdefault('cpus', resources.cpus)
-        if resources.gpus is not None:
-            fields.setdefault('gpus', resources.gpu_count('Slurm'))
-        if resources.gpus == 0:  # the node sees no GPU, as on local_mp and ssh
-            fields['env'] = {**dict.fromkeys(DEVICE_VARIABLES, ''), **fields.get('env', {})}
-        if resources.memory is not None:
-            fields.setdefault('mem', f'{mebibytes(resources.memory)}M')
-        return cls(**fields)
+        own = resources.platform_fields('Slurm', cpus='cpus', gpus='gpus', memory='mem', mib='M')
+        return cls(**{**own, **fields, 'env': {**own['env'], **fields.get('env', {})}})
 
     def per_task_options(self) -> List[str]:
         """The options that size one executable (CPUs, memory, GPUs).
