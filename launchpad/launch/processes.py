@@ -224,7 +224,7 @@ class ProcessLauncher(launcher.Launcher):
                               notice_period=options.notice_period, tls=options.tls,
                               policies=policies)
         groups = [options.resources.get(label) or PythonProcess() for label, _ in executables]
-        devices = Allocator(Inventory.discover())
+        devices = Allocator(Inventory.discover)
         preflight([(devices, executable.name, resources.resources) for (_, executable), resources
                    in zip(executables, groups) if resources.resources is not None])
         output = Output(options.terminal, program.name, workdir)

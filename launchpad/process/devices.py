@@ -14,7 +14,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from launchpad.resources import DEVICE_VARIABLES, NodeResources, Resources
 
@@ -61,6 +61,8 @@ def _split(devices: str) -> Tuple[str, ...]:
 
 
 def _cores() -> Tuple[int, ...]:
+    if not hasattr(os, 'sched_getaffinity'):  # not Linux: every core (pinning is Linux's)
+        return tuple(range(os.cpu_count() or 1))
     return tuple(sorted(os.sched_getaffinity(0)))
 
 
@@ -103,11 +105,22 @@ class Short(Exception):
 
 
 class Allocator:
-    """Hands out the GPUs and cores of one host to its nodes."""
+    """Hands out the GPUs and cores of one host to its nodes.
 
-    def __init__(self, inventory: Inventory):
-        self.inventory = inventory
+    Takes the host's `Inventory`, or a function that finds it when a node first asks for
+    something (a launch without `lp.Resources` never runs `nvidia-smi`).
+    """
+
+    def __init__(self, inventory: Union[Inventory, Callable[[], Inventory]]):
+        self._inventory = inventory
         self._given: Dict[str, NodeResources] = {}
+
+    @property
+    def inventory(self) -> Inventory:
+        """What the host has."""
+        if not isinstance(self._inventory, Inventory):
+            self._inventory = self._inventory()
+        return self._inventory
 
     def assign(self, name: str, requested: Resources) -> NodeResources:
         """What node `name` gets: what it got before if it had something (a restart), else free

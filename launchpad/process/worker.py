@@ -204,7 +204,11 @@ def _run(spec_path: str) -> int:
         raise
     tree.become_subreaper()
     if spec.resources is not None and spec.resources.cores is not None:
-        os.sched_setaffinity(0, spec.resources.cores)  # before the node starts any thread
+        if hasattr(os, 'sched_setaffinity'):
+            os.sched_setaffinity(0, spec.resources.cores)  # before the node starts any thread
+        else:
+            logging.warning('%s: this system cannot pin a process to cores; it runs on any.',
+                            spec.node_name)
     label, index = runtime.label_and_index(spec.node_name)
     context = runtime.NodeContext(
         launch_type=spec.launch_type, program_name=spec.program_name, label=label,

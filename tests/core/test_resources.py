@@ -188,3 +188,18 @@ def test_memory_sizes():
     assert lp.Resources(memory='8G').memory_bytes == 8 << 30
     assert lp.Resources(memory='512Mi').memory_bytes == 512 << 20
     assert lp.Resources(memory=1000).memory_bytes == 1000
+
+
+def test_devices_are_found_by_nvidia_smi_unless_the_environment_names_them(tmp_path, monkeypatch):
+    fake = tmp_path / 'nvidia-smi'
+    fake.write_text('#!/bin/sh\necho "GPU 0: Stand-in (UUID: GPU-a)"\n'
+                    'echo "GPU 1: Stand-in (UUID: GPU-b)"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv('PATH', f'{tmp_path}{os.pathsep}{os.environ["PATH"]}')
+    monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
+    monkeypatch.delenv('HIP_VISIBLE_DEVICES', raising=False)
+    found = Inventory.discover()
+    assert (found.gpus, found.source) == (('0', '1'), 'nvidia-smi -L')
+    assert found.cores == tuple(sorted(os.sched_getaffinity(0)))
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '1')  # it limits what may be handed out
+    assert Inventory.discover().gpus == ('1',)
