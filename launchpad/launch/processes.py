@@ -21,8 +21,8 @@ from launchpad.process import faces
 from launchpad.process import flags
 from launchpad.process import forkserver
 from launchpad.process import spec as specs
-from launchpad.process.devices import Allocator, Inventory, preflight
 from launchpad.process.coordinator import Coordinator, serve_coordinator
+from launchpad.process.devices import Allocator, Inventory, preflight
 from launchpad.process.forkserver import ForkServer
 from launchpad.process.output import TERMINALS, Output, kill_group
 from launchpad.program import Program
@@ -99,21 +99,15 @@ class _ProcessRunner(ProcessRunner):
         """Any group can grow while this machine has the GPUs and cores of one more node."""
         requested = (self.resources.get(label) or PythonProcess()).resources
         if requested is not None:
-            self._release_ended()
+            self.nodes.devices.release_ended(self.coordinator.status())
             self.nodes.devices.check(label, requested)
-
-    def _release_ended(self) -> None:
-        """Frees the devices and cores of the nodes that ended for good (removed ones)."""
-        for name, status in self.coordinator.status().items():
-            if status.state.ended:
-                self.nodes.devices.release(name)
 
     def add_executable(self, label: str, executable, policy) -> None:
         """Starts a node added to the running program, as the launch started the others: forked
         from the fork server when its group can be."""
         add_to_local_table(self.nodes.packer.address_table, executable.addresses, self._workdir,
                            registry=self.coordinator)
-        self._release_ended()
+        self.nodes.devices.release_ended(self.coordinator.status())
         group = self.resources.get(label) or PythonProcess()
         start = self.nodes.pack(executable, group, policy)
         _show_resources(self.coordinator, self.nodes.devices, executable.name)

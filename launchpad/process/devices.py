@@ -14,7 +14,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from launchpad.resources import DEVICE_VARIABLES, NodeResources, Resources
 
@@ -183,6 +183,13 @@ class Allocator:
     def release(self, name: str) -> None:
         """Frees what node `name` holds (it left the program) for the next node."""
         self._given.pop(name, None)
+
+    def release_ended(self, status: Mapping[str, Any]) -> None:
+        """Frees what the nodes that ended for good hold (`status`: a controller's, node name
+        -> `NodeStatus`): a removed node's devices go to the next node."""
+        for name, node in status.items():
+            if node.state.ended:
+                self.release(name)
 
     def given(self, name: str) -> Optional[NodeResources]:
         """What node `name` holds, if anything."""

@@ -113,10 +113,14 @@ class _SshRunner(ProcessRunner):
             connection.kill([index])  # what is left of its last run
             self.start_session(name, connection, index, f'{name}~{self._restarts[name]}')
 
-    def next_host(self, label: str) -> SshHost:
+    def host_in_turn(self, label: str) -> SshHost:
         """The host of group `label` whose turn it is (round-robin)."""
         group_hosts = self.hosts[label]
-        host = group_hosts[self.turn.get(label, 0) % len(group_hosts)]
+        return group_hosts[self.turn.get(label, 0) % len(group_hosts)]
+
+    def next_host(self, label: str) -> SshHost:
+        """The host of group `label` whose turn it is; the turn passes to the next."""
+        host = self.host_in_turn(label)
         self.turn[label] = self.turn.get(label, 0) + 1
         return host
 
@@ -138,10 +142,9 @@ class _SshRunner(ProcessRunner):
 
     def release_ended(self) -> None:
         """Frees the GPUs and cores of the nodes that ended for good (removed ones)."""
-        for name, status in self.coordinator.status().items():
-            if status.state.ended:
-                for allocator in self.devices.values():
-                    allocator.release(name)
+        status = self.coordinator.status()
+        for allocator in self.devices.values():
+            allocator.release_ended(status)
 
     def admit(self, connection: Connection, index: int, label: str, executable,
               policy=None) -> bytes:
@@ -180,9 +183,7 @@ class _SshRunner(ProcessRunner):
         if label not in self.hosts:
             raise ValueError(f'Group {label!r} has no ssh hosts: a group that is not in the '
                              'program at launch needs its hosts in resources= all the same.')
-        group_hosts = self.hosts[label]
-        host = group_hosts[self.turn.get(label, 0) % len(group_hosts)]  # the next one's
-        connection = self.connection_to(host)
+        connection = self.connection_to(self.host_in_turn(label))
         if label in self.requested and connection is not None:
             self.release_ended()
             self.devices_of(connection).check(label, self.requested[label])
