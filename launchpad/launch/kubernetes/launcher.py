@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from launchpad.launch.controller import Controller, Runner
 from launchpad.launch.kubernetes.api import AlreadyExists, KubernetesApi, terminated
@@ -116,7 +116,8 @@ def _delete(api, documents: Sequence[Mapping[str, Any]], when: str) -> None:
 
 
 def program_to_manifests(program: Program, *, image: str, path: Optional[str] = None,
-                         resources: Optional[Mapping[str, KubernetesResources]] = None,
+                         resources: Optional[Mapping[str, Union[KubernetesResources,
+                                                                 Resources]]] = None,
                          notice_period: float = 10.0, **options) -> str:
     """The YAML of the objects that run `program` on Kubernetes (written to `path` if given).
 
