@@ -296,9 +296,6 @@ class SshLauncher(Launcher):
                 f"resources={{{missing[0]!r}: lp.SshHost('hostname')}}.")
         hosts = {label: hosts_of(label, resources)
                  for label, resources in options.resources.items()}
-        runner.requested = {label: resources.resources
-                            for label, resources in options.resources.items()
-                            if isinstance(resources, SshHosts) and resources.resources is not None}
         executables = executables_of(program, options)
         local_dir = tempfile.mkdtemp(prefix=protocol.DIR_PREFIX)
         runner = _SshRunner([], local_dir)
@@ -313,6 +310,9 @@ class SshLauncher(Launcher):
         # Place the executables round-robin over their group's hosts. In tmux windows every
         # node runs in an ssh session, at most NODES_PER_CONNECTION to a connection.
         runner.options, runner.hosts = options, hosts
+        runner.requested = {label: resources.resources
+                            for label, resources in options.resources.items()
+                            if isinstance(resources, SshHosts) and resources.resources is not None}
         in_sessions = options.terminal == 'tmux_session'
         per_connection = NODES_PER_CONNECTION if in_sessions else len(executables)
         connections: Dict[tuple, List[Connection]] = {}
