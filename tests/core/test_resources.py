@@ -114,7 +114,7 @@ def test_a_machine_without_devices_is_a_shortfall(monkeypatch):
         lp.launch(program, launch_type='test_mp', resources={'learner': lp.Resources(gpus=1)})
 
 
-def _restarted_once(path):
+def restarted_once(path):
     attempt = lp.get_context().attempt
     with open(path, 'a') as f:
         f.write(f'{attempt} {os.environ["CUDA_VISIBLE_DEVICES"]} '
@@ -129,7 +129,7 @@ def test_a_restarted_node_keeps_its_devices_and_cores(four_devices, tmp_path):
     program.add_node(lp.CourierNode(Probe), label='first')
     path = str(tmp_path / 'attempts')
     with program.group('restarted', restart=lp.RestartPolicy(max_restarts=1, backoff=0.0)):
-        program.add_node(lp.PyNode(_restarted_once, path))
+        program.add_node(lp.PyNode(restarted_once, path))
     controller = lp.launch(program, launch_type='test_mp', resources={
         'first': lp.Resources(gpus=1, cpus=1), 'restarted': lp.Resources(gpus=1, cpus=1)})
     controller.wait(['restarted'], timeout=60)

@@ -11,6 +11,7 @@ import pytest
 
 import launchpad as lp
 from launchpad.process.devices import ResourceShortfallError
+from tests.core.test_resources import restarted_once
 from tests.launch.test_ssh import hosts  # pylint: disable=unused-import
 
 pytestmark = pytest.mark.timeout(90)
@@ -81,3 +82,21 @@ def test_resources_without_hosts_say_how_to_give_both():
     program = _program({'learner': 1})
     with pytest.raises(TypeError, match=r"lp.SshHosts\(\['host1', 'host2'\], resources="):
         lp.launch(program, launch_type='ssh', resources={'learner': lp.Resources(gpus=1)})
+
+
+def test_a_restarted_node_keeps_its_devices_on_its_host(hosts, tmp_path):
+    h1 = _declaring(hosts['lp-h1'], '0,1')
+    program = lp.Program('ssh-restart')
+    program.add_node(lp.PyNode(report), label='first')
+    path = str(tmp_path / 'attempts')  # the bed's hosts share this machine's files
+    with program.group('restarted', restart=lp.RestartPolicy(max_restarts=1, backoff=0.0)):
+        program.add_node(lp.PyNode(restarted_once, path))
+    controller = lp.launch(program, launch_type='ssh', resources={
+        'first': lp.SshHosts([h1], resources=lp.Resources(gpus=1)),
+        'restarted': lp.SshHosts([h1], resources=lp.Resources(gpus=1, cpus=1))})
+    assert controller.wait(timeout=60)
+    first, second = open(path).read().splitlines()
+    assert first.startswith('0 1 ') and second.startswith('1 1 ')
+    assert first[2:] == second[2:]  # the same device and cores
+    assert controller.status()['restarted/0'].restarts == 1
+    assert controller.status()['restarted/0'].devices == '1'
