@@ -100,6 +100,8 @@ class NodeContext:
         can restore from its own checkpoint).
       progress_deadline: seconds the node may go without progress before it counts as hung.
       progress: when it last reported progress (`lp.heartbeat()`, or serving a call).
+      resources: what the node was given where it runs (a `launchpad.resources.NodeResources`:
+        its GPUs and cores), or None if its group was given no `lp.Resources`.
     """
     launch_type: str
     program_name: str
@@ -114,6 +116,7 @@ class NodeContext:
     attempt: int = 0
     progress_deadline: Optional[float] = None
     progress: Progress = dataclasses.field(default_factory=Progress)
+    resources: Any = None
 
     @property
     def node_name(self) -> str:

@@ -40,6 +40,7 @@ LAYERS = [
     ('launchpad.context', 10),  # launch types, and lp.context.get_context (from runtime)
     ('launchpad.dataflow', 10),              # dataflow operators: courier clients only
     ('launchpad.policy', 10),
+    ('launchpad.resources', 10),             # lp.Resources, and what a node was given
     ('launchpad.scaling', 10),               # elastic groups' bounds, scaling policies
     ('launchpad.address', 11),
     ('launchpad.metrics', 11),               # what a node reports: lp.report, its calls

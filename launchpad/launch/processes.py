@@ -22,9 +22,11 @@ from launchpad.process import flags
 from launchpad.process import forkserver
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import Coordinator, serve_coordinator
+from launchpad.process.devices import Allocator, Inventory, preflight
 from launchpad.process.forkserver import ForkServer
 from launchpad.process.output import TERMINALS, Output, kill_group
 from launchpad.program import Program
+from launchpad.resources import Resources
 
 
 @dataclasses.dataclass
@@ -35,10 +37,13 @@ class PythonProcess:
       args: absl flag values for the group's processes, as {name: value} or ['--name=value'].
       env: environment variables for the group's processes, e.g. {'CUDA_VISIBLE_DEVICES': '0'}.
       interpreter: the Python to run them with (default: the launcher's).
+      resources: the GPUs and cores each of its processes gets (`lp.Resources`; a group may also
+        be given an `lp.Resources` alone).
     """
     args: Union[Mapping[str, object], Sequence[str], None] = None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     interpreter: Optional[str] = None
+    resources: Optional[Resources] = None
 
     def flag_overrides(self) -> List[str]:
         """`args` as '--name=value' strings."""
@@ -91,15 +96,22 @@ class _ProcessRunner(ProcessRunner):
         shutil.rmtree(self._workdir, ignore_errors=True)
 
     def check_add(self, label: str) -> None:
-        """Any group can grow."""
+        """Any group can grow while this machine has the GPUs and cores of one more node."""
+        requested = (self.resources.get(label) or PythonProcess()).resources
+        if requested is not None:
+            self.nodes.devices.release_ended(self.coordinator.status())
+            self.nodes.devices.check(label, requested)
 
     def add_executable(self, label: str, executable, policy) -> None:
         """Starts a node added to the running program, as the launch started the others: forked
         from the fork server when its group can be."""
         add_to_local_table(self.nodes.packer.address_table, executable.addresses, self._workdir,
                            registry=self.coordinator)
-        self.start_node(*self.nodes.pack(executable, self.resources.get(label) or PythonProcess(),
-                                         policy))
+        self.nodes.devices.release_ended(self.coordinator.status())
+        group = self.resources.get(label) or PythonProcess()
+        start = self.nodes.pack(executable, group, policy)
+        _show_resources(self.coordinator, self.nodes.devices, executable.name)
+        self.start_node(*start)
 
     def last_output(self, name: str) -> str:
         """The last lines node `name` printed."""
@@ -143,22 +155,34 @@ class _NodePacker:
     workdir: str
     output: Output
     fork_server: Optional[ForkServer]
+    devices: Allocator
     packed: int = 0
 
     def pack(self, executable, resources: PythonProcess, policy=None
              ) -> Tuple[str, List[str], Dict[str, str], bool]:
-        """Writes the spec of `executable` (`policy`: an added node's); returns what
-        `start_node` takes: its name, command line, environment and whether it can be forked."""
+        """Writes the spec of `executable` (`policy`: an added node's) with the devices and
+        cores it is given; returns what `start_node` takes: its name, command line, environment
+        and whether it can be forked."""
+        given = None if resources.resources is None else self.devices.assign(
+            executable.name, resources.resources)
+        env = {**resources.env, **(given.environment() if given else {})}
         forkable = self.fork_server is not None and forkserver.usable_for(
-            resources.env, resources.interpreter)
+            env, resources.interpreter)
         parent = None if self.output.runs_commands else (  # tmux starts those
             self.fork_server.pid if forkable else os.getpid())
         path = os.path.join(self.workdir, f'{self.packed}.spec')
         self.packed += 1
         specs.write(self.packer.admit(executable, policy, args=resources.args, parent_pid=parent,
-                                      cleanup_dir=self.workdir), path)
+                                      cleanup_dir=self.workdir, resources=given), path)
         return (executable.name, specs.worker_argv(path, resources.interpreter),
-                specs.node_environment(self.token, extra=resources.env), forkable)
+                specs.node_environment(self.token, extra=env), forkable)
+
+
+def _show_resources(coordinator: Coordinator, devices: Allocator, name: str) -> None:
+    """Tells the coordinator what node `name` was given, for `status` and the dashboard."""
+    given = devices.given(name)
+    if given is not None:
+        coordinator.set_node_resources(name, **given.describe())
 
 
 class ProcessLauncher(launcher.Launcher):
@@ -166,8 +190,14 @@ class ProcessLauncher(launcher.Launcher):
     directory that only this user can open, and calls carry the program's auth token."""
 
     foreground = True
-    resource_types = (PythonProcess,)
+    resource_types = (PythonProcess, Resources)
     terminals = TERMINALS
+
+    def group_resources(self, label: str, resources) -> PythonProcess:
+        """An `lp.Resources` alone as a PythonProcess carrying it."""
+        if isinstance(resources, Resources):
+            return PythonProcess(resources=resources)
+        return resources
 
     def launch(self, program: Program, options: launcher.LaunchOptions) -> Controller:
         executables = launcher.executables_of(program, options)
@@ -187,14 +217,17 @@ class ProcessLauncher(launcher.Launcher):
                               local_address_table(addresses, workdir), coordinator_address,
                               notice_period=options.notice_period, tls=options.tls,
                               policies=policies)
-        output = Output(options.terminal, program.name, workdir)
         groups = [options.resources.get(label) or PythonProcess() for label, _ in executables]
+        devices = Allocator(Inventory.discover)
+        preflight([(devices, executable.name, resources.resources) for (_, executable), resources
+                   in zip(executables, groups) if resources.resources is not None])
+        output = Output(options.terminal, program.name, workdir)
         fork_server = None
         if not output.runs_commands and any(forkserver.usable_for(r.env, r.interpreter)
                                             for r in groups):
             # It starts importing while the specs are packed.
             fork_server = ForkServer(workdir, options.notice_period)
-        nodes = _NodePacker(packer, token, workdir, output, fork_server)
+        nodes = _NodePacker(packer, token, workdir, output, fork_server, devices)
         try:
             starts = [nodes.pack(executable, resources)
                       for (_, executable), resources in zip(executables, groups)]
@@ -205,6 +238,8 @@ class ProcessLauncher(launcher.Launcher):
             raise
         coordinator = Coordinator([name for name, _, _, _ in starts], policies=policies,
                                   groups=program.group_limits())
+        for name, _, _, _ in starts:
+            _show_resources(coordinator, devices, name)
         server = serve_coordinator(coordinator, coordinator_address, auth_token=token)
         runner = _ProcessRunner(workdir, server, output, fork_server)
         runner.nodes, runner.coordinator = nodes, coordinator

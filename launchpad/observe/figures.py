@@ -158,8 +158,9 @@ def _rates(counts: Counts, before: Optional[Counts], now: float) -> None:
 
 def node_rows(status: Dict[str, NodeStatus], now_totals: Totals,
               ended_at: Dict[str, float]) -> List[Dict[str, Any]]:
-    """One row per node: name, group, state, host, pid, uptime, restarts, calls served (and
-    per second), errors (and per second), last error."""
+    """One row per node: name, group, state, host, pid, uptime, restarts, its GPUs and cores
+    (where the launcher handed them out), calls served (and per second), errors (and per
+    second), last error."""
     rows = []
     for name, node in status.items():
         counts = now_totals.served.get(name, Counts())
@@ -169,7 +170,7 @@ def node_rows(status: Dict[str, NodeStatus], now_totals: Totals,
         rows.append({
             'name': name, 'group': runtime.group_of(name), 'state': node.state.value,
             'host': node.host, 'pid': node.pid, 'uptime': uptime,
-            'restarts': node.restarts,
+            'restarts': node.restarts, 'devices': node.devices, 'cores': node.cores,
             'calls': counts.calls, 'calls_per_s': counts.calls_per_s,
             'errors': counts.errors, 'errors_per_s': counts.errors_per_s,
             'error': node.error})

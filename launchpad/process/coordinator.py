@@ -64,6 +64,8 @@ class NodeStatus:
     error: Optional[str] = None
     restarts: int = 0
     started_at: Optional[float] = None  # wall-clock time the coordinator heard its run start
+    devices: str = ''  # the GPUs the launcher gave it ('none': none; '': left alone)
+    cores: str = ''    # the cores it is pinned to ('': not pinned)
 
 
 class NodeFailedError(RuntimeError):
@@ -223,6 +225,12 @@ class Coordinator:
         with self._changed:
             self._node_addresses.update({name: list(ids) for name, ids in addresses.items()})
             self._changed.notify_all()
+
+    def set_node_resources(self, name: str, devices: str, cores: str) -> None:
+        """The GPUs and cores the launcher gave node `name` (`NodeResources.describe`)."""
+        with self._changed:
+            status = self._status(name)
+            status.devices, status.cores = devices, cores
 
     def remove_node(self, name: str) -> None:
         """Gives node `name` the stop: its stop handlers run, and it gets the notice period."""

@@ -136,6 +136,9 @@ class ControlFace(Protocol):
     def set_node_addresses(self, addresses: Mapping[str, List[str]]) -> None:
         """Node name -> the ids of the addresses it serves."""
 
+    def set_node_resources(self, name: str, devices: str, cores: str) -> None:
+        """The GPUs and cores the launcher gave node `name`, as `status` shows them."""
+
     def remove_node(self, name: str) -> None:
         """Gives node `name` the stop: it leaves the program."""
 

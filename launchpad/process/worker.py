@@ -203,12 +203,18 @@ def _run(spec_path: str) -> int:
         _report_unloadable(e)
         raise
     tree.become_subreaper()
+    if spec.resources is not None and spec.resources.cores is not None:
+        if hasattr(os, 'sched_setaffinity'):
+            os.sched_setaffinity(0, spec.resources.cores)  # before the node starts any thread
+        else:
+            logging.warning('%s: this system cannot pin a process to cores; it runs on any.',
+                            spec.node_name)
     label, index = runtime.label_and_index(spec.node_name)
     context = runtime.NodeContext(
         launch_type=spec.launch_type, program_name=spec.program_name, label=label,
         index=index, address_table=spec.address_table, stop=None,
         notice_period=spec.notice_period, tls=spec.tls,
-        progress_deadline=spec.progress_deadline)
+        progress_deadline=spec.progress_deadline, resources=spec.resources)
     tls = context.tls_for(spec.coordinator_address)
     # The start waits for a busy coordinator; everything later fails at once when it is gone, so
     # that a node whose launcher died ends within seconds.

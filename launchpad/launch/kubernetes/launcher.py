@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from launchpad.launch.controller import Controller, Runner
 from launchpad.launch.kubernetes.api import AlreadyExists, KubernetesApi, terminated
@@ -36,6 +36,7 @@ from launchpad.launch.launcher import LaunchOptions, Launcher
 from launchpad.process.coordinator import Coordinator
 from launchpad.process.output import copy_lines, prefix_for
 from launchpad.program import Program
+from launchpad.resources import Resources
 
 _IMAGE_PULL_FAILURES = ('ErrImagePull', 'ImagePullBackOff', 'InvalidImageName',
                         'ErrImageNeverPull')
@@ -48,11 +49,17 @@ class KubernetesLauncher(Launcher):
     """Runs every executable in a pod of a Kubernetes cluster (see the package docstring)."""
 
     foreground = True
-    resource_types = (KubernetesResources,)
+    resource_types = (KubernetesResources, Resources)
     terminals = ('current_terminal',)  # pod logs stream here; read them with kubectl otherwise
     options = KubernetesConfig
     tls_refusal = ('encrypt pod-to-pod traffic with your cluster\'s network policy or service mesh '
                    '(calls still carry the program\'s auth token).')
+
+    def group_resources(self, label: str, resources) -> KubernetesResources:
+        """An `lp.Resources` as the pod request it maps to."""
+        if isinstance(resources, Resources):
+            return KubernetesResources.from_resources(resources)
+        return resources
 
     def __init__(self, api_factory: Optional[Callable[[KubernetesConfig], Any]] = None):
         self._api_factory = api_factory or (
@@ -109,7 +116,8 @@ def _delete(api, documents: Sequence[Mapping[str, Any]], when: str) -> None:
 
 
 def program_to_manifests(program: Program, *, image: str, path: Optional[str] = None,
-                         resources: Optional[Mapping[str, KubernetesResources]] = None,
+                         resources: Optional[Mapping[str, Union[KubernetesResources,
+                                                                 Resources]]] = None,
                          notice_period: float = 10.0, **options) -> str:
     """The YAML of the objects that run `program` on Kubernetes (written to `path` if given).
 

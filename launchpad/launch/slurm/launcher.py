@@ -51,6 +51,7 @@ from launchpad.launch.controller import Controller
 from launchpad.launch.launcher import Launcher, LaunchOptions, executables_of, policies_of
 from launchpad.launch.slurm import addresses, job, script, shared
 from launchpad.launch.slurm.resources import SlurmResources
+from launchpad.resources import Resources
 from launchpad.launch.slurm.steps import StepRunner
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import Coordinator, serve_coordinator
@@ -117,10 +118,16 @@ class SlurmLauncher(Launcher):
     """Runs a program as one Slurm job (see the module docstring; options: `SlurmOptions`)."""
 
     foreground = True
-    resource_types = (SlurmResources,)
+    resource_types = (SlurmResources, Resources)
     # Node output goes to files, streamed here (current_terminal) or not (output_to_files).
     terminals = ('current_terminal', 'output_to_files')
     options = SlurmOptions
+
+    def group_resources(self, label: str, resources) -> SlurmResources:
+        """An `lp.Resources` as the Slurm request it maps to."""
+        if isinstance(resources, Resources):
+            return SlurmResources.from_resources(resources)
+        return resources
 
     def launch(self, program: Program, options: LaunchOptions) -> SlurmController:
         settings, terminal = options.settings, options.terminal

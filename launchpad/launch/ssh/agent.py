@@ -34,6 +34,7 @@ from launchpad.launch.ssh import protocol
 from launchpad.process import forkserver
 from launchpad.process import spec as specs
 from launchpad.process import tree
+from launchpad.process.devices import Inventory
 
 
 def main() -> None:
@@ -60,7 +61,8 @@ def main() -> None:
         agent.announce(event='hello', hostname=socket.gethostname(), python=sys.version_info[:2],
                        spec_fields=protocol.spec_fields(), launchpad=_launchpad_directory(),
                        directory=agent.directory, workdir_ok=not workdir or os.path.isdir(workdir),
-                       ssh_connection=os.environ.get('SSH_CONNECTION', ''))
+                       ssh_connection=os.environ.get('SSH_CONNECTION', ''),
+                       devices=Inventory.discover(socket.gethostname()).to_json())
         agent.serve()
     finally:
         agent.close()

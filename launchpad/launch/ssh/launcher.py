@@ -37,8 +37,11 @@ from launchpad.launch.ssh.hosts import SshHost, SshHosts, connection_key, hosts_
 from launchpad.launch.ssh.preflight import preflight
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import COORDINATOR_LOSS_TIMEOUT, Coordinator, serve_coordinator
+from launchpad.process.devices import Allocator, Inventory
+from launchpad.process.devices import preflight as preflight_devices
 from launchpad.process.output import TERMINALS, Output
 from launchpad.program import Program
+from launchpad.resources import Resources
 
 # sshd refuses more sessions per connection than MaxSessions (10 by default). Nodes in tmux windows
 # run in sessions of their own: a connection then carries the agent's session and at most this
@@ -55,6 +58,8 @@ class _SshRunner(ProcessRunner):
       server: the coordinator's server, once it serves.
       output: where the nodes' output goes, once the launch has it.
       placement: node name -> (its connection, its index in the launch).
+      devices: host name -> the allocator of its GPUs and cores (from its agent's hello).
+      requested: group label -> the `lp.Resources` each of its nodes gets, for groups given one.
     """
 
     def __init__(self, connections: List[Connection], local_dir: str):
@@ -64,6 +69,9 @@ class _SshRunner(ProcessRunner):
         self.server: Optional[courier.Server] = None
         self.output: Optional[Output] = None
         self.placement: Dict[str, Tuple[Connection, int]] = {}
+        self.devices: Dict[str, Allocator] = {}
+        self.requested: Dict[str, Resources] = {}
+        self.coordinator: Optional[Coordinator] = None
         self._restarts: Dict[str, int] = {}
         # What nodes are packed with, set by the launch: the packer, the program's token, the
         # options, the coordinator's port, the hosts of each group and each group's next host.
@@ -106,10 +114,14 @@ class _SshRunner(ProcessRunner):
             connection.kill([index])  # what is left of its last run
             self.start_session(name, connection, index, f'{name}~{self._restarts[name]}')
 
-    def next_host(self, label: str) -> SshHost:
+    def host_in_turn(self, label: str) -> SshHost:
         """The host of group `label` whose turn it is (round-robin)."""
         group_hosts = self.hosts[label]
-        host = group_hosts[self.turn.get(label, 0) % len(group_hosts)]
+        return group_hosts[self.turn.get(label, 0) % len(group_hosts)]
+
+    def next_host(self, label: str) -> SshHost:
+        """The host of group `label` whose turn it is; the turn passes to the next."""
+        host = self.host_in_turn(label)
         self.turn[label] = self.turn.get(label, 0) + 1
         return host
 
@@ -120,14 +132,36 @@ class _SshRunner(ProcessRunner):
         self.packer.address_table.published.update(
             {address.id: tcp_address(connection.bind_host, 0) for address in executable.addresses})
 
-    def admit(self, connection: Connection, index: int, executable, policy=None) -> bytes:
-        """Packs `executable` (`policy`: an added node's) as node `index` of `connection`, and
-        gets ready for its process: every node's one step before its host's agent starts it."""
+    def devices_of(self, connection: Connection) -> Allocator:
+        """The allocator of the GPUs and cores of `connection`'s host (one per machine, however
+        many connections reach it)."""
+        inventory = Inventory.from_json(connection.hello['devices'])
+        if inventory.host not in self.devices:
+            self.devices[inventory.host] = Allocator(
+                dataclasses.replace(inventory, host=str(connection.host)))
+        return self.devices[inventory.host]
+
+    def release_ended(self) -> None:
+        """Frees the GPUs and cores of the nodes that ended for good (removed ones)."""
+        status = self.coordinator.status()
+        for allocator in self.devices.values():
+            allocator.release_ended(status)
+
+    def admit(self, connection: Connection, index: int, label: str, executable,
+              policy=None) -> bytes:
+        """Packs `executable` of group `label` (`policy`: an added node's) as node `index` of
+        `connection`, with the GPUs and cores it gets there, and gets ready for its process:
+        every node's one step before its host's agent starts it."""
         coordinator_host = self.options.settings.coordinator_host or connection.launcher_address
         self.packer.coordinator_address = tcp_address(coordinator_host, self.port)
+        requested = self.requested.get(label)
+        given = None if requested is None else self.devices_of(connection).assign(
+            executable.name, requested)
         spec = specs.pack(self.packer.admit(executable, policy,
                                             env={courier.AUTH_TOKEN_ENV: self.token},
-                                            cleanup_dir=connection.directory))
+                                            cleanup_dir=connection.directory, resources=given))
+        if given is not None:  # for `status` and the dashboard
+            self.coordinator.set_node_resources(executable.name, **given.describe())
         self.placement[executable.name] = (connection, index)
         if self.options.terminal != 'tmux_session':
             self.expect_fork(executable.name, connection, index)
@@ -150,6 +184,15 @@ class _SshRunner(ProcessRunner):
         if label not in self.hosts:
             raise ValueError(f'Group {label!r} has no ssh hosts: a group that is not in the '
                              'program at launch needs its hosts in resources= all the same.')
+        connection = self.connection_to(self.host_in_turn(label))
+        if label in self.requested and connection is not None:
+            self.release_ended()
+            self.devices_of(connection).check(label, self.requested[label])
+
+    def connection_to(self, host: SshHost) -> Optional[Connection]:
+        """The open connection to `host`, if there is one."""
+        return next((c for c in self.connections
+                     if connection_key(c.host) == connection_key(host)), None)
 
     def add_executable(self, label: str, executable, policy) -> None:
         """Starts a node added to the running program on the next host of its group, forked by
@@ -157,8 +200,7 @@ class _SshRunner(ProcessRunner):
         checked as at launch."""
         self.check_add(label)
         host = self.next_host(label)
-        connection = next((c for c in self.connections
-                           if connection_key(c.host) == connection_key(host)), None)
+        connection = self.connection_to(host)
         if connection is None:
             connection = Connection(host, os.path.join(self.local_dir, f'c{len(self.connections)}'))
             self.connections.append(connection)
@@ -167,7 +209,8 @@ class _SshRunner(ProcessRunner):
         self.next_index += 1
         connection.nodes.append(index)
         self.publish(connection, executable)
-        spec = self.admit(connection, index, executable, policy)
+        self.release_ended()
+        spec = self.admit(connection, index, label, executable, policy)
         if not self.send_files(connection, {protocol.spec_name(index): spec}, [index]):
             raise RuntimeError(f'the connection to {connection.host} is gone')
         if connection.expect('ready', protocol.AGENT_START_TIMEOUT) is None:
@@ -232,9 +275,16 @@ class SshLauncher(Launcher):
     `SshOptions`)."""
 
     foreground = True
-    resource_types = (SshHost, SshHosts, str, list, tuple)
+    resource_types = (SshHost, SshHosts, str, list, tuple, Resources)
     terminals = TERMINALS
     options = SshOptions
+
+    def group_resources(self, label: str, resources):
+        """The group's hosts as given: an `lp.Resources` alone names none."""
+        if isinstance(resources, Resources):
+            raise TypeError(f'Group {label!r} got {resources!r} but no hosts; give both: '
+                            f"lp.SshHosts(['host1', 'host2'], resources={resources!r}).")
+        return resources
 
     def launch(self, program: Program, options: LaunchOptions) -> Controller:
         if shutil.which('ssh') is None:
@@ -261,6 +311,9 @@ class SshLauncher(Launcher):
         # Place the executables round-robin over their group's hosts. In tmux windows every
         # node runs in an ssh session, at most NODES_PER_CONNECTION to a connection.
         runner.options, runner.hosts = options, hosts
+        runner.requested = {label: resources.resources
+                            for label, resources in options.resources.items()
+                            if isinstance(resources, SshHosts) and resources.resources is not None}
         in_sessions = options.terminal == 'tmux_session'
         per_connection = NODES_PER_CONNECTION if in_sessions else len(executables)
         connections: Dict[tuple, List[Connection]] = {}
@@ -276,11 +329,15 @@ class SshLauncher(Launcher):
             placed.append((pool[-1], i))
         runner.next_index = len(executables)
         preflight(runner.connections)
+        preflight_devices([(runner.devices_of(connection), executable.name, runner.requested[label])
+                           for (connection, _), (label, executable) in zip(placed, executables)
+                           if label in runner.requested])
 
         runner.token = secrets.token_hex(16)
         policies = policies_of(program, executables)
-        coordinator = Coordinator([executable.name for _, executable in executables],
-                                  policies=policies, groups=program.group_limits())
+        coordinator = runner.coordinator = Coordinator(
+            [executable.name for _, executable in executables], policies=policies,
+            groups=program.group_limits())
         bind_host = options.settings.coordinator_host or _coordinator_host(runner.connections)
         try:
             runner.server = serve_coordinator(coordinator, tcp_address(bind_host, 0),
@@ -297,8 +354,9 @@ class SshLauncher(Launcher):
         for (connection, _), (_, executable) in zip(placed, executables):
             runner.publish(connection, executable)
         files: Dict[int, Dict[str, bytes]] = {id(c): {} for c in runner.connections}
-        for (connection, i), (_, executable) in zip(placed, executables):
-            files[id(connection)][protocol.spec_name(i)] = runner.admit(connection, i, executable)
+        for (connection, i), (label, executable) in zip(placed, executables):
+            files[id(connection)][protocol.spec_name(i)] = runner.admit(connection, i, label,
+                                                                        executable)
         for connection in runner.connections:
             runner.send_files(connection, files[id(connection)],
                               [] if in_sessions else connection.nodes)
