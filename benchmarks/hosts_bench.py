@@ -135,11 +135,8 @@ def _client(system: str, address: str, tls_dir: str):
     if system == 'raw':
         return _RawClient(address)
     import courier  # pylint: disable=import-outside-toplevel
-    if system == 'ours-grpc':
-        from courier import transport  # pylint: disable=import-outside-toplevel
-        transport.tcp_protocol = 'grpc'
     tls = _tls_configs(tls_dir)[1] if system == 'ours-tls' else None
-    return courier.Client(address, tls=tls) if tls else courier.Client(address)
+    return courier.Client(address, tls=tls, protocol='grpc' if system == 'ours-grpc' else None)
 
 
 def role_call(system: str, address: str, seconds: float, tls_dir: str) -> None:

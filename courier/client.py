@@ -100,13 +100,18 @@ class Client:
       propagate_deadline: Accepted for dm-launchpad's signature, without effect (as there).
       auth_token: Secret the server requires; defaults to ``COURIER_AUTH_TOKEN``.
       tls: ``courier.TLSConfig`` to connect with TLS (None: plaintext).
+      protocol: What carries the calls: None (courier's framed protocol where the server
+        speaks it, else gRPC: a TCP client falls back to gRPC for a server that speaks only
+        gRPC, and a ``unix:`` server with TLS is called over gRPC), ``'framed'`` (courier's
+        frames only), or ``'grpc'`` (gRPC only: for a server known to speak only gRPC, or to
+        measure a courier server's gRPC service).
     """
 
     def __init__(self, server_address: Address, compress: bool = False,
                  call_timeout: Optional[durations.Duration] = None, wait_for_ready: bool = True,
                  chunk_tensors: bool = False, *, load_balancing_policy: Optional[str] = None,
                  propagate_deadline: bool = True, auth_token: Optional[str] = None,
-                 tls: Optional[security.TLSConfig] = None):
+                 tls: Optional[security.TLSConfig] = None, protocol: Optional[str] = None):
         if not isinstance(server_address, str) and not callable(server_address):
             raise TypeError('address must be a str or a callable returning one, got '
                             f'{type(server_address).__name__}')
@@ -115,6 +120,11 @@ class Client:
                             f'{load_balancing_policy!r}')
         if auth_token is not None:
             security.resolve_auth_token(auth_token)  # Validate now.
+        if protocol is not None:
+            from courier import transport  # pylint: disable=import-outside-toplevel
+            if protocol not in transport.PROTOCOLS:
+                raise ValueError(f'protocol={protocol!r} is not one of {transport.PROTOCOLS}; '
+                                 f'pass one of them, or None to speak what the server speaks best')
         del chunk_tensors, propagate_deadline  # See the docstring.
         self._address = server_address
         self._compress = bool(compress)
@@ -123,6 +133,7 @@ class Client:
         self._wait_for_ready = bool(wait_for_ready)
         self._auth_token = auth_token
         self._tls = tls
+        self._protocol = protocol
         self._transport = None
         self._calls: Optional[metrics.CallTable] = None  # Counts of calls through _transport.
         self._fresh = True  # No blocking call went through the transport since it was made.
@@ -168,7 +179,8 @@ class Client:
             address = self._transport.address  # Resolved: send the string.
         return {'server_address': address, 'compress': self._compress,
                 'call_timeout': self._call_timeout, 'wait_for_ready': self._wait_for_ready,
-                'auth_token': self._auth_token, 'tls': self._tls}
+                'auth_token': self._auth_token, 'tls': self._tls,
+                'protocol': self._protocol}
 
     def __setstate__(self, state):
         self.__init__(**state)
@@ -289,7 +301,8 @@ class Client:
                 from courier import transport as transports  # pylint: disable=import-outside-toplevel
                 self._transport = transports.connect(
                     self._resolve_address(), auth_token=security.resolve_auth_token(
-                        self._auth_token), tls=self._tls, wait_for_ready=self._wait_for_ready)
+                        self._auth_token), tls=self._tls, wait_for_ready=self._wait_for_ready,
+                    protocol=self._protocol)
                 self._calls = metrics.table(metrics.CLIENT, self._transport.address)
                 self._fresh = True
                 self._transport_generation = generation

@@ -2,11 +2,15 @@
 
 Launchers implement one method, `launch(program, options) -> lp.Controller`. This one starts each
 executable as `PREFIX python <worker> <spec>`, e.g. under `nice`, `taskset` or `numactl`, using the
-building blocks every process-based launcher shares: the worker spec, the coordinator served with
-courier, and the common controller.
+building blocks every process-based launcher shares: the worker spec, the coordinator's node face
+served with courier, and the common controller. The controller drives the platform through a
+`Runner` (`launchpad/launch/controller.py`), which must `poll` and `kill` its executables and may
+`release`, `restart`, keep `output`, and `add_executable`/`remove` nodes while the program runs:
+`ProcessRunner` polls, kills and restarts processes started with `start(name, starter)`.
 
     python examples/custom_launcher.py
 """
+import functools
 import os
 import secrets
 import shutil
@@ -40,16 +44,16 @@ class PrefixLauncher(lp.Launcher):
         runner = _Runner(server, workdir)
         for i, executable in enumerate(executables):
             path = os.path.join(workdir, f'{i}.spec')
-            spec.write(packer.spec(executable.name, executable.run), path)
-            runner.processes[executable.name] = subprocess.Popen(
-                self.prefix + spec.worker_argv(path), env=spec.node_environment(token),
-                start_new_session=True)
+            spec.write(packer.admit(executable), path)
+            runner.start(executable.name, functools.partial(  # `restart` calls it again
+                subprocess.Popen, self.prefix + spec.worker_argv(path),
+                env=spec.node_environment(token), start_new_session=True))
         return lp.Controller(program.name, coordinator, runner,
                              launch_type=options.launch_type, notice_period=options.notice_period)
 
 
 class _Runner(ProcessRunner):
-    """What the common controller needs: poll and kill the processes, and release the rest."""
+    """Polls, kills and restarts the processes (`ProcessRunner`), and releases the rest."""
 
     def __init__(self, server, workdir):
         super().__init__()

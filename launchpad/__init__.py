@@ -29,12 +29,13 @@ from launchpad.nodes.endpoint import NodeLeftError, NodeStoppedError
 from launchpad.nodes.group import GroupClient, GroupHandle
 from launchpad.nodes.python import PyClassNode, PyNode
 from launchpad.nodes.reverb import ReverbHandle, ReverbNode
-from launchpad.observe.report import count, report
+from launchpad.metrics import count, report
 from launchpad.pool import Pool, PoolWorker, PoolWorkerNode
 from launchpad.policy import RestartPolicy
 from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus
 from launchpad.process.spec import NodePicklingError
 from launchpad.program import Program, ProgramError, make_program
+from launchpad.resources import Resources
 from launchpad.runtime import (get_context, heartbeat, register_stop_handler, resize, stop,
                                stop_event, unregister_stop_handler, wait_for_stop)
 from launchpad.scaling import Elastic, ProgressPerActorPolicy, QueueLengthPolicy
@@ -65,7 +66,7 @@ __all__ = [
     'MultiProcessingColocation', 'MultiThreadingColocation', 'Node', 'NodeFailedError',
     'NodeLeftError', 'NodePicklingError', 'NodeState', 'NodeStatus', 'NodeStoppedError', 'Pool',
     'PoolWorker', 'PoolWorkerNode', 'ProgressPerActorPolicy', 'Program', 'ProgramError',
-    'QueueLengthPolicy', 'PyClassNode', 'PyNode', 'PythonProcess',
+    'QueueLengthPolicy', 'PyClassNode', 'PyNode', 'PythonProcess', 'Resources',
     'ReverbHandle', 'ReverbNode', 'RestartPolicy', 'SlurmController', 'SlurmError',
     'SlurmResources', 'SshHost', 'SshHosts', 'batched_handler', 'context', 'count', 'dataflow',
     'executables_of', 'get_context', 'get_port_from_address', 'heartbeat', 'is_local_launch',

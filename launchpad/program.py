@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from launchpad import runtime
 from launchpad.nodes.base import Handle, Node
 from launchpad.nodes.group import GroupHandle
 from launchpad.policy import NodePolicy, RestartPolicy, check_progress_deadline, check_restart
@@ -164,7 +165,7 @@ class Program:
 
     def policy_of(self, node_name: str) -> NodePolicy:
         """What a failure or a hang of node `node_name` does: its own policy, else its group's."""
-        label = node_name.split('/', 1)[0]
+        label = runtime.group_of(node_name)
         own = self._policies.get(node_name) or NodePolicy()
         group = self._policies.get(label) or NodePolicy()
         return NodePolicy(own.restart or group.restart,

@@ -16,7 +16,7 @@ import functools
 import logging
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 
 class StopSignal:
@@ -100,6 +100,8 @@ class NodeContext:
         can restore from its own checkpoint).
       progress_deadline: seconds the node may go without progress before it counts as hung.
       progress: when it last reported progress (`lp.heartbeat()`, or serving a call).
+      resources: what the node was given where it runs (a `launchpad.resources.NodeResources`:
+        its GPUs and cores), or None if its group was given no `lp.Resources`.
     """
     launch_type: str
     program_name: str
@@ -114,6 +116,7 @@ class NodeContext:
     attempt: int = 0
     progress_deadline: Optional[float] = None
     progress: Progress = dataclasses.field(default_factory=Progress)
+    resources: Any = None
 
     @property
     def node_name(self) -> str:
@@ -131,6 +134,19 @@ class NodeContext:
 
 _thread_context = threading.local()
 _process_context: Optional[NodeContext] = None
+
+
+def group_of(name: str) -> str:
+    """The group label in the name of a node ('group/index'), of an inner node of a colocation
+    ('group/index/i') or of an executable running several nodes ('group/index+group/index')."""
+    return name.split('/', 1)[0]
+
+
+def label_and_index(name: str) -> Tuple[str, int]:
+    """The context label and index of the (first) node that executable `name` runs: 'group/3'
+    -> ('group', 3); an inner node of a colocation, 'group/3/1' -> ('group/3', 1)."""
+    label, _, index = name.split('+', 1)[0].rpartition('/')
+    return label, int(index) if index.isdigit() else 0
 
 
 def set_thread_context(context: NodeContext) -> None:

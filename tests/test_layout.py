@@ -18,6 +18,7 @@ MAX_LINES = 650
 # Layers, lowest first: a module may import modules of its own layer or below, never above.
 # The first prefix that matches a module name gives its layer (docs/architecture.md shows them).
 LAYERS = [
+    ('courier.transport._compat', 1),        # the CPython internals a call's future reaches into
     ('courier.transport._base', 1),          # transport interfaces, addresses, errors
     ('courier.transport.frames', 2),         # the framed protocol's frames
     ('courier.transport._here', 2),          # servers of this process, for in-process calls
@@ -30,7 +31,8 @@ LAYERS = [
     ('courier.transport.framed_client', 3),  # the transports: never import each other
     ('courier.transport.framed_server', 3),
     ('courier.transport.grpc', 3),
-    ('courier.transport', 4),                # picks a transport by address
+    ('courier.transport.tcp', 4),            # a TCP address's lane: framed, else gRPC
+    ('courier.transport', 4),                # picks a transport by address and protocol
     ('courier.client', 5),
     ('courier.server', 5),
     ('courier.batching', 5),
@@ -39,9 +41,10 @@ LAYERS = [
     ('launchpad.context', 10),  # launch types, and lp.context.get_context (from runtime)
     ('launchpad.dataflow', 10),              # dataflow operators: courier clients only
     ('launchpad.policy', 10),
+    ('launchpad.resources', 10),             # lp.Resources, and what a node was given
     ('launchpad.scaling', 10),               # elastic groups' bounds, scaling policies
     ('launchpad.address', 11),
-    ('launchpad.observe.report', 11),       # what a node reports: lp.report, its calls
+    ('launchpad.metrics', 11),               # what a node reports: lp.report, its calls
     ('launchpad.process', 12),
     ('launchpad.nodes', 13),
     ('launchpad.pool.results', 12),          # what a pool's callers wait on

@@ -8,21 +8,19 @@ same way whichever transport carried it.
 
 from __future__ import annotations
 
-import _thread
 import abc
-import collections
 import concurrent.futures
 import dataclasses
 import errno
 import ipaddress
 import os
 import socket
-import threading
 from typing import Any, Callable, List, Optional, Sequence, Type
 
 from courier import errors
 from courier import security
 from courier import wire
+from courier.transport import _compat
 
 UNIX_PREFIX = 'unix:'
 _MAX_UNIX_PATH_BYTES = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux.
@@ -174,64 +172,19 @@ class ServerTransport(abc.ABC):
         """Stops accepting calls, waits up to ``grace`` seconds for calls in flight."""
 
 
-# concurrent.futures' states: a cancelled future not yet notified, and a completed one.
-_CANCELLED, _FINISHED = 'CANCELLED', 'FINISHED'
-
-
-class _Condition(threading.Condition):
-    """A future's condition, made for less than ``threading.Condition()`` costs.
-
-    Every call makes a future, and most futures are completed before anyone waits for them:
-    this condition holds only what ``threading.Condition``'s methods use (its reentrant lock
-    and that lock's own save/restore), and notifying it without waiters does nothing.
-    """
-
-    def __init__(self):  # pylint: disable=super-init-not-called
-        lock = _thread.RLock()
-        self._lock = lock
-        self.acquire = lock.acquire
-        self.release = lock.release
-        self._waiters = collections.deque()
-
-    def _release_save(self):
-        return self._lock._release_save()  # pylint: disable=protected-access
-
-    def _acquire_restore(self, state) -> None:
-        self._lock._acquire_restore(state)  # pylint: disable=protected-access
-
-    def _is_owned(self) -> bool:
-        return self._lock._is_owned()  # pylint: disable=protected-access
-
-    def notify_all(self) -> None:
-        if self._waiters:
-            super().notify_all()
-
-
-class CallFuture(concurrent.futures.Future):
+class CallFuture(_compat.LightFuture):
     """The future of a call; cancelling it also cancels the call, through ``on_cancel``.
 
-    It is a ``concurrent.futures.Future`` (wait, as_completed, callbacks, cancel), with a
-    cheaper condition, and ``result()`` of a completed call taking no lock.
+    It is a ``concurrent.futures.Future`` (wait, as_completed, callbacks, cancel), made and
+    read for less (:mod:`._compat`).
     """
 
-    def __init__(self):  # pylint: disable=super-init-not-called
-        # Future.__init__'s attributes (a test checks that none is missing), but _Condition.
-        self._condition = _Condition()
-        self._state = 'PENDING'
-        self._result = None
-        self._exception = None
-        self._waiters: List[Any] = []
-        self._done_callbacks: List[Callable[[Any], Any]] = []
-        self.on_cancel: Optional[Callable[[], Any]] = None
-
+    on_cancel: Optional[Callable[[], Any]] = None
     # The client's AddressResolver.explain, applied to a ServerUnavailableError when the
     # outcome is read (in the reader's thread: it may call out), not where the call failed.
     explain: Optional[Callable[[BaseException], BaseException]] = None
 
     def result(self, timeout: Optional[float] = None) -> Any:
-        # Set once: a completed future's _exception is set before its _state.
-        if self._state == _FINISHED and self._exception is None:
-            return self._result
         try:
             return super().result(timeout)
         except errors.ServerUnavailableError as error:
@@ -249,23 +202,17 @@ class CallFuture(concurrent.futures.Future):
         if explain is None or not isinstance(error, errors.ServerUnavailableError):
             return error
         explained = explain(error)
-        with self._condition:
-            if self.explain is explain and self._exception is error:
+        if explained is not error:
+            explained.__cause__ = error
+        with self.locked():
+            if self.explain is explain:
                 self.explain = None
-                if explained is not error:
-                    explained.__cause__ = error
-                    self._exception = explained
-            return self._exception
+                self.replace_exception(error, explained)
+        return self.exception_now()
 
     def cancel(self) -> bool:
         if not super().cancel():
             return False
-        # What an executor does for a cancelled work item: concurrent.futures.wait() and
-        # as_completed() count only a cancelled future that was "notified" as done. (The
-        # condition's lock is reentrant; holding it, a concurrent cancel cannot notify too.)
-        with self._condition:
-            if self._state == _CANCELLED:
-                self.set_running_or_notify_cancel()
         on_cancel, self.on_cancel = self.on_cancel, None
         if on_cancel is not None:
             on_cancel()

@@ -129,7 +129,7 @@ def unreachable(what: str,
     return Unreachable(functools.partial(_base.call_error, kind, what=what))
 
 
-class Connection:
+class DialedConnection:
     """One socket to the server, after a successful hello."""
 
     __slots__ = ('sock', 'reader', 'tcp', 'used', '__weakref__')
@@ -174,7 +174,7 @@ class Connection:
 
 
 def open_connection(target: Target, token: Optional[str], mode: int, wait_for_ready: bool,
-                    deadline: Optional[float], here: bool = False) -> Connection:
+                    deadline: Optional[float], here: bool = False) -> DialedConnection:
     """Connects and says hello, waiting for the server to come up if asked to.
 
     Raises:
@@ -204,7 +204,7 @@ def open_connection(target: Target, token: Optional[str], mode: int, wait_for_re
                 raise Unreachable(functools.partial(
                     _base.unavailable, details=describe(error), wait_for_ready=False)) from None
         else:
-            connection = Connection(sock)
+            connection = DialedConnection(sock)
             answer, error = _hello(connection, token, mode)
             if answer is not None and answer.kind == frames.WELCOME:
                 return connection
@@ -231,7 +231,7 @@ def open_connection(target: Target, token: Optional[str], mode: int, wait_for_re
         delay = min(2 * delay, _RETRY_MAX)
 
 
-def _hello(connection: Connection, token: Optional[str],
+def _hello(connection: DialedConnection, token: Optional[str],
            mode: int) -> Tuple[Optional[frames.Frame], Optional[BaseException]]:
     """Says hello; returns the server's answer, or (None, why) if it closed the connection.
 

@@ -52,7 +52,8 @@ class _Held:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.connections: 'weakref.WeakSet[dial.Connection]' = weakref.WeakSet()  # Blocking ones.
+        # The blocking calls' connections.
+        self.connections: 'weakref.WeakSet[dial.DialedConnection]' = weakref.WeakSet()
         self.pipeline: Optional[_Pipeline] = None
         self.deadlines: Optional[_Deadlines] = None
         self.closed = False
@@ -171,7 +172,7 @@ class FramedClientTransport(_base.ClientTransport):
         raise AssertionError('unreachable')
 
     def _connect_blocking(self, method: str, timeout: Optional[float],
-                          deadline: Optional[float]) -> dial.Connection:
+                          deadline: Optional[float]) -> dial.DialedConnection:
         if self._held.closed:
             raise _base.closed(method, self.address)
         try:
@@ -193,7 +194,7 @@ class FramedClientTransport(_base.ClientTransport):
         self._local.connection = connection
         return connection
 
-    def _drop(self, connection: dial.Connection) -> None:
+    def _drop(self, connection: dial.DialedConnection) -> None:
         if getattr(self._local, 'connection', None) is connection:
             self._local.connection = None
         connection.close()
@@ -262,7 +263,7 @@ class _Unsent(Exception):
         self.answer = answer
 
 
-def _send_and_read(connection: dial.Connection, parts: List[Any],
+def _send_and_read(connection: dial.DialedConnection, parts: List[Any],
                    deadline: Optional[float]) -> frames.Frame:
     sock = connection.sock
     if deadline is not None:
@@ -279,7 +280,7 @@ def _send_and_read(connection: dial.Connection, parts: List[Any],
     return connection.reader.read_frame()
 
 
-def _last_words(connection: dial.Connection) -> Optional[frames.Frame]:
+def _last_words(connection: dial.DialedConnection) -> Optional[frames.Frame]:
     """What a server that closed the connection sent before (a refusal or a fault), if anything."""
     try:
         connection.sock.settimeout(1.0)
@@ -316,7 +317,7 @@ class _Pipeline:
         self._pending: Dict[int, tuple] = {}  # call id -> (future, method, finish, owner)
         self._outbox = frames.Outbox()
         self._lock = threading.Lock()
-        self._connection: Optional[dial.Connection] = None
+        self._connection: Optional[dial.DialedConnection] = None
         # Set before the pending calls are failed, so a call started meanwhile sees it.
         self.broken: Optional[dial.Unreachable] = None
         self._closed = False

@@ -249,7 +249,7 @@ class FramedServerTransport(_base.ServerTransport):
 
     # Calls through the socket.
 
-    def _relayed(self, connection: loops.Connection) -> None:
+    def _relayed(self, connection: loops.AcceptedConnection) -> None:
         """The relay is done with a gRPC client's connection."""
         self._loop.close(connection)
 
@@ -260,7 +260,7 @@ class FramedServerTransport(_base.ServerTransport):
             return frames.TOKEN_MISSING
         return 0 if hmac.compare_digest(token, self._token) else frames.TOKEN_WRONG
 
-    def _greet(self, connection: loops.Connection, hello: frames.Frame) -> Optional[tuple]:
+    def _greet(self, connection: loops.AcceptedConnection, hello: frames.Frame) -> Optional[tuple]:
         """On the loop thread: None welcomes the connection, else the refusal's (reason, text)."""
         del connection
         if (hello.kind != frames.HELLO or hello.payload != frames.MAGIC
@@ -273,7 +273,7 @@ class FramedServerTransport(_base.ServerTransport):
             return reason, frames.REFUSALS[reason].encode()
         return None
 
-    def _dispatch(self, connection: loops.Connection, frame: frames.Frame) -> bool:
+    def _dispatch(self, connection: loops.AcceptedConnection, frame: frames.Frame) -> bool:
         """On the loop thread: a whole frame of ``connection``. A blocking connection's goes to
         a worker with the connection; a futures connection's calls go to the pool one by one,
         and the loop goes on reading it (returns False once too many calls are in flight)."""
@@ -309,22 +309,22 @@ class FramedServerTransport(_base.ServerTransport):
             raise frames.ProtocolViolation(f'unexpected frame of kind {kind}')
         return True
 
-    def _broken(self, connection: loops.Connection, error: BaseException) -> None:
+    def _broken(self, connection: loops.AcceptedConnection, error: BaseException) -> None:
         """On the loop thread: the client of ``connection`` closed it, or broke the protocol."""
         if isinstance(error, frames.ProtocolViolation):
             self._pool.submit(self._fault, connection, error)  # Sending may block.
         else:
             self._end(connection)
 
-    def _fault(self, connection: loops.Connection, error: frames.ProtocolViolation) -> None:
+    def _fault(self, connection: loops.AcceptedConnection, error: frames.ProtocolViolation) -> None:
         """Tells the client how it broke the protocol, then ends the connection."""
         _tell(connection, error)
         self._end(connection)
 
-    def _send_methods(self, connection: loops.Connection, call_id: int) -> None:
+    def _send_methods(self, connection: loops.AcceptedConnection, call_id: int) -> None:
         self._answer(connection, call_id, self._methods_frame(call_id))
 
-    def _answer(self, connection: loops.Connection, call_id: int, parts: List[Any]) -> None:
+    def _answer(self, connection: loops.AcceptedConnection, call_id: int, parts: List[Any]) -> None:
         """Sends a futures connection's answer; a connection that cannot take it is hung up."""
         try:
             connection.outbox.put(call_id, parts)
@@ -334,7 +334,7 @@ class FramedServerTransport(_base.ServerTransport):
             except OSError:
                 pass
 
-    def _serve(self, connection: loops.Connection, frame: frames.Frame) -> None:
+    def _serve(self, connection: loops.AcceptedConnection, frame: frames.Frame) -> None:
         """On a worker: serves a blocking connection's frame, then its next calls while the
         client keeps calling; then the loop watches it again."""
         outcome = _END
@@ -353,7 +353,7 @@ class FramedServerTransport(_base.ServerTransport):
         else:
             self._end(connection)
 
-    def _serve_sync(self, connection: loops.Connection, frame: frames.Frame) -> str:
+    def _serve_sync(self, connection: loops.AcceptedConnection, frame: frames.Frame) -> str:
         sock = connection.sock
         reader = connection.reader
         read_frame = reader.read_frame
@@ -388,7 +388,7 @@ class FramedServerTransport(_base.ServerTransport):
             except BlockingIOError:
                 return _RESUME
 
-    def _run_pipelined(self, connection: loops.Connection, call_id: int, method: str,
+    def _run_pipelined(self, connection: loops.AcceptedConnection, call_id: int, method: str,
                        pickle: bytes, buffers: List[Any]) -> None:
         try:
             entry = connection.calls.get(call_id)
@@ -399,7 +399,7 @@ class FramedServerTransport(_base.ServerTransport):
         finally:
             self._call_ended(connection, call_id)
 
-    def _call_ended(self, connection: loops.Connection, call_id: int) -> None:
+    def _call_ended(self, connection: loops.AcceptedConnection, call_id: int) -> None:
         calls = connection.calls
         with connection.lock:
             entry = calls.get(call_id)
@@ -416,7 +416,7 @@ class FramedServerTransport(_base.ServerTransport):
         elif close:
             self._loop.close(connection)
 
-    def _end(self, connection: loops.Connection) -> None:
+    def _end(self, connection: loops.AcceptedConnection) -> None:
         """The client is gone or broke the protocol: close, once the answers in flight went out."""
         with connection.lock:
             connection.ended = True
@@ -429,7 +429,7 @@ class FramedServerTransport(_base.ServerTransport):
                              payload=wire.encode_method_list(self._list_methods()))
 
 
-def _tell(connection: loops.Connection, error: frames.ProtocolViolation) -> None:
+def _tell(connection: loops.AcceptedConnection, error: frames.ProtocolViolation) -> None:
     """Tells the client how it broke the protocol (the connection ends after)."""
     try:
         connection.outbox.put(0, frames.encode(frames.FAULT, 0, 0, str(error).encode()))

@@ -68,7 +68,7 @@ _HTTP2_PREFACE = b'PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n'
 _TLS_RECORD = b'\x16'  # The first byte of a TLS handshake record (a ClientHello).
 
 
-class Connection:
+class AcceptedConnection:
     """A client's connection as the server sees it, from accept to close."""
 
     __slots__ = ('sock', 'client', 'state', 'mode', 'reader', 'hello', 'deadline', 'outbox',
@@ -137,11 +137,12 @@ class Loop:
         treated as any peer that is not courier's.
     """
 
-    def __init__(self, listener: socket.socket, *, greet: Callable[[Connection, frames.Frame],
-                                                                  Optional[tuple]],
-                 serve: Callable[[Connection, frames.Frame], bool],
-                 end: Callable[[Connection, BaseException], None], limits: ServerLimits, name: str,
-                 tls: Any = None, relay: Optional[Callable[[Connection, Any, bytes], None]] = None):
+    def __init__(self, listener: socket.socket, *,
+                 greet: Callable[[AcceptedConnection, frames.Frame], Optional[tuple]],
+                 serve: Callable[[AcceptedConnection, frames.Frame], bool],
+                 end: Callable[[AcceptedConnection, BaseException], None], limits: ServerLimits,
+                 name: str, tls: Any = None,
+                 relay: Optional[Callable[[AcceptedConnection, Any, bytes], None]] = None):
         self._listener = listener
         self._greet = greet
         self._serve = serve
@@ -162,12 +163,14 @@ class Loop:
         self._wake_write.setblocking(False)
         self._woken = False
         self._lock = threading.Lock()
-        self._connections: Set[Connection] = set()
+        self._connections: Set[AcceptedConnection] = set()
         self._per_client: Dict[Any, int] = collections.Counter()
-        self._hellos: Deque[Connection] = collections.deque()  # In order of their deadlines.
-        self._resumed: Deque[Connection] = collections.deque()
-        self._again: List[Connection] = []  # Connections with more frames read already.
-        self._stalled: Set[Connection] = set()  # Watched connections in the middle of a frame.
+        # In order of their deadlines:
+        self._hellos: Deque[AcceptedConnection] = collections.deque()
+        self._resumed: Deque[AcceptedConnection] = collections.deque()
+        self._again: List[AcceptedConnection] = []  # Connections with more frames read already.
+        # Watched connections in the middle of a frame:
+        self._stalled: Set[AcceptedConnection] = set()
         self._stall_check_at: Optional[float] = None
         self._backoff = _BACKOFF_FIRST
         self._accepting_at: Optional[float] = None  # While backing off: when to accept again.
@@ -181,16 +184,16 @@ class Loop:
         self._thread = threading.Thread(target=self._run, daemon=True, name=self._name)
         self._thread.start()
 
-    def connections(self) -> List[Connection]:
+    def connections(self) -> List[AcceptedConnection]:
         with self._lock:
             return list(self._connections)
 
-    def resume(self, connection: Connection) -> None:
+    def resume(self, connection: AcceptedConnection) -> None:
         """Gives ``connection`` back to the loop: it watches it for the next call. Any thread."""
         self._resumed.append(connection)
         self._wake()
 
-    def close(self, connection: Connection) -> None:
+    def close(self, connection: AcceptedConnection) -> None:
         """Closes ``connection`` and forgets it. Any thread, any number of times."""
         with self._lock:
             if connection.state == CLOSED:
@@ -222,7 +225,7 @@ class Loop:
                 for key, _ in self._selector.select(0 if self._again else self._timeout()):
                     if self._stopping:
                         break
-                    if isinstance(key.data, Connection):
+                    if isinstance(key.data, AcceptedConnection):
                         self._readable(key.data)
                     else:  # The listener or the wake socket: its handler.
                         key.data(key.fileobj)
@@ -301,13 +304,13 @@ class Loop:
             if connection.state == IDLE:
                 self._read_frames(connection)
 
-    def _readable(self, connection: Connection) -> None:
+    def _readable(self, connection: AcceptedConnection) -> None:
         if connection.state == HELLO:
             self._read_hello(connection)
         else:
             self._read_frames(connection)
 
-    def _read_frames(self, connection: Connection) -> None:
+    def _read_frames(self, connection: AcceptedConnection) -> None:
         """Reads what a watched connection sent, without waiting, and serves its whole frames.
 
         A frame that is not whole stays with its reader until more comes (see
@@ -335,11 +338,11 @@ class Loop:
                 return
         self._again.append(connection)  # Maybe more read already: after the others' turn.
 
-    def _unwatch(self, connection: Connection) -> None:
+    def _unwatch(self, connection: AcceptedConnection) -> None:
         self._selector.unregister(connection.sock)
         connection.state = ACTIVE
 
-    def _stalling(self, connection: Connection) -> None:
+    def _stalling(self, connection: AcceptedConnection) -> None:
         """Notes that ``connection`` is in the middle of a frame and has just sent some of it."""
         connection.deadline = time.monotonic() + self.limits.stall_timeout
         self._stalled.add(connection)
@@ -407,7 +410,7 @@ class Loop:
         sock.setblocking(False)
         if sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        connection = Connection(sock, client)
+        connection = AcceptedConnection(sock, client)
         if self._tls is not None:
             connection.handshake = 'first'  # Its first byte tells whether it speaks TLS.
             connection.refusal = refusal
@@ -420,7 +423,7 @@ class Loop:
         self._hellos.append(connection)
         self._selector.register(sock, selectors.EVENT_READ, connection)
 
-    def _start_tls(self, connection: Connection) -> bool:
+    def _start_tls(self, connection: AcceptedConnection) -> bool:
         """Wraps a TLS client's socket once its first byte came; returns whether it did.
 
         A courier client that did not ask for TLS is told so in plaintext.
@@ -448,7 +451,7 @@ class Loop:
         self._selector.register(connection.sock, selectors.EVENT_READ, connection)
         return True
 
-    def _shake_hands(self, connection: Connection) -> bool:
+    def _shake_hands(self, connection: AcceptedConnection) -> bool:
         """Advances a TLS handshake; returns whether it is done and the connection still open."""
         if connection.handshake == 'first' and not self._start_tls(connection):
             return False
@@ -475,13 +478,13 @@ class Loop:
             return False
         return True
 
-    def _hand_to_relay(self, connection: Connection, data: bytes) -> None:
+    def _hand_to_relay(self, connection: AcceptedConnection, data: bytes) -> None:
         self._selector.unregister(connection.sock)
         connection.state = RELAYED
         connection.hello = bytearray()
         self._relay(connection, connection.sock, data)
 
-    def _read_hello(self, connection: Connection) -> None:
+    def _read_hello(self, connection: AcceptedConnection) -> None:
         if connection.handshake is not None and not self._shake_hands(connection):
             return
         data = connection.hello
@@ -549,7 +552,7 @@ class Loop:
         if connection.reader.buffered:
             self._read_frames(connection)
 
-    def _drop(self, connection: Connection, parts: Optional[List[Any]] = None) -> None:
+    def _drop(self, connection: AcceptedConnection, parts: Optional[List[Any]] = None) -> None:
         """Ends a connection in its hello, after sending ``parts`` (a refusal) if given."""
         try:
             self._selector.unregister(connection.sock)

@@ -1,13 +1,15 @@
-"""The controller of a launched program, and the two small protocols a platform implements for it.
+"""The controller of a launched program, and the `Runner` a platform implements for it.
 
 A launcher starts a program's executables and hands the controller a `Runner` (its view of what it
-started); the controller watches the runner and the coordinator, starts again the nodes that the
+started, and what the platform can do with them); the controller watches the runner and the
+coordinator's control face (`launchpad.process.faces`), starts again the nodes that the
 coordinator marked restarting (their restart policy allows it), ends stragglers after the notice
 period, and serves the user's `wait`, `stop` and `status`. Runners of processes usually keep one
 `NodeProcess` per executable (`ProcessRunner`).
 """
 from __future__ import annotations
 
+import abc
 import atexit
 import concurrent.futures.thread  # pylint: disable=unused-import (see run_until_done_at_exit)
 import logging
@@ -19,8 +21,10 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 from launchpad.launch.elastic import Elasticity
-from launchpad.nodes.base import Handle, Node
-from launchpad.process.coordinator import Coordinator, NodeStatus
+from launchpad.nodes.base import Executable, Handle, Node
+from launchpad.policy import NodePolicy
+from launchpad.process.coordinator import NodeStatus
+from launchpad.process.faces import ControlFace
 from launchpad.scaling import Decision
 
 
@@ -34,32 +38,66 @@ class NodeProcess(Protocol):
         """Ends it at once, with whatever it started."""
 
 
-class Runner(Protocol):
-    """The platform side of a controller: the executables it started."""
+class Runner(abc.ABC):
+    """The platform side of a controller: the executables a launcher started.
 
+    A platform must say how its executables are doing (`poll`) and end them (`kill`); the rest
+    is what a platform may provide, with defaults for one that does not:
+
+    * `release`: frees what the launch holds, once, at the end (default: nothing to free);
+    * `restart`: starts a failed node again (default: it cannot, so a node's first failure is
+      final, whatever its restart policy);
+    * `output` and `last_output`: where node output goes, and the last lines a node printed,
+      which explain an exit without a reported error (default: none kept here);
+    * `check_add`, `add_executable` and `remove`: nodes added to and removed from the running
+      program (`launchpad.launch.elastic`; default: none can be added, and a removed node learns
+      it from the coordinator).
+
+    The controller calls every method on its monitor thread, except `output`.
+    """
+
+    output: Optional[Any] = None  # a `launchpad.process.output.Output` with `read_log`, if kept
+
+    @abc.abstractmethod
     def poll(self) -> Dict[str, Optional[int]]:
-        """Executable name -> exit code, or None while it runs."""
+        """Executable name -> exit code (negative: killed by that signal), or None while it runs."""
 
+    @abc.abstractmethod
     def kill(self, names: Sequence[str]) -> None:
-        """Ends the named executables at once."""
-
-    def restart(self, name: str) -> None:
-        """Starts the named executable again, as it was first started; its last run has ended
-        (raises, saying why, where that is impossible). A runner without this method cannot
-        restart nodes: their first failure is final."""
+        """Ends the named executables at once, with whatever they started."""
 
     def release(self) -> None:
         """Frees what the launch holds (temporary directories, servers); called once at the end."""
 
-    # Optional: `last_output(name) -> str`, the last lines an executable printed, which explain
-    # its end when it exits without reporting an error.
-    # Optional, for nodes added to the running program (`launchpad.launch.elastic`):
-    # `add_executable(label, executable, policy)` starts a new executable as the launch started
-    # the others; `remove(name)` gives one node the stop, where its worker does not watch the
-    # coordinator.
+    def restart(self, name: str) -> None:
+        """Starts the named executable again, as it was first started; its last run has ended.
+        Raises, saying why, where that is impossible (NotImplementedError: never possible)."""
+        raise NotImplementedError(f'{type(self).__name__} cannot restart nodes')
+
+    def last_output(self, name: str) -> str:
+        """The last lines executable `name` printed ('' if they are not kept here)."""
+        del name
+        return ''
+
+    def check_add(self, label: str) -> None:
+        """Raises, saying why, if no node can be added to group `label` now; called before the
+        node is named, so that nothing changes when it cannot."""
+        del label
+        raise NotImplementedError('its runner cannot add nodes')
+
+    def add_executable(self, label: str, executable: Executable, policy: NodePolicy) -> None:
+        """Starts `executable`, a node added to group `label` of the running program, as the
+        launch started the others."""
+        del executable, policy
+        self.check_add(label)
+
+    def remove(self, name: str) -> None:
+        """Node `name` leaves the running program: gives it the stop where its worker does not
+        watch the coordinator, which tells it (default: the worker does)."""
+        del name
 
 
-class ProcessRunner:
+class ProcessRunner(Runner):
     """A `Runner` over one `NodeProcess` per executable; subclasses add what `release` frees.
 
     An executable started with `start(name, starter)` can be restarted: `restart` ends whatever
@@ -109,7 +147,7 @@ class Controller:
         launcher does not know it.
     """
 
-    def __init__(self, program_name: str, coordinator: Coordinator, runner: Runner, *,
+    def __init__(self, program_name: str, coordinator: ControlFace, runner: Runner, *,
                  launch_type: str, notice_period: float = 10.0, poll_interval: float = 0.05,
                  detached: bool = False, auth_token: Optional[str] = None):
         LaunchSignals.program_started()  # a signal from now on stops the program, not the launch
@@ -219,15 +257,15 @@ class Controller:
         return self._done.is_set()
 
     @property
-    def coordinator(self) -> Coordinator:
-        """The program's coordinator: node states and what nodes reported."""
+    def coordinator(self) -> ControlFace:
+        """The program's coordinator (its control face): node states and what nodes reported."""
         return self._coordinator
 
     @property
     def output(self):
         """Where node output goes (a `launchpad.process.output.Output` with `read_log`), if the
         platform handles it in this process; else None."""
-        return getattr(self._runner, 'output', None)
+        return self._runner.output
 
     # Elastic programs: nodes join and leave while it runs (`launchpad.launch.elastic`).
 
@@ -276,7 +314,7 @@ class Controller:
                         running.append(name)
                     else:
                         self._coordinator.executable_exited(
-                            name, code, lambda name=name: self._last_output(name))
+                            name, code, lambda name=name: self._runner.last_output(name))
                 running += self._restart_due()
                 if not running and not self._coordinator.restarts_pending:
                     break
@@ -306,22 +344,16 @@ class Controller:
                     observer.program_ended()
                 self._done.set()
 
-    def _last_output(self, name: str) -> str:
-        last_output = getattr(self._runner, 'last_output', None)
-        return last_output(name) if last_output is not None else ''
-
     def _restart_due(self) -> List[str]:
         """Starts again the nodes whose restart is due, and returns them (they run now, though
         the poll before did not see them); a node that cannot be restarted fails."""
         restarted = []
         for name in self._coordinator.due_restarts(time.monotonic()):
-            restart = getattr(self._runner, 'restart', None)
-            if restart is None:
+            try:
+                self._runner.restart(name)
+            except NotImplementedError:
                 self._coordinator.restart_failed(
                     name, f'the {self.launch_type} launcher cannot restart nodes')
-                continue
-            try:
-                restart(name)
             except Exception as e:  # pylint: disable=broad-except
                 logging.exception('Could not restart %s.', name)
                 self._coordinator.restart_failed(name, f'{type(e).__name__}: {e}')

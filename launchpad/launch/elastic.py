@@ -23,18 +23,22 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from launchpad.nodes.base import Handle, LaunchInfo, Node
-from launchpad.observe import report
-from launchpad.process.coordinator import Coordinator, NodeState
+from launchpad import metrics, runtime
+from launchpad.process.coordinator import NodeState
+from launchpad.process.faces import ControlFace
 from launchpad.scaling import Decision, Scaler, check_size
+
+if TYPE_CHECKING:
+    from launchpad.launch.controller import Runner  # which imports this module
 
 
 class Elasticity:
     """Adds and removes nodes of a running program (see the module docstring)."""
 
-    def __init__(self, coordinator: Coordinator, runner: Any, launch_type: str,
+    def __init__(self, coordinator: ControlFace, runner: 'Runner', launch_type: str,
                  notice_period: float):
         self._coordinator = coordinator
         self._runner = runner
@@ -62,9 +66,8 @@ class Elasticity:
         self._coordinator.set_node_addresses({
             node.name: [address.id for address in node.addresses]
             for node in program.get_all_nodes()})
-        scaling = getattr(program, 'scaling', None)
-        if scaling is not None:
-            policy, interval = scaling
+        if program.scaling is not None:
+            policy, interval = program.scaling
             self._scaler = Scaler(policy, program.elastic_groups)
             self._interval = interval
             self._next_scaling = time.monotonic() + interval
@@ -151,12 +154,14 @@ class Elasticity:
         if self._coordinator.stopping:
             raise RuntimeError(f'The program is stopping ({self._coordinator.stop_reason}): no '
                                'node can be added to it any more.')
-        add = getattr(self._runner, 'add_executable', None)
-        if add is None:
+        try:
+            if label is not None:  # else add_running_node says that a label is needed
+                self._runner.check_add(label)
+        except NotImplementedError as e:
             raise NotImplementedError(f'The {self._launch_type} launcher cannot add nodes to a '
-                                      'running program (its runner has no add_executable method).')
+                                      f'running program ({e}).') from None
         handle = self._program.add_running_node(node, label)
-        label = node.name.split('/', 1)[0]
+        label = runtime.group_of(node.name)
         info = LaunchInfo(self._launch_type, self._resources.get(label))
         executables = node.to_executables([node], label, info)
         names = [executable.name for executable in executables]
@@ -166,7 +171,7 @@ class Elasticity:
         for executable in executables:
             self._added_at[executable.name] = time.monotonic()
             try:
-                add(label, executable, policies[executable.name])
+                self._runner.add_executable(label, executable, policies[executable.name])
             except BaseException as e:
                 self._coordinator.node_failed(executable.name, f'it could not be started: '
                                               f'{type(e).__name__}: {e}')
@@ -219,12 +224,10 @@ class Elasticity:
 
     def _watch_removals(self) -> None:
         now = time.monotonic()
-        remove = getattr(self._runner, 'remove', None)
         for name, asked in self._coordinator.removals().items():
             if name not in self._told_removed:
                 self._told_removed.add(name)
-                if remove is not None:
-                    remove(name)
+                self._runner.remove(name)
             if now - asked > self._notice_period and name not in self._killed:
                 self._killed.add(name)
                 logging.warning('Killing %s: still running %g s after its removal.', name,
@@ -242,16 +245,12 @@ class Elasticity:
                     self.scale_up_times.append(time.monotonic() - asked)
 
 
-def gather_metrics(coordinator, program_name: str) -> Dict[str, Dict[str, float]]:
+def gather_metrics(coordinator: ControlFace, program_name: str) -> Dict[str, Dict[str, float]]:
     """Node name -> {metric: latest value}, from what nodes reported (`lp.report`, `lp.count`):
     node processes send theirs to the coordinator; nodes that are threads of this process
     record them here."""
     found: Dict[str, Dict[str, float]] = {}
-    snapshots = []
-    metrics = getattr(coordinator, 'metrics', None)
-    if callable(metrics):
-        snapshots.extend(metrics().values())
-    snapshots.append(report.snapshot(program_name))
+    snapshots = [*coordinator.metrics().values(), metrics.snapshot(program_name)]
     for snapshot in snapshots:
         for owner, values in (snapshot or {}).get('values', {}).items():
             node = owner[1] if isinstance(owner, (tuple, list)) else str(owner)

@@ -145,9 +145,15 @@ class Launcher(abc.ABC):
     def launch(self, program: Program, options: LaunchOptions) -> Controller:
         """Starts every executable of `program` and returns its controller."""
 
+    def group_resources(self, label: str, resources: Any) -> Any:
+        """Group `label`'s resources as `launch` takes them: a platform turns an `lp.Resources`
+        into its own type here (default: as given)."""
+        del label
+        return resources
+
     def check(self, program: Program, options: LaunchOptions) -> None:
         """Checks `options` for `program` against the declarations; fills in the terminal and
-        the settings."""
+        the settings, and turns each group's resources into the launcher's (`group_resources`)."""
         launch_type = options.launch_type
         unknown_groups = set(options.resources) - set(program.groups)
         if unknown_groups:
@@ -159,6 +165,8 @@ class Launcher(abc.ABC):
                     raise TypeError(f'The {launch_type} launch type takes '
                                     f'{_type_names(self.resource_types)}; group {label!r} got '
                                     f'{resources!r}.')
+        options.resources = {label: self.group_resources(label, resources)
+                             for label, resources in options.resources.items()}
         if self.terminals is not None:
             options.terminal = options.terminal or self.terminals[0]
             if options.terminal not in self.terminals:
@@ -369,9 +377,7 @@ def _launch_one(program: Program, options: LaunchOptions,
         if signals is not None:
             signals.started()
     program.launched = True
-    attach = getattr(controller, 'attach', None)  # a custom launcher's controller may lack it
-    if attach is not None:
-        attach(program, options.resources)
+    controller.attach(program, options.resources)
     _launched.append(controller)
     if options.launch_type in _TEST_TYPES and options.test_case is not None:
         options.test_case.addCleanup(controller.stop)

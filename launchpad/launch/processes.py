@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import courier
 
@@ -17,13 +17,16 @@ from launchpad import runtime
 from launchpad.address import add_to_local_table, local_address_table
 from launchpad.launch import launcher
 from launchpad.launch.controller import Controller, ProcessRunner
+from launchpad.process import faces
 from launchpad.process import flags
 from launchpad.process import forkserver
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import Coordinator, serve_coordinator
+from launchpad.process.devices import Allocator, Inventory, preflight
 from launchpad.process.forkserver import ForkServer
 from launchpad.process.output import TERMINALS, Output, kill_group
 from launchpad.program import Program
+from launchpad.resources import Resources
 
 
 @dataclasses.dataclass
@@ -34,10 +37,13 @@ class PythonProcess:
       args: absl flag values for the group's processes, as {name: value} or ['--name=value'].
       env: environment variables for the group's processes, e.g. {'CUDA_VISIBLE_DEVICES': '0'}.
       interpreter: the Python to run them with (default: the launcher's).
+      resources: the GPUs and cores each of its processes gets (`lp.Resources`; a group may also
+        be given an `lp.Resources` alone).
     """
     args: Union[Mapping[str, object], Sequence[str], None] = None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     interpreter: Optional[str] = None
+    resources: Optional[Resources] = None
 
     def flag_overrides(self) -> List[str]:
         """`args` as '--name=value' strings."""
@@ -76,8 +82,7 @@ class _ProcessRunner(ProcessRunner):
         self.context: Optional[runtime.NodeContext] = None
         self.released = threading.Event()
         # What nodes added to the running program are started with (set by the launch).
-        self.packer: Optional[specs.Packer] = None
-        self.token = ''
+        self.nodes: Optional[_NodePacker] = None
         self.coordinator: Optional[Coordinator] = None
         self.resources: Dict[str, PythonProcess] = {}
 
@@ -99,26 +104,26 @@ class _ProcessRunner(ProcessRunner):
         self.kill(list(self.processes))
         self.release(aborted=True)
 
+    def check_add(self, label: str) -> None:
+        """Any group can grow while this machine has the GPUs and cores of one more node."""
+        requested = (self.resources.get(label) or PythonProcess()).resources
+        if requested is not None:
+            self.nodes.devices.release_ended(self.coordinator.status())
+            self.nodes.devices.check(label, requested)
+
     def add_executable(self, label: str, executable, policy) -> None:
         """Starts a node added to the running program, as the launch started the others: forked
-        from the fork server when its group can be (`Runner.add_executable`)."""
-        resources = self.resources.get(label) or PythonProcess()
-        packer = self.packer
-        add_to_local_table(packer.address_table, executable.addresses, self.workdir,
+        from the fork server when its group can be."""
+        add_to_local_table(self.nodes.packer.address_table, executable.addresses, self.workdir,
                            registry=self.coordinator)
-        packer.policies = {**packer.policies, executable.name: policy}
-        forkable = self.fork_server is not None and forkserver.usable_for(
-            resources.env, resources.interpreter)
-        parent = None if self.output.runs_commands else (
-            self.fork_server.pid if forkable else os.getpid())
-        path = os.path.join(self.workdir, f'added-{len(self.processes)}.spec')
-        specs.write(packer.spec(executable.name, executable.run, args=resources.args,
-                                parent_pid=parent, cleanup_dir=self.workdir), path)
-        self.start_node(executable.name, specs.worker_argv(path, resources.interpreter),
-                        specs.node_environment(self.token, extra=resources.env), forkable)
+        self.nodes.devices.release_ended(self.coordinator.status())
+        group = self.resources.get(label) or PythonProcess()
+        start = self.nodes.pack(executable, group, policy)
+        _show_resources(self.coordinator, self.nodes.devices, executable.name)
+        self.start_node(*start)
 
     def last_output(self, name: str) -> str:
-        """The last lines node `name` printed (see `Runner.last_output`)."""
+        """The last lines node `name` printed."""
         return self.output.tail(name)
 
     def start_node(self, name: str, argv: List[str], env: Dict[str, str], forkable: bool):
@@ -145,18 +150,63 @@ class _ProcessRunner(ProcessRunner):
         return _NodeProcess(process, reader)
 
 
+@dataclasses.dataclass
+class _NodePacker:
+    """Packs nodes into spec files of the launch's directory: every node of the launch, and each
+    node added to the running program, goes through `pack` (then `_ProcessRunner.start_node`)."""
+    packer: specs.Packer
+    token: str
+    workdir: str
+    output: Output
+    fork_server: Optional[ForkServer]
+    devices: Allocator
+    packed: int = 0
+
+    def pack(self, executable, resources: PythonProcess, policy=None
+             ) -> Tuple[str, List[str], Dict[str, str], bool]:
+        """Writes the spec of `executable` (`policy`: an added node's) with the devices and
+        cores it is given; returns what `start_node` takes: its name, command line, environment
+        and whether it can be forked."""
+        given = None if resources.resources is None else self.devices.assign(
+            executable.name, resources.resources)
+        env = {**resources.env, **(given.environment() if given else {})}
+        forkable = self.fork_server is not None and forkserver.usable_for(
+            env, resources.interpreter)
+        parent = None if self.output.runs_commands else (  # tmux starts those
+            self.fork_server.pid if forkable else os.getpid())
+        path = os.path.join(self.workdir, f'{self.packed}.spec')
+        self.packed += 1
+        specs.write(self.packer.admit(executable, policy, args=resources.args, parent_pid=parent,
+                                      cleanup_dir=self.workdir, resources=given), path)
+        return (executable.name, specs.worker_argv(path, resources.interpreter),
+                specs.node_environment(self.token, extra=env), forkable)
+
+
+def _show_resources(coordinator: Coordinator, devices: Allocator, name: str) -> None:
+    """Tells the coordinator what node `name` was given, for `status` and the dashboard."""
+    given = devices.given(name)
+    if given is not None:
+        coordinator.set_node_resources(name, **given.describe())
+
+
 class ProcessLauncher(launcher.Launcher):
     """Runs every executable in a worker process; servers listen on Unix sockets in a private
     directory that only this user can open, and calls carry the program's auth token."""
 
     foreground = True
-    resource_types = (PythonProcess,)
+    resource_types = (PythonProcess, Resources)
     terminals = TERMINALS
     options = launcher.NoOptions
     refused_options = {'detach': 'the program\'s coordinator runs in this process, so the program '
                                  'ends with it (detached local_mp programs are not supported '
                                  'yet). Run the script in the background (nohup, tmux), or '
                                  'launch on slurm or kubernetes, which take detach=True.'}
+
+    def group_resources(self, label: str, resources) -> PythonProcess:
+        """An `lp.Resources` alone as a PythonProcess carrying it."""
+        if isinstance(resources, Resources):
+            return PythonProcess(resources=resources)
+        return resources
 
     def launch(self, program: Program, options: launcher.LaunchOptions) -> Controller:
         executables = launcher.executables_of(program, options)
@@ -177,28 +227,25 @@ class ProcessLauncher(launcher.Launcher):
                               local_address_table(addresses, workdir), coordinator_address,
                               notice_period=options.notice_period, tls=options.tls,
                               policies=policies)
-        output = runner.output = Output(options.terminal, program.name, workdir)
         groups = [options.resources.get(label) or PythonProcess() for label, _ in executables]
+        devices = Allocator(Inventory.discover)
+        preflight([(devices, executable.name, resources.resources) for (_, executable), resources
+                   in zip(executables, groups) if resources.resources is not None])
+        output = runner.output = Output(options.terminal, program.name, workdir)
         fork_server = None
         if not output.runs_commands and any(forkserver.usable_for(r.env, r.interpreter)
                                             for r in groups):
             # It starts importing while the specs are packed.
             fork_server = runner.fork_server = ForkServer(workdir, options.notice_period)
-        starts = []
-        for i, ((_, executable), resources) in enumerate(zip(executables, groups)):
-            forkable = fork_server is not None and forkserver.usable_for(
-                resources.env, resources.interpreter)
-            parent = None if output.runs_commands else (  # tmux starts those
-                fork_server.pid if forkable else os.getpid())
-            path = os.path.join(workdir, f'{i}.spec')
-            specs.write(packer.spec(executable.name, executable.run, args=resources.args,
-                                    parent_pid=parent, cleanup_dir=workdir), path)
-            starts.append((executable.name, specs.worker_argv(path, resources.interpreter),
-                           specs.node_environment(token, extra=resources.env), forkable))
+        nodes = _NodePacker(packer, token, workdir, output, fork_server, devices)
+        starts = [nodes.pack(executable, resources)
+                  for (_, executable), resources in zip(executables, groups)]
         coordinator = Coordinator([name for name, _, _, _ in starts], policies=policies,
                                   groups=program.group_limits())
+        for name, _, _, _ in starts:
+            _show_resources(coordinator, devices, name)
         runner.server = serve_coordinator(coordinator, coordinator_address, auth_token=token)
-        runner.packer, runner.token, runner.coordinator = packer, token, coordinator
+        runner.nodes, runner.coordinator = nodes, coordinator
         runner.resources = dict(options.resources)
         for name, argv, env, forkable in starts:  # every node was packed before any starts
             runner.start_node(name, argv, env, forkable)
@@ -214,11 +261,12 @@ def _launcher_context(program_name: str, options: launcher.LaunchOptions, table,
     clients of the program's nodes (e.g. a test talking to a node it launched). It carries the
     program's auth token, which this process's environment does not, and is removed when the
     program ends."""
-    stop = runtime.StopSignal(coordinator.request_stop)
+    node_face = faces.NodeFaceProxy(coordinator)
+    stop = runtime.StopSignal(node_face.request_stop)
     context = runtime.NodeContext(
         launch_type=options.launch_type, program_name=program_name, label='launcher', index=0,
-        address_table=dataclasses.replace(table, registry=coordinator), stop=stop,
-        coordinator=coordinator, notice_period=options.notice_period, tls=options.tls,
+        address_table=dataclasses.replace(table, registry=node_face), stop=stop,
+        coordinator=node_face, notice_period=options.notice_period, tls=options.tls,
         auth_token=token)
 
     def watch_stop():

@@ -26,7 +26,8 @@ from typing import Callable, Dict, Optional, Sequence
 from launchpad import runtime
 from launchpad.address import add_to_local_table, local_address_table
 from launchpad.launch import launcher
-from launchpad.launch.controller import Controller
+from launchpad.launch.controller import Controller, Runner
+from launchpad.process import faces
 from launchpad.process.coordinator import Coordinator, NodeStopped, run_reporting
 from launchpad.process.output import TERMINALS
 from launchpad.process.spec import pickle_node
@@ -36,8 +37,8 @@ from launchpad.program import Program
 _ABANDON_AFTER = 1.0  # seconds a thread gets to end after NodeStopped before it is abandoned
 
 
-class _ThreadRunner:
-    """The node threads of one launch (a controller `Runner`)."""
+class _ThreadRunner(Runner):
+    """The node threads of one launch."""
 
     def __init__(self, workdir: str, coordinator: Coordinator):
         self.workdir = workdir
@@ -65,7 +66,7 @@ class _ThreadRunner:
         runtime.set_thread_context(context)
         if self.watchdog is not None and context.progress_deadline is not None:
             self.watchdog.watch(name, context, context.progress_deadline, threading.get_ident())
-        code = run_reporting(self._runs[name], name, _Reports(self, name), context=context)
+        code = run_reporting(self._runs[name], name, _ThreadReports(self, name), context=context)
         with self._lock:
             if self._current(name):
                 self.exit_codes[name] = code
@@ -106,8 +107,11 @@ class _ThreadRunner:
     def kill(self, names: Sequence[str]) -> None:
         self.end(names)
 
+    def check_add(self, label: str) -> None:
+        """Any group can grow."""
+
     def add_executable(self, label: str, executable, policy) -> None:
-        """Starts a node added to the running program in a thread of its own (`Runner.add`)."""
+        """Starts a node added to the running program in a thread of its own."""
         del label
         add_to_local_table(self.context.address_table, executable.addresses, self.workdir)
         context = self.new_context(executable.name, policy)
@@ -163,39 +167,36 @@ def _raise_in(thread: threading.Thread, error: type) -> None:
                                                ctypes.py_object(error))
 
 
-def _node_context(options: launcher.LaunchOptions, program_name: str, table, coordinator,
-                  name: str, policy) -> runtime.NodeContext:
-    label, index = name.split('+', 1)[0].rsplit('/', 1)
+def _node_context(options: launcher.LaunchOptions, program_name: str, table,
+                  coordinator: faces.NodeFace, name: str, policy) -> runtime.NodeContext:
+    label, index = runtime.label_and_index(name)
     return runtime.NodeContext(
         launch_type=options.launch_type, program_name=program_name, label=label,
-        index=int(index), address_table=table,
+        index=index, address_table=table,
         stop=runtime.StopSignal(coordinator.request_stop), coordinator=coordinator,
         notice_period=options.notice_period, tls=options.tls,
         progress_deadline=policy.progress_deadline if policy else None)
 
 
-class _Reports:
+class _ThreadReports(faces.NodeFaceProxy):
     """What a node thread reports to the coordinator; an abandoned thread (its node was
     restarted, or it ran on past NodeStopped) no longer speaks for the node."""
 
     def __init__(self, runner: _ThreadRunner, name: str):
+        super().__init__(runner.coordinator)
         self._runner = runner
-        self._coordinator = runner.coordinator
         self._name = name
 
     def _speaks(self) -> bool:
         return self._runner._current(self._name)  # pylint: disable=protected-access
 
-    def node_started(self, name: str, pid: int, host: str, instance=None) -> int:
-        return self._coordinator.node_started(name, pid, host, instance)
-
     def node_finished(self, name: str) -> None:
         if self._speaks():
-            self._coordinator.node_finished(name)
+            super().node_finished(name)
 
     def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
         if self._speaks():
-            self._coordinator.node_failed(name, message, traceback_text)
+            super().node_failed(name, message, traceback_text)
 
 
 class ThreadLauncher(launcher.Launcher):
@@ -234,7 +235,8 @@ class ThreadLauncher(launcher.Launcher):
                 runner: _ThreadRunner) -> Controller:
         coordinator, workdir = runner.coordinator, runner.workdir
         addresses = [address for _, executable in executables for address in executable.addresses]
-        table = local_address_table(addresses, workdir, registry=coordinator)
+        node_face = faces.NodeFaceProxy(coordinator)  # all that node threads see of it
+        table = local_address_table(addresses, workdir, registry=node_face)
 
         def watch_stop():
             coordinator.wait_for_stop()
@@ -250,14 +252,14 @@ class ThreadLauncher(launcher.Launcher):
             runner.watchdog = ProgressWatchdog(hung)
         threading.Thread(target=watch_stop, daemon=True, name=f'lp-{program.name}-stop').start()
         for _, executable in executables:
-            context = _node_context(options, program.name, table, coordinator,
+            context = _node_context(options, program.name, table, node_face,
                                     executable.name, policies.get(executable.name))
             # Threads that node code starts itself see the first node's context.
             runner.context = runner.context or context
             runner.add(executable.name, context, executable.run)
         runtime.set_process_context(runner.context)
         runner.new_context = functools.partial(
-            _node_context, options, program.name, table, coordinator)
+            _node_context, options, program.name, table, node_face)
         for thread in list(runner.threads.values()):
             thread.start()
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,

@@ -28,6 +28,7 @@ from launchpad import runtime
 from launchpad.address import Address
 from launchpad.nodes.base import Handle, Node
 from launchpad.nodes.python import NoServiceHandle
+from launchpad.process import faces
 from launchpad.process import spec as specs
 
 MODES = ('threads', 'processes')
@@ -171,18 +172,17 @@ class MultiProcessingColocation(ColocationNode):
         super().__init__(nodes, mode='processes', num_retries_on_failure=num_retries_on_failure)
 
 
-class _CoordinatorRelay:
-    """What the sub-processes of a colocation see as the program's coordinator.
+class _CoordinatorRelay(faces.NodeFaceProxy):
+    """What the sub-processes of a colocation see as the program's coordinator (its node face).
 
-    Stop requests and addresses go to the real coordinator. The sub-processes stop when the
-    program stops or when the colocation ends (`end()`). Node reports stay here, since the
-    colocation decides whether a failed inner node is restarted or fails the program.
+    Stop requests, addresses, metrics and group membership go to the real coordinator. The
+    sub-processes stop when the program stops or when the colocation ends (`end()`). Node
+    reports stay here, since the colocation decides whether a failed inner node is restarted or
+    fails the program.
     """
 
-    SERVED = ('node_started', 'node_finished', 'node_failed', 'request_stop', 'wait_for_stop',
-              'publish_address', 'lookup_address', 'report_metrics')
-
     def __init__(self, context: runtime.NodeContext):
+        super().__init__(context.coordinator)
         self._context = context
         self._ending = threading.Event()
         self._lock = threading.Lock()
@@ -191,8 +191,10 @@ class _CoordinatorRelay:
     def end(self) -> None:
         self._ending.set()
 
-    def node_started(self, name: str, pid: int, host: str, instance=None) -> None:
+    def node_started(self, name: str, pid: int, host: str,
+                     instance: Optional[str] = None) -> Optional[int]:
         del name, pid, host, instance
+        return None
 
     def node_finished(self, name: str) -> None:
         del name
@@ -211,15 +213,6 @@ class _CoordinatorRelay:
     def wait_for_stop(self, timeout: Optional[float] = None, name: Optional[str] = None) -> bool:
         del name  # the inner nodes leave with their colocation, never one by one
         return self._ending.wait(timeout)
-
-    def publish_address(self, address_id: str, endpoint: str) -> None:
-        self._context.coordinator.publish_address(address_id, endpoint)
-
-    def lookup_address(self, address_id: str, timeout: Optional[float] = None) -> Optional[str]:
-        return self._context.coordinator.lookup_address(address_id, timeout)
-
-    def report_metrics(self, name: str, snapshot: dict) -> None:
-        self._context.coordinator.report_metrics(name, snapshot)
 
 
 class _Supervisor:
@@ -240,8 +233,7 @@ class _Supervisor:
         # auth token (if it has one), which this server also reads.
         server = courier.Server(address=f'unix:{workdir}/coordinator.sock',
                                 thread_pool_size=4 * len(nodes) + 8)
-        for method in _CoordinatorRelay.SERVED:
-            server.Bind(method, getattr(self._relay, method))
+        faces.serve(self._relay, server)
         server.Start()
         self._context.stop.add_handler(self._relay.end)
         try:

@@ -153,11 +153,10 @@ def node_client(address: Address, node_name: str, client_kwargs: dict) -> courie
 
 def node_has_left(context, node_name: str) -> bool:
     """Whether the coordinator says `node_name` was removed from the program."""
-    has_left = getattr(context.coordinator, 'has_left', None)
-    if has_left is None:
+    if context.coordinator is None:
         return False
     try:
-        return bool(has_left(node_name))
+        return bool(context.coordinator.has_left(node_name))
     except Exception:  # pylint: disable=broad-except  (an older coordinator, or it is gone)
         return False
 

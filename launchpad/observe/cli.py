@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     listing = commands.add_parser('list', help='the running programs')
     listing.add_argument('--json', action='store_true', help='print JSON')
     status = commands.add_parser('status', help="every node's state, host, pid, uptime, "
-                                                'restarts, calls/s and last error')
+                                                'restarts, GPUs, cores, calls/s and last error')
     status.add_argument('program', help='id (or its start) or name of the program')
     status.add_argument('--json', action='store_true', help='print JSON')
     logs = commands.add_parser('logs', help="the nodes' output")
@@ -130,9 +130,11 @@ def _status(args) -> int:
     ended = f', ended ({view["stop_reason"]})' if view.get('ended') else ''
     print(f'{entry.name} ({entry.id}): {entry.launch_type}, launched on {entry.host} by pid '
           f'{entry.pid} {_duration(time.time() - entry.started)} ago{ended}')
-    _table(['NODE', 'STATE', 'HOST', 'PID', 'UPTIME', 'RESTARTS', 'CALLS/S', 'LAST ERROR'],
+    _table(['NODE', 'STATE', 'HOST', 'PID', 'UPTIME', 'RESTARTS', 'GPUS', 'CORES', 'CALLS/S',
+            'LAST ERROR'],
            [[row['name'], row['state'], row['host'] or '', row['pid'] or '',
-             _duration(row['uptime']), row['restarts'], f'{row["calls_per_s"]:.1f}',
+             _duration(row['uptime']), row['restarts'], row.get('devices', ''),
+             row.get('cores', ''), f'{row["calls_per_s"]:.1f}',
              (row['error'] or '').splitlines()[0] if row['error'] else '']
             for row in view['nodes']])
     return 0

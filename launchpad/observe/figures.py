@@ -1,7 +1,7 @@
 """From what nodes report to what people look at: the graph, per-node rows and per-edge rates.
 
 Pure functions over plain data, used by the observer in the launching process. Nodes report raw
-cumulative numbers (`launchpad.observe.report`): courier call tables tagged with the node that
+cumulative numbers (`launchpad.metrics`): courier call tables tagged with the node that
 owns each server or client, and the values of `lp.report` / `lp.count`. Here they are attributed
 to the program's executables (the units the coordinator tracks), a client's calls to the
 executable serving the address it called, and turned into rates between two samples.
@@ -11,12 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from launchpad.process.coordinator import Coordinator, NodeStatus
+from launchpad import runtime
+from launchpad.process.coordinator import NodeStatus
+from launchpad.process.faces import NODE_METHODS
 from launchpad.program import Program
 
-# A client calling only these, at an address no node serves, is a node's client of the
-# coordinator (the worker's reports, stop watch and lookups).
-_COORDINATOR_METHODS = frozenset(name for name in dir(Coordinator) if not name.startswith('_'))
 COORDINATOR = 'coordinator'
 
 
@@ -79,7 +78,7 @@ class Totals:
 
 def merge(reports: Iterable[Dict[str, Any]], graph: Graph, program: str,
           ignored: Iterable[str] = ()) -> Dict[str, Any]:
-    """Merges snapshots (`report.snapshot()`) of the program's processes into one.
+    """Merges snapshots (`launchpad.metrics.snapshot()`) of the program's processes into one.
 
     Returns {'servers': [{'node', 'address', 'methods', 'time'}], 'clients': [{'node', 'target',
     'address', 'methods', 'time'}], 'values': {node: {name: [kind, value, time]}}}, with every table of
@@ -108,7 +107,9 @@ def merge(reports: Iterable[Dict[str, Any]], graph: Graph, program: str,
     serving = {table['address']: table['node'] for table in servers}
     for table in clients:
         table['target'] = serving.get(table['address'])
-        if table['target'] is None and set(table['methods']) <= _COORDINATOR_METHODS:
+        # Calls of the coordinator's node face only, at an address no node serves: a node's
+        # client of the coordinator (the worker's reports, stop watch and lookups).
+        if table['target'] is None and set(table['methods']) <= NODE_METHODS:
             table['target'] = COORDINATOR
     return {'servers': servers, 'clients': clients, 'values': values}
 
@@ -157,8 +158,9 @@ def _rates(counts: Counts, before: Optional[Counts], now: float) -> None:
 
 def node_rows(status: Dict[str, NodeStatus], now_totals: Totals,
               ended_at: Dict[str, float]) -> List[Dict[str, Any]]:
-    """One row per node: name, group, state, host, pid, uptime, restarts, calls served (and
-    per second), errors (and per second), last error."""
+    """One row per node: name, group, state, host, pid, uptime, restarts, its GPUs and cores
+    (where the launcher handed them out), calls served (and per second), errors (and per
+    second), last error."""
     rows = []
     for name, node in status.items():
         counts = now_totals.served.get(name, Counts())
@@ -166,9 +168,9 @@ def node_rows(status: Dict[str, NodeStatus], now_totals: Totals,
         if node.started_at is not None:
             uptime = max(0.0, ended_at.get(name, now_totals.time) - node.started_at)
         rows.append({
-            'name': name, 'group': name.split('/')[0], 'state': node.state.value,
+            'name': name, 'group': runtime.group_of(name), 'state': node.state.value,
             'host': node.host, 'pid': node.pid, 'uptime': uptime,
-            'restarts': node.restarts,
+            'restarts': node.restarts, 'devices': node.devices, 'cores': node.cores,
             'calls': counts.calls, 'calls_per_s': counts.calls_per_s,
             'errors': counts.errors, 'errors_per_s': counts.errors_per_s,
             'error': node.error})

@@ -27,15 +27,17 @@ import secrets
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 import courier
 
-from launchpad.launch.controller import Controller
 from launchpad.observe import figures
 from launchpad.observe import registry
-from launchpad.observe import report
+from launchpad import metrics
 from launchpad.program import Program
+
+if TYPE_CHECKING:
+    from launchpad.launch.controller import Controller  # which runs beside the observer
 
 SAMPLE_INTERVAL = 1.0
 HISTORY = 600  # samples kept for the plots: ten minutes at one a second
@@ -149,7 +151,7 @@ class Observer:
         """Takes one sample of the program."""
         coordinator = self._controller.coordinator
         status = coordinator.status()
-        reports = list(coordinator.metrics().values()) + [report.snapshot(self._program)]
+        reports = list(coordinator.metrics().values()) + [metrics.snapshot(self._program)]
         ignored = [self._server.address] if self._server is not None else []
         merged = figures.merge(reports, self._graph, self._program, ignored)
         now = time.time()

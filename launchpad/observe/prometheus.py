@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, Tuple
 
 from courier import metrics as courier_metrics
 
-from launchpad.observe import report
+from launchpad import metrics
 from launchpad.process.coordinator import NodeState
 
 STATES = tuple(state.value for state in NodeState)
@@ -109,10 +109,10 @@ def _reported(core, program: str, values: Dict[str, Dict[str, list]]) -> Iterato
         for name, (kind, value, _) in sorted(reported.items()):
             family = families.get(name)
             if family is None:
-                make = (core.GaugeMetricFamily if kind == report.GAUGE
+                make = (core.GaugeMetricFamily if kind == metrics.GAUGE
                         else core.CounterMetricFamily)
                 family = families[name] = make(name, f'Reported by nodes with '
-                                                     f'lp.{"report" if kind == report.GAUGE else "count"}.',
+                                                     f'lp.{"report" if kind == metrics.GAUGE else "count"}.',
                                                labels=['program', 'node'])
             family.add_metric([program, node], value)
     yield from families.values()

@@ -1,8 +1,10 @@
 """The coordinator: the one place that knows a launched program's state.
 
 Nodes report to it (started, finished, failed), publish their endpoints to it and watch it for the
-stop signal; the controller reads it. In threads it is a plain object; for processes and remote
-hosts the launcher serves it with courier and nodes call it through a client with the same methods.
+stop signal; the controller reads it. It has two faces (`faces`): nodes call the node face, the
+controller, the runners and observers the control face. In threads nodes get a proxy with the node
+face only; for processes and remote hosts the launcher serves the node face with courier
+(`serve_coordinator`) and nodes call it through a client.
 Stop and failure therefore travel one way on every platform: a node tells the coordinator, and every
 node learns it from the coordinator.
 
@@ -23,7 +25,9 @@ import traceback
 import uuid
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from launchpad import runtime
 from launchpad.policy import NodePolicy, RestartBudget
+from launchpad.process import faces
 from launchpad.scaling import Elastic, check_size
 
 # Seconds a node keeps running without reaching its coordinator before it decides that the
@@ -60,6 +64,8 @@ class NodeStatus:
     error: Optional[str] = None
     restarts: int = 0
     started_at: Optional[float] = None  # wall-clock time the coordinator heard its run start
+    devices: str = ''  # the GPUs the launcher gave it ('none': none; '': left alone)
+    cores: str = ''    # the cores it is pinned to ('': not pinned)
 
 
 class NodeFailedError(RuntimeError):
@@ -188,7 +194,7 @@ class Coordinator:
             self._changed.notify_all()
 
     def report_metrics(self, name: str, snapshot: dict) -> None:
-        """Keeps the latest metrics executable `name` reported (`launchpad.observe.report`)."""
+        """Keeps the latest metrics executable `name` reported (`launchpad.metrics`)."""
         with self._changed:
             self._metrics[name] = snapshot
 
@@ -219,6 +225,12 @@ class Coordinator:
         with self._changed:
             self._node_addresses.update({name: list(ids) for name, ids in addresses.items()})
             self._changed.notify_all()
+
+    def set_node_resources(self, name: str, devices: str, cores: str) -> None:
+        """The GPUs and cores the launcher gave node `name` (`NodeResources.describe`)."""
+        with self._changed:
+            status = self._status(name)
+            status.devices, status.cores = devices, cores
 
     def remove_node(self, name: str) -> None:
         """Gives node `name` the stop: its stop handlers run, and it gets the notice period."""
@@ -283,7 +295,7 @@ class Coordinator:
         names = [name for name, status in self._nodes.items()
                  if name.startswith(prefix) and '+' not in name and not status.state.ended
                  and name not in self._removing]
-        return sorted(names, key=lambda name: int(name.rsplit('/', 1)[1]))
+        return sorted(names, key=lambda name: runtime.label_and_index(name)[1])
 
     def _members(self, label: str) -> List[Tuple[str, List[str]]]:
         prefix = label + '/'
@@ -471,16 +483,19 @@ class Coordinator:
 
 
 def serve_coordinator(coordinator: Coordinator, address: str, *, auth_token: Optional[str] = None,
-                      tls=None):
-    """Serves `coordinator` with courier on `address` and returns the started courier.Server.
+                      tls=None, face: type = faces.NodeFace):
+    """Serves the node face of `coordinator` (`face`: `faces.NodeFace`, or a Protocol extending
+    it) with courier on `address` and returns the started courier.Server; its control face is
+    refused there (`faces.serve`).
 
     Every node keeps a call to `wait_for_stop` open, so the server gets two threads per node and
-    some to spare, and room for nodes added while the program runs (threads start when needed). `auth_token` None reads COURIER_AUTH_TOKEN, as courier does.
+    some to spare, and room for nodes added while the program runs (threads start when needed).
+    `auth_token` None reads COURIER_AUTH_TOKEN, as courier does.
     """
     import courier  # pylint: disable=import-outside-toplevel
     server = courier.Server(address=address, auth_token=auth_token, tls=tls,
                             thread_pool_size=2 * len(coordinator.status()) + 8 + _ROOM_TO_GROW)
-    server.bind_object(coordinator)
+    faces.serve(coordinator, server, face)
     server.Start()
     return server
 

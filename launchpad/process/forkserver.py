@@ -30,6 +30,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from launchpad.process import spec
 from launchpad.process import tree
+from launchpad.resources import THREAD_VARIABLES
 
 _PRELOAD = ('launchpad', 'launchpad.process.coordinator', 'courier', 'courier.client',
             'courier.server', 'courier.transport', 'courier.transport.framed_client',
@@ -41,11 +42,13 @@ _MAX_MESSAGE = 1 << 20
 def usable_for(env_overrides: Mapping[str, str], interpreter: Optional[str]) -> bool:
     """Whether a node with these resources can be forked rather than started fresh.
 
-    A different interpreter, or variables read when an interpreter starts, need a fresh process.
+    A different interpreter, or variables read when an interpreter starts or when the libraries
+    it preloads load (thread counts of numpy's BLAS), need a fresh process.
     """
     if interpreter not in (None, sys.executable):
         return False
-    return not any(key.startswith(('PYTHON', 'LD_')) for key in env_overrides)
+    return not any(key.startswith(('PYTHON', 'LD_')) or key in THREAD_VARIABLES
+                   for key in env_overrides)
 
 
 class ForkServer:

@@ -21,6 +21,7 @@ from courier import serialization
 from launchpad.address import AddressTable
 from launchpad.policy import NodePolicy
 from launchpad.process import flags
+from launchpad.resources import NodeResources
 
 WORKER_MODULE = 'launchpad.process.worker'
 # Set to '1' in the environment of node processes that nothing contains (Slurm without cgroups):
@@ -77,6 +78,8 @@ class WorkerSpec:
       progress_deadline: seconds the node may go without progress before it counts as hung.
       stop_signal: the name of a signal (e.g. 'SIGUSR1') by which the platform warns that it
         will end the program soon (Slurm before its time limit): the program then stops.
+      resources: what the node was given (a `NodeResources`): the worker pins itself to its
+        cores, and the node reads it as `lp.get_context().resources`.
     """
     program_name: str
     launch_type: str
@@ -93,6 +96,7 @@ class WorkerSpec:
     tls: Any = None
     progress_deadline: Optional[float] = None
     stop_signal: Optional[str] = None
+    resources: Optional[NodeResources] = None
 
 
 @dataclasses.dataclass
@@ -121,7 +125,8 @@ class Packer:
 
     def spec(self, node_name: str, run: Callable[[], None], *, args: flags.FlagArgs = None,
              env: Optional[Mapping[str, str]] = None, parent_pid: Optional[int] = None,
-             cleanup_dir: Optional[str] = None) -> WorkerSpec:
+             cleanup_dir: Optional[str] = None,
+             resources: Optional[NodeResources] = None) -> WorkerSpec:
         """The spec of node `node_name` running `run`.
 
         Args:
@@ -130,15 +135,28 @@ class Packer:
             not appear on a command line).
           parent_pid: the pid the node process is a child of, if it is one of ours.
           cleanup_dir: a directory the worker removes if the launcher dies.
+          resources: what the node was given; its variables (`NodeResources.environment`) join
+            `env`.
         """
         return WorkerSpec(
             program_name=self.program_name, launch_type=self.launch_type, node_name=node_name,
             run=run, address_table=self.address_table,
             coordinator_address=self.coordinator_address, parent_pid=parent_pid,
             notice_period=self.notice_period, flags=self.flags,
-            flag_overrides=flags.overrides(args), env=dict(env or {}), cleanup_dir=cleanup_dir,
-            tls=self.tls, stop_signal=self.stop_signal,
+            flag_overrides=flags.overrides(args),
+            env={**(env or {}), **(resources.environment() if resources else {})},
+            cleanup_dir=cleanup_dir,
+            tls=self.tls, stop_signal=self.stop_signal, resources=resources,
             progress_deadline=(self.policies.get(node_name) or NodePolicy()).progress_deadline)
+
+    def admit(self, executable, policy: Optional[NodePolicy] = None, **options) -> WorkerSpec:
+        """The spec of `executable` (a `launchpad.nodes.base.Executable`), with `options` as for
+        `spec`: every platform's one step that packs a node, of the launch or added to the
+        running program; `policy` is an added node's own (the launch gives the packer all of
+        its nodes' policies at once)."""
+        if policy is not None:
+            self.policies = {**self.policies, executable.name: policy}
+        return self.spec(executable.name, executable.run, **options)
 
 
 def pickle_node(node_name: str, value: Any) -> bytes:

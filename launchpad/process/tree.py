@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+from typing import Callable, Optional
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -34,20 +35,29 @@ def end_descendants(grace: float = 1.0) -> None:
     `grace` seconds; repeated while new ones appear (a dying child may start another)."""
     import psutil  # pylint: disable=import-outside-toplevel
     me = psutil.Process()
-    for _ in range(5):
+    end_until_gone(lambda: me.children(recursive=True), grace, rounds=5)
+
+
+def end_until_gone(find: Callable[[], list], grace: Optional[float] = None,
+                   rounds: int = 5) -> None:
+    """Ends the `psutil.Process`es that `find()` returns, and again those it finds then (a dying
+    process may start another), at most `rounds` times: SIGTERM first and SIGKILL to those alive
+    `grace` seconds later, or SIGKILL at once when `grace` is None."""
+    import psutil  # pylint: disable=import-outside-toplevel
+    for _ in range(rounds):
         try:
-            found = me.children(recursive=True)
+            found = find()
         except psutil.Error:
             return
         if not found:
             return
-        for signal_them in ('terminate', 'kill'):
+        steps = [('terminate', grace)] if grace is not None else []
+        for signal_them, wait in steps + [('kill', 2.0)]:
             for process in found:
                 try:
                     getattr(process, signal_them)()
                 except psutil.Error:
                     pass
-            _, found = psutil.wait_procs(found, timeout=grace if signal_them == 'terminate'
-                                         else 2.0)
+            _, found = psutil.wait_procs(found, timeout=wait)
             if not found:
                 break

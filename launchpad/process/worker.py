@@ -32,7 +32,8 @@ import traceback
 import courier
 
 from launchpad import runtime
-from launchpad.observe import report
+from launchpad import metrics
+from launchpad.process import faces
 from launchpad.process import flags
 from launchpad.process import spec as specs
 from launchpad.process import tree
@@ -110,21 +111,19 @@ def _hung(coordinator, spec: WorkerSpec, launcher_lost: threading.Event, name: s
     _exit_now(1, spec, launcher_lost)
 
 
-class _Reports:
-    """The coordinator as the worker's threads report to it, remembering whether the node
-    reported a failure (a node that failed must not end with exit code 0, which a platform that
-    only sees exit codes, Kubernetes, would take for success)."""
+class _CoordinatorClient(faces.NodeFaceProxy):
+    """The node face of the coordinator as the worker's threads call it (through a courier
+    client), remembering whether the node reported a failure (a node that failed must not end
+    with exit code 0, which a platform that only sees exit codes, Kubernetes, would take for
+    success)."""
 
-    def __init__(self, coordinator):
-        self._coordinator = coordinator
+    def __init__(self, client: courier.Client):
+        super().__init__(client)
         self.failed = False
 
-    def node_failed(self, *args) -> None:
+    def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
         self.failed = True
-        self._coordinator.node_failed(*args)
-
-    def __getattr__(self, name: str):
-        return getattr(self._coordinator, name)
+        super().node_failed(name, message, traceback_text)
 
 
 def _report(method, *args) -> None:
@@ -204,18 +203,24 @@ def _run(spec_path: str) -> int:
         _report_unloadable(e)
         raise
     tree.become_subreaper()
-    label, index = spec.node_name.rsplit('/', 1)
+    if spec.resources is not None and spec.resources.cores is not None:
+        if hasattr(os, 'sched_setaffinity'):
+            os.sched_setaffinity(0, spec.resources.cores)  # before the node starts any thread
+        else:
+            logging.warning('%s: this system cannot pin a process to cores; it runs on any.',
+                            spec.node_name)
+    label, index = runtime.label_and_index(spec.node_name)
     context = runtime.NodeContext(
         launch_type=spec.launch_type, program_name=spec.program_name, label=label,
-        index=int(index) if index.isdigit() else 0, address_table=spec.address_table, stop=None,
+        index=index, address_table=spec.address_table, stop=None,
         notice_period=spec.notice_period, tls=spec.tls,
-        progress_deadline=spec.progress_deadline)
+        progress_deadline=spec.progress_deadline, resources=spec.resources)
     tls = context.tls_for(spec.coordinator_address)
     # The start waits for a busy coordinator; everything later fails at once when it is gone, so
     # that a node whose launcher died ends within seconds.
     starting = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=True,
                               tls=tls)
-    coordinator = _Reports(courier.Client(spec.coordinator_address, call_timeout=30.0,
+    coordinator = _CoordinatorClient(courier.Client(spec.coordinator_address, call_timeout=30.0,
                                           wait_for_ready=False, tls=tls))
     # Address lookups wait for servers to come up, longer than other calls may take.
     table = spec.address_table
@@ -225,8 +230,8 @@ def _run(spec_path: str) -> int:
     stop = runtime.StopSignal(coordinator.request_stop)
     context.stop, context.coordinator = stop, coordinator
     runtime.set_process_context(context)
-    report.start_reporting(spec.node_name, courier.Client(
-        spec.coordinator_address, call_timeout=report.REPORT_TIMEOUT, wait_for_ready=False,
+    metrics.start_reporting(spec.node_name, courier.Client(
+        spec.coordinator_address, call_timeout=metrics.REPORT_TIMEOUT, wait_for_ready=False,
         tls=tls))
     launcher_lost = threading.Event()
     done = threading.Event()

@@ -1,5 +1,6 @@
 """Long runs on threads and local processes: restarts, drops, hangs, fast stops and process trees
 (the programs are in tests/failure_programs.py; tests/launch runs them on the other platforms)."""
+import functools
 import os
 import random
 import signal
@@ -10,6 +11,7 @@ import time
 import pytest
 
 import launchpad as lp
+from launchpad.launch.controller import Runner
 from tests import failure_checks as checks
 from tests import failure_programs as programs
 from tests.core.conftest import script_env, wait_until
@@ -151,7 +153,8 @@ def test_processes_a_node_started_end_when_its_launcher_is_killed():
 def test_a_launcher_that_cannot_restart_fails_the_node_saying_so():
     program = programs.restart_program(crash=True)
     controller = lp.launch(program, launch_type='test_mt')
-    controller._runner.restart = None  # pylint: disable=protected-access  (no restart method)
+    runner = controller._runner  # pylint: disable=protected-access
+    runner.restart = functools.partial(Runner.restart, runner)  # a platform that cannot restart
     with pytest.raises(lp.NodeFailedError) as failure:
         controller.wait(timeout=60)
     assert failure.value.node_name == 'worker/0'

@@ -21,7 +21,6 @@ import pytest
 from hypothesis import configuration as hypothesis_configuration
 
 import courier
-from courier import transport
 from courier.transport import _here
 from courier.transport import frames
 from tests.leftovers import no_new_children
@@ -129,8 +128,18 @@ def transport_kind(request, monkeypatch) -> str:
 
 
 def speak_grpc(monkeypatch) -> None:
-    """Makes this process's clients of TCP addresses speak gRPC (the servers' gRPC service)."""
-    monkeypatch.setattr(transport, 'tcp_protocol', 'grpc')
+    """Makes the test's ``courier.Client(...)`` of a TCP address (or of a callable one) speak
+    gRPC, the servers' gRPC service: ``protocol='grpc'`` unless the test passes another."""
+    monkeypatch.setattr(courier, 'Client', _GrpcClient)
+
+
+class _GrpcClient(courier.Client):
+    """A ``courier.Client`` whose ``protocol`` defaults to 'grpc' unless its address is unix:."""
+
+    def __init__(self, server_address, *args, protocol=None, **kwargs):
+        unix = isinstance(server_address, str) and server_address.startswith('unix:')
+        super().__init__(server_address, *args, protocol=protocol or (None if unix else 'grpc'),
+                         **kwargs)
 
 
 @pytest.fixture

@@ -101,13 +101,28 @@ def test_cancelled_call_waiting_for_its_server_never_runs(make_server, address):
     assert recorded == ['after', 'future']
 
 
+def _serve_sleep_saying_it_started(make_server, address: str):
+    """A started server whose ``sleep`` releases the returned semaphore as each call begins."""
+    started = threading.Semaphore(0)
+
+    def sleep(seconds: float) -> str:
+        started.release()
+        time.sleep(seconds)
+        return 'slept'
+
+    server = make_server(address=address)
+    server.Bind('sleep', sleep)
+    server.Start()
+    return server, started
+
+
 def test_server_stopping_during_calls(make_server, address, kind):
-    server = serve_add_and_sleep(make_server, address)
+    server, started = _serve_sleep_saying_it_started(make_server, address)
     client = courier.Client(address, wait_for_ready=False)
     future = client.futures.sleep(2)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         blocking = pool.submit(client.sleep, 2)
-        time.sleep(0.3)
+        assert started.acquire(timeout=30) and started.acquire(timeout=30)
         server.Stop()
         with pytest.raises(courier.ServerUnavailableError, match="'sleep'"):
             future.result(timeout=10)
@@ -118,12 +133,12 @@ def test_server_stopping_during_calls(make_server, address, kind):
 
 
 def test_graceful_stop_lets_calls_in_flight_answer(make_server, address, kind):
-    server = serve_add_and_sleep(make_server, address)
+    server, started = _serve_sleep_saying_it_started(make_server, address)
     client = courier.Client(address, call_timeout=20)
     future = client.futures.sleep(0.3)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         blocking = pool.submit(client.sleep, 0.3)
-        time.sleep(0.1)
+        assert started.acquire(timeout=30) and started.acquire(timeout=30)
         server.Stop(grace=5)
         assert future.result() == 'slept' and blocking.result() == 'slept'
 

@@ -28,9 +28,7 @@ server.Start()
 client = courier.Client(server.address, call_timeout=30)
 assert client.add(1, 2) == 3 and client.futures.add(3, 4).result() == 7
 print('grpc' in sys.modules)
-from courier import transport
-transport.tcp_protocol = 'grpc'
-assert courier.Client(server.address, call_timeout=30).add(5, 6) == 11
+assert courier.Client(server.address, call_timeout=30, protocol='grpc').add(5, 6) == 11
 server.Stop()
 print('grpc' in sys.modules)
 '''

@@ -83,6 +83,26 @@ def test_every_manifest_validates_strictly_with_every_option():
     assert _spec_of(documents, 'pc-queue-0').flag_overrides == ['--learning_rate=0.1']
 
 
+def test_lp_resources_map_to_pod_requests():
+    documents = _documents(kubernetes_programs.producer_consumer(), name='pc', resources={
+        'queue': lp.Resources(cpus=2, gpus=1, memory='4G'),
+        'producer': lp.Resources(gpus=0)})
+    _validate(documents)
+    pods = {d['metadata']['name']: d['spec']['containers'][0] for d in _by_kind(documents, 'Pod')}
+    assert pods['pc-queue-0']['resources'] == {
+        'requests': {'cpu': '2', 'memory': '4096Mi'},
+        'limits': {'memory': '4096Mi', 'nvidia.com/gpu': '1'}}
+    producer = pods['pc-producer-0']
+    assert 'resources' not in producer
+    assert {'name': 'CUDA_VISIBLE_DEVICES', 'value': ''} in producer['env']  # sees no GPU
+    assert lp.KubernetesResources.from_resources(
+        lp.Resources(gpus=2), node_selector={'pool': 'gpu'}) == lp.KubernetesResources(
+            gpus=2, node_selector={'pool': 'gpu'})
+    with pytest.raises(ValueError, match='share of a GPU, which Kubernetes does not allocate'):
+        _documents(kubernetes_programs.producer_consumer(),
+                   resources={'queue': lp.Resources(gpus=0.25)})
+
+
 def test_every_object_is_labelled_and_pods_have_stable_dns_names():
     documents = _documents(kubernetes_programs.producer_consumer(), name='pc')
     _validate(documents)

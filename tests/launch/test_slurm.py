@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 import launchpad as lp
+from launchpad.launch.slurm.launcher import SlurmLauncher
 from launchpad.launch.slurm.script import batch_script, plan
 
 from tests.core.conftest import script_env, wait_until
@@ -186,6 +187,31 @@ def test_gpus_memory_and_partition_map_to_sbatch_and_srun_options(tmp_path):
     assert all(step.endswith(f'{tmp_path}/{index}.spec &') for index, step in enumerate(steps))
 
 
+def test_lp_resources_map_to_the_same_sbatch_and_srun_options(tmp_path):
+    program = actor_learner(actors=2)
+    options = lp.LaunchOptions('slurm', resources={
+        'learner': lp.Resources(cpus=4, gpus=2, memory='8G'),
+        'actor': lp.Resources(cpus=1, gpus=0)})
+    SlurmLauncher().check(program, options)  # as lp.launch does
+    assert options.resources['learner'] == lp.SlurmResources(cpus=4, gpus=2, mem='8192M')
+    assert options.resources['actor'].env == {'CUDA_VISIBLE_DEVICES': '',
+                                              'HIP_VISIBLE_DEVICES': ''}  # sees no GPU
+    components = plan(lp.executables_of(program, options), options.resources, str(tmp_path))
+    script = batch_script('actor-learner', components, str(tmp_path),
+                          {index: f'{index}.spec' for index in range(3)})
+    header = [line for line in script.splitlines() if line.startswith('#SBATCH')]
+    assert header == [
+        '#SBATCH --ntasks=1', '#SBATCH --cpus-per-task=4', '#SBATCH --mem-per-cpu=2048M',
+        '#SBATCH --gpus-per-task=2', '#SBATCH hetjob', '#SBATCH --ntasks=2',
+        '#SBATCH --cpus-per-task=1']
+    # With fields of Slurm's own, and a share of a GPU, which Slurm does not allocate.
+    assert lp.SlurmResources.from_resources(lp.Resources(gpus=1), partition='gpu') == \
+        lp.SlurmResources(gpus=1, partition='gpu')
+    with pytest.raises(ValueError, match='share of a GPU, which Slurm does not allocate'):
+        SlurmLauncher().check(program, lp.LaunchOptions('slurm', resources={
+            'actor': lp.Resources(gpus=0.5)}))
+
+
 def test_groups_with_equal_resources_share_one_component(tmp_path):
     program = producer_consumer('unused', producers=3)
     options = lp.LaunchOptions('slurm', resources={})
@@ -329,7 +355,8 @@ def test_resources_are_checked_when_written():
 
 def test_wrong_resources_type_and_unknown_options_are_named(tmp_path):
     program = two_groups(serve_until_stopped)
-    with pytest.raises(TypeError, match="SlurmResources; group 'worker' got PythonProcess"):
+    with pytest.raises(TypeError,
+                       match="SlurmResources or lp.Resources; group 'worker' got PythonProcess"):
         launch(program, tmp_path, resources={'worker': lp.PythonProcess()})
     with pytest.raises(TypeError, match="Unknown option\\(s\\) \\['partition'\\]"):
         launch(program, tmp_path, partition='debug')

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 from launchpad.launch.kubernetes import names
+from launchpad.resources import Resources
 
 
 @dataclasses.dataclass
@@ -32,6 +33,14 @@ class KubernetesResources:
     tolerations: Sequence[Mapping[str, Any]] = ()
     env: Mapping[str, Union[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
     args: Union[Mapping[str, object], Sequence[str], None] = None
+
+    @classmethod
+    def from_resources(cls, resources: Resources, **fields: Any) -> 'KubernetesResources':
+        """The pod request of an `lp.Resources` (cpu, memory, whole GPUs), with `fields` of its
+        own (node_selector, tolerations, ...): what a group given `lp.Resources` gets."""
+        own = resources.platform_fields('Kubernetes', cpus='cpu', gpus='gpus', memory='memory',
+                                        mib='Mi')
+        return cls(**{**own, **fields, 'env': {**own['env'], **fields.get('env', {})}})
 
     def to_container_resources(self) -> Dict[str, Dict[str, str]]:
         """The node container's `resources` (requests and limits; empty ones left out)."""

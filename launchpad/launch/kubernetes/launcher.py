@@ -24,9 +24,9 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from launchpad.launch.controller import Controller
+from launchpad.launch.controller import Controller, Runner
 from launchpad.launch.kubernetes.api import AlreadyExists, KubernetesApi, terminated
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
 from launchpad.launch.kubernetes.manifests import LaunchPlan, grace_period, plan_launch, to_yaml
@@ -36,6 +36,7 @@ from launchpad.launch.launcher import LaunchOptions, Launcher
 from launchpad.process.coordinator import Coordinator
 from launchpad.process.output import copy_lines, prefix_for
 from launchpad.program import Program
+from launchpad.resources import Resources
 
 _IMAGE_PULL_FAILURES = ('ErrImagePull', 'ImagePullBackOff', 'InvalidImageName',
                         'ErrImageNeverPull')
@@ -48,11 +49,17 @@ class KubernetesLauncher(Launcher):
     """Runs every executable in a pod of a Kubernetes cluster (see the package docstring)."""
 
     foreground = True
-    resource_types = (KubernetesResources,)
+    resource_types = (KubernetesResources, Resources)
     terminals = ('current_terminal',)  # pod logs stream here; read them with kubectl otherwise
     options = KubernetesConfig
     tls_refusal = ('encrypt pod-to-pod traffic with your cluster\'s network policy or service mesh '
                    '(calls still carry the program\'s auth token).')
+
+    def group_resources(self, label: str, resources) -> KubernetesResources:
+        """An `lp.Resources` as the pod request it maps to."""
+        if isinstance(resources, Resources):
+            return KubernetesResources.from_resources(resources)
+        return resources
 
     def __init__(self, api_factory: Optional[Callable[[KubernetesConfig], Any]] = None):
         self._api_factory = api_factory or (
@@ -109,7 +116,8 @@ def _delete(api, documents: Sequence[Mapping[str, Any]], when: str) -> None:
 
 
 def program_to_manifests(program: Program, *, image: str, path: Optional[str] = None,
-                         resources: Optional[Mapping[str, KubernetesResources]] = None,
+                         resources: Optional[Mapping[str, Union[KubernetesResources,
+                                                                 Resources]]] = None,
                          notice_period: float = 10.0, **options) -> str:
     """The YAML of the objects that run `program` on Kubernetes (written to `path` if given).
 
@@ -133,9 +141,9 @@ def program_to_manifests(program: Program, *, image: str, path: Optional[str] = 
     return text
 
 
-class PodRunner:
-    """Follows the program's pods through the API for the controller (a `controller.Runner`),
-    and restarts a node by creating its pod again.
+class PodRunner(Runner):
+    """Follows the program's pods through the API for the controller, and restarts a node by
+    creating its pod again.
 
     It reports what the pods show to `mirror`, the launcher's own view of the program's state: the
     program's coordinator runs in its pod, which the launcher may not be able to reach.
@@ -164,13 +172,17 @@ class PodRunner:
         # pending_timeout after the kill was due, should their leave pod never run).
         self._kill_later: Dict[str, float] = {}
 
+    def check_add(self, label: str) -> None:
+        """Any group of an attached launch can grow."""
+        if self._config.detach:
+            raise NotImplementedError('a detached Kubernetes launch cannot add nodes: no '
+                                      'launcher stays to create their pods')
+
     def add_executable(self, label: str, executable, policy) -> None:
         """Creates the pod of a node added to the running program, made as the launch made its
         pods (labels, owner, DNS name, image, env, token; `LaunchPlan.add_node`); its first init
         container joins it to the coordinator pod before the node starts."""
-        if self._config.detach:
-            raise NotImplementedError('A detached Kubernetes launch cannot add nodes: no '
-                                      'launcher stays to create their pods.')
+        self.check_add(label)
         created: List[Mapping[str, Any]] = []
         try:
             _create_owned(self._api, self._plan,

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import courier
 
+from launchpad import runtime
 from launchpad.address import AddressTable
 from launchpad.launch.kubernetes import names
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
@@ -74,21 +75,16 @@ class LaunchPlan:
         growth = self.growth
         if growth is None:
             raise RuntimeError(f'Launch {self.run} cannot grow: it was not planned to.')
-        index = executable.name.rsplit('/', 1)[1]
+        index = runtime.label_and_index(executable.name)[1]
         pod = _PodPlan(f'{self.run}-{growth.slug(label)}-{index}', executable.name, label,
                        len(executable.addresses))
         endpoints = {address.id: f'{pod.name}.{growth.domain}:{growth.port + j}'
                      for j, address in enumerate(executable.addresses)}
-        packer = growth.packer
-        packer.address_table.static.update(endpoints)
-        packer.policies = {**packer.policies, executable.name: policy}
-        group = growth.resources.get(label) or KubernetesResources()
-        pod.spec = _pack(packer, executable, group)
-        configmaps = growth.builder.spec_configmaps(pod)
-        joining = names.Joining(executable.name, policy.to_json(), endpoints)
-        documents = configmaps + [growth.builder.node_pod(
-            pod, group, [c['metadata']['name'] for c in configmaps], growth.coordinator_host,
-            joining=joining)]
+        growth.packer.address_table.static.update(endpoints)
+        documents = _node_documents(
+            growth.builder, growth.packer, pod, executable,
+            growth.resources.get(label) or KubernetesResources(), growth.coordinator_host,
+            policy, names.Joining(executable.name, policy.to_json(), endpoints))
         self.documents += documents
         self.node_pods[executable.name] = pod.name
         self.policies[executable.name] = policy
@@ -149,9 +145,22 @@ def _new_slug(label: str, slugs: Mapping[str, str], limit: int) -> str:
     return slug
 
 
-def _pack(packer: specs.Packer, executable, group: KubernetesResources) -> bytes:
+def _node_documents(builder: '_ManifestBuilder', packer: specs.Packer, pod: _PodPlan, executable,
+                    group: KubernetesResources, coordinator_host: str,
+                    policy: Optional[NodePolicy] = None,
+                    joining: Optional[names.Joining] = None) -> List[Dict[str, Any]]:
+    """The spec ConfigMaps and the Pod of one node: every node's one packing step, at launch or
+    added to the running program (`policy`: an added node's; `joining`: how it joins)."""
+    pod.spec = _pack(packer, executable, group, policy)
+    configmaps = builder.spec_configmaps(pod)
+    return configmaps + [builder.node_pod(pod, group, [c['metadata']['name'] for c in configmaps],
+                                          coordinator_host, joining=joining)]
+
+
+def _pack(packer: specs.Packer, executable, group: KubernetesResources,
+          policy: Optional[NodePolicy]) -> bytes:
     """The executable's packed spec, refused if too large for the ConfigMaps it may take."""
-    spec = specs.pack(packer.spec(executable.name, executable.run, args=group.args))
+    spec = specs.pack(packer.admit(executable, policy, args=group.args))
     if math.ceil(len(spec) / SPEC_CHUNK_BYTES) > MAX_SPEC_CHUNKS:
         raise ValueError(
             f'Node {executable.name} is {len(spec) / 2**20:.1f} MiB once pickled; '
@@ -210,10 +219,11 @@ def plan_launch(program: Program, options: LaunchOptions, *,
         policies = {name: policy.without_restarts() for name, policy in policies.items()}
     packer = specs.Packer(program.name, options.launch_type, AddressTable(static=static),
                           coordinator_address, notice_period=notice_period, policies=policies)
-    for plan, (label, executable) in zip(pods, executables):
-        plan.spec = _pack(packer, executable, resources.get(label) or KubernetesResources())
-
     builder = _ManifestBuilder(program, config, run, notice_period)
+    node_documents = [
+        _node_documents(builder, packer, plan, executable,
+                        resources.get(label) or KubernetesResources(), coordinator_host)
+        for plan, (label, executable) in zip(pods, executables)]
     pod_of = {'coordinator': coordinator_pod, **{p.node_name: p.name for p in pods}}
     documents = [builder.root(pod_of), builder.secret(), builder.service()]
     if config.create_rbac:
@@ -222,12 +232,8 @@ def plan_launch(program: Program, options: LaunchOptions, *,
                  for node in program.get_all_nodes()}
     documents.append(builder.coordinator_pod(coordinator_pod, [p.node_name for p in pods],
                                              policies, addresses))
-    for plan in pods:
-        group = resources.get(plan.label) or KubernetesResources()
-        configmaps = builder.spec_configmaps(plan)
-        documents += configmaps
-        documents.append(builder.node_pod(plan, group, [c['metadata']['name'] for c in configmaps],
-                                          coordinator_host))
+    for documents_of_node in node_documents:
+        documents += documents_of_node
     growth = _Growth(packer, builder, slugs, domain, coordinator_host, config.port, len(run),
                      resources)
     return LaunchPlan(run=run, namespace=config.namespace, documents=documents,

@@ -37,12 +37,13 @@ import socket
 import sys
 import threading
 import time
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Protocol, Sequence
 
 from launchpad.launch.kubernetes import names
 from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, terminated
 from launchpad.policy import NodePolicy
 from launchpad.process import coordinator as coordination
+from launchpad.process import faces
 from launchpad.process.coordinator import Coordinator
 
 
@@ -67,7 +68,7 @@ def wait_for(host: str, port: int, limit: float,
 def leave(host: str, port: int, limit: float, node: str) -> None:
     """Tells the coordinator at HOST:PORT that `node` is removed from the program."""
     wait_for(host, port, limit)
-    _coordinator(host, port).remove_node(node)
+    _coordinator(host, port).leave(node)
     print(f'told the coordinator that {node} leaves the program', flush=True)
 
 
@@ -84,8 +85,20 @@ def join_parts(source: str, target: str) -> None:
                 out.write(f.read())
 
 
+class PodFace(faces.NodeFace, Protocol):
+    """What the pods of a program call: the node face, and the joining and leaving of nodes
+    (the launcher may not reach the coordinator pod, its pods can)."""
+
+    def join(self, name: str, policy: dict, endpoints: Dict[str, str]) -> None:
+        """Node `name`, added to the running program, joins it."""
+
+    def leave(self, name: str) -> None:
+        """Node `name` is removed from the program."""
+
+
 class PodCoordinator(Coordinator):
-    """The coordinator of a program on Kubernetes: says in its log which node failed and why."""
+    """The coordinator of a program on Kubernetes (it serves `PodFace`): says in its log which
+    node failed and why."""
 
     def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
         print(f'node {name} failed: {message}', flush=True)
@@ -103,6 +116,10 @@ class PodCoordinator(Coordinator):
             self.publish_address(address_id, endpoint)
         self.set_node_addresses({name: list(endpoints)})
 
+    def leave(self, name: str) -> None:
+        """Node `name` is removed from the program (a leave pod calls this)."""
+        self.remove_node(name)
+
     def request_size(self, label: str, size: int) -> None:
         """A node's `lp.resize`: said in this pod's log, where the attached launcher reads it
         (it adds and removes the pods; nothing here can)."""
@@ -116,7 +133,8 @@ def run_coordinator(settings: names.CoordinatorSettings) -> None:
     coordinator = PodCoordinator(settings.nodes, policies={
         name: NodePolicy.from_json(policy) for name, policy in settings.policies.items()})
     coordinator.set_node_addresses(settings.addresses)
-    server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}')
+    server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}',
+                                            face=PodFace)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(
         target=coordinator.request_stop, args=('the coordinator pod was deleted',)).start())
     print(f'serving the coordinator of {len(settings.nodes)} nodes on port {settings.port}',

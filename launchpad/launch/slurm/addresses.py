@@ -1,8 +1,7 @@
 """Which address a server binds inside a Slurm job: `NodeAddressTable`, and this host's address
 towards a peer.
 
-The table is pickled into every node's spec, so this module is imported in every job step; it
-needs nothing but the standard library and launchpad.address, so that steps start fast. The
+The table is pickled into every node's spec, so this module is imported in every job step. The
 launcher and the in-job driver use the same helpers to choose the coordinator's address.
 """
 from __future__ import annotations
@@ -10,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import socket
 from typing import Callable, Union
+
+from courier.transport import tcp_address
 
 from launchpad.address import Address, AddressTable
 
@@ -28,7 +29,7 @@ class NodeAddressTable(AddressTable):
     def bind_target(self, address: Address) -> str:
         if address.id in self.published:
             coordinator = self.coordinator() if callable(self.coordinator) else self.coordinator
-            return endpoint(local_address(coordinator.rsplit(':', 1)[0].strip('[]')), 0)
+            return tcp_address(local_address(coordinator.rsplit(':', 1)[0].strip('[]')), 0)
         return super().bind_target(address)
 
 
@@ -39,7 +40,3 @@ def local_address(peer: str) -> str:
         probe.connect(sockaddr)
         return probe.getsockname()[0]
 
-
-def endpoint(host: str, port: int) -> str:
-    """'host:port', with an IPv6 host in brackets."""
-    return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'

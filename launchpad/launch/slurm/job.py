@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
+from courier.transport import tcp_address
+
 from launchpad.launch.slurm import addresses
 
 # The state of each component of a job, and why it waits: [(state, reason)], as squeue says.
@@ -85,7 +87,7 @@ def coordinator_bind_endpoint(host: Optional[str] = None) -> str:
     """Where the program's coordinator binds: `host` (by default the address this machine uses to
     reach the Slurm controller, which the compute nodes can reach too), on a port the kernel
     picks."""
-    return addresses.endpoint(host or addresses.local_address(controller_host()), 0)
+    return tcp_address(host or addresses.local_address(controller_host()), 0)
 
 
 def states(job_id: str) -> Optional[States]:

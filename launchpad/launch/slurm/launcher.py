@@ -51,6 +51,7 @@ from launchpad.launch.controller import Controller
 from launchpad.launch.launcher import Launcher, LaunchOptions, executables_of, policies_of
 from launchpad.launch.slurm import addresses, job, script, shared
 from launchpad.launch.slurm.resources import SlurmResources
+from launchpad.resources import Resources
 from launchpad.launch.slurm.steps import StepRunner
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import Coordinator, serve_coordinator
@@ -117,10 +118,16 @@ class SlurmLauncher(Launcher):
     """Runs a program as one Slurm job (see the module docstring; options: `SlurmOptions`)."""
 
     foreground = True
-    resource_types = (SlurmResources,)
+    resource_types = (SlurmResources, Resources)
     # Node output goes to files, streamed here (current_terminal) or not (output_to_files).
     terminals = ('current_terminal', 'output_to_files')
     options = SlurmOptions
+
+    def group_resources(self, label: str, resources) -> SlurmResources:
+        """An `lp.Resources` as the Slurm request it maps to."""
+        if isinstance(resources, Resources):
+            return SlurmResources.from_resources(resources)
+        return resources
 
     def launch(self, program: Program, options: LaunchOptions) -> SlurmController:
         settings, terminal = options.settings, options.terminal
@@ -168,12 +175,7 @@ class SlurmLauncher(Launcher):
                 program.name, options.launch_type, table, coordinator_address,
                 notice_period=options.notice_period, tls=options.tls, policies=policies,
                 stop_signal=script.WARNING_SIGNAL if settings.stop_before_time_limit else None)
-            spec_paths = {}
-            for step in steps:
-                spec_paths[step.index] = os.path.join(run_dir, f'{step.index}.spec')
-                specs.write(packer.spec(step.executable.name, step.executable.run,
-                                        args=step.resources.args, env=step.resources.env),
-                            spec_paths[step.index])
+            spec_paths = {step.index: _write_spec(packer, run_dir, step) for step in steps}
             script_path = os.path.join(run_dir, 'job.sh')
             with open(script_path, 'w') as f:
                 f.write(script.batch_script(
@@ -220,6 +222,15 @@ class SlurmLauncher(Launcher):
         return SlurmController(program.name, coordinator, runner, launch_type=options.launch_type,
                                notice_period=options.notice_period, job_id=job_id, log_dir=log_dir,
                                auth_token=token)
+
+
+def _write_spec(packer: specs.Packer, run_dir: str, step: script.Step, policy=None) -> str:
+    """Writes the spec file of `step`'s node (`policy`: an added node's) into the run directory
+    and returns its path: every node's one packing step, at launch or added later."""
+    path = os.path.join(run_dir, f'{step.index}.spec')
+    specs.write(packer.admit(step.executable, policy, args=step.resources.args,
+                             env=step.resources.env), path)
+    return path
 
 
 class _GrowingStepRunner(StepRunner):
@@ -270,9 +281,11 @@ class _GrowingStepRunner(StepRunner):
             self._follow_additional_jobs()
         return dict(self._codes)
 
-    def add_executable(self, label: str, executable, policy) -> None:
-        """Runs the node as a new step: in the allocation if its component has a free task, in
-        an additional job otherwise (`Runner.add_executable`)."""
+    def check_add(self, label: str) -> None:
+        """Only groups the job was planned with can grow."""
+        self._component_number(label)
+
+    def _component_number(self, label: str) -> int:
         group = self._resources.get(label) or SlurmResources()
         key = script.component_key(label, group)
         numbers = [n for n, c in enumerate(self._components)
@@ -280,7 +293,13 @@ class _GrowingStepRunner(StepRunner):
         if not numbers:
             raise ValueError(f'Group {label!r} was not in the program when it was launched, so '
                              'the Slurm job has no room for it; add nodes to groups it had.')
-        number = numbers[0]
+        return numbers[0]
+
+    def add_executable(self, label: str, executable, policy) -> None:
+        """Runs the node as a new step: in the allocation if its component has a free task, in
+        an additional job otherwise."""
+        group = self._resources.get(label) or SlurmResources()
+        number = self._component_number(label)
         component = self._components[number]
         busy = sum(1 for name, n in self._component_of.items()
                    if n == number and self._codes.get(name) is None)
@@ -290,10 +309,7 @@ class _GrowingStepRunner(StepRunner):
         step = script.Step(index, executable, group, log)
         self._packer.address_table.published.update(
             {address.id: '<node address>:0' for address in executable.addresses})
-        self._packer.policies = {**self._packer.policies, executable.name: policy}
-        spec_path = os.path.join(self._run_dir, f'{index}.spec')
-        specs.write(self._packer.spec(executable.name, executable.run, args=group.args,
-                                      env=group.env), spec_path)
+        spec_path = _write_spec(self._packer, self._run_dir, step, policy)
         waits = _restart_waits([step], {executable.name: policy})
         if busy >= len(component.steps) + component.spare:
             self._submit_additional(step, spec_path, waits)

@@ -1,15 +1,17 @@
 """`SlurmResources`: what each node of a group gets on a Slurm cluster, as sbatch and srun options.
 
-Written by the user and read on the launching machine, where the launcher turns it into the batch
-script's options (see script.py).
+Written by the user (or made from an `lp.Resources` by `SlurmResources.from_resources`) and read
+on the launching machine, where the launcher turns it into the batch script's options (see
+script.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import re
-from typing import List, Mapping, Optional, Sequence, Union
+from typing import Any, List, Mapping, Optional, Sequence, Union
 
+from launchpad.resources import Resources
 _MEM_UNITS = {'K': 1 / 1024, 'M': 1, 'G': 1024, 'T': 1024 * 1024}
 
 
@@ -66,6 +68,13 @@ class SlurmResources:
                                  '(write "--qos=high", not "--qos high").')
         if self.gpu_type is not None and not self.gpus:
             raise ValueError(f'SlurmResources(gpu_type={self.gpu_type!r}) needs gpus >= 1.')
+
+    @classmethod
+    def from_resources(cls, resources: Resources, **fields: Any) -> 'SlurmResources':
+        """The Slurm request of an `lp.Resources` (cpus, gpus and memory per executable), with
+        `fields` of its own (partition, gpu_type, ...): what a group given `lp.Resources` gets."""
+        own = resources.platform_fields('Slurm', cpus='cpus', gpus='gpus', memory='mem', mib='M')
+        return cls(**{**own, **fields, 'env': {**own['env'], **fields.get('env', {})}})
 
     def per_task_options(self) -> List[str]:
         """The options that size one executable (CPUs, memory, GPUs).

@@ -13,14 +13,15 @@ import signal
 import time
 from typing import Callable, Dict, Optional, Sequence
 
+from launchpad.launch.controller import Runner
 from launchpad.launch.slurm import job, shared
 from launchpad.process.coordinator import Coordinator
 
 _JOB_POLL = 1.0  # seconds between squeue calls while the program runs
 
 
-class StepRunner:
-    """The controller's `Runner` for the steps of one Slurm job.
+class StepRunner(Runner):
+    """The controller's runner for the steps of one Slurm job.
 
     A step's exit code comes from the file the batch script writes when its `srun` returns; a step
     that ends with a non-zero code without having reported a failure fails with the end of its

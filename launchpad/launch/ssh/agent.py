@@ -33,6 +33,8 @@ from typing import Any, Dict, Optional, Sequence
 from launchpad.launch.ssh import protocol
 from launchpad.process import forkserver
 from launchpad.process import spec as specs
+from launchpad.process import tree
+from launchpad.process.devices import Inventory
 
 
 def main() -> None:
@@ -59,7 +61,8 @@ def main() -> None:
         agent.announce(event='hello', hostname=socket.gethostname(), python=sys.version_info[:2],
                        spec_fields=protocol.spec_fields(), launchpad=_launchpad_directory(),
                        directory=agent.directory, workdir_ok=not workdir or os.path.isdir(workdir),
-                       ssh_connection=os.environ.get('SSH_CONNECTION', ''))
+                       ssh_connection=os.environ.get('SSH_CONNECTION', ''),
+                       devices=Inventory.discover(socket.gethostname()).to_json())
         agent.serve()
     finally:
         agent.close()
@@ -260,17 +263,7 @@ def _node_processes(directory: str, markers: Optional[set] = None) -> list:
 
 def _kill_nodes(markers: Optional[set], directory: str = '') -> None:
     """Kills the processes of the given nodes, children included, until none is left."""
-    import psutil  # pylint: disable=import-outside-toplevel
-    for _ in range(10):
-        processes = _node_processes(directory, markers)
-        if not processes:
-            return
-        for process in processes:
-            try:
-                process.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(processes, timeout=2.0)
+    tree.end_until_gone(lambda: _node_processes(directory, markers), rounds=10)
 
 
 if __name__ == '__main__':

@@ -8,6 +8,8 @@ import dataclasses
 import shlex
 from typing import Any, Iterable, List, Mapping, Optional, Sequence, Union
 
+from launchpad.resources import Resources
+
 
 @dataclasses.dataclass(frozen=True)
 class SshHost:
@@ -84,9 +86,15 @@ class SshHosts:
 
     `SshHosts(['a', 'b'], python='/opt/venv/bin/python')` applies the keyword arguments (fields of
     `SshHost`) to every host given by name; hosts given as `SshHost` are used as they are.
+    `resources=lp.Resources(gpus=1, cpus=4)` gives each node of the group its own GPUs and cores
+    of the host it runs on.
     """
 
-    def __init__(self, hosts: Iterable[Union[SshHost, str]], **options: Any):
+    def __init__(self, hosts: Iterable[Union[SshHost, str]], *,
+                 resources: Optional[Resources] = None, **options: Any):
+        if resources is not None and not isinstance(resources, Resources):
+            raise TypeError(f'SshHosts(resources=...) takes an lp.Resources, got {resources!r}.')
+        self.resources = resources
         if isinstance(hosts, (str, SshHost)):
             hosts = [hosts]
         self.hosts: List[SshHost] = [
@@ -95,7 +103,8 @@ class SshHosts:
             raise ValueError('SshHosts needs at least one host.')
 
     def __repr__(self) -> str:
-        return f'SshHosts({[str(host) for host in self.hosts]!r})'
+        resources = '' if self.resources is None else f', resources={self.resources!r}'
+        return f'SshHosts({[str(host) for host in self.hosts]!r}{resources})'
 
 
 def hosts_of(label: str, resources: Any) -> List[SshHost]:

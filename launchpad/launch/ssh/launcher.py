@@ -26,6 +26,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import courier
+from courier.transport import tcp_address
 
 from launchpad.address import AddressTable
 from launchpad.launch.controller import Controller, ProcessRunner
@@ -36,8 +37,11 @@ from launchpad.launch.ssh.hosts import SshHost, SshHosts, connection_key, hosts_
 from launchpad.launch.ssh.preflight import preflight
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import COORDINATOR_LOSS_TIMEOUT, Coordinator, serve_coordinator
+from launchpad.process.devices import Allocator, Inventory
+from launchpad.process.devices import preflight as preflight_devices
 from launchpad.process.output import TERMINALS, Output
 from launchpad.program import Program
+from launchpad.resources import Resources
 
 # sshd refuses more sessions per connection than MaxSessions (10 by default). Nodes in tmux windows
 # run in sessions of their own: a connection then carries the agent's session and at most this
@@ -54,6 +58,8 @@ class _SshRunner(ProcessRunner):
       server: the coordinator's server, once it serves.
       output: where the nodes' output goes, once the launch has it.
       placement: node name -> (its connection, its index in the launch).
+      devices: host name -> the allocator of its GPUs and cores (from its agent's hello).
+      requested: group label -> the `lp.Resources` each of its nodes gets, for groups given one.
     """
 
     def __init__(self, connections: List[Connection], local_dir: str):
@@ -63,11 +69,18 @@ class _SshRunner(ProcessRunner):
         self.server: Optional[courier.Server] = None
         self.output: Optional[Output] = None
         self.placement: Dict[str, Tuple[Connection, int]] = {}
+        self.devices: Dict[str, Allocator] = {}
+        self.requested: Dict[str, Resources] = {}
+        self.coordinator: Optional[Coordinator] = None
         self._restarts: Dict[str, int] = {}
-        # What nodes added to the running program are placed and packed with: (hosts by
-        # group, the groups' next host, the packer, the token, the options, the coordinator's
-        # port), set by the launch; None where they cannot be added (tmux windows).
-        self.added: Optional[tuple] = None
+        # What nodes are packed with, set by the launch: the packer, the program's token, the
+        # options, the coordinator's port, the hosts of each group and each group's next host.
+        self.packer: Optional[specs.Packer] = None
+        self.token = ''
+        self.options: Optional[LaunchOptions] = None
+        self.port = 0
+        self.hosts: Dict[str, List[SshHost]] = {}
+        self.turn: Dict[str, int] = {}
         self.next_index = 0
         self._released = threading.Event()
         threading.Thread(target=self._heartbeat, daemon=True, name='lp-ssh-heartbeat').start()
@@ -101,43 +114,104 @@ class _SshRunner(ProcessRunner):
             connection.kill([index])  # what is left of its last run
             self.start_session(name, connection, index, f'{name}~{self._restarts[name]}')
 
-    def add_executable(self, label: str, executable, policy) -> None:
-        """Starts a node added to the running program on the next host of its group, forked by
-        that host's agent as the launch's nodes were (`Runner.add_executable`); a host without a
-        connection yet gets one, checked as at launch."""
-        if self.added is None:
-            raise NotImplementedError('Nodes shown in tmux windows (terminal=\'tmux_session\') '
+    def host_in_turn(self, label: str) -> SshHost:
+        """The host of group `label` whose turn it is (round-robin)."""
+        group_hosts = self.hosts[label]
+        return group_hosts[self.turn.get(label, 0) % len(group_hosts)]
+
+    def next_host(self, label: str) -> SshHost:
+        """The host of group `label` whose turn it is; the turn passes to the next."""
+        host = self.host_in_turn(label)
+        self.turn[label] = self.turn.get(label, 0) + 1
+        return host
+
+    def publish(self, connection: Connection, executable) -> None:
+        """Where the servers of `executable` bind on its host: the address its host has towards
+        the launcher, on a port the kernel picks (every node is published before any is packed,
+        so that each spec holds the whole table)."""
+        self.packer.address_table.published.update(
+            {address.id: tcp_address(connection.bind_host, 0) for address in executable.addresses})
+
+    def devices_of(self, connection: Connection) -> Allocator:
+        """The allocator of the GPUs and cores of `connection`'s host (one per machine, however
+        many connections reach it)."""
+        inventory = Inventory.from_json(connection.hello['devices'])
+        if inventory.host not in self.devices:
+            self.devices[inventory.host] = Allocator(
+                dataclasses.replace(inventory, host=str(connection.host)))
+        return self.devices[inventory.host]
+
+    def release_ended(self) -> None:
+        """Frees the GPUs and cores of the nodes that ended for good (removed ones)."""
+        status = self.coordinator.status()
+        for allocator in self.devices.values():
+            allocator.release_ended(status)
+
+    def admit(self, connection: Connection, index: int, label: str, executable,
+              policy=None) -> bytes:
+        """Packs `executable` of group `label` (`policy`: an added node's) as node `index` of
+        `connection`, with the GPUs and cores it gets there, and gets ready for its process:
+        every node's one step before its host's agent starts it."""
+        coordinator_host = self.options.settings.coordinator_host or connection.launcher_address
+        self.packer.coordinator_address = tcp_address(coordinator_host, self.port)
+        requested = self.requested.get(label)
+        given = None if requested is None else self.devices_of(connection).assign(
+            executable.name, requested)
+        spec = specs.pack(self.packer.admit(executable, policy,
+                                            env={courier.AUTH_TOKEN_ENV: self.token},
+                                            cleanup_dir=connection.directory, resources=given))
+        if given is not None:  # for `status` and the dashboard
+            self.coordinator.set_node_resources(executable.name, **given.describe())
+        self.placement[executable.name] = (connection, index)
+        if self.options.terminal != 'tmux_session':
+            self.expect_fork(executable.name, connection, index)
+        return spec
+
+    def send_files(self, connection: Connection, files: Dict[str, bytes],
+                   start: Sequence[int]) -> bool:
+        """Ships spec files to `connection`'s agent, which forks nodes `start`; False if the
+        connection is gone."""
+        return connection.send('files', {
+            'files': files, 'start': list(start),
+            'grace': COORDINATOR_LOSS_TIMEOUT + self.options.notice_period})
+
+    def check_add(self, label: str) -> None:
+        """Nodes in tmux windows cannot be added, nor nodes of a group without hosts."""
+        if self.options.terminal == 'tmux_session':
+            raise NotImplementedError('nodes shown in tmux windows (terminal=\'tmux_session\') '
                                       'cannot be added to a running ssh program; use another '
-                                      'terminal.')
-        hosts, turn, packer, token, options, port = self.added
-        if label not in hosts:
+                                      'terminal')
+        if label not in self.hosts:
             raise ValueError(f'Group {label!r} has no ssh hosts: a group that is not in the '
                              'program at launch needs its hosts in resources= all the same.')
-        group_hosts = hosts[label]
-        host = group_hosts[turn.get(label, 0) % len(group_hosts)]
-        turn[label] = turn.get(label, 0) + 1
-        connection = next((c for c in self.connections
-                           if connection_key(c.host) == connection_key(host)), None)
+        connection = self.connection_to(self.host_in_turn(label))
+        if label in self.requested and connection is not None:
+            self.release_ended()
+            self.devices_of(connection).check(label, self.requested[label])
+
+    def connection_to(self, host: SshHost) -> Optional[Connection]:
+        """The open connection to `host`, if there is one."""
+        return next((c for c in self.connections
+                     if connection_key(c.host) == connection_key(host)), None)
+
+    def add_executable(self, label: str, executable, policy) -> None:
+        """Starts a node added to the running program on the next host of its group, forked by
+        that host's agent as the launch's nodes were; a host without a connection yet gets one,
+        checked as at launch."""
+        self.check_add(label)
+        host = self.next_host(label)
+        connection = self.connection_to(host)
         if connection is None:
             connection = Connection(host, os.path.join(self.local_dir, f'c{len(self.connections)}'))
             self.connections.append(connection)
             preflight([connection])
         index = self.next_index
         self.next_index += 1
-        packer.address_table.published.update(
-            {address.id: _endpoint(connection.bind_host, 0) for address in executable.addresses})
-        packer.policies = {**packer.policies, executable.name: policy}
-        packer.coordinator_address = _endpoint(
-            options.settings.coordinator_host or connection.launcher_address, port)
-        spec = specs.pack(packer.spec(executable.name, executable.run,
-                                      env={courier.AUTH_TOKEN_ENV: token},
-                                      cleanup_dir=connection.directory))
         connection.nodes.append(index)
-        self.placement[executable.name] = (connection, index)
-        self.expect_fork(executable.name, connection, index)
-        if not connection.send('files', {
-                'files': {protocol.spec_name(index): spec}, 'start': [index],
-                'grace': COORDINATOR_LOSS_TIMEOUT + options.notice_period}):
+        self.publish(connection, executable)
+        self.release_ended()
+        spec = self.admit(connection, index, label, executable, policy)
+        if not self.send_files(connection, {protocol.spec_name(index): spec}, [index]):
             raise RuntimeError(f'the connection to {connection.host} is gone')
         if connection.expect('ready', protocol.AGENT_START_TIMEOUT) is None:
             raise RuntimeError(f'The connection to {connection.host} ended while starting '
@@ -201,9 +275,16 @@ class SshLauncher(Launcher):
     `SshOptions`)."""
 
     foreground = True
-    resource_types = (SshHost, SshHosts, str, list, tuple)
+    resource_types = (SshHost, SshHosts, str, list, tuple, Resources)
     terminals = TERMINALS
     options = SshOptions
+
+    def group_resources(self, label: str, resources):
+        """The group's hosts as given: an `lp.Resources` alone names none."""
+        if isinstance(resources, Resources):
+            raise TypeError(f'Group {label!r} got {resources!r} but no hosts; give both: '
+                            f"lp.SshHosts(['host1', 'host2'], resources={resources!r}).")
+        return resources
 
     def launch(self, program: Program, options: LaunchOptions) -> Controller:
         if shutil.which('ssh') is None:
@@ -229,15 +310,16 @@ class SshLauncher(Launcher):
     def _launch(self, program, options, executables, hosts, runner) -> Controller:
         # Place the executables round-robin over their group's hosts. In tmux windows every
         # node runs in an ssh session, at most NODES_PER_CONNECTION to a connection.
+        runner.options, runner.hosts = options, hosts
+        runner.requested = {label: resources.resources
+                            for label, resources in options.resources.items()
+                            if isinstance(resources, SshHosts) and resources.resources is not None}
         in_sessions = options.terminal == 'tmux_session'
         per_connection = NODES_PER_CONNECTION if in_sessions else len(executables)
         connections: Dict[tuple, List[Connection]] = {}
         placed: List[Tuple[Connection, int]] = []
-        turn: Dict[str, int] = {}
         for i, (label, _) in enumerate(executables):
-            group_hosts = hosts[label]
-            host = group_hosts[turn.get(label, 0) % len(group_hosts)]
-            turn[label] = turn.get(label, 0) + 1
+            host = runner.next_host(label)
             pool = connections.setdefault(connection_key(host), [])
             if not pool or len(pool[-1].nodes) >= per_connection:
                 pool.append(Connection(host, os.path.join(runner.local_dir,
@@ -245,46 +327,39 @@ class SshLauncher(Launcher):
                 runner.connections.append(pool[-1])
             pool[-1].nodes.append(i)
             placed.append((pool[-1], i))
+        runner.next_index = len(executables)
         preflight(runner.connections)
+        preflight_devices([(runner.devices_of(connection), executable.name, runner.requested[label])
+                           for (connection, _), (label, executable) in zip(placed, executables)
+                           if label in runner.requested])
 
-        token = secrets.token_hex(16)
+        runner.token = secrets.token_hex(16)
         policies = policies_of(program, executables)
-        coordinator = Coordinator([executable.name for _, executable in executables],
-                                  policies=policies, groups=program.group_limits())
+        coordinator = runner.coordinator = Coordinator(
+            [executable.name for _, executable in executables], policies=policies,
+            groups=program.group_limits())
         bind_host = options.settings.coordinator_host or _coordinator_host(runner.connections)
         try:
-            runner.server = serve_coordinator(coordinator, _endpoint(bind_host, 0),
-                                               auth_token=token, tls=options.tls)
+            runner.server = serve_coordinator(coordinator, tcp_address(bind_host, 0),
+                                               auth_token=runner.token, tls=options.tls)
         except OSError as e:
             raise OSError(f'Cannot serve the program\'s coordinator on {bind_host}: {e}. Pass '
                           "lp.launch(..., coordinator_host='<an address of this machine that "
                           "every host reaches>').") from e
-        port = int(runner.server.address.rsplit(':', 1)[1])
-
-        table = AddressTable(published={
-            address.id: _endpoint(connection.bind_host, 0)
-            for (connection, _), (_, executable) in zip(placed, executables)
-            for address in executable.addresses})
-        packer = specs.Packer(program.name, options.launch_type, table, '',
-                              notice_period=options.notice_period, tls=options.tls,
-                              policies=policies)
-        files: Dict[int, Dict[str, bytes]] = {id(c): {} for c in runner.connections}
-        for (connection, i), (_, executable) in zip(placed, executables):
-            # Each host reaches the coordinator at the address it sees the launcher at.
-            coordinator_host = options.settings.coordinator_host or connection.launcher_address
-            packer.coordinator_address = _endpoint(coordinator_host, port)
-            files[id(connection)][protocol.spec_name(i)] = specs.pack(packer.spec(
-                executable.name, executable.run, env={courier.AUTH_TOKEN_ENV: token},
-                cleanup_dir=connection.directory))
+        runner.port = int(runner.server.address.rsplit(':', 1)[1])
+        runner.packer = specs.Packer(program.name, options.launch_type, AddressTable(), '',
+                                     notice_period=options.notice_period, tls=options.tls,
+                                     policies=policies)
         runner.output = Output(options.terminal, program.name, runner.local_dir)
-        for (connection, i), (_, executable) in zip(placed, executables):
-            runner.placement[executable.name] = (connection, i)
-            if not in_sessions:
-                runner.expect_fork(executable.name, connection, i)
+        for (connection, _), (_, executable) in zip(placed, executables):
+            runner.publish(connection, executable)
+        files: Dict[int, Dict[str, bytes]] = {id(c): {} for c in runner.connections}
+        for (connection, i), (label, executable) in zip(placed, executables):
+            files[id(connection)][protocol.spec_name(i)] = runner.admit(connection, i, label,
+                                                                        executable)
         for connection in runner.connections:
-            connection.send('files', {
-                'files': files[id(connection)], 'start': [] if in_sessions else connection.nodes,
-                'grace': COORDINATOR_LOSS_TIMEOUT + options.notice_period})
+            runner.send_files(connection, files[id(connection)],
+                              [] if in_sessions else connection.nodes)
         for connection in runner.connections:
             if connection.expect('ready', protocol.AGENT_START_TIMEOUT) is None:
                 raise RuntimeError(f'The connection to {connection.host} ended while starting the '
@@ -292,9 +367,6 @@ class SshLauncher(Launcher):
         if in_sessions:
             for (connection, i), (_, executable) in zip(placed, executables):
                 runner.start_session(executable.name, connection, i)
-        else:
-            runner.added = (hosts, turn, packer, token, options, port)
-        runner.next_index = len(executables)
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
                           notice_period=options.notice_period, auth_token=token)
 
@@ -306,8 +378,3 @@ def _coordinator_host(connections: List[Connection]) -> str:
     if len(seen) == 1:
         return seen.pop()
     return '::' if any(':' in address for address in seen) else '0.0.0.0'
-
-
-def _endpoint(host: str, port: int) -> str:
-    """`host:port`, an IPv6 host in brackets."""
-    return f'[{host}]:{port}' if ':' in host else f'{host}:{port}'

@@ -233,6 +233,8 @@
       html('td', {class: 'number'}, row.pid === null ? '' : row.pid, tr);
       html('td', {class: 'number'}, formatDuration(row.uptime), tr);
       html('td', {class: 'number'}, row.restarts, tr);
+      html('td', {}, row.devices || '', tr);
+      html('td', {}, row.cores || '', tr);
       html('td', {class: 'number'}, formatRate(row.calls_per_s), tr);
       html('td', {class: 'number'}, formatRate(row.errors_per_s), tr);
       html('td', {class: 'error'}, row.error || '', tr);

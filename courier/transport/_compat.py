@@ -1,0 +1,106 @@
+"""The CPython internals that a call's future reaches into, for speed, in one place.
+
+Every call makes a ``concurrent.futures.Future``, and most are completed before anyone waits
+for them; ``Future()`` builds a ``threading.Condition`` and ``result()`` takes its lock even
+then. :class:`LightFuture` is a ``Future`` that builds ``Future.__init__``'s attributes itself,
+with :class:`LightCondition` (cheaper to make, free to notify without waiters), and returns a
+completed result without the lock: a measured part of a call's cost
+(``benchmarks/courier_bench.py``). It relies on what CPython 3.9 to 3.13 have:
+
+- ``Future``'s instance attributes (``_condition``, ``_state``, ``_result``, ``_exception``,
+  ``_waiters``, ``_done_callbacks``) and its state names (``concurrent.futures._base``'s
+  ``PENDING``, ``CANCELLED``, ``FINISHED``), a completed future's ``_exception`` set before
+  its ``_state``;
+- ``threading.Condition``'s methods using no attribute but ``_lock``, ``acquire``,
+  ``release``, ``_release_save``, ``_acquire_restore``, ``_is_owned`` and ``_waiters``;
+- ``_thread.RLock``'s ``_release_save``, ``_acquire_restore`` and ``_is_owned``.
+
+``tests/courier/test_compat.py`` checks each of them on the running Python, so a Python that
+changes them fails there, by name, rather than as a call that hangs.
+"""
+
+from __future__ import annotations
+
+import _thread
+import collections
+import concurrent.futures
+from concurrent.futures import _base as _futures  # pylint: disable=protected-access
+import threading
+from typing import Any, Callable, List, Optional
+
+PENDING, CANCELLED, FINISHED = _futures.PENDING, _futures.CANCELLED, _futures.FINISHED
+
+# What LightCondition provides of threading.Condition's instance attributes.
+CONDITION_ATTRIBUTES = ('_lock', 'acquire', 'release', '_release_save', '_acquire_restore',
+                        '_is_owned', '_waiters')
+RLOCK_METHODS = ('_release_save', '_acquire_restore', '_is_owned')
+
+
+class LightCondition(threading.Condition):
+    """A ``threading.Condition`` on a new reentrant lock, made for less than one costs.
+
+    It holds only what ``threading.Condition``'s methods use (its reentrant lock and that lock's
+    own save/restore), and notifying it without waiters does nothing.
+    """
+
+    def __init__(self):  # pylint: disable=super-init-not-called
+        lock = _thread.RLock()
+        self._lock = lock
+        self.acquire = lock.acquire
+        self.release = lock.release
+        self._waiters = collections.deque()
+
+    def _release_save(self):
+        return self._lock._release_save()  # pylint: disable=protected-access
+
+    def _acquire_restore(self, state) -> None:
+        self._lock._acquire_restore(state)  # pylint: disable=protected-access
+
+    def _is_owned(self) -> bool:
+        return self._lock._is_owned()  # pylint: disable=protected-access
+
+    def notify_all(self) -> None:
+        if self._waiters:
+            super().notify_all()
+
+
+class LightFuture(concurrent.futures.Future):
+    """A ``concurrent.futures.Future`` with a :class:`LightCondition`, whose ``result()`` of a
+    completed future takes no lock, and whose ``cancel()`` notifies as an executor does."""
+
+    def __init__(self):  # pylint: disable=super-init-not-called
+        self._condition = LightCondition()
+        self._state = PENDING
+        self._result = None
+        self._exception = None
+        self._waiters: List[Any] = []
+        self._done_callbacks: List[Callable[[Any], Any]] = []
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        if self._state == FINISHED and self._exception is None:
+            return self._result
+        return super().result(timeout)
+
+    def locked(self) -> threading.Condition:
+        """The future's condition, to hold while changing it (a context manager)."""
+        return self._condition
+
+    def replace_exception(self, old: BaseException, new: BaseException) -> None:
+        """Makes a completed future that failed with `old` fail with `new` (hold `locked()`)."""
+        if self._exception is old:
+            self._exception = new
+
+    def exception_now(self) -> Optional[BaseException]:
+        """The exception of a completed future, without waiting."""
+        return self._exception
+
+    def cancel(self) -> bool:
+        if not super().cancel():
+            return False
+        # What an executor does for a cancelled work item: concurrent.futures.wait() and
+        # as_completed() count only a cancelled future that was "notified" as done. (The
+        # condition's lock is reentrant; holding it, a concurrent cancel cannot notify too.)
+        with self._condition:
+            if self._state == CANCELLED:
+                self.set_running_or_notify_cancel()
+        return True
