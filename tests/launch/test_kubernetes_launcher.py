@@ -418,8 +418,10 @@ def test_the_api_layer_sends_plain_dicts_and_reads_pods_back(canned):
                        ('DELETE', '/api/v1/namespaces/default/pods/gone'),
                        ('GET', '/api/v1/namespaces/default/pods/p/log'),
                        ('GET', '/api/v1/namespaces/default/pods/p/log')]
-    assert urllib.parse.parse_qs(server.queries[3]) == {'container': ['node'],
-                                                        'follow': ['true']}
+    follow = urllib.parse.parse_qs(server.queries[3])
+    # The API server takes a boolean parameter as true unless it is '0' or 'false' in any case;
+    # the client for Python 3.9 (kubernetes 35) sends 'True', later ones 'true'.
+    assert follow.pop('follow')[0].lower() == 'true' and follow == {'container': ['node']}
     assert urllib.parse.parse_qs(server.queries[4]) == {'container': ['node'],
                                                         'tailLines': ['5']}
     assert 'gracePeriodSeconds=0' in server.queries[1]
