@@ -1,13 +1,14 @@
 """A program to look at, run by a launching process of its own, and the CLI run beside it."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import courier
 
@@ -66,6 +67,18 @@ def launch(tmp_path, launch_type: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(script), launch_type, *args], env=environment(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+
+
+@contextlib.contextmanager
+def launched(tmp_path, launch_type: str, *args: str) -> Iterator[subprocess.Popen]:
+    """`launch`, and the launching process's group killed at the end if it still runs."""
+    process = launch(tmp_path, launch_type, *args)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, 9)
+            process.wait()
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
