@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pickle
 import socket
-import ssl
 
 import numpy as np
 import pytest
 
 import courier
 from courier.transport import frames
+from courier.transport import tls
 from tests.courier.conftest import hello_frame, serve_add, speak_grpc
 from tests.pki import Pki
 
@@ -132,8 +132,7 @@ def test_tls_carries_large_arrays_both_ways(make_server, pki, lane):
 def test_tls_clients_silent_in_the_middle_of_a_frame_hold_no_worker(make_server, pki):
     server = serve_add(make_server, thread_pool_size=2, stall_timeout=3, tls=courier.TLSConfig(
         certificate_chain=pki.server_pem, private_key=pki.server_key))
-    context = ssl.create_default_context(cadata=pki.ca_pem.decode())
-    context.set_alpn_protocols(['courier'])
+    context = tls.client_context(courier.TLSConfig(root_certificates=pki.ca_pem))  # ALPN courier
     host, port = server.address.rsplit(':', 1)
     call = b''.join(frames.encode(frames.CALL, 0, 1, b'add', pickle.dumps(((1, 2), {}))))
     stalled = []

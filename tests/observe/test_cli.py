@@ -115,18 +115,13 @@ def test_cli_sees_and_stops_a_local_program(runtime_dir, tmp_path):
 
 
 def test_token_says_when_launchpad_made_none(runtime_dir, tmp_path):
-    process = launch(tmp_path, 'local_mt')  # Its nodes take COURIER_AUTH_TOKEN, if set.
-    try:
+    with launched(tmp_path, 'local_mt') as process:  # Its nodes take COURIER_AUTH_TOKEN, if set.
         entry = wait_until(lambda: running('observed'), what='the program in the registry')
         token = cli('token', entry.id)
         assert token.returncode == 1 and not token.stdout
         assert 'made no auth token' in token.stderr and 'local_mt' in token.stderr
         assert cli('stop', entry.id).returncode == 0
         assert process.wait(timeout=60) == 0
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, 9)
-            process.wait()
 
 
 def test_cli_sees_and_stops_a_program_on_ssh_hosts(runtime_dir, tmp_path, ssh_testbed):
