@@ -368,7 +368,7 @@ class SshLauncher(Launcher):
             for (connection, i), (_, executable) in zip(placed, executables):
                 runner.start_session(executable.name, connection, i)
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
-                          notice_period=options.notice_period, auth_token=token)
+                          notice_period=options.notice_period, auth_token=runner.token)
 
 
 def _coordinator_host(connections: List[Connection]) -> str:
