@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
 import dataclasses
 import multiprocessing
 import os
@@ -25,7 +24,7 @@ import pickle
 import socket
 import threading
 import traceback
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import courier
 from courier import serialization
@@ -67,8 +66,8 @@ class PoolWorker:
     """
 
     def __init__(self):
-        self._turn = threading.Condition()  # tasks run one at a time, as in multiprocessing
-        self._running = False
+        self._lock = threading.Lock()  # tasks run one at a time, as in a multiprocessing worker
+        self._claims_lock = threading.Lock()
         self._claims: collections.OrderedDict = collections.OrderedDict()  # task id -> ran?
         self._functions: Dict[str, Any] = {}
         self._initialized: set = set()
@@ -81,12 +80,11 @@ class PoolWorker:
                    authkey: Optional[bytes] = None) -> None:
         """Runs the pool's initializer once in this process (like multiprocessing's); `authkey`
         is the pool's process's, for the `multiprocessing.Manager()` proxies in its arguments."""
-        with self._one_at_a_time(None):
+        with self._lock:
             if key in self._initialized:
                 return
-            with _authkey(authkey):
-                initializer, initargs = pickle.loads(function), pickle.loads(args)
-            initializer(*initargs)
+            _adopt_authkey(authkey)
+            pickle.loads(function)(*pickle.loads(args))
             self._initialized.add(key)
 
     def execute(self, key: str, function: bytes, data: bytes, buffers: Sequence[Any],
@@ -98,12 +96,12 @@ class PoolWorker:
         `initialize`."""
         if mode not in MODES:
             raise ValueError(f'Unknown task mode {mode!r}; expected one of {MODES}.')
-        with self._one_at_a_time(task) as started:
-            if not started:
+        with self._lock:
+            if task is not None and not self._claim(task, run=True):
                 return None
-            with _authkey(authkey):
-                fn = self._function(key, function)
-                items = pickle.loads(data, buffers=buffers)
+            _adopt_authkey(authkey)
+            fn = self._function(key, function)
+            items = pickle.loads(data, buffers=buffers)
             outcomes = []
             for item in items:
                 try:
@@ -121,35 +119,18 @@ class PoolWorker:
 
     def withdraw(self, task: str) -> bool:
         """Takes back task `task` (an `execute` call sent or about to be): True if it had not
-        started and now never will, False if it started (it runs to its end)."""
-        with self._turn:
-            withdrawn = self._claim(task, run=False)
-            self._turn.notify_all()
-            return withdrawn
-
-    @contextlib.contextmanager
-    def _one_at_a_time(self, task: Optional[str]) -> Iterator[bool]:
-        """Waits for this worker's turn; yields False instead if `task` was withdrawn."""
-        with self._turn:
-            self._turn.wait_for(lambda: not self._running or self._claims.get(task) is False)
-            if task is not None and not self._claim(task, run=True):
-                yield False
-                return
-            self._running = True
-        try:
-            yield True
-        finally:
-            with self._turn:
-                self._running = False
-                self._turn.notify_all()
+        started and now never will (that call returns None when its turn comes), False if it
+        started."""
+        return self._claim(task, run=False)
 
     def _claim(self, task: str, run: bool) -> bool:
         """The first of running and withdrawing `task` wins; True if `run` is that one."""
-        if task not in self._claims:
-            self._claims[task] = run
-            while len(self._claims) > _CLAIMS_KEPT:
-                self._claims.popitem(last=False)
-        return self._claims[task] == run
+        with self._claims_lock:
+            if task not in self._claims:
+                self._claims[task] = run
+                if len(self._claims) > _CLAIMS_KEPT:
+                    self._claims.popitem(last=False)
+            return self._claims[task] == run
 
     def _function(self, key: str, data: bytes) -> Any:
         fn = self._functions.get(key)
@@ -160,21 +141,13 @@ class PoolWorker:
         return fn
 
 
-@contextlib.contextmanager
-def _authkey(authkey: Optional[bytes]) -> Iterator[None]:
-    """This process's multiprocessing authkey is `authkey` inside the block: a
-    `multiprocessing.Manager()` proxy unpickled there keeps it to call its manager (as
-    multiprocessing's own workers, which inherit their parent's authkey)."""
-    if authkey is None:
-        yield
-        return
+def _adopt_authkey(authkey: Optional[bytes]) -> None:
+    """Makes `authkey` this process's multiprocessing authkey, as multiprocessing's workers
+    inherit their parent's: a `multiprocessing.Manager()` proxy unpickled here then calls its
+    manager with it."""
     process = multiprocessing.current_process()
-    own = process.authkey
-    process.authkey = authkey
-    try:
-        yield
-    finally:
-        process.authkey = own
+    if authkey is not None and process.authkey != authkey:
+        process.authkey = authkey
 
 
 def _portable(error: BaseException) -> BaseException:

@@ -15,7 +15,8 @@ import warnings
 import pytest
 
 import launchpad as lp
-from launchpad.pool import PoolTerminatedError
+from launchpad.pool import PoolTerminatedError, PoolWorker
+from launchpad.pool.worker import pack_chunk, pack_function
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -189,6 +190,16 @@ def test_a_task_waiting_for_a_later_task_is_not_stuck_behind_it(make_pool, tmp_p
         pool.map(square, range(4))  # both workers are up
         assert pool.starmap(wait_for_task_two, [(i, str(tmp_path)) for i in range(3)], 1) == [
             True, True, True]
+
+
+def test_a_worker_gives_back_only_a_task_that_has_not_started():
+    worker = PoolWorker()
+    key, function = pack_function(square)
+    data, buffers = pack_chunk([3])
+    assert worker.withdraw('sent-later')  # withdrawn before its call arrives: it never runs
+    assert worker.execute(key, function, data, buffers, 'call', None, 'sent-later') is None
+    assert worker.execute(key, function, data, buffers, 'call', None, 'ran') == [(True, 9)]
+    assert not worker.withdraw('ran')
 
 
 # --- A pool left running warns as it goes ---------------------------------------------------
