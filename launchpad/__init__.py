@@ -30,7 +30,7 @@ from launchpad.nodes.group import GroupClient, GroupHandle
 from launchpad.nodes.python import PyClassNode, PyNode
 from launchpad.nodes.reverb import ReverbHandle, ReverbNode
 from launchpad.metrics import count, report
-from launchpad.pool import Pool, PoolWorker, PoolWorkerNode
+from launchpad.pool import Pool, PoolTerminatedError, PoolWorker, PoolWorkerNode
 from launchpad.policy import RestartPolicy
 from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus
 from launchpad.process.spec import NodePicklingError
@@ -65,7 +65,8 @@ __all__ = [
     'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType', 'Launcher',
     'MultiProcessingColocation', 'MultiThreadingColocation', 'Node', 'NodeFailedError',
     'NodeLeftError', 'NodePicklingError', 'NodeState', 'NodeStatus', 'NodeStoppedError', 'Pool',
-    'PoolWorker', 'PoolWorkerNode', 'ProgressPerActorPolicy', 'Program', 'ProgramError',
+    'PoolTerminatedError', 'PoolWorker', 'PoolWorkerNode', 'ProgressPerActorPolicy', 'Program',
+    'ProgramError',
     'QueueLengthPolicy', 'PyClassNode', 'PyNode', 'PythonProcess', 'Resources',
     'ReverbHandle', 'ReverbNode', 'RestartPolicy', 'SlurmController', 'SlurmError',
     'SlurmResources', 'SshHost', 'SshHosts', 'batched_handler', 'context', 'count', 'dataflow',

@@ -12,7 +12,6 @@ import pytest
 
 import courier
 import launchpad as lp
-from launchpad.pool import PoolTerminatedError
 from tests.leftovers import no_new_children
 
 pytestmark = pytest.mark.timeout(120)
@@ -168,7 +167,7 @@ def test_close_join_and_terminate_follow_multiprocessing():
         assert pending.get(0) == 9
         with lp.Pool(1, launch_type='local_mp') as pool:
             blocked = pool.apply_async(__import__('time').sleep, (60,))
-        with pytest.raises(PoolTerminatedError):
+        with pytest.raises(lp.PoolTerminatedError):  # exported, so callers can catch it
             blocked.get(30)  # __exit__ terminated the pool
         pool.join()
 
