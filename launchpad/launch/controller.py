@@ -165,6 +165,7 @@ class Controller:
         self._kill_now = threading.Event()
         self._done = threading.Event()
         self._failure_reported = False
+        self._restore_signals: Optional[Callable[[], None]] = None  # see handle_signals
         self._elastic = Elasticity(coordinator, runner, launch_type, notice_period)
         self._monitor = threading.Thread(target=self._monitor_loop, name=f'lp-{program_name}',
                                          daemon=True)
@@ -205,6 +206,8 @@ class Controller:
             else:
                 ended = self._done.is_set()
             failure = self._coordinator.failure
+            if ended or self._done.is_set():
+                self._restore_signals_if_done()
             if raise_error and failure is not None and (ended or self._done.is_set()):
                 self._failure_reported = True
                 raise failure
@@ -228,12 +231,14 @@ class Controller:
         """
         self._coordinator.request_stop('stopped by the launcher')
         self._done.wait(timeout)
+        self._restore_signals_if_done()
 
     def kill(self) -> None:
         """Ends every node at once, without a notice period."""
         self._coordinator.request_stop('killed by the launcher')
         self._kill_now.set()
         self._done.wait()
+        self._restore_signals_if_done()
 
     def status(self) -> Dict[str, NodeStatus]:
         """Node name -> its status."""
@@ -397,8 +402,20 @@ class Controller:
                     {sig: signal.getsignal(sig) for sig in LaunchSignals.SIGNALS})
         received = []
 
+        def restore():  # signal.signal works only in the main thread, where handlers also run
+            for sig, old in previous.items():
+                if signal.getsignal(sig) is handler:
+                    signal.signal(sig, old)
+
         def handler(signum, frame):
-            del frame
+            if self._done.is_set():  # it ended before the main thread came back to restore
+                restore()
+                old = previous[signum]
+                if callable(old):
+                    old(signum, frame)
+                elif old == signal.SIG_DFL:
+                    signal.raise_signal(signum)
+                return
             received.append(signum)
             if len(received) == 1:
                 print(f'\nStopping program {self.program_name!r} (notice period '
@@ -411,19 +428,16 @@ class Controller:
 
         for sig in previous:
             signal.signal(sig, handler)
+        self._restore_signals = restore
         for signum in (launching.pending if launching is not None else ()):
             handler(signum, None)
 
-        def restore():
-            self._done.wait()
-            try:
-                for sig, old in previous.items():
-                    if signal.getsignal(sig) is handler:
-                        signal.signal(sig, old)
-            except ValueError:  # signal.signal only works in the main thread
-                pass
-
-        threading.Thread(target=restore, daemon=True).start()
+    def _restore_signals_if_done(self) -> None:
+        """Puts back the handlers `handle_signals` replaced, once the program ended (main thread)."""
+        if (self._done.is_set() and self._restore_signals is not None
+                and threading.current_thread() is threading.main_thread()):
+            self._restore_signals()
+            self._restore_signals = None
 
 
 class LaunchSignals:
