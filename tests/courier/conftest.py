@@ -18,7 +18,6 @@ import tempfile
 import time
 
 import pytest
-from hypothesis import configuration as hypothesis_configuration
 
 import courier
 from courier.transport import _here
@@ -39,20 +38,26 @@ def pytest_collection_modifyitems(items):
 
 TRANSPORTS = ('tcp', 'grpc', 'unix', 'in_process')
 
-# Hypothesis (test_properties.py) writes caches, and patches for failing examples, into a
-# directory of the working directory unless told another: a temporary one, removed at the end.
-_HYPOTHESIS_HOME = tempfile.mkdtemp(prefix='courier-hypothesis-')
-hypothesis_configuration.set_hypothesis_home_dir(_HYPOTHESIS_HOME)
+_hypothesis_home = None  # pytest_configure makes it
 
 
 def pytest_configure(config):
+    """Hypothesis (test_properties.py) writes caches, and patches for failing examples, into a
+    directory of the working directory unless told another: a temporary one, removed at the end.
+    Made here, not on import: processes that import this module to unpickle a test's function
+    (spawned children) would leave theirs behind, and pay for importing Hypothesis."""
+    global _hypothesis_home  # pylint: disable=global-statement
+    from hypothesis import configuration  # pylint: disable=import-outside-toplevel
+    _hypothesis_home = tempfile.mkdtemp(prefix='courier-hypothesis-')
+    configuration.set_hypothesis_home_dir(_hypothesis_home)
     config.addinivalue_line(
         'markers', 'grpc_only: the test talks gRPC to the server fixture itself')
 
 
 def pytest_unconfigure(config):
     del config
-    shutil.rmtree(_HYPOTHESIS_HOME, ignore_errors=True)
+    if _hypothesis_home is not None:
+        shutil.rmtree(_hypothesis_home, ignore_errors=True)
 
 
 def pytest_generate_tests(metafunc):

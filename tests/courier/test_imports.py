@@ -41,3 +41,15 @@ def test_grpc_is_imported_only_once_grpc_is_spoken(subprocess_env):
     # After `import courier`, after a unix: server and its clients, after a TCP server and
     # its framed clients, after a gRPC client of that server (its gRPC service starts).
     assert result.stdout.split() == ['False', 'False', 'False', 'True']
+
+
+def test_a_process_that_imports_the_test_fixtures_leaves_nothing_behind(subprocess_env, tmp_path):
+    """A spawned child imports tests.courier.conftest to unpickle a test's function: that must
+    make no directory (a child never removes one) and cost no Hypothesis import."""
+    script = 'import sys, tests.courier.conftest; print("hypothesis" in sys.modules)'
+    env = {**subprocess_env, 'TMPDIR': str(tmp_path)}
+    result = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                            timeout=60, check=False, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ['False']
+    assert not list(tmp_path.iterdir())
