@@ -433,7 +433,7 @@ class Controller:
             handler(signum, None)
 
     def _restore_signals_if_done(self) -> None:
-        """Puts back the handlers `handle_signals` replaced, once the program ended (main thread)."""
+        """Puts back the handlers handle_signals replaced, once the program ended (main thread)."""
         if (self._done.is_set() and self._restore_signals is not None
                 and threading.current_thread() is threading.main_thread()):
             self._restore_signals()
