@@ -11,6 +11,7 @@ ENDED_PROGRAM = textwrap.dedent('''
         print('own SIGTERM handler ran', flush=True)
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     program = lp.Program('short')
     program.add_node(lp.PyNode(print, 'node ran'), label='node')
