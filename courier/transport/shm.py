@@ -165,6 +165,7 @@ class _Placed:
 
     def __init__(self):
         self._lock = threading.Lock()
+        self.writing = threading.Lock()  # Held while a buffer is looked up and placed.
         self._files: Dict[int, Tuple[weakref.ref, int, Memfd]] = {}
 
     def get(self, owner: Any, size: int) -> Optional[Memfd]:
@@ -201,14 +202,14 @@ def _file_holding(view: memoryview) -> Memfd:
         file = _received.file_of(owner, view.nbytes)
         if file is not None:
             return file
+    if not view.readonly:
+        return _write(view)
     exporter = view.obj
-    if view.readonly:
+    with _placed.writing:  # Many callers of one new value at once: one writes, all share.
         file = _placed.get(exporter, view.nbytes)
-        if file is not None:
-            return file
-    file = _write(view)
-    if view.readonly:
-        _placed.put(exporter, view.nbytes, file)
+        if file is None:
+            file = _write(view)
+            _placed.put(exporter, view.nbytes, file)
     return file
 
 
@@ -239,6 +240,7 @@ def _root(obj: Any) -> Any:
 def _reset_after_fork() -> None:
     # A child inherits no threads holding the lock, and keeps the parent's files: its own.
     _placed._lock = threading.Lock()  # pylint: disable=protected-access
+    _placed.writing = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)

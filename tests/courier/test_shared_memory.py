@@ -109,8 +109,9 @@ def test_one_value_reaches_many_readers_in_the_same_pages(make_server, socket_di
     assert len({params.ctypes.data for params in readers}) == len(readers)  # Each its mapping,
     old = _memfd_mappings()
     assert len(old) == 1  # all of one file: written once.
-    learner.update()  # A new value: written once more, into new memory.
-    fresh = [client.get_params(), client.get_params()]
+    learner.update()  # A new value, asked for by many at once: written once more.
+    futures = [courier.Client(source.address).futures.get_params() for _ in range(6)]
+    fresh = [future.result() for future in futures]
     np.testing.assert_array_equal(fresh[0], learner.params)
     assert len(_memfd_mappings()) == 2 and old < _memfd_mappings()
 
