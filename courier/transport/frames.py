@@ -64,6 +64,10 @@ HEADER = struct.Struct('<BBxxIIQQ')
 _MAX_IOVECS = 512  # Well below IOV_MAX (1024 on Linux).
 _JOIN_LIMIT = 64 << 10  # Frames up to this size go out as one joined bytes object.
 _READ_BUFFER = 64 << 10
+# recvmsg's flags as plain ints: socket's flag enums cost microseconds per operation.
+_DONTWAIT = int(socket.MSG_DONTWAIT)
+_CLOEXEC = int(getattr(socket, 'MSG_CMSG_CLOEXEC', 0))
+_TRUNCATED = int(socket.MSG_CTRUNC)
 # Received buffers from this size on live in memory advised to use huge pages: the
 # kernel then faults in 2 MiB at a time, several times faster for large arrays.
 _HUGE_PAGE_THRESHOLD = 1 << 20
@@ -369,7 +373,7 @@ class FrameReader:
         self._receive_into = self._receive_with_descriptors
         self._receive_waiting = self._receive_with_descriptors
         self._receive_now = functools.partial(self._receive_with_descriptors,
-                                              flags=socket.MSG_DONTWAIT)
+                                              flags=_DONTWAIT | _CLOEXEC)
 
     def close_descriptors(self) -> None:
         """Closes the descriptors received and not used (the connection is closing)."""
@@ -377,12 +381,12 @@ class FrameReader:
         while descriptors:
             os.close(descriptors.popleft())
 
-    def _receive_with_descriptors(self, view: memoryview, flags: int = 0) -> int:
+    def _receive_with_descriptors(self, view: memoryview, flags: int = _CLOEXEC) -> int:
         count, ancillary, message_flags, _ = self._sock.recvmsg_into(
-            [view], shm.ANCILLARY_SPACE, flags | socket.MSG_CMSG_CLOEXEC)
+            [view], shm.ANCILLARY_SPACE, flags)
         if ancillary:
             shm.take_descriptors(ancillary, self._descriptors)
-        if message_flags & socket.MSG_CTRUNC:
+        if message_flags & _TRUNCATED:
             raise ProtocolViolation('the peer passed more descriptors than a message may carry')
         return count
 
