@@ -41,6 +41,16 @@ def _memfd_files(pid: object = 'self') -> int:
     return count
 
 
+def _settled(expected, read, seconds: float = 10.0):
+    """What ``read()`` returns once it is ``expected`` (or after ``seconds``): a server's worker
+    drops its references to a call's buffers just after the answer went out."""
+    deadline = time.monotonic() + seconds
+    while read() != expected and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    return read()
+
+
 class _Learner:
     """Serves the same read-only parameters until they are replaced."""
 
@@ -85,8 +95,7 @@ def test_large_buffers_arrive_read_only_in_shared_memory_and_small_ones_inline(
     assert over_tcp.flags.writeable and np.array_equal(over_tcp, array)
     # The memory goes when its last reader drops it.
     del echoed
-    gc.collect()
-    assert _memfd_mappings() == before
+    assert _settled(before, _memfd_mappings) == before
 
 
 def test_one_value_reaches_many_readers_in_the_same_pages(make_server, socket_dir, monkeypatch):
@@ -159,10 +168,8 @@ def test_nothing_is_left_after_readers_and_servers_are_killed(socket_dir, subpro
         reader = _start(_READ, address, subprocess_env)
         # The server keeps its read-only value's memory while the value lives; a fresh
         # result's is the reader's alone once sent.
-        deadline = time.monotonic() + 10  # The server drops the fresh one once it went out.
-        while _memfd_files(server.pid) != 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert _memfd_files(server.pid) == 1
+        # The server drops the fresh one once it went out.
+        assert _settled(1, lambda: _memfd_files(server.pid)) == 1
         reader.kill()
         reader.wait()
         client = courier.Client(address)
