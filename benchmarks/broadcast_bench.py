@@ -165,13 +165,14 @@ def _processes(specs: List[tuple], shared_memory: bool = True) -> Iterator[List[
                 process.join()
 
 
-def broadcast_ours(mib: int, actors: int, seconds: float) -> Dict[str, float]:
+def broadcast_ours(mib: int, actors: int, seconds: float,
+                   shared_memory: bool = True) -> Dict[str, float]:
     import courier  # pylint: disable=import-outside-toplevel
     with tempfile.TemporaryDirectory(prefix='bcast-') as scratch:
         learner_address = f'unix:{scratch}/learner'
         specs = [(_Learner, (mib,), learner_address)]
         specs += [(_Actor, (learner_address,), f'unix:{scratch}/actor{i}') for i in range(actors)]
-        with _processes(specs) as addresses:
+        with _processes(specs, shared_memory) as addresses:
             clients = [courier.Client(address, call_timeout=600) for address in addresses]
             learner, workers = clients[0], clients[1:]
 
@@ -323,7 +324,8 @@ def main() -> None:
     parser.add_argument('--actors', type=int, default=8)
     parser.add_argument('--seconds', type=float, default=5.0)
     parser.add_argument('--echo-mib', nargs='*', type=int, default=[64, 1024])
-    parser.add_argument('--systems', nargs='+', default=['ours', 'ray'])
+    parser.add_argument('--systems', nargs='+', choices=['ours', 'ours-socket', 'ray'],
+                        default=['ours', 'ours-socket', 'ray'])
     parser.add_argument('--ray-only', action='store_true', help=argparse.SUPPRESS)
     parser.add_argument('--json', help='also write the numbers to this file')
     args = parser.parse_args()
@@ -336,6 +338,8 @@ def main() -> None:
         row = results['broadcast'][size] = {}
         if 'ours' in args.systems:
             row['ours'] = broadcast_ours(size, args.actors, args.seconds)
+        if 'ours-socket' in args.systems:  # COURIER_SHARED_MEMORY=0: through the socket.
+            row['ours-socket'] = broadcast_ours(size, args.actors, args.seconds, False)
         if 'ray' in args.systems:
             row['ray'] = _run_ray([size], args.actors, args.seconds)[size]
         _print_broadcast(size, row)
@@ -354,9 +358,9 @@ def main() -> None:
 def _print_broadcast(size: int, row: Dict[str, Any]) -> None:
     for system, numbers in row.items():
         if isinstance(numbers, str):
-            print(f'broadcast {size:4} MiB x{8}  {system:5} {numbers}', flush=True)
+            print(f'broadcast {size:4} MiB  {system:11} {numbers}', flush=True)
             continue
-        print(f'broadcast {size:4} MiB  {system:5} {numbers["rounds_per_s"]:8.1f} rounds/s  '
+        print(f'broadcast {size:4} MiB  {system:11} {numbers["rounds_per_s"]:8.1f} rounds/s  '
               f'learner CPU {numbers["learner_cpu_ms_per_round"]:7.1f} ms/round  host PSS peak '
               f'{numbers["host_pss_peak_mib"]:7.0f} MiB  actors above baseline '
               f'{numbers["actors_pss_growth_copies"]:5.2f} copies', flush=True)
