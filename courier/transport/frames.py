@@ -164,10 +164,9 @@ def send(sock: socket.socket, parts: Sequence[Any]) -> None:
         sock.sendall(parts[0])
         return
     ancillary = ()
-    descriptors = parts[0]  # Holds its files open until they went out.
-    if descriptors.__class__ is shm.Descriptors:  # Passed along with the frame's first bytes.
-        ancillary = descriptors.ancillary
-        parts = parts[1:]
+    descriptors = parts[0]  # Passed with the frame's first bytes; holds its files till then.
+    if descriptors.__class__ is shm.Descriptors:
+        ancillary, parts = descriptors.ancillary, parts[1:]
     views = [view for view in (memoryview(part).cast('B') for part in parts) if view.nbytes]
     while views:
         sent = sock.sendmsg(views[:_MAX_IOVECS], ancillary)

@@ -61,10 +61,10 @@ class Memfd:
     def __init__(self, fd: int):
         self.fd = fd
 
-    def close(self) -> None:
+    def close(self, _close=os.close) -> None:  # os may be gone when the interpreter exits.
         fd, self.fd = self.fd, -1
         if fd >= 0:
-            os.close(fd)
+            _close(fd)
 
     def __del__(self):
         self.close()
