@@ -23,6 +23,7 @@ from courier import security
 from courier.transport import _base
 from courier.transport import _here
 from courier.transport import frames
+from courier.transport import shm
 
 _RETRY_FIRST = 0.001  # Seconds between connection attempts to a server not yet up: doubling...
 _RETRY_MAX = 0.02     # ... up to this, so that a node notices a new server within 20 ms.
@@ -132,7 +133,7 @@ def unreachable(what: str,
 class DialedConnection:
     """One socket to the server, after a successful hello."""
 
-    __slots__ = ('sock', 'reader', 'tcp', 'used', '__weakref__')
+    __slots__ = ('sock', 'reader', 'tcp', 'used', 'shared', '__weakref__')
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -142,6 +143,8 @@ class DialedConnection:
         # bytes and loses them: blocking calls on TCP check first (closed_meanwhile).
         self.tcp = sock.family != socket.AF_UNIX
         self.used = time.monotonic()  # When its last blocking call started.
+        # Large buffers go both ways in shared memory (the server said so in its welcome).
+        self.shared = False
 
     def closed_meanwhile(self) -> bool:
         """Whether the server closed this idle TCP connection (or said why it will).
@@ -168,9 +171,11 @@ class DialedConnection:
         except OSError:
             pass
         self.sock.close()
+        self.reader.close_descriptors()
 
     def __del__(self):  # The connection of a thread that ended.
         self.sock.close()
+        self.reader.close_descriptors()
 
 
 def open_connection(target: Target, token: Optional[str], mode: int, wait_for_ready: bool,
@@ -205,8 +210,12 @@ def open_connection(target: Target, token: Optional[str], mode: int, wait_for_re
                     _base.unavailable, details=describe(error), wait_for_ready=False)) from None
         else:
             connection = DialedConnection(sock)
-            answer, error = _hello(connection, token, mode)
+            offer = frames.SHARED_MEMORY if shm.ENABLED and sock.family == socket.AF_UNIX else 0
+            answer, error = _hello(connection, token, mode | offer)
             if answer is not None and answer.kind == frames.WELCOME:
+                if offer and answer.status & frames.SHARED_MEMORY:
+                    connection.shared = True
+                    connection.reader.take_descriptors()
                 return connection
             connection.close()
             if answer is not None:

@@ -98,9 +98,9 @@ class FramedClientTransport(_base.ClientTransport):
         server = _here.servers.get(self._path)
         if server is None:
             deadline = None if timeout is None else time.monotonic() + timeout
-            parts = frames.encode(frames.CALL, 0, 0, name, pickle, buffers)
             try:
-                frame = self._exchange(parts, method, timeout, deadline)
+                frame = self._exchange((frames.CALL, name, pickle, buffers), method, timeout,
+                                       deadline)
             except dial.ServerHere:
                 server = _stopped_meanwhile(self._path, method, self.address)
                 if deadline is not None:
@@ -117,7 +117,7 @@ class FramedClientTransport(_base.ClientTransport):
         if server is None:
             deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                frame = self._exchange(frames.encode(frames.LIST), method, timeout, deadline)
+                frame = self._exchange(_LIST_REQUEST, method, timeout, deadline)
             except dial.ServerHere:
                 server = _stopped_meanwhile(self._path, method, self.address)
         elif self._held.closed:
@@ -129,9 +129,10 @@ class FramedClientTransport(_base.ClientTransport):
             raise _unexpected(frame, method, self.address)
         return _base.decode_method_list(frame.payload, self.address)
 
-    def _exchange(self, parts: List[Any], method: str, timeout: Optional[float],
+    def _exchange(self, request: tuple, method: str, timeout: Optional[float],
                   deadline: Optional[float]) -> frames.Frame:
-        """Sends a request on this thread's connection and reads the answer to it."""
+        """Sends a request, ``(kind, text, payload, buffers)``, on this thread's connection
+        and reads the answer to it."""
         connection = getattr(self._local, 'connection', None)
         if connection is not None and self._held.closed:
             raise _base.closed(method, self.address)
@@ -139,7 +140,7 @@ class FramedClientTransport(_base.ClientTransport):
             if connection is None:
                 connection = self._connect_blocking(method, timeout, deadline)
             try:
-                return _send_and_read(connection, parts, deadline)
+                return _send_and_read(connection, request, deadline)
             except _Unsent as unsent:
                 # The server closed this connection while it sat idle (it stopped or
                 # restarted), or refused it; the request never arrived, so a new connection
@@ -263,8 +264,10 @@ class _Unsent(Exception):
         self.answer = answer
 
 
-def _send_and_read(connection: dial.DialedConnection, parts: List[Any],
+def _send_and_read(connection: dial.DialedConnection, request: tuple,
                    deadline: Optional[float]) -> frames.Frame:
+    kind, text, payload, buffers = request
+    parts = frames.encode(kind, 0, 0, text, payload, buffers, connection.shared)
     sock = connection.sock
     if deadline is not None:
         dial.time_out_at(sock, deadline)
@@ -288,6 +291,9 @@ def _last_words(connection: dial.DialedConnection) -> Optional[frames.Frame]:
     except Exception:  # pylint: disable=broad-except
         return None
     return frame if frame.kind in (frames.FAULT, frames.REFUSED) else None
+
+
+_LIST_REQUEST = (frames.LIST, b'', b'', ())
 
 
 def _stopped_meanwhile(path: str, method: str, address: str) -> _here.ServerHere:
@@ -318,6 +324,7 @@ class _Pipeline:
         self._outbox = frames.Outbox()
         self._lock = threading.Lock()
         self._connection: Optional[dial.DialedConnection] = None
+        self._shared = False  # Large buffers go in shared memory (known once connected).
         # Set before the pending calls are failed, so a call started meanwhile sees it.
         self.broken: Optional[dial.Unreachable] = None
         self._closed = False
@@ -337,7 +344,8 @@ class _Pipeline:
             future.fail(self.broken.error(method, self._address))
             return
         future.on_cancel = functools.partial(self._cancel, call_id)
-        self._put(call_id, frames.encode(frames.CALL, 0, call_id, name, pickle, buffers))
+        self._put(call_id, frames.encode(frames.CALL, 0, call_id, name, pickle, buffers,
+                                         self._shared))
 
     def _cancel(self, call_id: int) -> None:
         if self._pending.pop(call_id, None) is None or self.broken:
@@ -368,6 +376,7 @@ class _Pipeline:
                 return
             self._connection = connection
         try:
+            self._shared = connection.shared
             self._outbox.sock = connection.sock
             self._outbox.flush()  # What was started while connecting.
             self._outbox.skip.clear()

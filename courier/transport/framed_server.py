@@ -53,6 +53,7 @@ from courier.transport import frames
 from courier.transport import loop as loops
 from courier.transport.limits import ServerLimits
 from courier.transport import pool as pools
+from courier.transport import shm
 
 _logger = logging.getLogger('courier')
 
@@ -262,15 +263,16 @@ class FramedServerTransport(_base.ServerTransport):
 
     def _greet(self, connection: loops.AcceptedConnection, hello: frames.Frame) -> Optional[tuple]:
         """On the loop thread: None welcomes the connection, else the refusal's (reason, text)."""
-        del connection
         if (hello.kind != frames.HELLO or hello.payload != frames.MAGIC
                 or hello.call_id != frames.VERSION
-                or hello.status not in (frames.SYNC, frames.PIPELINED)):
+                or hello.status & ~frames.SHARED_MEMORY not in (frames.SYNC, frames.PIPELINED)):
             return (frames.BAD_HELLO,
                     b'expected a courier-local hello of version %d' % frames.VERSION)
         reason = self._refusal(hello.text)
         if reason:
             return reason, frames.REFUSALS[reason].encode()
+        connection.shared = bool(hello.status & frames.SHARED_MEMORY and shm.ENABLED
+                                 and connection.sock.family == socket.AF_UNIX)
         return None
 
     def _dispatch(self, connection: loops.AcceptedConnection, frame: frames.Frame) -> bool:
@@ -368,7 +370,7 @@ class FramedServerTransport(_base.ServerTransport):
                 try:
                     response = handle_call(method, frame.payload, frame.buffers)
                     frame = None  # The arguments' memory goes before the answer is sent.
-                    frames.send(sock, _encode_response(0, response))
+                    frames.send(sock, _encode_response(0, response, connection.shared))
                     response = None
                 finally:
                     connection.busy = False  # After the answer went out: Stop waits for it.
@@ -395,7 +397,8 @@ class FramedServerTransport(_base.ServerTransport):
             if entry is None or entry[1] or self._stopped:
                 return  # Cancelled (CANCEL came first), or the server stopped meanwhile.
             response = self._handle_call(method, pickle, buffers)
-            self._answer(connection, call_id, _encode_response(call_id, response))
+            self._answer(connection, call_id,
+                         _encode_response(call_id, response, connection.shared))
         finally:
             self._call_ended(connection, call_id)
 
@@ -448,9 +451,9 @@ def _method_name(frame: frames.Frame) -> str:
         raise frames.ProtocolViolation('the method name is not UTF-8') from None
 
 
-def _encode_response(call_id: int, response: wire.Response) -> List[Any]:
+def _encode_response(call_id: int, response: wire.Response, shared: bool) -> List[Any]:
     if response.status == wire.OK:
         return frames.encode(frames.RESPONSE, wire.OK, call_id, b'', response.pickle,
-                             response.buffers)
+                             response.buffers, shared)
     return frames.encode(frames.RESPONSE, response.status, call_id, b'',
                          wire.encode_response(response))

@@ -24,6 +24,7 @@ import time
 from typing import Any, List, Optional, Sequence
 
 from courier.transport import _base
+from courier.transport import shm
 
 VERSION = 1
 MAGIC = b'courier-local'
@@ -42,6 +43,9 @@ FAULT = 9     # either way: text = why the peer broke the protocol; the sender t
 # HELLO modes.
 SYNC = 0       # one call at a time, answered in order: the server may run it inline.
 PIPELINED = 1  # many calls in flight, answered in any order, matched by call_id.
+# Added to a HELLO's mode by a client that takes large buffers in shared memory (Unix sockets,
+# :mod:`.shm`), and to the WELCOME's status by a server that does too: then both may send them.
+SHARED_MEMORY = 0x80
 
 # REFUSED reasons.
 TOKEN_MISSING = 1
@@ -60,6 +64,10 @@ HEADER = struct.Struct('<BBxxIIQQ')
 _MAX_IOVECS = 512  # Well below IOV_MAX (1024 on Linux).
 _JOIN_LIMIT = 64 << 10  # Frames up to this size go out as one joined bytes object.
 _READ_BUFFER = 64 << 10
+# recvmsg's flags as plain ints: socket's flag enums cost microseconds per operation.
+_DONTWAIT = int(socket.MSG_DONTWAIT)
+_CLOEXEC = int(getattr(socket, 'MSG_CMSG_CLOEXEC', 0))
+_TRUNCATED = int(socket.MSG_CTRUNC)
 # Received buffers from this size on live in memory advised to use huge pages: the
 # kernel then faults in 2 MiB at a time, several times faster for large arrays.
 _HUGE_PAGE_THRESHOLD = 1 << 20
@@ -111,14 +119,30 @@ class Frame:
 
 
 def encode(kind: int, status: int = 0, call_id: int = 0, text: bytes = b'', payload: Any = b'',
-           buffers: Sequence[Any] = ()) -> List[Any]:
-    """Returns the parts of a frame, to be sent back to back (see :func:`send`)."""
+           buffers: Sequence[Any] = (), shared: bool = False) -> List[Any]:
+    """Returns the parts of a frame, to be sent back to back (see :func:`send`).
+
+    ``shared``: the peer takes large buffers in shared memory (:mod:`.shm`); the first part
+    is then the files to pass, if any buffer goes that way.
+    """
     payload_size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
     if not buffers:
         header = HEADER.pack(kind, status, len(text), 0, call_id, payload_size)
         if payload_size < _JOIN_LIMIT:
             return [header + text + payload]
         return [header + text, payload]
+    descriptors = None
+    if shared:
+        buffers, descriptors = shm.share(buffers)
+        if descriptors is not None:
+            sizes = [buffer if buffer.__class__ is int else
+                     buffer.nbytes if isinstance(buffer, memoryview) else len(buffer)
+                     for buffer in buffers]
+            table = struct.Struct(f'<{len(sizes)}Q').pack(*sizes)
+            head = HEADER.pack(kind, status, len(text), len(sizes), call_id,
+                               payload_size) + table + text
+            return [descriptors, head, payload,
+                    *(buffer for buffer in buffers if buffer.__class__ is not int)]
     sizes = [buffer.nbytes if isinstance(buffer, memoryview) else len(buffer)
              for buffer in buffers]
     count = len(sizes)
@@ -139,9 +163,14 @@ def send(sock: socket.socket, parts: Sequence[Any]) -> None:
     if len(parts) == 1:
         sock.sendall(parts[0])
         return
+    ancillary = ()
+    descriptors = parts[0]  # Passed with the frame's first bytes; holds its files till then.
+    if descriptors.__class__ is shm.Descriptors:
+        ancillary, parts = descriptors.ancillary, parts[1:]
     views = [view for view in (memoryview(part).cast('B') for part in parts) if view.nbytes]
     while views:
-        sent = sock.sendmsg(views[:_MAX_IOVECS])
+        sent = sock.sendmsg(views[:_MAX_IOVECS], ancillary)
+        ancillary = ()
         while sent:
             if sent >= views[0].nbytes:
                 sent -= views.pop(0).nbytes
@@ -291,6 +320,10 @@ class FrameReader:
             self._receive_waiting = sock.recv_into
             self._receive_now = functools.partial(sock.recv_into, nbytes=0,
                                                   flags=socket.MSG_DONTWAIT)
+        self._receive_into = sock.recv_into
+        # Descriptors the peer passed, in order (None: the connection passes none, see
+        # take_descriptors); each buffer of a frame that travels in shared memory takes one.
+        self._descriptors: Optional[collections.deque] = None
         self._buffer = _EMPTY  # Allocated at the first read: an idle connection holds none.
         self._view = memoryview(self._buffer)
         self._start = 0
@@ -332,6 +365,40 @@ class FrameReader:
         self._make_room(self._end - self._start + len(data))
         self._view[self._end:self._end + len(data)] = data
         self._end += len(data)
+
+    def take_descriptors(self) -> None:
+        """Receives the descriptors a peer passes (shared memory, :mod:`.shm`) from now on."""
+        self._descriptors = collections.deque()
+        self._receive_into = self._receive_with_descriptors
+        self._receive_waiting = self._receive_with_descriptors
+        self._receive_now = functools.partial(self._receive_with_descriptors,
+                                              flags=_DONTWAIT | _CLOEXEC)
+
+    def close_descriptors(self) -> None:
+        """Closes the descriptors received and not used (the connection is closing)."""
+        descriptors = self._descriptors
+        while descriptors:
+            os.close(descriptors.popleft())
+
+    def _receive_with_descriptors(self, view: memoryview, flags: int = _CLOEXEC) -> int:
+        count, ancillary, message_flags, _ = self._sock.recvmsg_into(
+            [view], shm.ANCILLARY_SPACE, flags)
+        if ancillary:
+            shm.take_descriptors(ancillary, self._descriptors)
+        if message_flags & _TRUNCATED:
+            raise ProtocolViolation('the peer passed more descriptors than a message may carry')
+        return count
+
+    def _shared_part(self, size: int) -> memoryview:
+        """The next buffer of the frame, which the peer passed in shared memory."""
+        if not self._descriptors:
+            raise ProtocolViolation('a buffer in shared memory came without its descriptor'
+                                    if self._descriptors is not None else
+                                    'a buffer in shared memory on a connection without it')
+        try:
+            return shm.receive(self._descriptors.popleft(), size)
+        except ValueError as error:
+            raise ProtocolViolation(str(error)) from None
 
     def release(self) -> None:
         """Frees the read buffer if it holds nothing: a connection going idle keeps no memory."""
@@ -382,9 +449,12 @@ class FrameReader:
             sizes = (_TABLE_STRUCTS[count] if count < len(_TABLE_STRUCTS)
                      else struct.Struct(f'<{count}Q')).unpack_from(
                          self._buffer, self._start + HEADER.size)
-            if payload_size + sum(sizes) > limits.payload:
+            total = sum(sizes)
+            if total >= shm.SHARED_BIT:  # Buffers in shared memory are not in the stream.
+                total = sum(size & ~shm.SHARED_BIT for size in sizes)
+            if payload_size + total > limits.payload:
                 raise ProtocolViolation(f'frame of kind {kind} is too large (its payload and '
-                                        f'buffers add up to {payload_size + sum(sizes)} bytes)')
+                                        f'buffers add up to {payload_size + total} bytes)')
         self._start += HEADER.size + 8 * count
         self._frame = _Partial(kind, status, call_id, (text_size, payload_size, *sizes))
         return self._read_parts()
@@ -399,6 +469,9 @@ class FrameReader:
                 self._fill(size)
                 parts.append(self._buffer[self._start:self._start + size])  # A copy: ours.
                 self._start += size
+                continue
+            if size & shm.SHARED_BIT:
+                parts.append(self._shared_part(size & ~shm.SHARED_BIT))
                 continue
             if frame.filling is None:
                 frame.filling = allocate(size)
@@ -442,7 +515,7 @@ class FrameReader:
         if self._tls_server:
             count = self._receive_tls(view, self._impatient_at - now)
         else:
-            count = self._sock.recv_into(view)
+            count = self._receive_into(view)
         self._progress += count
         return count
 

@@ -73,7 +73,7 @@ class AcceptedConnection:
 
     __slots__ = ('sock', 'client', 'state', 'mode', 'reader', 'hello', 'deadline', 'outbox',
                  'calls', 'lock', 'busy', 'parked', 'ended', 'tls', 'handshake', 'refusal',
-                 '__weakref__')
+                 'shared', '__weakref__')
 
     def __init__(self, sock: socket.socket, client: Any):
         self.sock = sock
@@ -93,6 +93,8 @@ class AcceptedConnection:
         self.tls = False  # Its socket is a TLS socket (non-blocking, also once welcomed).
         self.handshake: Optional[str] = None  # What its TLS handshake waits for: 'read', 'write'.
         self.refusal: Optional[str] = None  # A TLS client at a limit: refused after the handshake.
+        # Large buffers go both ways in shared memory (frames.SHARED_MEMORY): set by greet.
+        self.shared = False
 
     @property
     def idle(self) -> bool:
@@ -119,8 +121,9 @@ class Loop:
 
     Args:
       listener: a bound, listening stream socket of any family.
-      greet: ``greet(connection, hello)`` returns None to welcome the connection, or the
-        REFUSED frame's (reason, message); runs on the loop thread, so it must not block.
+      greet: ``greet(connection, hello)`` returns None to welcome the connection (having set
+        ``connection.shared`` if large buffers go in shared memory), or the REFUSED frame's
+        (reason, message); runs on the loop thread, so it must not block.
       serve: ``serve(connection, frame)`` is called on the loop thread with each whole frame
         a welcomed connection sent, and must not block. A blocking (SYNC) connection is then
         the callee's until it calls :meth:`resume`; for a futures (PIPELINED) connection it
@@ -206,6 +209,7 @@ class Loop:
             if not self._per_client[connection.client]:
                 del self._per_client[connection.client]
         _close_socket(connection.sock)
+        connection.reader.close_descriptors()
 
     def stop(self) -> None:
         """Stops accepting and watching; the connections still open (`connections()`) are the
@@ -527,11 +531,12 @@ class Loop:
             self._drop(connection, frames.encode(frames.REFUSED, refusal[0], 0, refusal[1]))
             return
         connection.hello = bytearray()
-        connection.mode = hello.status
+        connection.mode = hello.status & ~frames.SHARED_MEMORY
         if len(data) > size:  # The client did not wait for its welcome: keep what follows.
             connection.reader.feed(bytes(data[size:]))
         try:
-            connection.sock.sendall(frames.encode(frames.WELCOME)[0])
+            connection.sock.sendall(frames.encode(
+                frames.WELCOME, frames.SHARED_MEMORY if connection.shared else 0)[0])
             # A client that takes no byte of its answers for stall_timeout loses its
             # connection: it cannot hold the worker sending to it.
             frames.set_send_timeout(connection.sock, self.limits.stall_timeout)
@@ -549,6 +554,8 @@ class Loop:
         connection.outbox = frames.Outbox(connection.sock)
         frames.enlarge_send_buffer(connection.sock)
         connection.state = IDLE
+        if connection.shared:
+            connection.reader.take_descriptors()
         if connection.reader.buffered:
             self._read_frames(connection)
 

@@ -1,0 +1,374 @@
+"""Weight broadcast on one host, ours beside Ray in the same run, and large echoes.
+
+Broadcast: a learner process holds float32 parameters of N MiB; each round it makes new
+ones (the same arithmetic for every system) and 8 actor processes fetch them and read one
+value of every 4 KiB page (so every page is mapped or copied, as an actor using them would).
+
+- ours: the learner is a courier server on a Unix socket with ``update()`` and
+  ``get_params()`` (read-only arrays: one placement in shared memory per update, see
+  docs/courier.md); each actor is a courier server whose ``fetch()`` calls
+  ``learner.get_params()``. The driver calls ``update`` then every actor's ``fetch``.
+- ray: the learner actor ``ray.put``s its new parameters once per update; each actor asks it
+  for the reference and ``ray.get``s it (zero-copy from Ray's object store). Runs under
+  ``LAUNCHPAD_BENCH_RAY_PYTHON`` (benchmarks/README.md) in a private Ray instance.
+
+Reported per system and size: rounds/s; the learner process's CPU seconds (user + system)
+per round; the peak proportional set size (PSS: shared pages counted once) of every process
+of the system together, and of the actors alone above their size before the first fetch, as
+a multiple of one copy of the parameters.
+
+Echo: a float32 array sent to a courier server process on a Unix socket and returned (MB/s
+of array bytes per round trip, as courier_bench.py counts), with shared memory on and off
+(``COURIER_SHARED_MEMORY=0`` in the server's environment: buffers then cross the socket).
+
+Usage: python benchmarks/broadcast_bench.py [--sizes-mib 1 64 256] [--actors 8]
+           [--seconds 5] [--echo-mib 64 1024] [--systems ours ray] [--json out.json]
+Numbers move with the machine's load: compare the columns of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Dict, Iterator, List
+
+import numpy as np
+import psutil
+
+_PAGE_FLOATS = 1024  # float32 values per 4 KiB page.
+
+
+def _new_params(base: np.ndarray, version: int) -> np.ndarray:
+    params = np.add(base, np.float32(version))
+    params.setflags(write=False)
+    return params
+
+
+def _touch(params: np.ndarray) -> float:
+    return float(params[::_PAGE_FLOATS].sum())
+
+
+def _cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+class _PeakMemory:
+    """Samples the summed PSS of a set of processes in a thread; keeps the peak."""
+
+    def __init__(self, pids: List[int]):
+        self.pids = pids
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self, pids: List[int] = None) -> int:
+        total = 0
+        for pid in pids or self.pids:
+            try:
+                total += psutil.Process(pid).memory_full_info().pss
+            except psutil.Error:
+                pass
+        return total
+
+    def _run(self):
+        while not self._stop.wait(0.25):
+            self.peak = max(self.peak, self.sample())
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.sample())
+
+
+# ----- ours ------------------------------------------------------------------------------------
+
+class _Learner:
+    def __init__(self, mib: int):
+        self._base = np.random.default_rng(0).random(mib * 2**20 // 4, dtype=np.float32)
+        self._version = 0
+        self.params = _new_params(self._base, 0)
+
+    def update(self) -> int:
+        self._version += 1
+        self.params = _new_params(self._base, self._version)
+        return self._version
+
+    def get_params(self) -> np.ndarray:
+        return self.params
+
+    def cpu(self) -> float:
+        return _cpu_seconds()
+
+
+class _Actor:
+    def __init__(self, learner_address: str):
+        import courier  # pylint: disable=import-outside-toplevel
+        self._learner = courier.Client(learner_address, call_timeout=600)
+        self.params = None
+
+    def fetch(self) -> float:
+        self.params = None  # What an actor holds: the latest parameters only.
+        self.params = self._learner.get_params()
+        return _touch(self.params)
+
+
+def _serve(make: Any, args: tuple, address: str, ready: Any, stop: Any) -> None:
+    import courier  # pylint: disable=import-outside-toplevel
+    server = courier.Server(address=address, thread_pool_size=16)
+    server.bind_object(make(*args))
+    server.Bind('pid', os.getpid)
+    server.Start()
+    ready.put(server.address)
+    stop.wait()
+    server.Stop()
+
+
+@contextlib.contextmanager
+def _processes(specs: List[tuple], shared_memory: bool = True) -> Iterator[List[str]]:
+    """Runs a courier server per ``(make, args, address)`` in its own process."""
+    context = multiprocessing.get_context('spawn')
+    stop = context.Event()
+    started = []
+    saved = os.environ.get('COURIER_SHARED_MEMORY')
+    os.environ['COURIER_SHARED_MEMORY'] = '1' if shared_memory else '0'
+    try:
+        for make, args, address in specs:
+            ready = context.Queue()
+            process = context.Process(target=_serve, args=(make, args, address, ready, stop),
+                                      daemon=True)
+            process.start()
+            started.append((process, ready))
+        yield [ready.get(timeout=120) for _, ready in started]
+    finally:
+        if saved is None:
+            os.environ.pop('COURIER_SHARED_MEMORY', None)
+        else:
+            os.environ['COURIER_SHARED_MEMORY'] = saved
+        stop.set()
+        for process, _ in started:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+def broadcast_ours(mib: int, actors: int, seconds: float,
+                   shared_memory: bool = True) -> Dict[str, float]:
+    import courier  # pylint: disable=import-outside-toplevel
+    with tempfile.TemporaryDirectory(prefix='bcast-') as scratch:
+        learner_address = f'unix:{scratch}/learner'
+        specs = [(_Learner, (mib,), learner_address)]
+        specs += [(_Actor, (learner_address,), f'unix:{scratch}/actor{i}') for i in range(actors)]
+        with _processes(specs, shared_memory) as addresses:
+            clients = [courier.Client(address, call_timeout=600) for address in addresses]
+            learner, workers = clients[0], clients[1:]
+
+            def one_round():
+                learner.update()
+                for future in [worker.futures.fetch() for worker in workers]:
+                    future.result()
+
+            pids = [client.pid() for client in clients]
+            return _measure_rounds(one_round, learner.cpu, pids, pids[1:], mib, seconds)
+
+
+def _measure_rounds(one_round, learner_cpu, host_pids, actor_pids, mib, seconds):
+    memory = _PeakMemory(host_pids)
+    actors_before = memory.sample(actor_pids)
+    actors_peak = [0]
+
+    def sample_actors():
+        actors_peak[0] = max(actors_peak[0], memory.sample(actor_pids))
+
+    one_round()  # Warm up.
+    sample_actors()
+    with memory:
+        cpu_start = learner_cpu()
+        rounds = 0
+        start = time.perf_counter()
+        while True:
+            one_round()
+            rounds += 1
+            if rounds % 8 == 1:
+                sample_actors()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds and rounds >= 3:
+                break
+        cpu = learner_cpu() - cpu_start
+    sample_actors()
+    size = mib * 2**20
+    return {'rounds_per_s': rounds / elapsed, 'learner_cpu_ms_per_round': 1e3 * cpu / rounds,
+            'host_pss_peak_mib': memory.peak / 2**20,
+            'actors_pss_growth_copies': (actors_peak[0] - actors_before) / size}
+
+
+# ----- Ray (run under its own interpreter) ------------------------------------------------------
+
+def broadcast_ray(mib: int, actors: int, seconds: float) -> Dict[str, float]:
+    import ray  # pylint: disable=import-outside-toplevel
+
+    @ray.remote(num_cpus=0)
+    class Learner:
+        def __init__(self, mib):
+            self._base = np.random.default_rng(0).random(mib * 2**20 // 4, dtype=np.float32)
+            self._version = 0
+            self._ref = ray.put(_new_params(self._base, 0))
+
+        def update(self):
+            self._version += 1
+            self._ref = ray.put(_new_params(self._base, self._version))
+            return self._version
+
+        def get_params_ref(self):
+            return [self._ref]  # In a list: the reference itself, not its value.
+
+        def cpu(self):
+            return _cpu_seconds()
+
+        def pid(self):
+            return os.getpid()
+
+    @ray.remote(num_cpus=0)
+    class Actor:
+        def __init__(self, learner):
+            self._learner = learner
+            self.params = None
+
+        def fetch(self):
+            self.params = None
+            ref = ray.get(self._learner.get_params_ref.remote())[0]
+            self.params = ray.get(ref)
+            return _touch(self.params)
+
+        def pid(self):
+            return os.getpid()
+
+    ray.init(include_dashboard=False, num_cpus=2, log_to_driver=False,
+             object_store_memory=max(1 << 30, 8 * mib * 2**20))
+    try:
+        learner = Learner.remote(mib)
+        workers = [Actor.remote(learner) for _ in range(actors)]
+
+        def one_round():
+            ray.get(learner.update.remote())
+            ray.get([worker.fetch.remote() for worker in workers])
+
+        actor_pids = ray.get([worker.pid.remote() for worker in workers])
+        host_pids = [child.pid for child in psutil.Process().children(recursive=True)]
+        return _measure_rounds(one_round, lambda: ray.get(learner.cpu.remote()), host_pids,
+                               actor_pids, mib, seconds)
+    finally:
+        ray.shutdown()
+
+
+def _run_ray(sizes: List[int], actors: int, seconds: float) -> Dict[int, Any]:
+    python = os.environ.get('LAUNCHPAD_BENCH_RAY_PYTHON')
+    if not python:
+        return {size: 'skipped: LAUNCHPAD_BENCH_RAY_PYTHON is not set' for size in sizes}
+    results = {}
+    for size in sizes:
+        command = [python, os.path.abspath(__file__), '--ray-only', '--sizes-mib', str(size),
+                   '--actors', str(actors), '--seconds', str(seconds)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+        try:
+            results[size] = json.loads(done.stdout.strip().splitlines()[-1])[str(size)]
+        except (IndexError, ValueError, KeyError):
+            results[size] = f'failed: {done.stderr[-2000:]}'
+    return results
+
+
+# ----- echo ------------------------------------------------------------------------------------
+
+class _Echo:
+    def echo(self, value):
+        return value
+
+
+def echo(mib: int, shared_memory: bool, seconds: float) -> Dict[str, float]:
+    import courier  # pylint: disable=import-outside-toplevel
+    with tempfile.TemporaryDirectory(prefix='echo-') as scratch:
+        with _processes([(_Echo, (), f'unix:{scratch}/echo')], shared_memory) as (address,):
+            client = courier.Client(address, call_timeout=600)
+            array = np.random.default_rng(0).random(mib * 2**20 // 4, dtype=np.float32)
+            client.echo(array)  # Warm up.
+            calls = 0
+            start = time.perf_counter()
+            while True:
+                result = client.echo(array)
+                calls += 1
+                elapsed = time.perf_counter() - start
+                if elapsed >= seconds and calls >= 3:
+                    break
+            assert result.shape == array.shape and result[-1] == array[-1]
+            client.close()
+            return {'mb_per_s': array.nbytes * calls / elapsed / 1e6}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--sizes-mib', nargs='+', type=int, default=[1, 64, 256])
+    parser.add_argument('--actors', type=int, default=8)
+    parser.add_argument('--seconds', type=float, default=5.0)
+    parser.add_argument('--echo-mib', nargs='*', type=int, default=[64, 1024])
+    parser.add_argument('--systems', nargs='+', choices=['ours', 'ours-socket', 'ray'],
+                        default=['ours', 'ours-socket', 'ray'])
+    parser.add_argument('--ray-only', action='store_true', help=argparse.SUPPRESS)
+    parser.add_argument('--json', help='also write the numbers to this file')
+    args = parser.parse_args()
+    if args.ray_only:
+        print(json.dumps({str(size): broadcast_ray(size, args.actors, args.seconds)
+                          for size in args.sizes_mib}))
+        return
+    results: Dict[str, Any] = {'broadcast': {}, 'echo': {}}
+    for size in args.sizes_mib:  # Ours and Ray alternate, size by size.
+        row = results['broadcast'][size] = {}
+        if 'ours' in args.systems:
+            row['ours'] = broadcast_ours(size, args.actors, args.seconds)
+        if 'ours-socket' in args.systems:  # COURIER_SHARED_MEMORY=0: through the socket.
+            row['ours-socket'] = broadcast_ours(size, args.actors, args.seconds, False)
+        if 'ray' in args.systems:
+            row['ray'] = _run_ray([size], args.actors, args.seconds)[size]
+        _print_broadcast(size, row)
+    for size in args.echo_mib:
+        row = results['echo'][size] = {
+            'shared memory': echo(size, True, args.seconds),
+            'socket (COURIER_SHARED_MEMORY=0)': echo(size, False, args.seconds)}
+        values = [numbers['mb_per_s'] for numbers in row.values()]
+        print(f'echo {size:5} MiB  shared memory {values[0]:9,.0f} MB/s   socket '
+              f'{values[1]:9,.0f} MB/s   ratio {values[0] / values[1]:.2f}', flush=True)
+    if args.json:
+        with open(args.json, 'w') as out:
+            json.dump(results, out, indent=2)
+
+
+def _print_broadcast(size: int, row: Dict[str, Any]) -> None:
+    for system, numbers in row.items():
+        if isinstance(numbers, str):
+            print(f'broadcast {size:4} MiB  {system:11} {numbers}', flush=True)
+            continue
+        print(f'broadcast {size:4} MiB  {system:11} {numbers["rounds_per_s"]:8.1f} rounds/s  '
+              f'learner CPU {numbers["learner_cpu_ms_per_round"]:7.1f} ms/round  host PSS peak '
+              f'{numbers["host_pss_peak_mib"]:7.0f} MiB  actors above baseline '
+              f'{numbers["actors_pss_growth_copies"]:5.2f} copies', flush=True)
+    ours, ray = row.get('ours'), row.get('ray')
+    if isinstance(ours, dict) and isinstance(ray, dict):
+        print(f'broadcast {size:4} MiB  ours/ray rounds/s {ours["rounds_per_s"] / ray["rounds_per_s"]:.2f}',
+              flush=True)
+
+
+if __name__ == '__main__':
+    main()

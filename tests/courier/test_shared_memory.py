@@ -1,0 +1,190 @@
+"""Large buffers between processes of one host travel in shared memory (courier/transport/shm.py)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import courier
+from courier.transport import _here
+from courier.transport import shm
+from launchpad.nodes import cacher
+from tests.courier.conftest import NoServersHere
+from tests.courier.conftest import free_tcp_address
+
+pytestmark = pytest.mark.skipif(not shm.ENABLED, reason='no memfd here, or COURIER_SHARED_MEMORY=0')
+
+LARGE = 4 << 20
+
+
+def _memfd_mappings() -> set:
+    """The inodes of this process's mappings of courier's shared memory."""
+    with open('/proc/self/maps') as maps:
+        return {line.split()[4] for line in maps if '/memfd:courier' in line}
+
+
+def _memfd_files(pid: object = 'self') -> int:
+    """How many of courier's memfds a process holds open."""
+    count = 0
+    for name in os.listdir(f'/proc/{pid}/fd'):
+        try:
+            count += os.readlink(f'/proc/{pid}/fd/{name}').startswith('/memfd:courier')
+        except OSError:
+            pass
+    return count
+
+
+def _settled(expected, read, seconds: float = 10.0):
+    """What ``read()`` returns once it is ``expected`` (or after ``seconds``): a server's worker
+    drops its references to a call's buffers just after the answer went out."""
+    deadline = time.monotonic() + seconds
+    while read() != expected and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    return read()
+
+
+class _Learner:
+    """Serves the same read-only parameters until they are replaced."""
+
+    def __init__(self):
+        self.params = None
+        self.update()
+
+    def update(self):
+        params = np.random.default_rng().random(LARGE // 8)
+        params.setflags(write=False)
+        self.params = params
+
+    def get_params(self):
+        return self.params
+
+    def echo(self, value):
+        return value
+
+
+def test_large_buffers_arrive_read_only_in_shared_memory_and_small_ones_inline(
+        make_server, socket_dir, monkeypatch):
+    monkeypatch.setattr(_here, 'servers', NoServersHere())  # Through the socket.
+    learner = _Learner()
+    tcp = free_tcp_address()
+    for address in (f'unix:{socket_dir}/s', tcp):
+        server = make_server(address=address)
+        server.bind_object(learner)
+        server.Start()
+    array = np.arange(LARGE // 4, dtype=np.float32)
+    before = _memfd_mappings()
+    echoed = courier.Client(f'unix:{socket_dir}/s').echo({'large': array, 'small': array[:10]})
+    np.testing.assert_array_equal(echoed['large'], array)
+    assert not echoed['large'].flags.writeable  # Mapped read-only onto the shared memory,
+    with pytest.raises(ValueError):
+        echoed['large'][0] = 1
+    writable = echoed['large'].copy()  # and a copy is writable.
+    writable[0] = 1
+    assert echoed['small'].flags.writeable  # Under the threshold: through the socket.
+    assert len(_memfd_mappings() - before) == 1
+    # TCP clients get the bytes inline, writable, as before.
+    over_tcp = courier.Client(tcp).echo(array)
+    assert over_tcp.flags.writeable and np.array_equal(over_tcp, array)
+    # The memory goes when its last reader drops it.
+    del echoed
+    assert _settled(before, _memfd_mappings) == before
+
+
+def test_one_value_reaches_many_readers_in_the_same_pages(make_server, socket_dir, monkeypatch):
+    monkeypatch.setattr(_here, 'servers', NoServersHere())
+    learner = _Learner()
+    source = make_server(address=f'unix:{socket_dir}/learner')
+    source.bind_object(learner)
+    source.Start()
+    client = courier.Client(source.address)
+    # A cacher passes on what it received without copying it.
+    cached = make_server(address=f'unix:{socket_dir}/cacher')
+    cached.bind_object(cacher._CachingForwarder(client, 10.0, 20.0))  # pylint: disable=protected-access
+    cached.Start()
+    readers = [client.get_params(), client.futures.get_params().result(),
+               courier.Client(source.address).get_params(),
+               courier.Client(cached.address).get_params(),
+               courier.Client(cached.address).futures.get_params().result()]
+    for params in readers:
+        np.testing.assert_array_equal(params, learner.params)
+    assert len({params.ctypes.data for params in readers}) == len(readers)  # Each its mapping,
+    old = _memfd_mappings()
+    assert len(old) == 1  # all of one file: written once.
+    learner.update()  # A new value, asked for by many at once: written once more.
+    futures = [courier.Client(source.address).futures.get_params() for _ in range(6)]
+    fresh = [future.result() for future in futures]
+    np.testing.assert_array_equal(fresh[0], learner.params)
+    assert len(_memfd_mappings()) == 2 and old < _memfd_mappings()
+
+
+_SERVE = '''
+import sys, time
+import numpy as np
+import courier
+server = courier.Server(address=sys.argv[1])
+params = np.ones({size} // 8)
+params.setflags(write=False)
+server.Bind('get_params', lambda: params)
+server.Bind('fresh', lambda: np.ones({size} // 8))
+server.Start()
+print('ready', flush=True)
+time.sleep(600)
+'''
+
+_READ = '''
+import sys, time
+import courier
+client = courier.Client(sys.argv[1])
+held = [client.get_params(), client.fresh()]
+print('holding', flush=True)
+time.sleep(600)
+'''
+
+
+def _start(script: str, address: str, env: dict) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, '-c', script.format(size=LARGE), address],
+                               stdout=subprocess.PIPE, env=env, text=True)
+    assert process.stdout.readline().strip() in ('ready', 'holding')
+    return process
+
+
+def test_nothing_is_left_after_readers_and_servers_are_killed(socket_dir, subprocess_env):
+    def shm_names():
+        return set(os.listdir('/dev/shm')) if os.path.isdir('/dev/shm') else set()
+
+    names = shm_names()
+    address = f'unix:{socket_dir}/s'
+    server = _start(_SERVE, address, subprocess_env)
+    reader = None
+    try:
+        reader = _start(_READ, address, subprocess_env)
+        # The server keeps its read-only value's memory while the value lives; a fresh
+        # result's is the reader's alone once sent.
+        # The server drops the fresh one once it went out.
+        assert _settled(1, lambda: _memfd_files(server.pid)) == 1
+        reader.kill()
+        reader.wait()
+        client = courier.Client(address)
+        params = client.get_params()
+        assert params.sum() == LARGE // 8 and _memfd_mappings()
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        assert params.sum() == LARGE // 8  # A reader keeps its memory after the server died.
+        del params
+        gc.collect()
+        assert not _memfd_mappings() and _memfd_files() == 0
+        assert shm_names() == names  # Never a name in /dev/shm.
+    finally:
+        for process in (reader, server):
+            if process is not None:
+                process.kill()
+                process.wait()
+                process.stdout.close()
