@@ -35,6 +35,21 @@ def private_registry() -> Iterator[str]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope='session', autouse=True)
+def private_runs() -> Iterator[str]:
+    """Programs the tests launch keep their run directories (launchpad/observe/runstore.py) in
+    a directory of their own, removed at the end, not in the user's."""
+    path = tempfile.mkdtemp(prefix='lp-runs-tests-')
+    before = os.environ.get('LAUNCHPAD_RUNS_DIR')
+    os.environ['LAUNCHPAD_RUNS_DIR'] = path
+    yield path
+    if before is None:
+        del os.environ['LAUNCHPAD_RUNS_DIR']
+    else:
+        os.environ['LAUNCHPAD_RUNS_DIR'] = before
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope='session')
 def ssh_testbed() -> Iterator[list[testbeds.SshHost]]:
     """Three SSH hosts lp-h1..3 (see testbeds.ssh_hosts), up for the whole session."""
