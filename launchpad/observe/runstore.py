@@ -20,6 +20,8 @@ epoch):
                  launchpad_threads, launchpad_calls_per_s, launchpad_errors_per_s), and each
                  value a node reported anew (kind 'gauge' for lp.report, 'counter' for lp.count:
                  the running total)
+    metrics_10s  the same, one row per series and 10 s slice (its last time; the mean of a
+                 gauge, a counter's last total), which views of long runs read
     scaling      time, group_label, size, wanted, target, reason, spent: the scaling log
                  (`controller.scaling_log`; time is seconds since the program started)
 
@@ -50,10 +52,14 @@ CREATE TABLE IF NOT EXISTS failures (time REAL, node TEXT, attempt INTEGER, mess
     traceback TEXT);
 CREATE TABLE IF NOT EXISTS restarts (time REAL, node TEXT, restart INTEGER);
 CREATE TABLE IF NOT EXISTS metrics (time REAL, node TEXT, name TEXT, kind TEXT, value REAL);
-CREATE INDEX IF NOT EXISTS metrics_by_series ON metrics (name, node, time);
+CREATE INDEX IF NOT EXISTS metrics_by_time ON metrics (time);
+CREATE TABLE IF NOT EXISTS metrics_10s (time REAL, node TEXT, name TEXT, kind TEXT, value REAL);
+CREATE INDEX IF NOT EXISTS metrics_10s_by_time ON metrics_10s (time);
 CREATE TABLE IF NOT EXISTS scaling (time REAL, group_label TEXT, size INTEGER, wanted INTEGER,
     target INTEGER, reason TEXT, spent REAL);
 '''
+
+ROLLUP_SECONDS = 10.0  # the slices of metrics_10s, read for views coarser than that
 
 # The numbers the observer adds for every node, as they are named in the metrics table.
 NODE_METRICS = {'cpu_percent': 'launchpad_cpu_percent', 'rss_bytes': 'launchpad_rss_bytes',
@@ -111,6 +117,8 @@ class RunWriter:
         self._restarts: Dict[str, int] = {}
         self._reported: Dict[Tuple[str, str], float] = {}  # (node, name) -> its report time
         self._scaling = 0
+        # (node, name, kind) -> [slice, sum, count, last time, last value] of its open slice
+        self._slices: Dict[Tuple[str, str, str], List[Any]] = {}
 
     def write(self, samples: List[Dict[str, Any]]) -> None:
         """Writes samples (`recorder.Recorder.record`) in one transaction."""
@@ -121,6 +129,8 @@ class RunWriter:
     def close(self) -> None:
         """Closes the file, left as one file (no WAL beside it) for those who copy it, unless
         someone reads it now (the WAL then stays, as readable)."""
+        with self._connection:
+            self._roll_up([], close=True)
         try:
             self._connection.execute('PRAGMA journal_mode=DELETE')
         except sqlite3.OperationalError:  # 'database is locked' by a reader
@@ -129,6 +139,7 @@ class RunWriter:
 
     def _write(self, sample: Dict[str, Any]) -> None:
         now, execute = sample['time'], self._connection.execute
+        rows: List[Tuple[float, str, str, str, float]] = []  # of the metrics table
         for row in sample['nodes']:
             node = row['name']
             state = (row['state'], row['host'], row['pid'], row['restarts'], row['error'])
@@ -138,10 +149,8 @@ class RunWriter:
             for restart in range(self._restarts.get(node, 0) + 1, row['restarts'] + 1):
                 execute('INSERT INTO restarts VALUES (?, ?, ?)', (now, node, restart))
             self._restarts[node] = max(self._restarts.get(node, 0), row['restarts'])
-            execute_many = [(now, node, name, 'gauge', row[key]) for key, name in
-                            NODE_METRICS.items() if row.get(key) is not None]
-            self._connection.executemany('INSERT INTO metrics VALUES (?, ?, ?, ?, ?)',
-                                         execute_many)
+            rows.extend((now, node, name, 'gauge', row[key]) for key, name in
+                        NODE_METRICS.items() if row.get(key) is not None)
         for node, failures in sample.get('failures', {}).items():
             for attempt, (message, text) in enumerate(failures[self._failures.get(node, 0):],
                                                       self._failures.get(node, 0) + 1):
@@ -152,8 +161,9 @@ class RunWriter:
             for name, (kind, value, taken) in reported.items():
                 if self._reported.get((node, name)) != taken:
                     self._reported[(node, name)] = taken
-                    execute('INSERT INTO metrics VALUES (?, ?, ?, ?, ?)',
-                            (taken, node, name, kind, value))
+                    rows.append((taken, node, name, kind, value))
+        self._connection.executemany('INSERT INTO metrics VALUES (?, ?, ?, ?, ?)', rows)
+        self._roll_up(rows)
         for decision in sample.get('scaling', [])[self._scaling:]:
             execute('INSERT INTO scaling VALUES (?, ?, ?, ?, ?, ?, ?)',
                     (decision.time, decision.group, decision.size, decision.wanted,
@@ -164,31 +174,55 @@ class RunWriter:
         execute('UPDATE run SET last_view = ?, stop_reason = ?, ended = ?',
                 (json.dumps(view), sample['stop_reason'], now if sample['ended'] else None))
 
+    def _roll_up(self, rows: List[Tuple[float, str, str, str, float]], close: bool = False) -> None:
+        """Adds metric rows to their open slices, writing to metrics_10s the slices they close
+        (every open one, if `close`)."""
+        closed = []
+        for taken, node, name, kind, value in rows:
+            number = int(taken // ROLLUP_SECONDS)
+            open_slice = self._slices.get((node, name, kind))
+            if open_slice is not None and open_slice[0] != number:
+                closed.append(((node, name, kind), open_slice))
+                open_slice = None
+            if open_slice is None:
+                self._slices[(node, name, kind)] = [number, value, 1, taken, value]
+            else:
+                open_slice[1:] = [open_slice[1] + value, open_slice[2] + 1, taken, value]
+        if close:
+            closed.extend(self._slices.items())
+            self._slices.clear()
+        self._connection.executemany('INSERT INTO metrics_10s VALUES (?, ?, ?, ?, ?)', [
+            (last, node, name, kind, final if kind == 'counter' else total / count)
+            for (node, name, kind), (_, total, count, last, final) in closed])
+
 
 def read_series(connection: sqlite3.Connection, start: Optional[float] = None,
                 end: Optional[float] = None, points: int = 600) -> Dict[str, Any]:
     """Every metric of the run between `start` and `end` (default: its whole history), at most
     about `points` per series: the mean of each slice of time for gauges, the last total for
-    counters (0 points: every row).
+    counters (0 points: every row). Slices of ROLLUP_SECONDS or more are read from
+    metrics_10s (a mean of means, not weighted by the rows each holds).
 
     Returns {'start', 'end', 'series': [{'name', 'node', 'kind', 'points': [[time, value]]}]}.
     """
-    first, last = connection.execute('SELECT min(time), max(time) FROM metrics').fetchone()
-    start = first if start is None else start
-    end = last if end is None else end
+    if start is None:  # (min and max in one query would read the whole index)
+        start = connection.execute('SELECT min(time) FROM metrics').fetchone()[0]
+    if end is None:
+        end = connection.execute('SELECT max(time) FROM metrics').fetchone()[0]
     result: Dict[str, Any] = {'start': start, 'end': end, 'series': []}
     if start is None or end is None:
         return result
     if points <= 0:
         rows = connection.execute(
             'SELECT name, node, kind, time, value FROM metrics WHERE time >= ? AND time <= ? '
-            'ORDER BY name, node, time', (start, end))
+            'ORDER BY time', (start, end))
     else:
         width = max((end - start) / points, 1e-6)
+        table = 'metrics_10s' if width >= ROLLUP_SECONDS else 'metrics'
         rows = connection.execute(
             'SELECT name, node, kind, max(time), CASE kind WHEN \'counter\' THEN max(value) '
-            'ELSE avg(value) END FROM metrics WHERE time >= ? AND time <= ? '
-            'GROUP BY name, node, kind, CAST((time - ?) / ? AS INTEGER) ORDER BY name, node, 4',
+            f'ELSE avg(value) END FROM {table} WHERE time >= ? AND time <= ? '
+            'GROUP BY name, node, kind, CAST((time - ?) / ? AS INTEGER) ORDER BY 4',
             (start, end, start, width))
     series: Dict[Tuple[str, str, str], List[List[float]]] = {}
     for name, node, kind, taken, value in rows:
@@ -247,8 +281,8 @@ def find(query: str) -> pathlib.Path:
         return path
     kept = runs()
     exact = [run for run in kept if run['id'] == query]
-    matches = exact or [run for run in kept if run['id'].startswith(query)] or [
-        run for run in kept if run['name'] == query][-1:]
+    matches = exact or [run for run in kept if run['name'] == query][-1:] or [
+        run for run in kept if run['id'].startswith(query)]
     if len(matches) == 1:
         return pathlib.Path(matches[0]['directory'])
     if matches:

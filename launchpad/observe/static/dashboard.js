@@ -448,7 +448,7 @@
   async function zoomTo(t0, t1) {
     zoom = t0 === null ? null : [t0, t1];
     try {
-      const params = zoom ? {start: t0, end: t1, points: 800} : {points: 800};
+      const params = zoom ? {start: t0, end: t1, points: 800} : {points: 400};
       addSeries(await get('/api/series', params), true);
     } catch (error) {
       banner('cannot read the run: ' + error.message);
@@ -461,7 +461,7 @@
     // Reported values are stored at the time they were reported, which the launching process
     // learns up to a couple of seconds later: read again the last seconds (`addSeries` keeps
     // only the points newer than a line's last).
-    const params = lastTime > 0 ? {start: lastTime - 10, points: 0} : {points: 800};
+    const params = lastTime > 0 ? {start: lastTime - 10, points: 0} : {points: 400};
     addSeries(await get('/api/series', params), false);
   }
 
