@@ -568,11 +568,16 @@
   async function tick() {
     try {
       view = await get('/api/view');
-      await pollSeries();
+      let unread = '';
+      try {
+        await pollSeries();
+      } catch (error) {  // the rest of the page still shows the program
+        unread = 'cannot read the run\'s metrics: ' + error.message;
+      }
       drawGraph();
       drawTable();
       drawPlots();
-      banner(view.ended ? `program ended${view.stop_reason ? ': ' + view.stop_reason : ''}` : '');
+      banner(view.ended ? `program ended${view.stop_reason ? ': ' + view.stop_reason : ''}` : unread);
       await pollLog();
       await pollFailures();
     } catch (error) {
