@@ -92,7 +92,8 @@ def connect(path: pathlib.Path, *, write: bool = False) -> sqlite3.Connection:
         return connection
     if not path.exists():
         raise RunError(f'{path} is not there: the run was removed, or never kept.')
-    connection = sqlite3.connect(f'{path.as_uri()}?mode=ro', uri=True, check_same_thread=False)
+    connection = sqlite3.connect(f'{path.resolve().as_uri()}?mode=ro', uri=True,
+                                 check_same_thread=False)
     connection.execute('PRAGMA query_only=1')
     return connection
 

@@ -53,12 +53,16 @@ lp.launch(program, launch_type='local_mp', tensorboard_dir=sys.argv[2])
 '''
 
 
-def _states(sample: dict) -> dict:
-    """(node, state) -> value of launchpad_node_state in the Prometheus text of `sample`."""
+def _exposed(sample: dict, name: str) -> dict:
+    """(node, state or None) -> value of `name` in the Prometheus text of `sample`."""
     text = prometheus.exposition(sample).decode()
-    return {(s.labels['node'], s.labels['state']): s.value
+    return {(s.labels['node'], s.labels.get('state')): s.value
             for family in parser.text_string_to_metric_families(text)
-            for s in family.samples if s.name == 'launchpad_node_state'}
+            for s in family.samples if s.name == name}
+
+
+def _states(sample: dict) -> dict:
+    return _exposed(sample, 'launchpad_node_state')
 
 
 def _sql(capsys, run: str, query: str) -> list:
@@ -96,6 +100,8 @@ def test_an_ended_run_is_queried_served_read_by_tensorboard_and_forgotten(
         programs.wait_until(lambda: _states(observer.sample()).get(('flaky/0', 'restarting')),
                             timeout=60, what='flaky/0 restarting in /metrics')
         assert observer.describe()['run_dir'] == str(runs / entry.id)
+        memory = _exposed(observer.sample(), 'launchpad_node_resident_memory_bytes')
+        assert memory[('learner/0', None)] > 10e6
         _, stderr = process.communicate(timeout=90)
     finally:
         if process.poll() is None:
