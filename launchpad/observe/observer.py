@@ -183,9 +183,9 @@ class Observer:
             self._view = {'time': now, 'ended': ended or self._controller.done,
                           'stop_reason': coordinator.stop_reason, 'nodes': rows, 'edges': edges}
             self._sample = {'time': now, 'program': self._program, 'nodes': rows, **merged}
+            recorded = {**self._view, 'values': merged['values']}
         if self._recorder is not None:
-            self._recorder.record({**self._view, 'values': merged['values'],
-                                   'failures': coordinator.failures(),
+            self._recorder.record({**recorded, 'failures': coordinator.failures(),
                                    'scaling': list(self._controller.scaling_log)})
 
     # What is served (and what an in-process dashboard calls).
