@@ -25,8 +25,8 @@ COMMANDS = ('sql', 'forget')
 def add_parsers(commands: argparse._SubParsersAction) -> None:  # pylint: disable=protected-access
     """Adds `sql` and `forget` to the CLI's commands."""
     sql = commands.add_parser('sql', help="query a run's history (running or ended) with SQL; "
-                                          'tables: run, node_states, failures, restarts, '
-                                          'metrics, scaling')
+                                          'tables: run, node_states, failures, restarts, metrics, '
+                                          'metrics_10s, scaling (docs/runs.md)')
     sql.add_argument('run', help="id (or its start) or name of the run, or its directory")
     sql.add_argument('query', help='one SQL statement (the file is opened read-only)')
     sql.add_argument('--json', action='store_true', help='print JSON: a list of row objects')
@@ -62,8 +62,8 @@ def sql(args) -> int:
         rows = cursor.fetchall()
     except sqlite3.Error as e:
         raise runstore.RunError(f'the query failed: {e} (the tables are described in '
-                                f'docs/observe.md: run, node_states, failures, restarts, '
-                                f'metrics, scaling).') from None
+                                f'docs/runs.md: run, node_states, failures, restarts, '
+                                f'metrics, metrics_10s, scaling).') from None
     finally:
         connection.close()
     if args.json:

@@ -102,6 +102,10 @@ def test_an_ended_run_is_queried_served_read_by_tensorboard_and_forgotten(
         assert observer.describe()['run_dir'] == str(runs / entry.id)
         memory = _exposed(observer.sample(), 'launchpad_node_resident_memory_bytes')
         assert memory[('learner/0', None)] > 10e6
+        # The run file is read while the program writes it (a moment after it is sampled).
+        programs.wait_until(lambda: _sql(capsys, entry.id, "SELECT state FROM node_states WHERE "
+                                                           "state = 'restarting'"),
+                            timeout=30, what='the restart in the run file')
         _, stderr = process.communicate(timeout=90)
     finally:
         if process.poll() is None:
@@ -167,6 +171,8 @@ def test_an_ended_run_is_queried_served_read_by_tensorboard_and_forgotten(
     steps = [event.value for event in events.Scalars('steps/learner/0')]
     assert steps == sorted(steps) and steps[-1] > 1
 
+    assert cli.main(['sql', run, 'DELETE FROM failures']) == 1  # read-only
+    assert 'the query failed: attempt to write a readonly database' in capsys.readouterr().err
     assert cli.main(['list', '--all', '--json']) == 0
     listed = {r['id']: r for r in json.loads(capsys.readouterr().out)}
     assert listed[run]['name'] == 'runs' and not listed[run]['running']
