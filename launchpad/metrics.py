@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import math
 import numbers
+import os
 import re
 import threading
 import time
@@ -115,12 +116,13 @@ def _number(function: str, name: str, value: Any) -> float:
 
 
 def snapshot(program: Optional[str] = None) -> Dict[str, Any]:
-    """This process's call tables and reported values (only `program`'s, if given).
+    """This process's call tables, reported values (only `program`'s, if given) and usage.
 
     {'time': when it was taken, 'tables': [courier call tables, each with its owner],
-    'values': {owner: {name: [kind, value, time]}}}.
+    'values': {owner: {name: [kind, value, time]}}, 'process': `process_usage()`}.
     """
     taken = time.time()
+    usage = process_usage()
     tables = courier_metrics.snapshot()
     with _lock:
         values = {owner: {name: list(entry) for name, entry in node.items()}
@@ -128,7 +130,28 @@ def snapshot(program: Optional[str] = None) -> Dict[str, Any]:
     if program is not None:
         tables = [t for t in tables if t['owner'] is not None and t['owner'][0] == program]
         values = {owner: node for owner, node in values.items() if owner[0] == program}
-    return {'time': taken, 'tables': tables, 'values': values}
+    return {'time': taken, 'tables': tables, 'values': values, 'process': usage}
+
+
+def process_usage() -> Dict[str, float]:
+    """What this process uses: {'cpu_seconds' (user + system, its threads together), 'rss_bytes',
+    'threads'}; the observer turns CPU seconds into a CPU % per node."""
+    process = _this_process()
+    with process.oneshot():
+        cpu = process.cpu_times()
+        return {'cpu_seconds': cpu.user + cpu.system, 'rss_bytes': float(process.memory_info().rss),
+                'threads': float(process.num_threads())}
+
+
+def _this_process():
+    global _process  # pylint: disable=global-statement
+    if _process is None or _process.pid != os.getpid():  # made again in a forked child
+        import psutil  # pylint: disable=import-outside-toplevel
+        _process = psutil.Process()
+    return _process
+
+
+_process = None
 
 
 def start_reporting(name: str, coordinator) -> None:

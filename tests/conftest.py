@@ -20,19 +20,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: TESTBEDS_DIR not in pathlib.Path(str(item.path)).parents)
 
 
+def _private_directory(variable: str, prefix: str) -> Iterator[str]:
+    """A new directory named by the environment variable `variable` until the end, then
+    removed (and the variable as it was)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    before = os.environ.get(variable)
+    os.environ[variable] = path
+    yield path
+    if before is None:
+        del os.environ[variable]
+    else:
+        os.environ[variable] = before
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope='session', autouse=True)
 def private_registry() -> Iterator[str]:
     """Programs the tests launch register in a registry of their own (launchpad/observe/
     registry.py), not in the user's, and leave no registry directory behind."""
-    path = tempfile.mkdtemp(prefix='lp-runtime-tests-')
-    before = os.environ.get('LAUNCHPAD_RUNTIME_DIR')
-    os.environ['LAUNCHPAD_RUNTIME_DIR'] = path
-    yield path
-    if before is None:
-        del os.environ['LAUNCHPAD_RUNTIME_DIR']
-    else:
-        os.environ['LAUNCHPAD_RUNTIME_DIR'] = before
-    shutil.rmtree(path, ignore_errors=True)
+    yield from _private_directory('LAUNCHPAD_RUNTIME_DIR', 'lp-runtime-tests-')
+
+
+@pytest.fixture(scope='session', autouse=True)
+def private_runs() -> Iterator[str]:
+    """Programs the tests launch keep their run directories (launchpad/observe/runstore.py) in
+    a directory of their own, removed at the end, not in the user's."""
+    yield from _private_directory('LAUNCHPAD_RUNS_DIR', 'lp-runs-tests-')
 
 
 @pytest.fixture(scope='session')

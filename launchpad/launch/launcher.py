@@ -36,6 +36,7 @@ from launchpad.context import launch_type_of
 from launchpad.launch.controller import Controller, Controllers, LaunchSignals
 from launchpad.nodes.base import Executable, LaunchInfo
 from launchpad.observe import observer as observers
+from launchpad.observe import tensorboard
 from launchpad.policy import NodePolicy
 from launchpad.program import Program
 
@@ -249,6 +250,7 @@ def launch(programs: Program, launch_type: Optional[str] = None,
            terminal: Optional[str] = None, *, resources: Optional[Mapping[str, Any]] = None,
            serialize_py_nodes: Optional[bool] = None, notice_period: float = 10.0,
            tls: Optional[courier.TLSConfig] = None, dashboard: Union[bool, int] = False,
+           tensorboard_dir: Optional[str] = None,
            **launcher_options: Any) -> Controller: ...
 
 
@@ -258,6 +260,7 @@ def launch(programs: Sequence[Program], launch_type: Optional[str] = None,
            terminal: Optional[str] = None, *, resources: Optional[Mapping[str, Any]] = None,
            serialize_py_nodes: Optional[bool] = None, notice_period: float = 10.0,
            tls: Optional[courier.TLSConfig] = None, dashboard: Union[bool, int] = False,
+           tensorboard_dir: Optional[str] = None,
            **launcher_options: Any) -> Controllers: ...
 
 
@@ -266,6 +269,7 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
            terminal: Optional[str] = None, *, resources: Optional[Mapping[str, Any]] = None,
            serialize_py_nodes: Optional[bool] = None, notice_period: float = 10.0,
            tls: Optional[courier.TLSConfig] = None, dashboard: Union[bool, int] = False,
+           tensorboard_dir: Optional[str] = None,
            **launcher_options) -> Union[Controller, Controllers]:
     """Launches `programs` (one program, or a sequence of them) and returns the controller.
 
@@ -291,6 +295,9 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
         its URL, token included; needs
         `pip install 'launchpad-ml[dashboard]'`. It stays up after the program ends, until
         `controller.observer.close()` or the end of the process.
+      tensorboard_dir: also write the program's metrics (what nodes report, their call rates,
+        CPU and memory) as TensorBoard event files under `tensorboard_dir/<program id>/`
+        (`launchpad.observe.tensorboard`; needs `pip install 'launchpad-ml[tensorboard]'`).
       **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh.
 
     Every program that runs from this process is registered for `python -m launchpad.launch
@@ -310,6 +317,8 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
                              f'{", ".join(registered_launch_types())}.')
         program_list = _programs(programs)
         dashboard_port = observers.check_dashboard_option(dashboard)
+        if tensorboard_dir is not None:
+            tensorboard.require()
         if several and dashboard_port:
             raise ValueError(f'dashboard={dashboard!r} asks for one port, but several programs '
                              'are launched: pass dashboard=True, which serves each on a free '
@@ -328,7 +337,7 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
             serialize_py_nodes=serialize_py_nodes, notice_period=notice_period, tls=tls,
             extra=dict(launcher_options))
         try:
-            controllers.append(_launch_one(program, options, dashboard_port))
+            controllers.append(_launch_one(program, options, dashboard_port, tensorboard_dir))
         except KeyboardInterrupt:  # the launch was interrupted: what this call started ends
             controllers.stop()
             raise
@@ -365,8 +374,8 @@ def _check_resources_have_a_program(resources: Mapping[str, Any],
                          f'their groups are {sorted(groups)}.')
 
 
-def _launch_one(program: Program, options: LaunchOptions,
-                dashboard_port: Optional[int]) -> Controller:
+def _launch_one(program: Program, options: LaunchOptions, dashboard_port: Optional[int],
+                tensorboard_dir: Optional[str] = None) -> Controller:
     interruptible = options.launch_type not in _TEST_TYPES  # Ctrl-C aborts it cleanly
     with (LaunchSignals(f'program {program.name!r}') if interruptible
           else contextlib.nullcontext()) as signals:
@@ -390,7 +399,8 @@ def _launch_one(program: Program, options: LaunchOptions,
         for signum in signals.pending:  # (its controller handles none): to the old handlers
             signal.raise_signal(signum)
     try:  # after the signal handlers: nodes already run, and Ctrl-C must stop them
-        controller.observer = observers.observe(program, controller, dashboard_port)
+        controller.observer = observers.observe(program, controller, dashboard_port,
+                                                 tensorboard_dir)
     except BaseException:
         controller.stop()
         raise

@@ -10,9 +10,14 @@ Which module runs where:
                    its view to the CLI and dashboards
     registry.py    the launching process and the CLI: the user's private directory of running
                    programs
+    usage.py       the launching process: CPU % and memory per node from their reports
+    recorder.py    the launching process: writes each sample off the sampling thread to
+    runstore.py    the run directory's SQLite file (read back by the CLI and dashboards) and
+    tensorboard.py TensorBoard event files (`tensorboard_dir=`, needs tensorboardX)
     prometheus.py  wherever a dashboard serves /metrics (needs prometheus_client)
     dashboard.py   the launching process (`lp.launch(..., dashboard=True)`) or the CLI's
                    (`dashboard PROGRAM`): the web page and its API (needs aiohttp)
     cli.py         `python -m launchpad.launch list|status|logs|stop|dashboard|metrics`
+    runs_cli.py    `python -m launchpad.launch list --all|sql|forget`, `dashboard` of an ended run
     static/        the page, its script and style
 """

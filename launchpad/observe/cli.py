@@ -7,6 +7,7 @@
     python -m launchpad.launch dashboard PROGRAM [--port PORT]
     python -m launchpad.launch metrics PROGRAM
     python -m launchpad.launch token PROGRAM
+    python -m launchpad.launch list --all | sql RUN QUERY | forget RUN      (`runs_cli`)
 
 PROGRAM is a program's id (or the start of one) or its name, as `list` shows them. Each command
 finds the program in the user's registry (`registry`) and calls its observer through courier
@@ -29,8 +30,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import courier
 
 from launchpad.observe import registry
+from launchpad.observe import runs_cli
+from launchpad.observe import runstore
 
-COMMANDS = ('list', 'status', 'logs', 'stop', 'dashboard', 'metrics', 'token')
+COMMANDS = ('list', 'status', 'logs', 'stop', 'dashboard', 'metrics', 'token') + runs_cli.COMMANDS
 _FOLLOW_INTERVAL = 0.5
 _CALL_TIMEOUT = 30.0
 
@@ -46,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest='command', required=True, metavar='COMMAND')
     listing = commands.add_parser('list', help='the running programs')
     listing.add_argument('--json', action='store_true', help='print JSON')
+    listing.add_argument('--all', action='store_true',
+                         help='every kept run, ended ones too (`forget` removes one)')
     status = commands.add_parser('status', help="every node's state, host, pid, uptime, "
                                                 'restarts, GPUs, cores, calls/s and last error')
     status.add_argument('program', help='id (or its start) or name of the program')
@@ -61,13 +66,15 @@ def _parser() -> argparse.ArgumentParser:
     stop.add_argument('--timeout', type=float, default=120.0,
                       help='seconds to wait for it to end (default 120)')
     dashboard = commands.add_parser('dashboard', help="serve the program's web dashboard here")
-    dashboard.add_argument('program', help='id (or its start) or name of the program')
+    dashboard.add_argument('program', help='id (or its start) or name of the program, or of '
+                                           'an ended run (`list --all`)')
     dashboard.add_argument('--port', type=int, default=0, help='port on 127.0.0.1 (default: any)')
     metrics = commands.add_parser('metrics', help='print its metrics in the Prometheus format')
     metrics.add_argument('program', help='id (or its start) or name of the program')
     token = commands.add_parser('token', help="the auth token calls to the program's nodes "
                                               'carry (keep it secret)')
     token.add_argument('program', help='id (or its start) or name of the program')
+    runs_cli.add_parsers(commands)
     return parser
 
 
@@ -76,7 +83,7 @@ def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     try:
         return _COMMANDS[args.command](args)
-    except (CommandError, registry.RegistryError) as e:
+    except (CommandError, registry.RegistryError, runstore.RunError) as e:
         print(f'python -m launchpad.launch {args.command}: {e}', file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -104,6 +111,8 @@ def _call(entry: registry.Entry, call: Callable[[], Any]) -> Any:
 
 
 def _list(args) -> int:
+    if args.all:
+        return runs_cli.list_all(args.json, _table)
     entries = registry.entries()
     if args.json:
         print(json.dumps([{k: v for k, v in vars(e).items() if k not in ('token', 'node_token')}
@@ -196,11 +205,14 @@ def _requester() -> str:
 
 def _dashboard(args) -> int:
     from launchpad.observe import dashboard  # pylint: disable=import-outside-toplevel
-    entry, client = _connect(args.program)
     try:
         dashboard.require()
     except ImportError as e:
         raise CommandError(str(e)) from None
+    try:
+        entry, client = _connect(args.program)
+    except registry.RegistryError:
+        return runs_cli.dashboard_of_ended(args, dashboard)
     served = dashboard.Dashboard(client, port=args.port)
     print(f'Dashboard of {entry.name} ({entry.id}): {served.url}\n'
           f'It runs until the program ends or you press Ctrl-C.', flush=True)
@@ -237,7 +249,7 @@ def _token(args) -> int:
 
 _COMMANDS: Dict[str, Callable[[Any], int]] = {
     'list': _list, 'status': _status, 'logs': _logs, 'stop': _stop, 'dashboard': _dashboard,
-    'metrics': _metrics, 'token': _token}
+    'metrics': _metrics, 'token': _token, **runs_cli.HANDLERS}
 
 
 def _duration(seconds: Optional[float]) -> str:

@@ -11,11 +11,15 @@ Prometheus scraper sends `Authorization: Bearer TOKEN` or `?token=TOKEN`):
     /api/view             the latest rows of nodes and edges      - Observer.view
     /api/history?since=N  plot points after sample N              - Observer.history
     /api/logs?node=&cursor=  a node's log lines since the cursor  - Observer.logs
+    /api/series?start=&end=&points=  the run's metrics from its   - Observer.series
+                          run directory, whole or a time range
+    /api/failures?node=   failures with their tracebacks          - Observer.failures
     /metrics              the Prometheus text (`prometheus`)
 
 Its source is the program's observer: the object itself in the launching process
 (`lp.launch(..., dashboard=True)`), or a courier client of it in another process
-(`python -m launchpad.launch dashboard PROGRAM`); both answer the same methods. The server runs
+(`python -m launchpad.launch dashboard PROGRAM`), or the run file of a run that has ended
+(`runstore.StoredRun`); all answer the same methods. The server runs
 an asyncio loop in a thread of its own; calls to the source run in the loop's executor, since a
 remote one blocks.
 """
@@ -89,6 +93,11 @@ class Dashboard:
         app.router.add_get('/api/logs', self._api(lambda request: self._source.logs(
             request.query.get('node') or None,
             json.loads(request.query['cursor']) if request.query.get('cursor') else None)))
+        app.router.add_get('/api/series', self._api(lambda request: self._source.series(
+            _number(request, 'start'), _number(request, 'end'),
+            int(request.query.get('points', 600)))))
+        app.router.add_get('/api/failures', self._api(
+            lambda request: self._source.failures(request.query.get('node') or None)))
         app.router.add_get('/metrics', self._metrics)
         self._runner = web.AppRunner(app, access_log=None)
         try:
@@ -160,3 +169,9 @@ class Dashboard:
             return web.Response(status=503, text=f'the program cannot be reached: {e}\n')
         body = prometheus.exposition(sample)
         return web.Response(body=body, headers={'Content-Type': prometheus.content_type()})
+
+
+def _number(request, name: str) -> Optional[float]:
+    """The number query parameter `name` carries (None if absent); ValueError if not one."""
+    text = request.query.get(name)
+    return None if text in (None, '') else float(text)

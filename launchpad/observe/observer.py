@@ -32,7 +32,10 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 import courier
 
 from launchpad.observe import figures
+from launchpad.observe import recorder
 from launchpad.observe import registry
+from launchpad.observe import runstore
+from launchpad.observe import usage
 from launchpad import metrics
 from launchpad.program import Program
 
@@ -42,7 +45,7 @@ if TYPE_CHECKING:
 SAMPLE_INTERVAL = 1.0
 HISTORY = 600  # samples kept for the plots: ten minutes at one a second
 
-SERVED = ('describe', 'view', 'history', 'sample', 'logs', 'stop')
+SERVED = ('describe', 'view', 'history', 'sample', 'logs', 'stop', 'series', 'failures')
 
 
 class Observer:
@@ -55,7 +58,7 @@ class Observer:
     """
 
     def __init__(self, program: Program, controller: Controller, *,
-                 interval: float = SAMPLE_INTERVAL):
+                 interval: float = SAMPLE_INTERVAL, tensorboard_dir: Optional[str] = None):
         self.id = registry.new_id(program.name)
         self.entry: Optional[registry.Entry] = None
         self.dashboard_url: Optional[str] = None
@@ -77,6 +80,9 @@ class Observer:
         self._finishing = threading.Lock()
         self._finished = False
         self._stopped_by: Optional[str] = None  # who asked `stop`, if anyone did
+        self._usage = usage.UsageRates()
+        self._tensorboard_dir = tensorboard_dir
+        self._recorder: Optional[recorder.Recorder] = None  # its run directory, once started
         self._refresh()
 
     def start(self) -> 'Observer':
@@ -86,6 +92,7 @@ class Observer:
         except (registry.RegistryError, OSError) as e:
             logging.warning('Program %r is not registered, so `python -m launchpad.launch` '
                             'cannot see it: %s', self._program, e)
+        self._recorder = recorder.Recorder(self.describe(), self._tensorboard_dir)
         threading.Thread(target=self._loop, daemon=True, name=f'lp-observe-{self.id}').start()
         return self
 
@@ -138,6 +145,8 @@ class Observer:
                 logging.exception('The observer of %r failed to take its last sample.',
                                   self._program)
             finally:
+                if self._recorder is not None:
+                    self._recorder.close()
                 if self.entry is not None:
                     registry.unregister(self.id)
                 if self._server is not None:
@@ -151,7 +160,8 @@ class Observer:
         """Takes one sample of the program."""
         coordinator = self._controller.coordinator
         status = coordinator.status()
-        reports = list(coordinator.metrics().values()) + [metrics.snapshot(self._program)]
+        reported = coordinator.metrics()
+        reports = list(reported.values()) + [metrics.snapshot(self._program)]
         ignored = [self._server.address] if self._server is not None else []
         merged = figures.merge(reports, self._graph, self._program, ignored)
         now = time.time()
@@ -161,6 +171,9 @@ class Observer:
         with self._lock:
             totals = figures.totals(merged, now, self._totals)
             rows = figures.node_rows(status, totals, self._ended_at)
+            used = self._usage.update(reported)
+            for row in rows:
+                row.update(used.get(row['name'], dict.fromkeys(usage.USAGE)))
             edges = figures.edge_rows(self._graph, totals)
             self._totals = totals
             if not self._history or now - self._history[-1]['time'] > 0.5 * self._interval:
@@ -170,19 +183,26 @@ class Observer:
             self._view = {'time': now, 'ended': ended or self._controller.done,
                           'stop_reason': coordinator.stop_reason, 'nodes': rows, 'edges': edges}
             self._sample = {'time': now, 'program': self._program, 'nodes': rows, **merged}
+            recorded = {**self._view, 'values': merged['values']}
+        if self._recorder is not None:
+            self._recorder.record({**recorded, 'failures': coordinator.failures(),
+                                   'scaling': list(self._controller.scaling_log)})
 
     # What is served (and what an in-process dashboard calls).
 
     def describe(self) -> Dict[str, Any]:
         """The program: id, name, launch type, launcher host and pid, start time, node names,
-        the graph's edges (caller, callee) and the dashboard's URL if there is one."""
+        the graph's edges (caller, callee), the dashboard's URL if there is one and its run
+        directory (`runstore`; None until it is made, or if it could not be)."""
         entry = self.entry
         return {'id': self.id, 'name': self._program,
                 'launch_type': self._controller.launch_type,
                 'host': entry.host if entry else None, 'pid': entry.pid if entry else None,
                 'started': self._started, 'nodes': list(self._graph.nodes),
                 'edges': [list(edge) for edge in self._graph.edges],
-                'dashboard': self.dashboard_url}
+                'dashboard': self.dashboard_url,
+                'run_dir': str(self._recorder.run_dir) if self._recorder and
+                self._recorder.run_dir else None}
 
     def view(self) -> Dict[str, Any]:
         """The latest sample: time, ended, stop_reason, a row per node (`figures.node_rows`) and
@@ -202,6 +222,23 @@ class Observer:
         (cumulative, per method) and the reported values (`figures.merge`)."""
         with self._lock:
             return dict(self._sample)
+
+    def series(self, start: Optional[float] = None, end: Optional[float] = None,
+               points: int = 600) -> Dict[str, Any]:
+        """Every metric of the whole run so far, from its run directory (`runstore.read_series`:
+        between `start` and `end`, at most about `points` points a series, 0: all)."""
+        return self._stored(runstore.read_series, start, end, points)
+
+    def failures(self, node: Optional[str] = None) -> List[Dict[str, Any]]:
+        """The failures of the nodes (of `node` only, if given), with their tracebacks, as
+        kept in the run directory (`runstore.read_failures`)."""
+        return self._stored(runstore.read_failures, node)
+
+    def _stored(self, function, *args) -> Any:
+        if self._recorder is None:
+            raise LookupError(f'program {self._program!r} keeps no history (it is not observed '
+                              f'from its launching process).')
+        return self._recorder.read(function, *args)
 
     def logs(self, node: Optional[str] = None,
              cursor: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
@@ -266,6 +303,8 @@ class Observer:
         if self._dashboard is not None:
             self._dashboard.close()
             self._dashboard = None
+        if self._recorder is not None and self._finished:
+            self._recorder.close()  # what the dashboard read from the run file
 
 
 def how_nodes_ended(status: Dict[str, Any], named: int = 10) -> str:
@@ -299,13 +338,14 @@ def check_dashboard_option(dashboard: Union[bool, int]) -> Optional[int]:
     return port
 
 
-def observe(program: Program, controller: Controller,
-            dashboard_port: Optional[int] = None) -> Optional[Observer]:
-    """Registers a launched program and, if asked, serves its dashboard (`lp.launch` calls
-    this); None for programs that do not run from this process (detached)."""
+def observe(program: Program, controller: Controller, dashboard_port: Optional[int] = None,
+            tensorboard_dir: Optional[str] = None) -> Optional[Observer]:
+    """Registers a launched program, keeps its history in its run directory (and TensorBoard's
+    `tensorboard_dir`) and, if asked, serves its dashboard (`lp.launch` calls this); None for
+    programs that do not run from this process (detached)."""
     if controller.detached:
         return None
-    observer = Observer(program, controller).start()
+    observer = Observer(program, controller, tensorboard_dir=tensorboard_dir).start()
     if dashboard_port is not None:
         url = observer.open_dashboard(dashboard_port)
         print(f'Dashboard of {program.name!r}: {url}', file=sys.stderr, flush=True)

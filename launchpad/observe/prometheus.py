@@ -5,6 +5,8 @@ From one observer sample (`Observer.sample()`), every series labelled with `prog
     launchpad_node_state{state}                  1 for the node's state, 0 for the others
     launchpad_node_uptime_seconds                since the node started (until it ended)
     launchpad_node_restarts_total                times its restart policy started it again
+    launchpad_node_cpu_percent                   its process's CPU (100: one core) and resident
+    launchpad_node_resident_memory_bytes         memory (node processes, not threads)
     courier_server_calls_total{method}           calls served, per method
     courier_server_errors_total{method}          of those, the ones that failed
     courier_server_call_seconds{method}          histogram of their latencies
@@ -64,6 +66,7 @@ class _Collector:
                 uptime.add_metric([program, row['name']], row['uptime'])
             restarts.add_metric([program, row['name']], row['restarts'])
         yield from (state, uptime, restarts)
+        yield from _usage(core, program, rows)
         yield from _calls(core, 'server', program, self._sample.get('servers', []))
         yield from _calls(core, 'client', program, self._sample.get('clients', []))
         yield from _reported(core, program, self._sample.get('values', {}))
@@ -116,3 +119,19 @@ def _reported(core, program: str, values: Dict[str, Dict[str, list]]) -> Iterato
                                                labels=['program', 'node'])
             family.add_metric([program, node], value)
     yield from families.values()
+
+
+def _usage(core, program: str, rows) -> Iterator[Any]:
+    """CPU and memory of the nodes whose processes report them (`launchpad.observe.usage`)."""
+    cpu = core.GaugeMetricFamily('launchpad_node_cpu_percent',
+                                 "The node process's CPU use, in % of one core.",
+                                 labels=['program', 'node'])
+    memory = core.GaugeMetricFamily('launchpad_node_resident_memory_bytes',
+                                    "The node process's resident memory.",
+                                    labels=['program', 'node'])
+    for row in rows:
+        if row.get('cpu_percent') is not None:
+            cpu.add_metric([program, row['name']], row['cpu_percent'])
+        if row.get('rss_bytes') is not None:
+            memory.add_metric([program, row['name']], row['rss_bytes'])
+    yield from (cpu, memory)

@@ -387,6 +387,13 @@ class Coordinator:
         with self._changed:
             return dict(self._metrics)
 
+    def failures(self) -> Dict[str, List[Tuple[str, str]]]:
+        """Executable name -> (message, traceback) of each of its failures, oldest first (the
+        observer keeps them in the run directory)."""
+        with self._changed:
+            return {name: list(incarnation.failures)
+                    for name, incarnation in self._incarnations.items() if incarnation.failures}
+
     @property
     def stopping(self) -> bool:
         return self._stop_reason is not None

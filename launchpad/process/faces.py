@@ -78,6 +78,9 @@ class ControlFace(Protocol):
     def metrics(self) -> Dict[str, dict]:
         """Node process name -> the metrics it reported last."""
 
+    def failures(self) -> Dict[str, List[Tuple[str, str]]]:
+        """Node name -> (message, traceback) of each of its failures, oldest first."""
+
     def running(self, names: Optional[Iterable[str]] = None) -> List[str]:
         """The nodes (of `names`, default all) that have not ended."""
 

@@ -14,17 +14,19 @@
                         killed: '#e08a2c'};
   const PALETTE = ['#4a78c2', '#d63c3c', '#3aa55d', '#e08a2c', '#8a5cc2', '#2aa5a5', '#c25c9a',
                    '#7a8a2c', '#5c6b80', '#b5651d'];
-  const MAX_POINTS = 600;
   const MAX_LOG_LINES = 1000;
   const POLL_MS = 1000;
 
   let program = null;      // /api/describe
   let view = null;         // /api/view
-  let historySeq = 0;
-  const series = {};       // metric -> node -> [[time, value], ...]
+  const series = {};       // metric -> {kind, nodes: {node -> [[time, value], ...]}}
+  let lastTime = 0;        // the newest time in `series`
+  let zoom = null;         // [start, end] shown, or null: the whole run, growing
+  let smoothing = 0;       // 0 .. 0.99
   let selected = null;     // the node whose log is shown
   let logCursor = null;
   let logLines = [];
+  let failureCount = -1;   // of the selected node, as drawn
 
   async function get(path, params) {
     const query = new URLSearchParams(params || {}).toString();
@@ -237,72 +239,230 @@
       html('td', {}, row.cores || '', tr);
       html('td', {class: 'number'}, formatRate(row.calls_per_s), tr);
       html('td', {class: 'number'}, formatRate(row.errors_per_s), tr);
+      html('td', {class: 'number'}, row.cpu_percent === null || row.cpu_percent === undefined
+        ? '' : row.cpu_percent.toFixed(0), tr);
+      html('td', {class: 'number'}, row.rss_bytes ? formatValue(row.rss_bytes, 'launchpad_rss_bytes') : '', tr);
+      html('td', {class: 'number'}, row.threads || '', tr);
       html('td', {class: 'error'}, row.error || '', tr);
       tr.addEventListener('click', () => selectNode(row.name));
     }
   }
 
   // ---- The plots ------------------------------------------------------------------------
+  // Every metric of the whole run comes from the run's SQLite file (/api/series), then only
+  // the rows newer than the last one seen. Counters (lp.count) are drawn as rates; a drag
+  // across a plot zooms every plot to that time range, read again at full detail.
 
-  function addHistory(samples) {
-    for (const sample of samples) {
-      for (const [metric, byNode] of Object.entries(sample.values)) {
-        const lines = series[metric] = series[metric] || {};
-        for (const [node, value] of Object.entries(byNode)) {
-          const points = lines[node] = lines[node] || [];
-          points.push([sample.time, value]);
-          if (points.length > MAX_POINTS) points.shift();
-        }
+  const NAMES = {launchpad_calls_per_s: 'calls served/s', launchpad_errors_per_s: 'errors/s',
+                 launchpad_cpu_percent: 'CPU % (100: one core)', launchpad_rss_bytes: 'memory (RSS)',
+                 launchpad_threads: 'threads'};
+  const FIRST = ['launchpad_calls_per_s', 'launchpad_cpu_percent', 'launchpad_rss_bytes'];
+  const MAX_DRAWN = 1000;  // points per line; more are thinned out before drawing
+
+  function metricTitle(name, kind) {
+    return NAMES[name] || (kind === 'counter' ? `${name} /s` : name);
+  }
+
+  function addSeries(result, replace) {
+    if (replace) for (const key of Object.keys(series)) delete series[key];
+    for (const line of result.series) {
+      const key = line.name;
+      const lines = series[key] = series[key] || {kind: line.kind, nodes: {}};
+      const points = lines.nodes[line.node] = (replace ? [] : lines.nodes[line.node] || []);
+      for (const point of line.points) {
+        if (!points.length || point[0] > points[points.length - 1][0]) points.push(point);
       }
+      if (points.length) lastTime = Math.max(lastTime, points[points.length - 1][0]);
     }
   }
 
-  function drawPlot(metric) {
+  // Counters as rates: each step's increase over its time (a restart's drop to 0 counts none).
+  function rates(points) {
+    const out = [];
+    for (let i = 1; i < points.length; i++) {
+      const dt = points[i][0] - points[i - 1][0];
+      if (dt > 0) out.push([points[i][0], Math.max(0, points[i][1] - points[i - 1][1]) / dt]);
+    }
+    return out;
+  }
+
+  // TensorBoard's smoothing: an exponential moving average, debiased at the start.
+  function smooth(points, weight) {
+    if (!weight) return points;
+    let last = 0, n = 0;
+    return points.map(([t, v]) => {
+      if (!isFinite(v)) return [t, v];
+      last = last * weight + (1 - weight) * v;
+      n++;
+      return [t, last / (1 - Math.pow(weight, n))];
+    });
+  }
+
+  function thin(points) {
+    if (points.length <= MAX_DRAWN) return points;
+    const step = points.length / MAX_DRAWN, out = [];
+    for (let i = 0; i < MAX_DRAWN; i++) out.push(points[Math.floor(i * step)]);
+    out.push(points[points.length - 1]);
+    return out;
+  }
+
+  function niceStep(span, count) {
+    const raw = span / count, power = Math.pow(10, Math.floor(Math.log10(raw)));
+    const fraction = raw / power;
+    return (fraction <= 1 ? 1 : fraction <= 2 ? 2 : fraction <= 5 ? 5 : 10) * power;
+  }
+
+  function valueTicks(v0, v1, count) {
+    const step = niceStep(v1 - v0, count), ticks = [];
+    for (let v = Math.ceil(v0 / step) * step; v <= v1 + step * 1e-9; v += step) ticks.push(v);
+    return ticks;
+  }
+
+  const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
+                      21600, 43200, 86400];
+  function timeTicks(t0, t1, count) {  // in seconds since the program started
+    const step = TIME_STEPS.find((s) => (t1 - t0) / s <= count) || 86400 * Math.ceil((t1 - t0) / count / 86400);
+    const ticks = [];
+    for (let t = Math.ceil(t0 / step) * step; t <= t1; t += step) ticks.push(t);
+    return ticks;
+  }
+
+  function formatElapsed(seconds) {
+    seconds = Math.round(seconds);
+    const h = Math.floor(seconds / 3600), m = Math.floor(seconds / 60) % 60, s = seconds % 60;
+    const pad = (n) => String(n).padStart(2, '0');
+    return h ? `${h}:${pad(m)}:${pad(s)}` : `${m}:${pad(s)}`;
+  }
+
+  function formatValue(value, name) {
+    if (name === 'launchpad_rss_bytes') {
+      const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+      let i = 0;
+      while (Math.abs(value) >= 1024 && i < units.length - 1) { value /= 1024; i++; }
+      return `${Number(value.toPrecision(3))} ${units[i]}`;
+    }
+    return formatNumber(value);
+  }
+
+  function drawPlot(metric, t0, t1) {
     const container = document.getElementById('plots');
+    const kind = series[metric].kind;
     let plot = container.querySelector(`.plot[data-metric="${CSS.escape(metric)}"]`);
     if (!plot) {
-      plot = html('div', {class: 'plot', 'data-metric': metric}, null, container);
-      html('h3', {}, metric, plot);
-      svg('svg', {viewBox: '0 0 300 150', preserveAspectRatio: 'none'}, plot);
+      plot = html('div', {class: 'plot', 'data-metric': metric, 'data-kind': kind}, null, container);
+      html('h3', {}, metricTitle(metric, kind), plot);
+      const chart = svg('svg', {}, plot);
       html('div', {class: 'keys'}, null, plot);
+      listenForZoom(chart);
     }
     const chart = plot.querySelector('svg');
+    const width = Math.max(200, chart.clientWidth || 300), height = 170;
+    chart.setAttribute('viewBox', `0 0 ${width} ${height}`);
     while (chart.firstChild) chart.removeChild(chart.firstChild);
-    const lines = Object.entries(series[metric]).sort();
-    const all = lines.flatMap(([, points]) => points);
-    let t0 = Math.min(...all.map((p) => p[0])), t1 = Math.max(...all.map((p) => p[0]));
-    let v0 = Math.min(0, ...all.map((p) => p[1]).filter(isFinite));
-    let v1 = Math.max(...all.map((p) => p[1]).filter(isFinite));
-    if (!(v1 > v0)) v1 = v0 + 1;
-    if (!(t1 > t0)) t0 = t1 - 1;
-    const left = 34, right = 296, top = 8, bottom = 134;
-    const x = (t) => left + (t - t0) / (t1 - t0) * (right - left);
+    const started = program.started;
+    const lines = Object.entries(series[metric].nodes).sort().map(([node, points]) => {
+      let shown = kind === 'counter' ? rates(points) : points;
+      shown = shown.filter((p) => p[0] >= t0 && p[0] <= t1 && isFinite(p[1]));
+      return [node, smooth(thin(shown), smoothing)];
+    });
+    const values = lines.flatMap(([, points]) => points.map((p) => p[1]));
+    let v0 = Math.min(0, ...values), v1 = Math.max(...values, v0);
+    // Memory ticks fall on round numbers of its unit (MiB, GiB), not of bytes.
+    const unit = metric === 'launchpad_rss_bytes'
+      ? Math.pow(1024, Math.max(0, Math.floor(Math.log(Math.max(v1, 1)) / Math.log(1024)))) : 1;
+    if (!(v1 > v0)) v1 = v0 + unit;
+    const yTicks = valueTicks(v0 / unit, v1 / unit, 4).map((v) => v * unit);
+    v1 = Math.max(v1, yTicks[yTicks.length - 1]);
+    const left = 56, right = width - 8, top = 8, bottom = height - 22;
+    const x = (t) => left + (t - t0) / Math.max(t1 - t0, 1e-9) * (right - left);
     const y = (v) => bottom - (v - v0) / (v1 - v0) * (bottom - top);
-    svg('line', {x1: left, y1: bottom, x2: right, y2: bottom, stroke: '#d8dce3'}, chart);
-    svg('text', {x: 2, y: top + 8, class: 'axis'}, chart).textContent = formatNumber(v1);
-    svg('text', {x: 2, y: bottom, class: 'axis'}, chart).textContent = formatNumber(v0);
-    svg('text', {x: right, y: 147, class: 'axis', 'text-anchor': 'end'}, chart).textContent =
-      `last ${formatDuration(t1 - t0)}`;
+    chart.plotArea = {left, right, t0, t1};
+    for (const v of yTicks) {
+      svg('line', {x1: left, y1: y(v), x2: right, y2: y(v), class: 'grid'}, chart);
+      svg('text', {x: left - 4, y: y(v) + 3, class: 'axis', 'text-anchor': 'end'}, chart)
+        .textContent = formatValue(v, metric);
+    }
+    for (const t of timeTicks(t0 - started, t1 - started, Math.max(2, Math.floor(width / 80)))) {
+      svg('line', {x1: x(t + started), y1: bottom, x2: x(t + started), y2: bottom + 4, class: 'tick'}, chart);
+      svg('text', {x: x(t + started), y: height - 6, class: 'axis', 'text-anchor': 'middle'}, chart)
+        .textContent = formatElapsed(t);
+    }
+    svg('line', {x1: left, y1: bottom, x2: right, y2: bottom, class: 'frame'}, chart);
+    svg('line', {x1: left, y1: top, x2: left, y2: bottom, class: 'frame'}, chart);
     const keys = plot.querySelector('.keys');
     keys.textContent = '';
     let count = 0;
     lines.forEach(([node, points], i) => {
       const color = PALETTE[i % PALETTE.length];
-      const drawn = points.filter((p) => isFinite(p[1]));
-      count = Math.max(count, drawn.length);
-      svg('polyline', {points: drawn.map((p) => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(' '),
-                       fill: 'none', stroke: color, 'stroke-width': 1.5,
-                       'vector-effect': 'non-scaling-stroke', 'data-node': node}, chart);
-      const last = drawn.length ? formatNumber(drawn[drawn.length - 1][1]) : '';
+      count = Math.max(count, points.length);
+      svg('polyline', {points: points.map((p) => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(' '),
+                       fill: 'none', stroke: color, 'stroke-width': 1.5, 'data-node': node}, chart);
+      const last = points.length ? formatValue(points[points.length - 1][1], metric) : '';
       html('span', {style: `color:${color}`}, `${node} ${last}`, keys);
     });
     plot.setAttribute('data-points', count);
   }
 
   function drawPlots() {
-    const metrics = Object.keys(series).sort((a, b) =>
-      (a === 'calls served/s' ? -1 : b === 'calls served/s' ? 1 : a.localeCompare(b)));
-    for (const metric of metrics) drawPlot(metric);
+    const metrics = Object.keys(series).sort((a, b) => {
+      const ia = FIRST.indexOf(a), ib = FIRST.indexOf(b);
+      return (ia < 0 ? 99 : ia) - (ib < 0 ? 99 : ib) || a.localeCompare(b);
+    });
+    const [t0, t1] = zoom || [program.started, Math.max(lastTime, program.started + 1)];
+    document.getElementById('range').textContent = zoom
+      ? `${formatElapsed(t0 - program.started)} to ${formatElapsed(t1 - program.started)} (zoomed)`
+      : `the whole run, 0:00 to ${formatElapsed(t1 - program.started)}`;
+    document.getElementById('whole-run').hidden = !zoom;
+    for (const metric of metrics) drawPlot(metric, t0, t1);
+  }
+
+  function listenForZoom(chart) {
+    let from = null, band = null;
+    const timeAt = (event) => {
+      const area = chart.plotArea, box = chart.getBoundingClientRect();
+      const px = (event.clientX - box.left) * (chart.viewBox.baseVal.width / box.width);
+      const f = Math.min(1, Math.max(0, (px - area.left) / (area.right - area.left)));
+      return {t: area.t0 + f * (area.t1 - area.t0), px: Math.min(area.right, Math.max(area.left, px))};
+    };
+    chart.addEventListener('mousedown', (event) => {
+      from = timeAt(event);
+      band = svg('rect', {x: from.px, y: 0, width: 0, height: 170, class: 'zoom-band'}, chart);
+      event.preventDefault();
+    });
+    chart.addEventListener('mousemove', (event) => {
+      if (!band) return;
+      const to = timeAt(event);
+      band.setAttribute('x', Math.min(from.px, to.px));
+      band.setAttribute('width', Math.abs(to.px - from.px));
+    });
+    chart.addEventListener('mouseup', (event) => {
+      if (!band) return;
+      const to = timeAt(event);
+      band = null;
+      if (Math.abs(to.t - from.t) > 0.5) zoomTo(Math.min(from.t, to.t), Math.max(from.t, to.t));
+      else drawPlots();
+    });
+    chart.addEventListener('dblclick', () => zoomTo(null));
+  }
+
+  async function zoomTo(t0, t1) {
+    zoom = t0 === null ? null : [t0, t1];
+    try {
+      const params = zoom ? {start: t0, end: t1, points: 800} : {points: 400};
+      addSeries(await get('/api/series', params), true);
+    } catch (error) {
+      banner('cannot read the run: ' + error.message);
+    }
+    drawPlots();
+  }
+
+  async function pollSeries() {
+    if (zoom) return;  // a zoomed range stays as read
+    // Reported values are stored at the time they were reported, which the launching process
+    // learns up to a couple of seconds later: read again the last seconds (`addSeries` keeps
+    // only the points newer than a line's last).
+    const params = lastTime > 0 ? {start: lastTime - 10, points: 0} : {points: 400};
+    addSeries(await get('/api/series', params), false);
   }
 
   // ---- The log --------------------------------------------------------------------------
@@ -312,10 +472,40 @@
     selected = name;
     logCursor = null;
     logLines = [];
+    failureCount = -1;
     document.getElementById('log').textContent = '';
     document.getElementById('log-node').value = name;
+    document.getElementById('failures').textContent = '';
     drawGraph();
     pollLog();
+    pollFailures();
+  }
+
+  // The selected node's failures, each with its traceback, from the run's SQLite file.
+  async function pollFailures() {
+    if (!selected) return;
+    const asked = selected;
+    let failures;
+    try {
+      failures = await get('/api/failures', {node: asked});
+    } catch (error) {
+      return;
+    }
+    if (asked !== selected || failures.length === failureCount) return;
+    failureCount = failures.length;
+    const list = document.getElementById('failures');
+    list.textContent = '';
+    if (!failures.length) {
+      html('p', {class: 'none'}, `${asked} has not failed.`, list);
+      return;
+    }
+    failures.forEach((failure, i) => {
+      const item = html('details', {class: 'failure', 'data-node': failure.node}, null, list);
+      if (i === failures.length - 1) item.open = true;
+      html('summary', {}, `failure ${failure.attempt} at ` +
+        `${formatElapsed(failure.time - program.started)}: ${failure.message}`, item);
+      html('pre', {}, failure.traceback || '(no traceback: it ended without raising in Python)', item);
+    });
   }
 
   async function pollLog() {
@@ -363,21 +553,33 @@
     choice.addEventListener('change', () => selectNode(choice.value));
     drawLegend();
     drawGraph();
+    const slider = document.getElementById('smoothing');
+    slider.addEventListener('input', () => {
+      smoothing = Number(slider.value);
+      document.getElementById('smoothing-value').textContent = smoothing.toFixed(2);
+      drawPlots();
+    });
+    document.getElementById('whole-run').addEventListener('click', () => zoomTo(null));
     selectNode(program.nodes[0]);
+    await zoomTo(null);
     tick();
   }
 
   async function tick() {
     try {
       view = await get('/api/view');
-      const history = await get('/api/history', {since: historySeq});
-      historySeq = history.next;
-      addHistory(history.samples);
+      let unread = '';
+      try {
+        await pollSeries();
+      } catch (error) {  // the rest of the page still shows the program
+        unread = 'cannot read the run\'s metrics: ' + error.message;
+      }
       drawGraph();
       drawTable();
       drawPlots();
-      banner(view.ended ? `program ended${view.stop_reason ? ': ' + view.stop_reason : ''}` : '');
+      banner(view.ended ? `program ended${view.stop_reason ? ': ' + view.stop_reason : ''}` : unread);
       await pollLog();
+      await pollFailures();
     } catch (error) {
       banner('disconnected: ' + error.message);
     }
