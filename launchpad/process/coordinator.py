@@ -28,6 +28,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 from launchpad import runtime
 from launchpad.policy import NodePolicy, RestartBudget
 from launchpad.process import faces
+from launchpad.process.stop_order import StopOrder
 from launchpad.scaling import Elastic, check_size
 
 # Seconds a node keeps running without reaching its coordinator before it decides that the
@@ -120,10 +121,12 @@ class Coordinator:
 
     def __init__(self, node_names: Iterable[str], *,
                  policies: Optional[Mapping[str, NodePolicy]] = None,
-                 groups: Optional[Mapping[str, Elastic]] = None):
+                 groups: Optional[Mapping[str, Elastic]] = None,
+                 stop_order: Optional[StopOrder] = None):
         """`groups` (`Program.group_limits()`): what each group may be resized to, so that a
         node's `lp.resize` beyond it fails in that node; None leaves the check to the
-        controller, which logs a refused request."""
+        controller, which logs a refused request. `stop_order`: who calls whom, so that a
+        stop reaches callers before what they call (`stop_order`); None: every node at once."""
         self._changed = threading.Condition()
         self._nodes: Dict[str, NodeStatus] = {name: NodeStatus(name) for name in node_names}
         self._incarnations = {name: _Incarnation((policies or {}).get(name) or NodePolicy())
@@ -137,6 +140,8 @@ class Coordinator:
         self._stop_time: Optional[float] = None
         self._failure: Optional[NodeFailedError] = None
         self._metrics: Dict[str, dict] = {}
+        self._stop_order = stop_order
+        self._told_cache: Tuple[Optional[tuple], frozenset] = (None, frozenset())
 
     # Called by nodes.
 
@@ -182,11 +187,27 @@ class Coordinator:
             self._set_stopping(reason)
 
     def wait_for_stop(self, timeout: Optional[float] = None, name: Optional[str] = None) -> bool:
-        """Blocks until the program is stopping (or node `name` is being removed from it) or
-        `timeout` passes; True if it is."""
+        """Blocks until the program is stopping or `timeout` passes; True if it is. With the
+        `name` of an executable: until it is told to stop (its callers ended first, see
+        `stop_order`) or it is being removed from the program."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
-            return self._changed.wait_for(
-                lambda: self._stop_reason is not None or name in self._removing, timeout)
+            while not (name in self._removing or self._told(name)):
+                now = time.monotonic()
+                wait = None if deadline is None else deadline - now
+                if self._stop_time is not None and self._stop_order is not None:
+                    fallback = self._stop_time + self._stop_order.fallback - now
+                    wait = fallback if wait is None else min(wait, fallback)
+                if deadline is not None and now >= deadline:
+                    return False
+                self._changed.wait(None if wait is None else max(wait, 0.001))
+            return True
+
+    def told_to_stop(self) -> List[str]:
+        """The executables told to stop so far (every one once the program stops, unless a
+        `stop_order` holds some back until their callers have ended)."""
+        with self._changed:
+            return [name for name in self._nodes if self._told(name)]
 
     def publish_address(self, address_id: str, endpoint: str) -> None:
         with self._changed:
@@ -207,8 +228,12 @@ class Coordinator:
     # Elastic groups: nodes join and leave while the program runs.
 
     def add_nodes(self, names: Iterable[str], *,
-                  policies: Optional[Mapping[str, NodePolicy]] = None) -> None:
-        """Adds executables to the running program (pending until they report their start)."""
+                  policies: Optional[Mapping[str, NodePolicy]] = None,
+                  calls: Optional[Tuple[Mapping[str, Iterable[str]],
+                                        Mapping[str, Iterable[str]]]] = None) -> None:
+        """Adds executables to the running program (pending until they report their start);
+        `calls`: (executable -> executables it calls, executable -> groups it calls), for the
+        stop order (`Program.calls`)."""
         with self._changed:
             if self._stop_reason is not None:
                 raise RuntimeError(f'The program is stopping ({self._stop_reason}): no node can '
@@ -218,6 +243,8 @@ class Coordinator:
                     raise KeyError(f'{name!r} is already a node of this program.')
                 self._nodes[name] = NodeStatus(name)
                 self._incarnations[name] = _Incarnation((policies or {}).get(name) or NodePolicy())
+            if calls is not None and self._stop_order is not None:
+                self._stop_order.add(*calls)
             self._changed.notify_all()
 
     def set_node_addresses(self, addresses: Mapping[str, List[str]]) -> None:
@@ -412,6 +439,21 @@ class Coordinator:
             selected = self._nodes if names is None else {n: self._nodes[n] for n in names}
             return [name for name, status in selected.items() if not status.state.ended]
 
+    def _told(self, name: Optional[str]) -> bool:
+        """Whether the program stops and executable `name` (None: any) has been told so."""
+        if self._stop_time is None:
+            return False
+        if name is None or self._stop_order is None or name not in self._nodes:
+            return True
+        ended = frozenset(n for n, status in self._nodes.items() if status.state.ended)
+        late = time.monotonic() - self._stop_time >= self._stop_order.fallback
+        key = (ended, late)
+        if self._told_cache[0] != key:
+            told = self._stop_order.told(self._nodes, lambda n: n in ended,
+                                         time.monotonic() - self._stop_time)
+            self._told_cache = (key, frozenset(told))
+        return name in self._told_cache[1]
+
     def _status(self, name: str) -> NodeStatus:
         status = self._nodes.get(name)
         if status is None:
@@ -521,7 +563,7 @@ def run_reporting(run: Callable[[], None], name: str, coordinator, *, starting=N
             coordinator.node_failed(name, f'SystemExit({e.code!r})', traceback.format_exc())
             return 1
     except BaseException as e:  # pylint: disable=broad-except
-        if _ended_by_stop(e, context):
+        if ended_by_stop(e, context):
             logging.info('%s ended with the program: %s: %s', name, type(e).__name__, e)
             coordinator.node_finished(name)
             return 0
@@ -539,7 +581,9 @@ class NodeStopped(BaseException):
     """
 
 
-def _ended_by_stop(error: BaseException, context) -> bool:
+def ended_by_stop(error: BaseException, context) -> bool:
+    """Whether `error`, raised in the node of `context`, is the node ending with the program's
+    stop (a call to a node that had gone while the program stops) rather than a failure."""
     if isinstance(error, NodeStopped):
         return True
     if not isinstance(error, ConnectionError) or context is None or context.stop is None:

@@ -130,8 +130,14 @@ class ControlFace(Protocol):
         """The controller killed `names`."""
 
     def add_nodes(self, names: Iterable[str], *,
-                  policies: Optional[Mapping[str, 'NodePolicy']] = None) -> None:
-        """Nodes join the running program, pending until they report their start."""
+                  policies: Optional[Mapping[str, 'NodePolicy']] = None,
+                  calls: Optional[Tuple[Mapping[str, Iterable[str]],
+                                        Mapping[str, Iterable[str]]]] = None) -> None:
+        """Nodes join the running program, pending until they report their start (`calls`:
+        whom they call, for the stop order)."""
+
+    def told_to_stop(self) -> List[str]:
+        """The executables told of the stop so far (callers before what they call)."""
 
     def set_node_addresses(self, addresses: Mapping[str, List[str]]) -> None:
         """Node name -> the ids of the addresses it serves."""
