@@ -27,6 +27,7 @@ from launchpad.nodes.colocation import (ColocationNode, MultiProcessingColocatio
 from launchpad.nodes.courier import CourierClient, CourierHandle, CourierNode
 from launchpad.nodes.endpoint import NodeLeftError, NodeStoppedError, Retries, idempotent
 from launchpad.nodes.group import GroupClient, GroupHandle
+from launchpad.process.supervision import MemberEvent
 from launchpad.nodes.python import PyClassNode, PyNode
 from launchpad.nodes.reverb import ReverbHandle, ReverbNode
 from launchpad.metrics import count, report
@@ -63,7 +64,8 @@ __all__ = [
     'CourierHandle', 'CourierNode', 'Elastic', 'Executable', 'GroupClient', 'GroupHandle',
     'Handle', 'KubernetesResources',
     'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType', 'Launcher',
-    'MultiProcessingColocation', 'MultiThreadingColocation', 'Node', 'NodeFailedError',
+    'MemberEvent', 'MultiProcessingColocation', 'MultiThreadingColocation', 'Node',
+    'NodeFailedError',
     'NodeLeftError', 'NodePicklingError', 'NodeState', 'NodeStatus', 'NodeStoppedError', 'Pool',
     'PoolWorker', 'PoolWorkerNode', 'ProgressPerActorPolicy', 'Program', 'ProgramError',
     'QueueLengthPolicy', 'PyClassNode', 'PyNode', 'PythonProcess', 'Resources',

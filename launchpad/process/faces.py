@@ -2,7 +2,8 @@
 
 The coordinator (`coordinator.Coordinator`) is one object with two kinds of callers:
 
-    node processes and threads ──(NodeFace: reports, progress, addresses, membership, resizes)──┐
+    node processes and threads ──(NodeFace: reports, progress, addresses, membership, resizes,
+                                  supervision)─────────────────────────────────────────────────┐
                                                                                                ▼
     controller, runners, observers ──(ControlFace: states, restarts, joins and leaves, stop)──► coordinator
 
@@ -20,6 +21,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Lis
 if TYPE_CHECKING:
     from launchpad.policy import NodePolicy
     from launchpad.process.coordinator import NodeFailedError, NodeStatus
+    from launchpad.process.supervision import MemberEvent
 
 Members = List[Tuple[str, List[str]]]  # (node name, the ids of the addresses it serves)
 
@@ -66,6 +68,17 @@ class NodeFace(Protocol):
 
     def request_size(self, label: str, size: int) -> None:
         """Asks that group `label` has `size` nodes (`lp.resize`)."""
+
+    def member_events(self, label: str, since: int = 0,
+                      timeout: Optional[float] = None) -> List['MemberEvent']:
+        """Why members left group `label`, from the `since`-th departure on (waits up to
+        `timeout` for one)."""
+
+    def supervise(self, label: str, owner: str) -> None:
+        """Node `owner` takes over the failures of group `label`'s members."""
+
+    def settle_failure(self, name: str, action: str) -> None:
+        """The owner of failed member `name` replaces it ('replace') or fails the program."""
 
 
 class ControlFace(Protocol):
@@ -236,4 +249,14 @@ class NodeFaceProxy:
 
     def request_size(self, label: str, size: int) -> None:
         self._target.request_size(label, size)
+
+    def member_events(self, label: str, since: int = 0,
+                      timeout: Optional[float] = None) -> List['MemberEvent']:
+        return self._target.member_events(label, since, timeout)
+
+    def supervise(self, label: str, owner: str) -> None:
+        self._target.supervise(label, owner)
+
+    def settle_failure(self, name: str, action: str) -> None:
+        self._target.settle_failure(name, action)
 
