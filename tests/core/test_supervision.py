@@ -29,8 +29,8 @@ def member(index: int, supervised: str) -> None:
 
 
 def owner(workers, record: str, supervised: str) -> None:
-    """Takes over the workers' failures: replaces worker/0 and shrinks the group at its first
-    failure, and fails the program at its second."""
+    """Takes over the workers' failures: replaces worker/0 at its first failure, shrinks the
+    group once worker/2 and worker/3 ended too, and fails the program at worker/0's second."""
     workers.supervise()
     open(supervised, 'w').close()
     seen = []
@@ -42,10 +42,12 @@ def owner(workers, record: str, supervised: str) -> None:
                 json.dump(seen, f)
             if event.reason == 'failed' and event.attempt == 0:
                 workers.replace(event.name)
-                lp.resize('worker', 1)  # worker/0 and /1 run: the newest, worker/1, leaves
-            elif event.reason == 'failed':
-                workers.fail(event.name)
-                return
+        reasons = sorted(reason for _, reason, *_ in seen)
+        if reasons == ['dropped', 'failed', 'finished']:  # worker/0 and /1 run: the newest,
+            lp.resize('worker', 1)  # worker/1, leaves
+        elif reasons == ['dropped', 'failed', 'failed', 'finished', 'removed']:
+            workers.fail('worker/0')
+            return
 
 
 @pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
