@@ -285,7 +285,8 @@ class Coordinator:
         """The owner of member `name` decides on its failure: 'replace' starts it again, 'fail'
         fails the program with it."""
         with self._changed:
-            refusal = settle_refusal(name, self._status(name).state.value, action, self._stop_reason)
+            state = self._status(name).state.value
+            refusal = settle_refusal(name, state, action, self._stop_reason)
             if refusal:
                 raise ValueError(refusal)
             if action == 'fail':
