@@ -76,3 +76,24 @@ def test_the_fallback_tells_a_node_whose_caller_hangs():
     coordinator.request_stop('test')
     assert coordinator.wait_for_stop(10.0, 'replay/0')  # woken by the fallback, not a change
     assert coordinator.status()['actor/0'].state.ended is False
+
+
+def _serve():
+    pass
+
+
+def test_the_program_says_who_calls_whom_by_executable():
+    import launchpad as lp  # pylint: disable=import-outside-toplevel
+    program = lp.Program('calls')
+    replay_node = lp.CourierNode(dict)
+    replay = replay_node.create_handle()
+    learner_node = lp.CourierNode(dict, replay=replay)
+    program.add_node(lp.MultiThreadingColocation([learner_node, replay_node]), label='learner')
+    learner = learner_node.create_handle()
+    with program.group('actor'):
+        for _ in range(2):
+            program.add_node(lp.PyNode(_serve, learner, replay))
+    program.add_node(lp.PyNode(_serve, program.group_handle('actor')), label='driver')
+    calls, group_calls = program.calls(['learner/0', 'actor/0', 'actor/1', 'driver/0'])
+    assert calls == {'actor/0': {'learner/0'}, 'actor/1': {'learner/0'}}  # not itself
+    assert group_calls == {'driver/0': {'actor'}}
