@@ -135,9 +135,10 @@ class GroupClient:
     # Why members left, and supervision (`launchpad.process.supervision`).
 
     def events(self, timeout: Optional[float] = 0) -> List[MemberEvent]:
-        """The members that left since the last call, oldest first, each saying why
-        (`lp.MemberEvent`: finished, removed, failed with its error and traceback, dropped,
-        killed); waits up to `timeout` seconds (None: until one leaves or the node stops)."""
+        """The members that left since the last call (the first: since the launch), oldest
+        first, each saying why (`lp.MemberEvent`: finished, removed, failed with its error and
+        traceback, dropped, killed); waits up to `timeout` seconds (None: until one leaves or
+        the node stops)."""
         coordinator = _coordinator()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
