@@ -41,6 +41,19 @@ class AddressResolver:
         del elapsed
         return False
 
+    def resend(self, method: str, sent: int) -> Optional[bool]:
+        """Whether a blocking call of ``method`` that was sent ``sent`` times, and lost its
+        server each time (it may have run there), is sent again, to the server the resolver
+        finds next (one restarted in its place): True or False for a method whose calls the
+        resolver counts (they go at most as often as it allows), None for the others, which
+        :meth:`retry` decides about.
+
+        The default has no say: a call that may have reached its server is repeated only
+        where its caller said that is safe (launchpad: ``handle.with_retries``).
+        """
+        del method, sent
+        return None
+
     def explain(self, error: errors.ServerUnavailableError) -> errors.ServerUnavailableError:
         """The error raised by a call that found no server and does not go again: ``error``,
         or one that says more (launchpad's: the node was removed and will not come back).
@@ -216,7 +229,8 @@ class Client:
         started = metrics.clock()
         try:
             transport, response = self._patiently(
-                lambda transport: transport.call(method, data, buffers, self._call_timeout))
+                lambda transport: transport.call(method, data, buffers, self._call_timeout),
+                method)
             result = _result(method, transport.address, response)
         except BaseException:
             if self._calls is not None:  # None: no connection was ever made.
@@ -225,10 +239,12 @@ class Client:
         self._calls.record(method, started, False)
         return result
 
-    def _patiently(self, attempt: Callable[[Any], Any]) -> tuple:
+    def _patiently(self, attempt: Callable[[Any], Any], method: Optional[str] = None) -> tuple:
         """Returns the transport and what ``attempt(transport)`` returned; a blocking call that
-        never reached its server goes again while an AddressResolver says so."""
+        never reached its server goes again while an AddressResolver says so, and one that may
+        have reached it (call ``method``) is sent again where the resolver's ``resend`` says so."""
         started = None
+        sent = 0
         while True:
             fresh = self._fresh
             transport = self._connection()
@@ -239,7 +255,10 @@ class Client:
                 started = started or time.monotonic()
                 address = self._address
                 if isinstance(address, AddressResolver):
-                    if fresh and address.retry(time.monotonic() - started):
+                    sent += 1
+                    resend = None if method is None else address.resend(method, sent)
+                    if resend or (resend is None and fresh
+                                  and address.retry(time.monotonic() - started)):
                         continue
                     explained = address.explain(error)
                     if explained is not error:

@@ -25,8 +25,9 @@ from launchpad.nodes.cacher import CacherNode
 from launchpad.nodes.colocation import (ColocationNode, MultiProcessingColocation,
                                         MultiThreadingColocation)
 from launchpad.nodes.courier import CourierClient, CourierHandle, CourierNode
-from launchpad.nodes.endpoint import NodeLeftError, NodeStoppedError
+from launchpad.nodes.endpoint import NodeLeftError, NodeStoppedError, Retries, idempotent
 from launchpad.nodes.group import GroupClient, GroupHandle
+from launchpad.process.supervision import MemberEvent
 from launchpad.nodes.python import PyClassNode, PyNode
 from launchpad.nodes.reverb import ReverbHandle, ReverbNode
 from launchpad.metrics import count, report
@@ -63,14 +64,16 @@ __all__ = [
     'CourierHandle', 'CourierNode', 'Elastic', 'Executable', 'GroupClient', 'GroupHandle',
     'Handle', 'KubernetesResources',
     'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType', 'Launcher',
-    'MultiProcessingColocation', 'MultiThreadingColocation', 'Node', 'NodeFailedError',
+    'MemberEvent', 'MultiProcessingColocation', 'MultiThreadingColocation', 'Node',
+    'NodeFailedError',
     'NodeLeftError', 'NodePicklingError', 'NodeState', 'NodeStatus', 'NodeStoppedError', 'Pool',
     'PoolTerminatedError', 'PoolWorker', 'PoolWorkerNode', 'ProgressPerActorPolicy', 'Program',
     'ProgramError',
     'QueueLengthPolicy', 'PyClassNode', 'PyNode', 'PythonProcess', 'Resources',
-    'ReverbHandle', 'ReverbNode', 'RestartPolicy', 'SlurmController', 'SlurmError',
+    'ReverbHandle', 'ReverbNode', 'RestartPolicy', 'Retries', 'SlurmController', 'SlurmError',
     'SlurmResources', 'SshHost', 'SshHosts', 'batched_handler', 'context', 'count', 'dataflow',
-    'executables_of', 'get_context', 'get_port_from_address', 'heartbeat', 'is_local_launch',
+    'executables_of', 'get_context', 'get_port_from_address', 'heartbeat', 'idempotent',
+    'is_local_launch',
     'is_local_launch_or_test', 'launch', 'make_program', 'make_program_stopper',
     'program_to_manifests', 'register_launcher', 'register_stop_handler', 'report', 'resize',
     'stop', 'stop_event', 'unregister_stop_handler', 'wait_for_stop',

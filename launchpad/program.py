@@ -5,7 +5,7 @@ import contextlib
 import os
 import shutil
 import subprocess
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from launchpad import runtime
 from launchpad.nodes.base import Handle, Node
@@ -200,6 +200,31 @@ class Program:
                 if source is not None and (source, user) not in edges:
                     edges.append((source, user))
         return edges
+
+    def calls(self, executables: Iterable[str]) -> Tuple[Dict[str, Set[str]], Dict[str, Set[str]]]:
+        """Who calls whom, by executable name (of `executables`, e.g. 'g/0' or 'g/0+h/0'):
+        (executable -> the executables whose handles its nodes hold, executable -> the labels
+        of the groups whose `GroupHandle` they hold). The stop follows it
+        (`launchpad.process.stop_order`)."""
+        owner = {node: name for name in executables for node in name.split('+')}
+
+        def executable_of(node: Node) -> Optional[str]:
+            while node.colocated_in is not None:
+                node = node.colocated_in
+            return owner.get(node.name)
+
+        calls: Dict[str, Set[str]] = {}
+        group_calls: Dict[str, Set[str]] = {}
+        for source, user in self.edges:
+            caller, callee = executable_of(user), executable_of(source)
+            if caller is not None and callee is not None and callee != caller:
+                calls.setdefault(caller, set()).add(callee)
+        for user in self._nodes_by_id().values():
+            caller = executable_of(user)
+            for handle in user.input_handles:
+                if caller is not None and isinstance(handle, GroupHandle):
+                    group_calls.setdefault(caller, set()).add(handle.label)
+        return calls, group_calls
 
     def validate(self) -> None:
         """Raises ProgramError if the graph cannot be launched."""

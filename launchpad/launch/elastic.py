@@ -166,7 +166,10 @@ class Elasticity:
         executables = node.to_executables([node], label, info)
         names = [executable.name for executable in executables]
         policies = {name: self._program.policy_of(name.split('+', 1)[0]) for name in names}
-        self._coordinator.add_nodes(names, policies=policies)
+        calls, group_calls = self._program.calls([*self._coordinator.status(), *names])
+        self._coordinator.add_nodes(names, policies=policies, calls=(
+            {name: calls.get(name, ()) for name in names},
+            {name: group_calls.get(name, ()) for name in names}))
         self._coordinator.set_node_addresses({node.name: [a.id for a in node.addresses]})
         for executable in executables:
             self._added_at[executable.name] = time.monotonic()

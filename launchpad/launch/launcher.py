@@ -38,6 +38,7 @@ from launchpad.nodes.base import Executable, LaunchInfo
 from launchpad.observe import observer as observers
 from launchpad.observe import tensorboard
 from launchpad.policy import NodePolicy
+from launchpad.process.stop_order import StopOrder
 from launchpad.program import Program
 
 
@@ -242,6 +243,14 @@ def policies_of(program: Program, executables: Sequence[Tuple[str, Executable]]
         if policy != NodePolicy():
             policies[executable.name] = policy
     return policies
+
+
+def stop_order_of(program: Program, executables: Sequence[Tuple[str, Executable]],
+                  notice_period: float) -> StopOrder:
+    """Who calls whom among the executables, so that the program's stop reaches callers before
+    what they call (`launchpad.process.stop_order`); launchers give it to the coordinator."""
+    calls, group_calls = program.calls([executable.name for _, executable in executables])
+    return StopOrder(calls, notice_period / 2, group_calls=group_calls)
 
 
 @overload

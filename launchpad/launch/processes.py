@@ -240,8 +240,9 @@ class ProcessLauncher(launcher.Launcher):
         nodes = _NodePacker(packer, token, workdir, output, fork_server, devices)
         starts = [nodes.pack(executable, resources)
                   for (_, executable), resources in zip(executables, groups)]
-        coordinator = Coordinator([name for name, _, _, _ in starts], policies=policies,
-                                  groups=program.group_limits())
+        coordinator = Coordinator(
+            [name for name, _, _, _ in starts], policies=policies, groups=program.group_limits(),
+            stop_order=launcher.stop_order_of(program, executables, options.notice_period))
         for name, _, _, _ in starts:
             _show_resources(coordinator, devices, name)
         runner.server = serve_coordinator(coordinator, coordinator_address, auth_token=token)

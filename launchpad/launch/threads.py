@@ -6,8 +6,9 @@ blocked in C; a thread still alive after that is abandoned (it is a daemon) and 
 A restarted node runs in a new thread.
 
     lp-NODE threads      the nodes (a new one per restart, and one per node added while it runs)
-    lp-PROGRAM-stop      waits for the program's stop: runs each node's stop handlers, then ends
-                         the nodes that do not cooperate
+    lp-PROGRAM-stop      waits for the program's stop, then tells the nodes in graph order
+                         (callers first): runs each one's stop handlers, then ends it if it
+                         does not cooperate
     lp-watchdog          with progress deadlines: reports hung nodes with every thread's stack
     lp-PROGRAM           the controller's monitor thread (restarts, the notice period)
 """
@@ -51,6 +52,7 @@ class _ThreadRunner(Runner):
         self._abandoned: Dict[str, float] = {}  # name -> when NodeStopped was raised in it
         self._raised_twice: set = set()
         self.context: Optional[runtime.NodeContext] = None
+        self.released = threading.Event()
         self.watchdog: Optional[ProgressWatchdog] = None
         self.hung: Optional[Callable[[str, str, str], None]] = None  # a watchdog's report
         # (name, policy) -> the context of a node added to the running program
@@ -144,17 +146,36 @@ class _ThreadRunner(Runner):
             self.end([name])
 
     def stop_all(self) -> None:
-        """The program stops: each node's stop handlers run, then the nodes that do not
-        cooperate are ended."""
-        contexts = list(self.contexts.values())
-        for context in contexts:  # every node sees the stop before any handler runs
+        """The program stops: every node is told at once (a launch that did not complete)."""
+        self.stop_nodes(list(self.contexts))
+
+    def stop_nodes(self, names: Sequence[str]) -> None:
+        """Nodes `names` are told that the program stops: their stop handlers run, then those
+        that do not cooperate are ended."""
+        contexts = {name: self.contexts[name] for name in names if name in self.contexts}
+        for context in contexts.values():  # each of them sees the stop before any handler runs
             context.stop.event.set()
-        for context in contexts:
+        for context in contexts.values():
             context.stop.trigger()
-        self.end([name for name, context in list(self.contexts.items())
-                  if not context.stop.cooperating])
+        self.end([name for name, context in contexts.items() if not context.stop.cooperating])
+
+    def stop_in_order(self) -> None:
+        """Once the program stops, tells its nodes in the coordinator's order (callers first,
+        `launchpad.process.stop_order`) until every node was told or the launch is released."""
+        while not self.coordinator.wait_for_stop(0.5):
+            if self.released.is_set():
+                return
+        told: set = set()
+        while not self.released.is_set():
+            names = [name for name in self.coordinator.told_to_stop() if name not in told]
+            told.update(names)
+            self.stop_nodes(names)
+            if told >= set(self.contexts):
+                return
+            self.coordinator.wait_for_change(0.05)
 
     def release(self) -> None:
+        self.released.set()
         if self.watchdog is not None:
             self.watchdog.close()
         runtime.clear_process_context(self.context)
@@ -219,8 +240,10 @@ class ThreadLauncher(launcher.Launcher):
             for _, executable in executables:
                 executable.run = pickle.loads(pickle_node(executable.name, executable.run))
         policies = launcher.policies_of(program, executables)
-        coordinator = Coordinator([executable.name for _, executable in executables],
-                                  policies=policies, groups=program.group_limits())
+        coordinator = Coordinator(
+            [executable.name for _, executable in executables], policies=policies,
+            groups=program.group_limits(),
+            stop_order=launcher.stop_order_of(program, executables, options.notice_period))
         runner = _ThreadRunner(tempfile.mkdtemp(prefix='launchpad-'), coordinator)
         try:
             return self._launch(program, options, executables, policies, runner)
@@ -238,10 +261,6 @@ class ThreadLauncher(launcher.Launcher):
         node_face = faces.NodeFaceProxy(coordinator)  # all that node threads see of it
         table = local_address_table(addresses, workdir, registry=node_face)
 
-        def watch_stop():
-            coordinator.wait_for_stop()
-            runner.stop_all()
-
         def hung(name: str, summary: str, stacks: str) -> None:
             coordinator.node_failed(name, f'hung: {summary}',
                                     f'The stack of each thread, the node\'s own last:\n{stacks}')
@@ -250,7 +269,8 @@ class ThreadLauncher(launcher.Launcher):
         runner.hung = hung
         if any(policy.progress_deadline for policy in policies.values()):
             runner.watchdog = ProgressWatchdog(hung)
-        threading.Thread(target=watch_stop, daemon=True, name=f'lp-{program.name}-stop').start()
+        threading.Thread(target=runner.stop_in_order, daemon=True,
+                         name=f'lp-{program.name}-stop').start()
         for _, executable in executables:
             context = _node_context(options, program.name, table, node_face,
                                     executable.name, policies.get(executable.name))

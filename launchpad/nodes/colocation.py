@@ -30,6 +30,7 @@ from launchpad.nodes.base import Handle, Node
 from launchpad.nodes.python import NoServiceHandle
 from launchpad.process import faces
 from launchpad.process import spec as specs
+from launchpad.process.coordinator import ended_by_stop
 
 MODES = ('threads', 'processes')
 _POLL = 0.05
@@ -129,16 +130,18 @@ class ColocationNode(Node):
 
         def run(index: int, node: Node, context: runtime.NodeContext) -> None:
             runtime.set_thread_context(context)
+            error = None
             try:
                 node.run_in_context()
             except BaseException as e:  # pylint: disable=broad-except
-                with done:
-                    failures.append((index, e))
-                    done.notify_all()
-            else:
-                with done:
+                if not ended_by_stop(e, context):  # else it ended with the program
+                    error = e
+            with done:
+                if error is None:
                     finished.append(index)
-                    done.notify_all()
+                else:
+                    failures.append((index, error))
+                done.notify_all()
 
         for index, node in enumerate(self._nodes):
             threading.Thread(target=run, args=(index, node, self._inner_context(index)),

@@ -1,14 +1,15 @@
 """`CourierNode`: serves a Python object's public methods over courier RPC."""
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import copy
+from typing import Any, Callable, Iterable, Optional
 
 import courier
 
 from launchpad import runtime
 from launchpad.address import Address
 from launchpad.nodes.base import Handle
-from launchpad.nodes.endpoint import node_client
+from launchpad.nodes.endpoint import Retries, idempotent_methods, node_client
 from launchpad.nodes.python import PyClassNode
 
 CourierClient = courier.Client
@@ -53,6 +54,17 @@ class CourierHandle(Handle):
         once the program stops and the node has ended (see `endpoint`)."""
         return node_client(self._address, self._node_name, self._client_kwargs)
 
+    def with_retries(self, attempts: int = 3,
+                     methods: Optional[Iterable[str]] = None) -> 'CourierHandle':
+        """A copy of this handle whose clients send a call again, to the node's restarted
+        instance, when the node goes away while it has the call: up to `attempts` times in all,
+        for `methods` (None: every method). `attempts=1` never does (the default of a handle,
+        except for methods declared `lp.idempotent`). See docs/failures.md, "Retried calls"."""
+        handle = copy.copy(self)
+        handle._client_kwargs = {**self._client_kwargs,  # pylint: disable=protected-access
+                                 'retries': Retries(attempts, methods)}
+        return handle
+
 
 class CourierNode(PyClassNode):
     """Builds `cls(*args, **kwargs)` where it runs and serves its public methods.
@@ -73,6 +85,9 @@ class CourierNode(PyClassNode):
         self._addresses.append(self._address)
         self._courier_kwargs = dict(courier_kwargs or {})
         self._client_kwargs = dict(courier_client_kwargs or {})
+        declared = idempotent_methods(cls) if isinstance(cls, type) else frozenset()
+        if declared:  # their calls are re-sent to a restarted instance
+            self._client_kwargs.setdefault('retries', Retries(methods=declared))
 
     def create_handle(self) -> CourierHandle:
         return CourierHandle(self, self._address, self._client_kwargs)

@@ -24,9 +24,10 @@ the endpoint it resolved), so it follows the node's restarts too.
 """
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
-from typing import Optional
+from typing import Callable, FrozenSet, Optional, TypeVar
 
 import courier
 
@@ -47,6 +48,50 @@ class NodeLeftError(NodeStoppedError):
     that left): it will not come back."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Retries:
+    """Calls re-sent to the restarted instance of a node whose last instance went away while it
+    had them (see docs/failures.md, "Retried calls").
+
+    Attributes:
+      attempts: how many times in all a call may be sent (2: once more), at least 1.
+      methods: the methods whose calls are re-sent; None: every method.
+    """
+    attempts: int = 3
+    methods: Optional[FrozenSet[str]] = None
+
+    def __post_init__(self):
+        if not isinstance(self.attempts, int) or self.attempts < 1:
+            raise ValueError(f'Retries(attempts=...) is how many times in all a call may be sent, '
+                             f'an int >= 1; got {self.attempts!r}.')
+        if self.methods is not None:
+            if isinstance(self.methods, str):
+                raise TypeError(f'Retries(methods=...) is a collection of method names, got the '
+                                f'string {self.methods!r}; write methods=[{self.methods!r}].')
+            object.__setattr__(self, 'methods', frozenset(self.methods))
+
+    def covers(self, method: str) -> bool:
+        """Whether calls of `method` are re-sent."""
+        return self.methods is None or method in self.methods
+
+
+Method = TypeVar('Method', bound=Callable)
+
+
+def idempotent(method: Method) -> Method:
+    """Declares a served method safe to run more than once for one call: the handles of a
+    `CourierNode` serving it re-send its calls to the node's restarted instance (up to 3 times
+    in all; `handle.with_retries` says otherwise)."""
+    method.__lp_idempotent__ = True
+    return method
+
+
+def idempotent_methods(cls) -> FrozenSet[str]:
+    """The names of the methods of `cls` declared with `idempotent`."""
+    return frozenset(name for name in dir(cls) if not name.startswith('_')
+                     and getattr(getattr(cls, name, None), '__lp_idempotent__', False))
+
+
 class NodeEndpoint(courier.AddressResolver):
     """The endpoint of a node's address, found when a client (re)connects (picklable).
 
@@ -57,14 +102,16 @@ class NodeEndpoint(courier.AddressResolver):
         when its endpoint does not accept connections (it still waits for a node to publish
         its endpoint, up to the address table's lookup timeout, as clients always did).
       timeout: seconds to wait (the client's `call_timeout`); None waits until the program stops.
+      retries: the calls re-sent to the node's next instance when it goes away (None: none).
     """
 
     def __init__(self, address: Address, node_name: str, wait: bool = True,
-                 timeout: Optional[float] = None):
+                 timeout: Optional[float] = None, retries: Optional[Retries] = None):
         self.address = address
         self.node_name = node_name
         self.wait = wait
         self.timeout = timeout
+        self.retries = retries
 
     def serving(self) -> bool:
         """Whether the node accepts connections now, and the program is not stopping."""
@@ -133,6 +180,16 @@ class NodeEndpoint(courier.AddressResolver):
         time.sleep(_MAX_PAUSE)
         return True
 
+    def resend(self, method: str, sent: int) -> Optional[bool]:
+        """Whether a call of `method` that lost the node `sent` times goes to its next instance:
+        for a method its `retries` cover, while they allow and the program runs and the node
+        was not removed (None for the others: see `retry`)."""
+        if self.retries is None or not self.retries.covers(method):
+            return None
+        context = runtime.get_context()
+        return (sent < self.retries.attempts and not context.stop.event.is_set()
+                and not node_has_left(context, self.node_name))
+
     def __repr__(self) -> str:
         return f'NodeEndpoint({self.node_name}, {self.address})'
 
@@ -143,7 +200,7 @@ def node_client(address: Address, node_name: str, client_kwargs: dict) -> courie
     context = runtime.get_context()
     kwargs = dict(client_kwargs)
     resolver = NodeEndpoint(address, node_name, wait=kwargs.pop('wait_for_ready', True),
-                            timeout=kwargs.get('call_timeout'))
+                            timeout=kwargs.get('call_timeout'), retries=kwargs.pop('retries', None))
     static = context.address_table.static.get(address.id)  # a Unix socket needs no TLS
     tls = kwargs.pop('tls', context.tls_for(static or resolver))
     if context.auth_token is not None:  # the launching process's context carries it

@@ -18,12 +18,14 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from launchpad import runtime
 from launchpad.address import Address
 from launchpad.nodes.base import Handle
 from launchpad.nodes.endpoint import NodeLeftError, node_client
+from launchpad.process.supervision import MemberEvent
 
 _LONGEST_WAIT = 10.0  # seconds of one wait for a change at the coordinator (under its call timeout)
 
@@ -60,6 +62,7 @@ class GroupClient:
         self._lock = threading.Lock()
         self._known: List[Tuple[str, List[str]]] = []
         self._clients: Dict[str, Any] = {}
+        self._events_seen = 0  # how many of the group's departures `events` returned
 
     def __getstate__(self):
         return {'label': self.label, 'client_kwargs': self._client_kwargs}
@@ -128,6 +131,43 @@ class GroupClient:
                     stop.wait(1.0)
 
         threading.Thread(target=watch, daemon=True, name=f'lp-group-{self.label}').start()
+
+    # Why members left, and supervision (`launchpad.process.supervision`).
+
+    def events(self, timeout: Optional[float] = 0) -> List[MemberEvent]:
+        """The members that left since the last call (the first: since the launch), oldest
+        first, each saying why (`lp.MemberEvent`: finished, removed, failed with its error and
+        traceback, dropped, killed); waits up to `timeout` seconds (None: until one leaves or
+        the node stops)."""
+        coordinator = _coordinator()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            with self._lock:
+                since = self._events_seen
+            found = coordinator.member_events(
+                self.label, since, _LONGEST_WAIT if left is None else min(left, _LONGEST_WAIT))
+            if found:
+                with self._lock:
+                    self._events_seen = since + len(found)
+                return list(found)
+            if ((deadline is not None and time.monotonic() >= deadline)
+                    or runtime.get_context().stop.event.is_set()):
+                return []
+
+    def supervise(self) -> None:
+        """Makes this node the owner of the group's failures: a member failure that would fail
+        the program (its restart policy spent) is handed to this node instead, as a 'failed'
+        event; it decides with `replace`, `lp.resize` or `fail`."""
+        _coordinator().supervise(self.label, runtime.get_context().node_name)
+
+    def replace(self, name: str) -> None:
+        """Starts again member `name`, whose failure this node took over (its next attempt)."""
+        _coordinator().settle_failure(name, 'replace')
+
+    def fail(self, name: str) -> None:
+        """Fails the program with the failure of member `name`, which this node took over."""
+        _coordinator().settle_failure(name, 'fail')
 
     # Calling members.
 

@@ -28,6 +28,9 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 from launchpad import runtime
 from launchpad.policy import NodePolicy, RestartBudget
 from launchpad.process import faces
+from launchpad.process.errors import NodeFailedError, all_tracebacks
+from launchpad.process.stop_order import StopOrder
+from launchpad.process.supervision import MemberEvent, Supervision, settle_refusal
 from launchpad.scaling import Elastic, check_size
 
 # Seconds a node keeps running without reaching its coordinator before it decides that the
@@ -68,40 +71,6 @@ class NodeStatus:
     cores: str = ''    # the cores it is pinned to ('': not pinned)
 
 
-class NodeFailedError(RuntimeError):
-    """A node of the program failed; the program was stopped because of it.
-
-    Attributes:
-      node_name: the failing node, 'group/index'.
-      message: its error message.
-      remote_traceback: the traceback text printed where it failed (for a node that was
-        restarted, every failure's, oldest first).
-      failures: (message, traceback) of each failure of the node, oldest first.
-    """
-
-    def __init__(self, node_name: str, message: str, remote_traceback: str = '',
-                 failures: Tuple[Tuple[str, str], ...] = ()):
-        self.node_name = node_name
-        self.message = message
-        self.remote_traceback = remote_traceback
-        self.failures = tuple(failures) or ((message, remote_traceback),)
-        text = f'Node {node_name} failed: {message}'
-        if remote_traceback:
-            text += f'\n\nTraceback in {node_name}:\n{remote_traceback.rstrip()}'
-        super().__init__(text)
-
-    def __reduce__(self):
-        return type(self), (self.node_name, self.message, self.remote_traceback, self.failures)
-
-
-def _all_tracebacks(failures: List[Tuple[str, str]]) -> str:
-    """The tracebacks of a node's failures, each under a line saying which one it was."""
-    if len(failures) == 1:
-        return failures[0][1]
-    return '\n'.join(f'--- failure {i} of {len(failures)}: {message}\n{text.rstrip()}\n'
-                     for i, (message, text) in enumerate(failures, 1))
-
-
 class _Incarnation:
     """The coordinator's private record of a node across its restarts."""
 
@@ -120,10 +89,12 @@ class Coordinator:
 
     def __init__(self, node_names: Iterable[str], *,
                  policies: Optional[Mapping[str, NodePolicy]] = None,
-                 groups: Optional[Mapping[str, Elastic]] = None):
+                 groups: Optional[Mapping[str, Elastic]] = None,
+                 stop_order: Optional[StopOrder] = None):
         """`groups` (`Program.group_limits()`): what each group may be resized to, so that a
         node's `lp.resize` beyond it fails in that node; None leaves the check to the
-        controller, which logs a refused request."""
+        controller, which logs a refused request. `stop_order`: who calls whom, so that a
+        stop reaches callers before what they call (`stop_order`); None: every node at once."""
         self._changed = threading.Condition()
         self._nodes: Dict[str, NodeStatus] = {name: NodeStatus(name) for name in node_names}
         self._incarnations = {name: _Incarnation((policies or {}).get(name) or NodePolicy())
@@ -137,6 +108,9 @@ class Coordinator:
         self._stop_time: Optional[float] = None
         self._failure: Optional[NodeFailedError] = None
         self._metrics: Dict[str, dict] = {}
+        self._stop_order = stop_order
+        self._supervision = Supervision()
+        self._told_cache: Tuple[Optional[tuple], frozenset] = (None, frozenset())
 
     # Called by nodes.
 
@@ -159,7 +133,7 @@ class Coordinator:
                 status.state = NodeState.RUNNING
             status.pid, status.host = pid, host
             status.started_at = status.started_at or time.time()
-            self._changed.notify_all()
+            self._notify()
             return status.restarts
 
     def node_finished(self, name: str) -> None:
@@ -168,7 +142,7 @@ class Coordinator:
             if not status.state.ended and not self._incarnations[name].failed:
                 status.state = (NodeState.REMOVED if name in self._removing
                                 else NodeState.FINISHED)
-            self._changed.notify_all()
+            self._notify()
 
     def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
         """Records a failure of `name`, which its restart policy turns into a restart, a drop or
@@ -182,16 +156,32 @@ class Coordinator:
             self._set_stopping(reason)
 
     def wait_for_stop(self, timeout: Optional[float] = None, name: Optional[str] = None) -> bool:
-        """Blocks until the program is stopping (or node `name` is being removed from it) or
-        `timeout` passes; True if it is."""
+        """Blocks until the program is stopping or `timeout` passes; True if it is. With the
+        `name` of an executable: until it is told to stop (its callers ended first, see
+        `stop_order`) or it is being removed from the program."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
-            return self._changed.wait_for(
-                lambda: self._stop_reason is not None or name in self._removing, timeout)
+            while not (name in self._removing or self._told(name)):
+                now = time.monotonic()
+                wait = None if deadline is None else deadline - now
+                if self._stop_time is not None and self._stop_order is not None:
+                    fallback = self._stop_time + self._stop_order.fallback - now
+                    wait = fallback if wait is None else min(wait, fallback)
+                if deadline is not None and now >= deadline:
+                    return False
+                self._changed.wait(None if wait is None else max(wait, 0.001))
+            return True
+
+    def told_to_stop(self) -> List[str]:
+        """The executables told to stop so far (every one once the program stops, unless a
+        `stop_order` holds some back until their callers have ended)."""
+        with self._changed:
+            return [name for name in self._nodes if self._told(name)]
 
     def publish_address(self, address_id: str, endpoint: str) -> None:
         with self._changed:
             self._addresses[address_id] = endpoint
-            self._changed.notify_all()
+            self._notify()
 
     def report_metrics(self, name: str, snapshot: dict) -> None:
         """Keeps the latest metrics executable `name` reported (`launchpad.metrics`)."""
@@ -207,8 +197,12 @@ class Coordinator:
     # Elastic groups: nodes join and leave while the program runs.
 
     def add_nodes(self, names: Iterable[str], *,
-                  policies: Optional[Mapping[str, NodePolicy]] = None) -> None:
-        """Adds executables to the running program (pending until they report their start)."""
+                  policies: Optional[Mapping[str, NodePolicy]] = None,
+                  calls: Optional[Tuple[Mapping[str, Iterable[str]],
+                                        Mapping[str, Iterable[str]]]] = None) -> None:
+        """Adds executables to the running program (pending until they report their start);
+        `calls`: (executable -> executables it calls, executable -> groups it calls), for the
+        stop order (`Program.calls`)."""
         with self._changed:
             if self._stop_reason is not None:
                 raise RuntimeError(f'The program is stopping ({self._stop_reason}): no node can '
@@ -218,13 +212,15 @@ class Coordinator:
                     raise KeyError(f'{name!r} is already a node of this program.')
                 self._nodes[name] = NodeStatus(name)
                 self._incarnations[name] = _Incarnation((policies or {}).get(name) or NodePolicy())
-            self._changed.notify_all()
+            if calls is not None and self._stop_order is not None:
+                self._stop_order.add(*calls)
+            self._notify()
 
     def set_node_addresses(self, addresses: Mapping[str, List[str]]) -> None:
         """Node name -> the ids of the addresses it serves, for clients of its group."""
         with self._changed:
             self._node_addresses.update({name: list(ids) for name, ids in addresses.items()})
-            self._changed.notify_all()
+            self._notify()
 
     def set_node_resources(self, name: str, devices: str, cores: str) -> None:
         """The GPUs and cores the launcher gave node `name` (`NodeResources.describe`)."""
@@ -240,7 +236,7 @@ class Coordinator:
                 self._removing[name] = time.monotonic()
             if status.state is NodeState.RESTARTING:
                 status.state = NodeState.REMOVED
-            self._changed.notify_all()
+            self._notify()
 
     def removals(self) -> Dict[str, float]:
         """Nodes being removed that have not ended yet -> when their removal was asked."""
@@ -269,6 +265,37 @@ class Coordinator:
                                    or self._stop_reason is not None, timeout)
             return self._members(label)
 
+    # Supervision (`supervision`): why members left, and owners that take over failures.
+
+    def member_events(self, label: str, since: int = 0,
+                      timeout: Optional[float] = None) -> List[MemberEvent]:
+        """The departures from group `label` from the `since`-th on, waiting up to `timeout`
+        for one."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._supervision.events(label, since), timeout)
+            return self._supervision.events(label, since)
+
+    def supervise(self, label: str, owner: str) -> None:
+        """Node `owner` takes over the failures of group `label`'s members."""
+        with self._changed:
+            self._status(owner)
+            self._supervision.supervise(label, owner)
+
+    def settle_failure(self, name: str, action: str) -> None:
+        """The owner of member `name` decides on its failure: 'replace' starts it again, 'fail'
+        fails the program with it."""
+        with self._changed:
+            state = self._status(name).state.value
+            refusal = settle_refusal(name, state, action, self._stop_reason)
+            if refusal:
+                raise ValueError(refusal)
+            if action == 'fail':
+                self._fail_program(name, self._nodes[name].error)
+                return
+            self._nodes[name].state = NodeState.RESTARTING
+            self._incarnations[name].restart_at = time.monotonic()
+            self._notify()
+
     def request_size(self, label: str, size: int) -> None:
         """Asks for group `label` to have `size` nodes (a node's `lp.resize`); the controller
         grows or shrinks it. Raises, saying why, if the group cannot have that size (an unknown
@@ -276,7 +303,7 @@ class Coordinator:
         with self._changed:
             check_size(label, size, self._groups, len(self._group_nodes(label)))
             self._size_requests[label] = size
-            self._changed.notify_all()
+            self._notify()
 
     def group_nodes(self, label: str) -> List[str]:
         """The nodes of group `label` that run or are starting (not ended, not leaving), by
@@ -336,7 +363,7 @@ class Coordinator:
                 else:
                     self._fail(name, f'its process ended ({description}) without reporting an '
                                      'error; see its output above or in its log.')
-            self._changed.notify_all()
+            self._notify()
 
     def due_restarts(self, now: float) -> List[str]:
         """The restarting nodes whose process is gone and whose backoff is over at `now`."""
@@ -356,7 +383,7 @@ class Coordinator:
         with self._changed:
             if self._status(name).state is NodeState.RESTARTING:
                 self._restarted(name)
-            self._changed.notify_all()
+            self._notify()
 
     def restart_failed(self, name: str, reason: str) -> None:
         """The node could not be started again: its last failure is final."""
@@ -376,7 +403,7 @@ class Coordinator:
                 status = self._status(name)
                 if not status.state.ended:
                     status.state = NodeState.KILLED
-            self._changed.notify_all()
+            self._notify()
 
     def status(self) -> Dict[str, NodeStatus]:
         with self._changed:
@@ -419,6 +446,27 @@ class Coordinator:
             selected = self._nodes if names is None else {n: self._nodes[n] for n in names}
             return [name for name, status in selected.items() if not status.state.ended]
 
+    def _told(self, name: Optional[str]) -> bool:
+        """Whether the program stops and executable `name` (None: any) has been told so."""
+        if self._stop_time is None:
+            return False
+        if name is None or self._stop_order is None or name not in self._nodes:
+            return True
+        ended = frozenset(n for n, status in self._nodes.items() if status.state.ended)
+        late = time.monotonic() - self._stop_time >= self._stop_order.fallback
+        key = (ended, late)
+        if self._told_cache[0] != key:
+            told = self._stop_order.told(self._nodes, lambda n: n in ended,
+                                         time.monotonic() - self._stop_time)
+            self._told_cache = (key, frozenset(told))
+        return name in self._told_cache[1]
+
+    def _notify(self) -> None:
+        """Logs the members that left (`supervision`) and wakes whoever waits for a change."""
+        self._supervision.observe(self._nodes, lambda name: (
+            self._incarnations[name].failures or [(self._nodes[name].error, '')])[-1])
+        self._changed.notify_all()
+
     def _status(self, name: str) -> NodeStatus:
         status = self._nodes.get(name)
         if status is None:
@@ -435,11 +483,11 @@ class Coordinator:
         status.error = message
         if name in self._removing:  # it was leaving anyway: no restart, no failed program
             status.state = NodeState.REMOVED
-            self._changed.notify_all()
+            self._notify()
             return
         if self._stop_reason is not None:
             status.state = NodeState.FAILED
-            self._changed.notify_all()
+            self._notify()
             return
         now = time.monotonic()
         delay = incarnation.budget.next_delay(now)
@@ -450,7 +498,7 @@ class Coordinator:
             logging.warning('Node %s failed (%s); restarting it in %g s (restart %d; its policy '
                             'allows %s).', name, message, delay, status.restarts + 1,
                             policy.describe())
-            self._changed.notify_all()
+            self._notify()
             return
         if policy is not None and incarnation.failures[:-1]:
             restarts = f'{status.restarts} time{"s" * (status.restarts != 1)}'
@@ -460,12 +508,22 @@ class Coordinator:
             status.state = NodeState.DROPPED
             logging.warning('Node %s failed for good and is dropped; the program goes on without '
                             'it: %s', name, message)
-            self._changed.notify_all()
+            self._notify()
             return
         status.state = NodeState.FAILED
+        owner = self._supervision.owner(name, lambda n: not self._nodes[n].state.ended)
+        if owner is not None:
+            logging.warning('Node %s failed; %s supervises it and decides: %s', name, owner,
+                            message)
+            self._notify()
+            return
+        self._fail_program(name, message)
+
+    def _fail_program(self, name: str, message: str) -> None:
+        failures = self._incarnations[name].failures
         if self._failure is None:
-            self._failure = NodeFailedError(name, message, _all_tracebacks(incarnation.failures),
-                                            tuple(incarnation.failures))
+            self._failure = NodeFailedError(name, message, all_tracebacks(failures),
+                                            tuple(failures))
         self._set_stopping(f'node {name} failed')
 
     def _restarted(self, name: str) -> None:
@@ -486,7 +544,7 @@ class Coordinator:
             for status in self._nodes.values():
                 if status.state is NodeState.RESTARTING:
                     status.state = NodeState.KILLED
-        self._changed.notify_all()
+        self._notify()
 
 
 def serve_coordinator(coordinator: Coordinator, address: str, *, auth_token: Optional[str] = None,
@@ -528,7 +586,7 @@ def run_reporting(run: Callable[[], None], name: str, coordinator, *, starting=N
             coordinator.node_failed(name, f'SystemExit({e.code!r})', traceback.format_exc())
             return 1
     except BaseException as e:  # pylint: disable=broad-except
-        if _ended_by_stop(e, context):
+        if ended_by_stop(e, context):
             logging.info('%s ended with the program: %s: %s', name, type(e).__name__, e)
             coordinator.node_finished(name)
             return 0
@@ -546,7 +604,9 @@ class NodeStopped(BaseException):
     """
 
 
-def _ended_by_stop(error: BaseException, context) -> bool:
+def ended_by_stop(error: BaseException, context) -> bool:
+    """Whether `error`, raised in the node of `context`, is the node ending with the program's
+    stop (a call to a node that had gone while the program stops) rather than a failure."""
     if isinstance(error, NodeStopped):
         return True
     if not isinstance(error, ConnectionError) or context is None or context.stop is None:

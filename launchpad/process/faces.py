@@ -2,7 +2,8 @@
 
 The coordinator (`coordinator.Coordinator`) is one object with two kinds of callers:
 
-    node processes and threads ──(NodeFace: reports, progress, addresses, membership, resizes)──┐
+    node processes and threads ──(NodeFace: reports, progress, addresses, membership, resizes,
+                                  supervision)─────────────────────────────────────────────────┐
                                                                                                ▼
     controller, runners, observers ──(ControlFace: states, restarts, joins and leaves, stop)──► coordinator
 
@@ -20,6 +21,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Lis
 if TYPE_CHECKING:
     from launchpad.policy import NodePolicy
     from launchpad.process.coordinator import NodeFailedError, NodeStatus
+    from launchpad.process.supervision import MemberEvent
 
 Members = List[Tuple[str, List[str]]]  # (node name, the ids of the addresses it serves)
 
@@ -66,6 +68,17 @@ class NodeFace(Protocol):
 
     def request_size(self, label: str, size: int) -> None:
         """Asks that group `label` has `size` nodes (`lp.resize`)."""
+
+    def member_events(self, label: str, since: int = 0,
+                      timeout: Optional[float] = None) -> List['MemberEvent']:
+        """Why members left group `label`, from the `since`-th departure on (waits up to
+        `timeout` for one)."""
+
+    def supervise(self, label: str, owner: str) -> None:
+        """Node `owner` takes over the failures of group `label`'s members."""
+
+    def settle_failure(self, name: str, action: str) -> None:
+        """The owner of failed member `name` replaces it ('replace') or fails the program."""
 
 
 class ControlFace(Protocol):
@@ -133,8 +146,14 @@ class ControlFace(Protocol):
         """The controller killed `names`."""
 
     def add_nodes(self, names: Iterable[str], *,
-                  policies: Optional[Mapping[str, 'NodePolicy']] = None) -> None:
-        """Nodes join the running program, pending until they report their start."""
+                  policies: Optional[Mapping[str, 'NodePolicy']] = None,
+                  calls: Optional[Tuple[Mapping[str, Iterable[str]],
+                                        Mapping[str, Iterable[str]]]] = None) -> None:
+        """Nodes join the running program, pending until they report their start (`calls`:
+        whom they call, for the stop order)."""
+
+    def told_to_stop(self) -> List[str]:
+        """The executables told of the stop so far (callers before what they call)."""
 
     def set_node_addresses(self, addresses: Mapping[str, List[str]]) -> None:
         """Node name -> the ids of the addresses it serves."""
@@ -233,4 +252,14 @@ class NodeFaceProxy:
 
     def request_size(self, label: str, size: int) -> None:
         self._target.request_size(label, size)
+
+    def member_events(self, label: str, since: int = 0,
+                      timeout: Optional[float] = None) -> List['MemberEvent']:
+        return self._target.member_events(label, since, timeout)
+
+    def supervise(self, label: str, owner: str) -> None:
+        self._target.supervise(label, owner)
+
+    def settle_failure(self, name: str, action: str) -> None:
+        self._target.settle_failure(name, action)
 

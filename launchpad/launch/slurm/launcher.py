@@ -48,7 +48,8 @@ import time
 from typing import Dict, Optional, Sequence, Tuple
 
 from launchpad.launch.controller import Controller
-from launchpad.launch.launcher import Launcher, LaunchOptions, executables_of, policies_of
+from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of, policies_of,
+                                       stop_order_of)
 from launchpad.launch.slurm import addresses, job, script, shared
 from launchpad.launch.slurm.resources import SlurmResources
 from launchpad.resources import Resources
@@ -161,7 +162,9 @@ class SlurmLauncher(Launcher):
                                       name: policy.to_json() for name, policy in policies.items()}
                                   ).write(run_dir)
         else:
-            coordinator = Coordinator(names, policies=policies, groups=program.group_limits())
+            coordinator = Coordinator(
+                names, policies=policies, groups=program.group_limits(),
+                stop_order=stop_order_of(program, executables, options.notice_period))
             server = serve_coordinator(
                 coordinator, job.coordinator_bind_endpoint(settings.coordinator_host),
                 auth_token=token, tls=options.tls)

@@ -30,7 +30,8 @@ from courier.transport import tcp_address
 
 from launchpad.address import AddressTable
 from launchpad.launch.controller import Controller, ProcessRunner
-from launchpad.launch.launcher import Launcher, LaunchOptions, executables_of, policies_of
+from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of, policies_of,
+                                       stop_order_of)
 from launchpad.launch.ssh import protocol
 from launchpad.launch.ssh.connection import Connection, ForkedNode
 from launchpad.launch.ssh.hosts import SshHost, SshHosts, connection_key, hosts_of
@@ -337,7 +338,8 @@ class SshLauncher(Launcher):
         policies = policies_of(program, executables)
         coordinator = runner.coordinator = Coordinator(
             [executable.name for _, executable in executables], policies=policies,
-            groups=program.group_limits())
+            groups=program.group_limits(),
+            stop_order=stop_order_of(program, executables, options.notice_period))
         bind_host = options.settings.coordinator_host or _coordinator_host(runner.connections)
         try:
             runner.server = serve_coordinator(coordinator, tcp_address(bind_host, 0),

@@ -1,0 +1,150 @@
+"""Acme's distributed DQN, shaped for the stop-order tests: actors -> replay <- learner, a counter
+every node reports to, and a steps limiter that calls lp.stop(); the replay is a fake Reverb
+server whose clients flush on stop and, as Reverb's writers do, wait for a server that is gone
+rather than fail."""
+import os
+import threading
+import time
+
+import courier
+import launchpad as lp
+
+
+class FakeReverb:
+    """A replay server: keeps the items actors insert; at its stop it records which actors' final
+    flushes it received (in `record`), so a test sees that it served until they had flushed."""
+
+    def __init__(self, record: str):
+        self._record = record
+        self._lock = threading.Lock()
+        self._items = 0
+        self._flushed = []
+        lp.register_stop_handler(self._save)
+
+    def insert(self, actor: int, items: int, final: bool = False) -> None:
+        with self._lock:
+            self._items += items
+            if final:
+                self._flushed.append(actor)
+
+    def sample(self) -> int:
+        with self._lock:
+            return self._items
+
+    def _save(self) -> None:
+        with self._lock:
+            flushed = sorted(self._flushed)
+        with open(self._record, 'w') as f:
+            f.write(' '.join(map(str, flushed)))
+
+
+class Writer:
+    """A Reverb-like writer: buffers items and flushes them to the server; a flush waits for the
+    server (retrying) rather than failing, so a flush to a server that shut down blocks."""
+
+    def __init__(self, replay, actor: int):
+        self._replay = replay
+        self._actor = actor
+        self._buffered = 0
+
+    def append(self) -> None:
+        self._buffered += 1
+        if self._buffered == 10:
+            self.flush()
+
+    def flush(self, final: bool = False) -> None:
+        while True:
+            try:
+                self._replay.insert(self._actor, self._buffered, final)
+                self._buffered = 0
+                return
+            except courier.ServerUnavailableError:
+                time.sleep(0.05)  # the server is gone: wait for it, as Reverb does
+
+
+class Counter:
+    """Acme's counter: every node adds its steps."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._counts = {}
+
+    def increment(self, key: str, n: int) -> None:
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + n
+
+    def get(self, key: str) -> int:
+        with self._lock:
+            return self._counts.get(key, 0)
+
+
+class Learner:
+    """Acme's learner: a loop that samples the replay and never looks at the stop."""
+
+    def __init__(self, replay, counter):
+        self._replay = replay
+        self._counter = counter
+        self._steps = 0
+
+    def get_variables(self) -> int:
+        return self._steps
+
+    def run(self) -> None:
+        while True:
+            self._replay.sample()
+            self._steps += 1
+            self._counter.increment('learner_steps', 1)
+            time.sleep(0.01)
+
+
+def actor(replay, learner, counter, index: int) -> None:
+    """Acme's actor: acts, writes to the replay, reports to the counter; its stop handler flushes
+    its writer (a blocking call to the replay), after which its loop ends. As Acme's clients do,
+    it waits out a node that does not answer rather than fail."""
+    writer = Writer(replay, index)
+    flushed = threading.Event()
+
+    def flush():
+        writer.flush(final=True)
+        flushed.set()
+
+    lp.register_stop_handler(flush)
+    while not flushed.is_set():
+        try:
+            learner.get_variables()
+            counter.increment('actor_steps', 1)
+        except courier.ServerUnavailableError:
+            time.sleep(0.05)
+        writer.append()
+        time.sleep(0.005)
+
+
+def steps_limiter(counter, max_steps: int) -> None:
+    """Acme's StepsLimiter: stops the program once the actors made `max_steps` steps."""
+    while counter.get('actor_steps') < max_steps:
+        time.sleep(0.05)
+    print(f'StepsLimiter: terminating (pid {os.getpid()})', flush=True)
+    lp.stop()
+
+
+def dqn_program(record: str, actors: int = 3, max_steps: int = 200,
+                colocate: bool = False) -> lp.Program:
+    """The DQN-shaped program (see the module docstring); with `colocate`, the learner and the
+    replay run in one executable."""
+    program = lp.Program('dqn')
+    counter = program.add_node(lp.CourierNode(Counter), label='counter')
+    replay_node = lp.CourierNode(FakeReverb, record)
+    if colocate:
+        replay = replay_node.create_handle()
+        learner_node = lp.CourierNode(Learner, replay, counter)
+        learner = learner_node.create_handle()
+        program.add_node(lp.MultiThreadingColocation([learner_node, replay_node]),
+                         label='learner')
+    else:
+        replay = program.add_node(replay_node, label='replay')
+        learner = program.add_node(lp.CourierNode(Learner, replay, counter), label='learner')
+    with program.group('actor'):
+        for i in range(actors):
+            program.add_node(lp.PyNode(actor, replay, learner, counter, i))
+    program.add_node(lp.PyNode(steps_limiter, counter, max_steps), label='limiter')
+    return program
