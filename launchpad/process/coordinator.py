@@ -28,13 +28,14 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 from launchpad import runtime
 from launchpad.policy import NodePolicy, RestartBudget
 from launchpad.process import faces
+from launchpad.process.probe_broker import Probe, ProbeBroker
 from launchpad.scaling import Elastic, check_size
 
 # Seconds a node keeps running without reaching its coordinator before it decides that the
 # launcher is gone and stops itself.
 COORDINATOR_LOSS_TIMEOUT = 5.0
-# Coordinator threads for nodes added to a running program (two each), beyond its first nodes'.
-_ROOM_TO_GROW = 64
+# Coordinator threads for nodes added to a running program (three each), beyond its first nodes'.
+_ROOM_TO_GROW = 96
 
 
 class NodeState(str, enum.Enum):
@@ -137,6 +138,7 @@ class Coordinator:
         self._stop_time: Optional[float] = None
         self._failure: Optional[NodeFailedError] = None
         self._metrics: Dict[str, dict] = {}
+        self._probes = ProbeBroker()
 
     # Called by nodes.
 
@@ -197,6 +199,14 @@ class Coordinator:
         """Keeps the latest metrics executable `name` reported (`launchpad.metrics`)."""
         with self._changed:
             self._metrics[name] = snapshot
+
+    def wait_for_probe(self, name: str, sample: Optional[dict] = None,
+                       timeout: float = 1.0) -> List[Probe]:
+        """Node process `name`'s probe thread: its stack sample in, questions out (`probe_broker`)."""
+        return self._probes.wait_for_probe(name, sample, timeout)
+
+    def answer_probe(self, name: str, probe_ids: List[int], answer: dict) -> None:
+        self._probes.answer_probe(name, probe_ids, answer)
 
     def lookup_address(self, address_id: str, timeout: Optional[float] = None) -> Optional[str]:
         """The endpoint published for `address_id`, waiting up to `timeout`; None if none came."""
@@ -387,6 +397,11 @@ class Coordinator:
         with self._changed:
             return dict(self._metrics)
 
+    def probe(self, names: Iterable[str], kinds: Iterable[str], timeout: float
+              ) -> Dict[str, dict]:
+        """Asks node processes live for their stacks, calls or numbers (`probe_broker`)."""
+        return self._probes.probe(names, kinds, timeout)
+
     @property
     def stopping(self) -> bool:
         return self._stop_reason is not None
@@ -488,13 +503,13 @@ def serve_coordinator(coordinator: Coordinator, address: str, *, auth_token: Opt
     it) with courier on `address` and returns the started courier.Server; its control face is
     refused there (`faces.serve`).
 
-    Every node keeps a call to `wait_for_stop` open, so the server gets two threads per node and
-    some to spare, and room for nodes added while the program runs (threads start when needed).
+    Every node keeps a call to `wait_for_stop` and one to `wait_for_probe` open, so the server
+    gets three threads per node and some to spare, and room for nodes added while the program runs (threads start when needed).
     `auth_token` None reads COURIER_AUTH_TOKEN, as courier does.
     """
     import courier  # pylint: disable=import-outside-toplevel
     server = courier.Server(address=address, auth_token=auth_token, tls=tls,
-                            thread_pool_size=2 * len(coordinator.status()) + 8 + _ROOM_TO_GROW)
+                            thread_pool_size=3 * len(coordinator.status()) + 8 + _ROOM_TO_GROW)
     faces.serve(coordinator, server, face)
     server.Start()
     return server

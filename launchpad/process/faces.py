@@ -67,6 +67,14 @@ class NodeFace(Protocol):
     def request_size(self, label: str, size: int) -> None:
         """Asks that group `label` has `size` nodes (`lp.resize`)."""
 
+    def wait_for_probe(self, name: str, sample: Optional[dict] = None,
+                       timeout: float = 1.0) -> List[Tuple[int, List[str]]]:
+        """Node process `name` hands over its latest stack sample and waits up to `timeout` for
+        questions about itself: [(probe id, kinds asked)] (`launchpad.process.probe_broker`)."""
+
+    def answer_probe(self, name: str, probe_ids: List[int], answer: dict) -> None:
+        """Node process `name` answers the probes it fetched."""
+
 
 class ControlFace(Protocol):
     """What the controller, the platform runners and the observers call: the program's state,
@@ -151,6 +159,11 @@ class ControlFace(Protocol):
     def group_nodes(self, label: str) -> List[str]:
         """The nodes of group `label` that run or start (not ended, not leaving), by index."""
 
+    def probe(self, names: Iterable[str], kinds: Iterable[str], timeout: float
+              ) -> Dict[str, dict]:
+        """Asks node processes `names` live for `kinds` (stacks, calls, process); node -> its
+        answer, or its last sample when none came within `timeout` (`launchpad.process.probe_broker`)."""
+
 
 def members_of(face: type) -> FrozenSet[str]:
     """The names a Protocol declares (its methods and properties, its bases' included)."""
@@ -230,4 +243,11 @@ class NodeFaceProxy:
 
     def request_size(self, label: str, size: int) -> None:
         self._target.request_size(label, size)
+
+    def wait_for_probe(self, name: str, sample: Optional[dict] = None,
+                       timeout: float = 1.0) -> List[Tuple[int, List[str]]]:
+        return self._target.wait_for_probe(name, sample, timeout)
+
+    def answer_probe(self, name: str, probe_ids: List[int], answer: dict) -> None:
+        self._target.answer_probe(name, probe_ids, answer)
 
