@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Sequence
 
@@ -88,5 +89,11 @@ def _waits(args) -> int:
 
 def _top(args) -> int:
     from launchpad.observe import top  # pylint: disable=import-outside-toplevel  (curses)
+    if not (sys.stdout.isatty() and sys.stdin.isatty()):
+        raise cli.CommandError('top is a terminal program and needs one; for text, use status, '
+                               'stacks or waits.')
+    if not args.interval > 0:
+        raise cli.CommandError(f'--interval must be a number of seconds > 0, not '
+                               f'{args.interval:g}.')
     entry, client = cli._connect(args.program)  # pylint: disable=protected-access
-    return top.run(entry, client, interval=args.interval)
+    return _asked(entry, lambda: top.run(entry, client, interval=args.interval))

@@ -256,8 +256,8 @@ class Observer:
               timeout: float = LIVE_TIMEOUT) -> Dict[str, Any]:
         """Asks the nodes (or `node`) live for `kinds` (of `probe.KINDS`: stacks, calls,
         process). Returns {'nodes': {name: its answer (`probe.answer`), with 'state'},
-        'in_process': the running nodes that are threads of this process, 'process': this
-        process's own answer if there are any}. A node that did not answer within `timeout`
+        'in_process': the running nodes that are threads of this process (their answer is
+        'process'), 'process': this process's own answer if there are any}. A node that did not answer within `timeout`
         gets what is known without it (`launchpad.process.probe_broker`); one that is not running,
         {'live': False, 'state': ...}.
 
@@ -282,6 +282,8 @@ class Observer:
             raise LookupError(f'the {self._controller.launch_type} launcher cannot ask its '
                               f'nodes (its coordinator runs elsewhere and knows no probes).'
                               ) from None
+        for name in here:  # answered by 'process', which holds their threads
+            answers[name] = {'live': True, 'in_process': True, 'pid': os.getpid()}
         for name in names:
             answers.setdefault(name, {'live': False, 'silent': None})['state'] = (
                 status[name].state.value)
