@@ -16,6 +16,7 @@ from courier import security
 from courier import serialization
 from courier import wire
 
+_get_ident = threading.get_ident  # (read once: it runs on every call)
 
 
 class AddressResolver:
@@ -218,8 +219,9 @@ class Client:
         started = metrics.clock()
         listed = self._waiting
         if listed is not None:
-            entry = [self, method, started, threading.get_ident()]
-            listed[id(entry)] = entry
+            entry = (self, method, started, _get_ident())
+            key = id(entry)
+            listed[key] = entry
         try:
             transport, response = self._patiently(
                 lambda transport: transport.call(method, data, buffers, self._call_timeout))
@@ -230,7 +232,7 @@ class Client:
             raise
         finally:
             if listed is not None:
-                del listed[id(entry)]
+                del listed[key]
         self._calls.record(method, started, False)
         return result
 
@@ -269,7 +271,7 @@ class Client:
         address, calls, started = transport.address, self._calls, metrics.clock()
         listed = self._waiting
         if listed is not None:
-            entry = [self, method, started, threading.get_ident(), None]
+            entry = [self, method, started, _get_ident(), None]
             key = id(entry)
             listed[key] = entry
 

@@ -26,10 +26,10 @@ WAITING, SERVING = 'waiting', 'serving'
 
 _enabled = os.environ.get('COURIER_INFLIGHT', 'on').lower() not in ('off', '0', 'false', 'no')
 
-# id(entry) -> entry: [client or server, method, started (metrics.clock()), thread id], and for
-# a client's future a fifth item, the future (None until `call_async` returned it).
-waiting: Dict[int, list] = {}
-serving: Dict[int, list] = {}
+# id(entry) -> entry: (client or server, method, started (metrics.clock()), thread id), and for
+# a client's future a list with a fifth item, the future (None until `call_async` returned it).
+waiting: Dict[int, Any] = {}
+serving: Dict[int, Any] = {}
 # Entries after which a client's next future sweeps (`sweep`); the sweep doubles it as needed.
 sweep_at = 4096
 
@@ -96,5 +96,5 @@ def snapshot() -> Dict[str, List[Dict[str, Any]]]:
     return result
 
 
-def _done(entry: list) -> bool:
+def _done(entry) -> bool:
     return len(entry) > 4 and entry[4] is not None and entry[4].done()

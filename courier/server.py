@@ -15,6 +15,8 @@ from courier import security
 from courier import serialization
 from courier import wire
 
+_get_ident = threading.get_ident  # (read once: it runs on every call)
+
 _logger = logging.getLogger('courier')
 
 # Attributes bind_object never exposes: the node's main loop and the hook below.
@@ -241,12 +243,13 @@ class Server:
         if listed is None:
             response = self._run_call(method, fn, pickle, buffers)
         else:
-            entry = [self, method, started, threading.get_ident()]
-            listed[id(entry)] = entry
+            entry = (self, method, started, _get_ident())
+            key = id(entry)
+            listed[key] = entry
             try:
                 response = self._run_call(method, fn, pickle, buffers)
             finally:
-                del listed[id(entry)]
+                del listed[key]
         self._calls.record(method, started, response.status != wire.OK)
         return response
 

@@ -257,9 +257,9 @@ class Observer:
         """Asks the nodes (or `node`) live for `kinds` (of `probe.KINDS`: stacks, calls,
         process). Returns {'nodes': {name: its answer (`probe.answer`), with 'state'},
         'in_process': the running nodes that are threads of this process (their answer is
-        'process'), 'process': this process's own answer if there are any}. A node that did not answer within `timeout`
-        gets what is known without it (`launchpad.process.probe_broker`); one that is not running,
-        {'live': False, 'state': ...}.
+        'process'), 'process': this process's own answer if there are any}. A node that did
+        not answer within `timeout` gets what is known without it
+        (`launchpad.process.probe_broker`); one that is not running, {'live': False, 'state'}.
 
         Raises:
           LookupError: no such node, or the launcher cannot reach its nodes (the message says

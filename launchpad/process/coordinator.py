@@ -202,7 +202,8 @@ class Coordinator:
 
     def wait_for_probe(self, name: str, sample: Optional[dict] = None,
                        timeout: float = 1.0) -> List[Probe]:
-        """Node process `name`'s probe thread: its stack sample in, questions out (`probe_broker`)."""
+        """Node process `name`'s probe thread: its stack sample in, questions out
+        (`probe_broker`)."""
         return self._probes.wait_for_probe(name, sample, timeout)
 
     def answer_probe(self, name: str, probe_ids: List[int], answer: dict) -> None:

@@ -162,7 +162,8 @@ class ControlFace(Protocol):
     def probe(self, names: Iterable[str], kinds: Iterable[str], timeout: float
               ) -> Dict[str, dict]:
         """Asks node processes `names` live for `kinds` (stacks, calls, process); node -> its
-        answer, or its last sample when none came within `timeout` (`launchpad.process.probe_broker`)."""
+        answer, or its last sample when none came within `timeout`
+        (`launchpad.process.probe_broker`)."""
 
 
 def members_of(face: type) -> FrozenSet[str]:

@@ -13,8 +13,9 @@ How a question reaches a node: nodes only call their coordinator, so the questio
 Why a sample each round: a process stuck in C code with the GIL held runs no Python thread, this
 one included, so it cannot answer. The coordinator then answers from the last sample, saying when
 it was taken and how long the node has been silent. A sample that did not change is not sent
-again. Taking one costs well under a millisecond a second; a live answer is taken while the
-node's threads run on (`sys._current_frames` stops nothing).
+again, and a sample carries no source lines (a live answer does). Taking one costs well under a
+millisecond a second; a live answer is taken while the node's threads run on
+(`sys._current_frames` stops nothing).
 """
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ def start_answering(name: str, coordinator, progress: Optional[Any] = None) -> N
             signature = _signature(taken)
             sample = None
             if signature != last:
-                sample = {'taken': time.time(), STACKS: with_source(taken)}
+                sample = {'taken': time.time(), STACKS: taken}  # source lines: when asked
             try:
                 probes = coordinator.wait_for_probe(name, sample, SAMPLE_INTERVAL)
             except courier_errors.UnknownMethodError:

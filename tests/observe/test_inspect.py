@@ -10,10 +10,11 @@ import shlex
 import shutil
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
-from launchpad.observe import inspect_cli
+from launchpad.observe import dashboard, inspect_cli
 from tests import testbeds
 from tests.observe.programs import environment, observer_of, running, wait_until
 
@@ -175,11 +176,25 @@ def test_stacks_and_waits_of_nodes_running_as_threads(runtime_dir, tmp_path, cap
         threads = {thread['name'] for thread in probed['process']['stacks']}
         assert {'entering', 'lp-a/0', 'lp-driver/0'} <= threads
         assert 'threads of the launching process' in _command(capsys, 'stacks', 'tangled')[1]
+        served = dashboard.Dashboard(observer)  # the same, one click away on the dashboard
+        try:
+            stacks = _get(served, '/api/stacks?node=a/0')
+            assert 'Thread lp-a/0' in stacks['text'] and stacks['in_process']
+            assert 'DEADLOCK: a/0 -> b/0 (relay, ' in _get(served, '/api/waits')['text']
+        finally:
+            served.close()
         _stop(process)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, 9)
             process.wait()
+
+
+def _get(served, path: str) -> dict:
+    request = urllib.request.Request(f'http://127.0.0.1:{served.port}{path}',
+                                     headers={dashboard.TOKEN_HEADER: served.token})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
 
 
 def _tmux(*args: str, socket: str) -> str:
