@@ -14,5 +14,9 @@ Which module runs where:
     dashboard.py   the launching process (`lp.launch(..., dashboard=True)`) or the CLI's
                    (`dashboard PROGRAM`): the web page and its API (needs aiohttp)
     cli.py         `python -m launchpad.launch list|status|logs|stop|dashboard|metrics`
+    inspect_cli.py `python -m launchpad.launch stacks|waits|top`, live looks inside the nodes
+                   (the nodes answer through `launchpad.process.probe`)
+    inspect_text.py, waits.py  the text of stacks and waits; who waits on whom, and deadlocks
+    top.py         the live terminal view (curses)
     static/        the page, its script and style
 """

@@ -8,6 +8,9 @@
     python -m launchpad.launch metrics PROGRAM
     python -m launchpad.launch token PROGRAM
 
+(`stacks`, `waits` and `top` are `inspect_cli`'s, which shares this module's connection, errors
+and tables.)
+
 PROGRAM is a program's id (or the start of one) or its name, as `list` shows them. Each command
 finds the program in the user's registry (`registry`) and calls its observer through courier
 with the token of the registry entry (`observer`); nothing else is needed, and another user

@@ -33,7 +33,9 @@ def describe_answer(answer: Dict[str, Any], now: float) -> str:
         return f'not running ({answer.get("state")})'
     silent = answer.get('silent')
     if silent is None:
-        return 'running, but it has never been heard from (starting, or too old a launchpad)'
+        return ('running, but its probe thread was never heard from: it is starting, or its '
+                'nodes call a coordinator that is not this launcher\'s (Kubernetes: the '
+                'coordinator pod\'s)')
     text = (f'NO ANSWER; silent for {silent:.1f} s: its process holds the GIL (stuck in C '
             f'code), is stopped, or is gone' if silent > 2 * probe.SAMPLE_INTERVAL + 1 else
             f'no answer in time (slow; heard from {silent:.1f} s ago)')
