@@ -5,9 +5,9 @@ Every blocking call and every future of a :class:`courier.Client`, and every cal
 say at any moment who waits on whom (launchpad: ``python -m launchpad.launch waits``).
 :func:`snapshot` reads the lists; nothing else reads them.
 
-Listing a call costs one dict insert and one dict pop, without a lock (the dict's own
-atomicity suffices), on the calling thread: about 0.1 us, which
-``benchmarks/metrics_cost.py`` measures against the call rate. ``COURIER_INFLIGHT=off`` in the
+Listing a call costs a tuple, one dict insert and one dict pop, without a lock (the dict's own
+atomicity suffices), on the calling thread: under a microsecond per call and side, which
+``benchmarks/metrics_cost.py --feature inflight`` measures against the call rate. ``COURIER_INFLIGHT=off`` in the
 environment (or :func:`set_enabled`) turns listing off for clients and servers made afterwards.
 
 A future that fails without any response (timed out, unreachable, closed) is never taken off by

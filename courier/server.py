@@ -84,7 +84,7 @@ class Server:
         self._lock = threading.Lock()
         self._state = _CREATED
         self._stopped = threading.Event()
-        self._serving: Optional[Dict[int, list]] = None  # inflight's list of served calls
+        self._serving: Optional[Dict[int, tuple]] = None  # inflight's list of served calls
         self._transport = transport.listen(
             address, self._handle_call, self._method_names, thread_pool_size=thread_pool_size,
             auth_token=auth_token, tls=tls, limits=dict(

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 import courier
 
 from launchpad.observe import figures
-from launchpad.process import probe as node_probe
-from launchpad.observe import waits as waits_of
 from launchpad.observe import registry
+from launchpad.observe import waits as waits_of
 from launchpad import metrics
+from launchpad.process import probe as node_probe
 from launchpad.program import Program
 
 if TYPE_CHECKING:

@@ -505,7 +505,8 @@ def serve_coordinator(coordinator: Coordinator, address: str, *, auth_token: Opt
     refused there (`faces.serve`).
 
     Every node keeps a call to `wait_for_stop` and one to `wait_for_probe` open, so the server
-    gets three threads per node and some to spare, and room for nodes added while the program runs (threads start when needed).
+    gets three threads per node and some to spare, and room for nodes added while the program
+    runs (threads start when needed).
     `auth_token` None reads COURIER_AUTH_TOKEN, as courier does.
     """
     import courier  # pylint: disable=import-outside-toplevel

@@ -34,9 +34,9 @@ import courier
 
 from launchpad import runtime
 from launchpad import metrics
-from launchpad.process import probe
 from launchpad.process import faces
 from launchpad.process import flags
+from launchpad.process import probe
 from launchpad.process import spec as specs
 from launchpad.process import tree
 from launchpad.process import watchdog
