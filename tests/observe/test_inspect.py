@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from launchpad.observe import dashboard, inspect_cli
+from launchpad.observe import dashboard, inspect_cli, waits
 from tests import testbeds
 from tests.observe.programs import environment, observer_of, running, wait_until
 
@@ -252,3 +252,20 @@ def test_top_is_a_live_terminal_view(runtime_dir, tmp_path):
 def test_top_needs_a_terminal(capsys):
     status, _, err = _command(capsys, 'top', 'any')  # (pytest's stdin is no terminal)
     assert status == 1 and 'top is a terminal program and needs one' in err
+
+
+def _wait(caller: str, callee: str, method: str, age: float) -> dict:
+    return {'caller': caller, 'callee': callee, 'method': method, 'age': age, 'thread': 't',
+            'address': 'unix:x', 'future': False}
+
+
+def test_a_cycle_is_a_deadlock_once_every_call_in_it_is_old():
+    three = [_wait('c/0', 'a/0', 'third', 5.0), _wait('a/0', 'b/0', 'first', 7.0),
+             _wait('b/0', 'c/0', 'second', 6.0), _wait('a/0', 'a/0', 'itself', 9.0),
+             _wait('d/0', 'e/0', 'young', 0.2), _wait('e/0', 'd/0', 'young', 9.0)]
+    [cycle] = waits.deadlocks(three)  # once, from its smallest node; d/0 <-> e/0 is too young
+    assert [(e['caller'], e['callee'], e['method']) for e in cycle] == [
+        ('a/0', 'b/0', 'first'), ('b/0', 'c/0', 'second'), ('c/0', 'a/0', 'third')]
+    assert waits.describe_cycle(cycle) == (
+        'a/0 -> b/0 (first, 7.0 s) -> c/0 (second, 6.0 s) -> a/0 (third, 5.0 s)')
+    assert len(waits.deadlocks(three, min_age=0.1)) == 2
