@@ -15,6 +15,8 @@ def stacks(probed: Dict[str, Any], now: float) -> str:
         if name in probed['in_process']:
             continue
         parts.append(f'== {name}: {describe_answer(answer, now)} ==\n')
+        if answer.get('dumped'):
+            parts.append(answer['dumped'].rstrip() + '\n\n')
         if answer.get(probe.STACKS):
             parts.append(_threads(answer[probe.STACKS]))
     process = probed.get('process')
@@ -37,12 +39,16 @@ def describe_answer(answer: Dict[str, Any], now: float) -> str:
                 'nodes call a coordinator that is not this launcher\'s (Kubernetes: the '
                 'coordinator pod\'s)')
     text = (f'NO ANSWER; silent for {silent:.1f} s: its process holds the GIL (stuck in C '
-            f'code), is stopped, or is gone' if silent > 2 * probe.SAMPLE_INTERVAL + 1 else
+            f'code), is stopped, or is gone' if silent > probe.STUCK_AFTER else
             f'no answer in time (slow; heard from {silent:.1f} s ago)')
+    shown = []
+    if answer.get('dumped'):
+        shown.append("its stacks now, written by its fault handler (without the GIL, innermost "
+                     "first)")
     if answer.get(probe.STACKS):
-        text += (f'; last-known stacks, seen {now - answer["taken"]:.1f} s ago, unchanged for '
-                 f'{answer["unchanged"]:.1f} s')
-    return text
+        shown.append(f'its last-known stacks, seen {now - answer["taken"]:.1f} s ago, unchanged '
+                     f'for {answer["unchanged"]:.1f} s')
+    return text + (f'. Below: {", then ".join(shown)}' if shown else '')
 
 
 def _threads(threads: List[Dict[str, Any]]) -> str:

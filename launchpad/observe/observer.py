@@ -26,6 +26,7 @@ import collections
 import logging
 import os
 import secrets
+import socket
 import sys
 import threading
 import time
@@ -282,6 +283,8 @@ class Observer:
             raise LookupError(f'the {self._controller.launch_type} launcher cannot ask its '
                               f'nodes (its coordinator runs elsewhere and knows no probes).'
                               ) from None
+        for name in elsewhere if node_probe.STACKS in kinds else ():
+            self._dump_if_stuck(answers[name], status[name])
         for name in here:  # answered by 'process', which holds their threads
             answers[name] = {'live': True, 'in_process': True, 'pid': os.getpid()}
         for name in names:
@@ -289,6 +292,16 @@ class Observer:
                 status[name].state.value)
         return {'nodes': answers, 'in_process': here,
                 'process': node_probe.answer(kinds) if here else None}
+
+    @staticmethod
+    def _dump_if_stuck(answer: Dict[str, Any], status: Any) -> None:
+        """Adds 'dumped', the current stacks of a stuck node process of this host, written by
+        its fault handler (`probe.dump_stuck`), to its `answer`."""
+        dump = answer.get('dump')
+        if (answer.get('live') or not dump or (answer.get('silent') or 0) < node_probe.STUCK_AFTER
+                or dump[0] != status.pid or status.host != socket.gethostname()):
+            return  # (a pid of another host, or of an earlier process, is not signalled)
+        answer['dumped'] = node_probe.dump_stuck(*dump)
 
     def waits(self, timeout: float = LIVE_TIMEOUT) -> Dict[str, Any]:
         """The calls in flight between the nodes now, what each node serves now and the

@@ -12,19 +12,25 @@ How a question reaches a node: nodes only call their coordinator, so the questio
 
 Why a sample each round: a process stuck in C code with the GIL held runs no Python thread, this
 one included, so it cannot answer. The coordinator then answers from the last sample, saying when
-it was taken and how long the node has been silent. A sample that did not change is not sent
+it was taken and how long the node has been silent. On the node's own host one can do better
+(`dump_stuck`): the interpreter's fault handler, registered for DUMP_SIGNAL, writes every
+thread's current stack from C, without the GIL, into an unlinked file of the node whose
+descriptor the first sample names, which `/proc/PID/fd/FD` opens. A sample that did not change is not sent
 again, and a sample carries no source lines (a live answer does). Taking one costs well under a
 millisecond a second; a live answer is taken while the node's threads run on
 (`sys._current_frames` stops nothing).
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import sys
+import tempfile
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from courier import errors as courier_errors
 from courier import inflight
@@ -32,6 +38,8 @@ from courier import inflight
 STACKS, CALLS, PROCESS = 'stacks', 'calls', 'process'
 KINDS = (STACKS, CALLS, PROCESS)
 SAMPLE_INTERVAL = 1.0
+# Seconds of silence after which a node that does not answer is taken to be stuck (not slow).
+STUCK_AFTER = 2 * SAMPLE_INTERVAL + 1
 # The call timeout the probe thread's client of the coordinator needs.
 CALL_TIMEOUT = SAMPLE_INTERVAL + 10.0
 _MAX_FRAMES = 200
@@ -106,6 +114,51 @@ def answer(kinds: Iterable[str], progress: Optional[Any] = None) -> Dict[str, An
     return result
 
 
+# A real-time signal: no library or program is likely to use it for anything else.
+DUMP_SIGNAL = getattr(signal, 'SIGRTMIN', 34) + 7
+_DUMP_WAIT = 0.5
+
+
+def _dump_file() -> Optional[Tuple[int, int]]:
+    """Registers the fault handler's dump of every thread on DUMP_SIGNAL, into an unlinked file;
+    (this pid, its descriptor), or None where that cannot be (no /proc, no such signal)."""
+    if not os.path.isdir('/proc/self/fd') or not hasattr(signal, 'SIGRTMIN'):
+        return None
+    try:
+        dump = tempfile.TemporaryFile()
+        faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
+    except (OSError, RuntimeError, ValueError):
+        return None
+    _kept.append(dump)  # for the life of the process
+    return os.getpid(), dump.fileno()
+
+
+_kept: List[Any] = []
+
+
+def dump_stuck(pid: int, descriptor: int) -> Optional[str]:
+    """The current stack of every thread of node process `pid` on this host, written by its fault
+    handler (see the module docstring) into its file `descriptor`; None if it cannot be had."""
+    path = f'/proc/{pid}/fd/{descriptor}'
+    try:
+        before = os.stat(path).st_size
+        os.kill(pid, DUMP_SIGNAL)
+        deadline = time.monotonic() + _DUMP_WAIT
+        size = before
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            grown = os.stat(path).st_size
+            if grown > before and grown == size:  # written, and no longer growing
+                break
+            size = grown
+        with open(path, 'rb') as written:
+            written.seek(before)
+            text = written.read().decode(errors='replace')
+    except OSError:
+        return None
+    return text or None
+
+
 def _signature(taken: List[Dict[str, Any]]) -> tuple:
     return tuple((t['thread'], tuple((f[0], f[1]) for f in t['frames'])) for t in taken)
 
@@ -115,6 +168,8 @@ def start_answering(name: str, coordinator, progress: Optional[Any] = None) -> N
     is a client with a call timeout of at least CALL_TIMEOUT. A coordinator that does not know
     probes is left alone."""
 
+    dump = _dump_file()
+
     def run() -> None:
         last = None
         while True:
@@ -123,6 +178,8 @@ def start_answering(name: str, coordinator, progress: Optional[Any] = None) -> N
             sample = None
             if signature != last:
                 sample = {'taken': time.time(), STACKS: taken}  # source lines: when asked
+                if last is None:
+                    sample['dump'] = dump
             try:
                 probes = coordinator.wait_for_probe(name, sample, SAMPLE_INTERVAL)
             except courier_errors.UnknownMethodError:

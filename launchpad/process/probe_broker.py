@@ -8,7 +8,8 @@ node, the live answer, or, when none came within its timeout, what is known with
 
     {'live': False, 'silent': seconds since the node last fetched (None: never),
      'stacks': its last sample of its stacks (or None), 'taken': when that was taken,
-     'unchanged': seconds since the sample before it differed}
+     'unchanged': seconds since the sample before it differed, 'dump': (pid, descriptor) of
+     the file its fault handler dumps its stacks into (`probe.dump_stuck`), or None}
 
 A node that does not answer but fetched within the last rounds was merely slow; one silent for
 longer holds the GIL (stuck in C code), is stopped, or is gone.
@@ -42,8 +43,10 @@ class ProbeBroker:
         with self._changed:
             self._heard[name] = time.monotonic()
             if sample is not None:
+                dump = (sample['dump'] if 'dump' in sample  # a new process's first sample
+                        else (self._samples.get(name) or {}).get('dump'))
                 self._samples[name] = {'stacks': sample.get('stacks'), 'taken': sample.get('taken'),
-                                       'changed': time.time()}
+                                       'changed': time.time(), 'dump': dump}
             elif name in self._samples:
                 self._samples[name]['taken'] = time.time()
             while not self._pending.get(name):
@@ -98,4 +101,5 @@ class ProbeBroker:
         changed = sample.get('changed')
         return {'live': False, 'silent': None if heard is None else now - heard,
                 'stacks': sample.get('stacks'), 'taken': sample.get('taken'),
-                'unchanged': None if changed is None else time.time() - changed}
+                'unchanged': None if changed is None else time.time() - changed,
+                'dump': sample.get('dump')}

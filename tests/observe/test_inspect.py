@@ -134,6 +134,10 @@ def test_stacks_and_waits_of_a_tangled_local_program(runtime_dir, tmp_path, caps
             return answer if not answer['live'] and answer['silent'] > 3 else None
         answer = wait_until(stuck, what='stuck/0 silent for 3 s')
         assert 'hold_the_gil' in _functions(answer)['MainThread']
+        # Its stacks now, from its fault handler: in the read that holds the GIL.
+        holding = PROGRAM.splitlines().index(
+            '    ctypes.PyDLL(None).read(fd, ctypes.create_string_buffer(1), 1)') + 1
+        assert f'tangled.py", line {holding} in hold_the_gil' in answer['dumped']
         assert answer['unchanged'] >= answer['silent'] - 2
         probed = observer.probe(['stacks'])  # what `stacks --json` prints
         nodes = probed['nodes']
