@@ -58,6 +58,7 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _asked(entry, call):
+    """`call()`, its errors turned into the command's (a program gone, a node unknown)."""
     try:
         return cli._call(entry, call)  # pylint: disable=protected-access
     except LookupError as e:

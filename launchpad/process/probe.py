@@ -12,13 +12,14 @@ How a question reaches a node: nodes only call their coordinator, so the questio
 
 Why a sample each round: a process stuck in C code with the GIL held runs no Python thread, this
 one included, so it cannot answer. The coordinator then answers from the last sample, saying when
-it was taken and how long the node has been silent. On the node's own host one can do better
-(`dump_stuck`): the interpreter's fault handler, registered for DUMP_SIGNAL, writes every
-thread's current stack from C, without the GIL, into an unlinked file of the node whose
-descriptor the first sample names, which `/proc/PID/fd/FD` opens. A sample that did not change is not sent
+it was taken and how long the node has been silent. A sample that did not change is not sent
 again, and a sample carries no source lines (a live answer does). Taking one costs well under a
 millisecond a second; a live answer is taken while the node's threads run on
 (`sys._current_frames` stops nothing).
+
+On the node's own host one can do better (`dump_stuck`): the interpreter's fault handler,
+registered for DUMP_SIGNAL, writes every thread's current stack from C, without the GIL, into an
+unlinked file of the node, whose descriptor the first sample names and `/proc/PID/fd/FD` opens.
 """
 from __future__ import annotations
 
@@ -48,8 +49,8 @@ _THREAD_NAME = 'lp-probe'
 
 def stacks() -> List[Dict[str, Any]]:
     """The stack of every thread of this process but the probe's own, the main thread first:
-    [{'thread': id, 'name', 'daemon', 'frames': [[file, line, function, source], ...]}], the
-    innermost frame last."""
+    [{'thread': id, 'name', 'daemon', 'frames': [[file, line, function], ...]}], the innermost
+    frame last (`with_source` adds each frame's source line)."""
     threads = {thread.ident: thread for thread in threading.enumerate()}
     taken = []
     for ident, frame in sys._current_frames().items():  # pylint: disable=protected-access
@@ -117,6 +118,7 @@ def answer(kinds: Iterable[str], progress: Optional[Any] = None) -> Dict[str, An
 # A real-time signal: no library or program is likely to use it for anything else.
 DUMP_SIGNAL = getattr(signal, 'SIGRTMIN', 34) + 7
 _DUMP_WAIT = 0.5
+_kept: List[Any] = []  # the dump file, open for the life of the process
 
 
 def _dump_file() -> Optional[Tuple[int, int]]:
@@ -129,11 +131,8 @@ def _dump_file() -> Optional[Tuple[int, int]]:
         faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
     except (OSError, RuntimeError, ValueError):
         return None
-    _kept.append(dump)  # for the life of the process
+    _kept.append(dump)
     return os.getpid(), dump.fileno()
-
-
-_kept: List[Any] = []
 
 
 def dump_stuck(pid: int, descriptor: int) -> Optional[str]:
@@ -167,7 +166,6 @@ def start_answering(name: str, coordinator, progress: Optional[Any] = None) -> N
     """Starts the probe thread of node process `name` (see the module docstring); `coordinator`
     is a client with a call timeout of at least CALL_TIMEOUT. A coordinator that does not know
     probes is left alone."""
-
     dump = _dump_file()
 
     def run() -> None:
