@@ -1,8 +1,9 @@
-"""What courier's call counting (courier/metrics.py) costs on the same-host call rate.
+"""What courier's call counting (courier/metrics.py), or its list of calls in flight
+(courier/inflight.py, with --feature inflight), costs on the same-host call rate.
 
-Each round runs the same measurements twice, alternating which comes first: counting on in
-both processes, and counting off (COURIER_METRICS=off in the server process, and
-courier.metrics.set_enabled(False) in this one, the client). A courier server runs in a child
+Each round runs the same measurements twice, alternating which comes first: the feature on in
+both processes, and off (COURIER_METRICS=off, or COURIER_INFLIGHT=off, in the server process, and
+set_enabled(False) of its module in this one, the client). A courier server runs in a child
 process, as in courier_bench.py, and this process calls it:
 
   sync      calls/s of back-to-back blocking calls of a no-op method, and the CPU time
@@ -18,6 +19,7 @@ It prints the median of each over the rounds and the ratio on/off (1.00: free). 
 machine calls/s move with the load; CPU time per call moves less, and the code paths least.
 
 Usage: python benchmarks/metrics_cost.py [--seconds 2] [--rounds 5] [--transports uds tcp]
+                                         [--feature counting|inflight]
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Dict, Iterator, List
 import psutil
 
 import courier
+from courier import inflight
 from courier import metrics
 from courier import serialization
 from courier import wire
@@ -48,20 +51,26 @@ SOCKET_MEASURES = ('sync', 'futures', 'client_cpu_us', 'server_cpu_us')
 PATH_ROUNDS_PER_ROUND = 20
 
 
+# What --feature turns on and off: (its environment variable, its module).
+FEATURES = {'counting': ('COURIER_METRICS', metrics), 'inflight': ('COURIER_INFLIGHT', inflight)}
+_feature = 'counting'
+
+
 @contextlib.contextmanager
 def _counting(enabled: bool) -> Iterator[None]:
-    """Counting on or off here, and in server processes started inside the block."""
-    before = os.environ.get('COURIER_METRICS')
-    os.environ['COURIER_METRICS'] = 'on' if enabled else 'off'
-    metrics.set_enabled(enabled)
+    """The measured feature on or off here, and in server processes started inside the block."""
+    variable, module = FEATURES[_feature]
+    before = os.environ.get(variable)
+    os.environ[variable] = 'on' if enabled else 'off'
+    module.set_enabled(enabled)
     try:
         yield
     finally:
-        metrics.set_enabled(True)
+        module.set_enabled(True)
         if before is None:
-            del os.environ['COURIER_METRICS']
+            del os.environ[variable]
         else:
-            os.environ['COURIER_METRICS'] = before
+            os.environ[variable] = before
 
 
 def _server_process() -> psutil.Process:
@@ -175,7 +184,7 @@ def run(transports: List[str], seconds: float, rounds: int) -> Dict[str, Dict[st
 def print_table(results: Dict[str, Dict[str, Dict]]) -> None:
     """Medians, their ratio, and the spread of the rounds' own on/off ratios (their middle
     half, 25th to 75th percentile): the noise floor a ratio must stand out of."""
-    print(f'{"":6} {"":24} {"counting on":>12} {"off":>12} {"on/off":>7} {"rounds 25-75%":>14}')
+    print(f'{"":6} {"":24} {"on":>12} {"off":>12} {"on/off":>7} {"rounds 25-75%":>14}')
     for transport, runs in results.items():
         for name in runs['on']:
             on, off = statistics.median(runs['on'][name]), statistics.median(runs['off'][name])
@@ -192,7 +201,12 @@ def main() -> None:
     parser.add_argument('--seconds', type=float, default=2.0, help='time per measurement')
     parser.add_argument('--rounds', type=int, default=5, help='rounds; medians are reported')
     parser.add_argument('--transports', nargs='+', choices=['uds', 'tcp'], default=['uds'])
+    parser.add_argument('--feature', choices=sorted(FEATURES), default='counting',
+                        help='what is turned on and off (default: counting)')
     args = parser.parse_args()
+    global _feature  # pylint: disable=global-statement
+    _feature = args.feature
+    print(f'{args.feature} on vs off')
     print_table(run(args.transports, args.seconds, args.rounds))
 
 

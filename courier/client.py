@@ -10,11 +10,13 @@ from typing import Any, Callable, List, Optional, Union
 
 from courier import durations
 from courier import errors
+from courier import inflight
 from courier import metrics
 from courier import security
 from courier import serialization
 from courier import wire
 
+_get_ident = threading.get_ident  # (read once: it runs on every call)
 
 
 class AddressResolver:
@@ -149,6 +151,7 @@ class Client:
         self._protocol = protocol
         self._transport = None
         self._calls: Optional[metrics.CallTable] = None  # Counts of calls through _transport.
+        self._waiting = inflight.waiting if inflight.enabled() else None  # Lists its calls.
         self._fresh = True  # No blocking call went through the transport since it was made.
         self._transport_generation = -1
         self._unavailable = None  # A transport whose server went away (see _server_gone).
@@ -227,6 +230,11 @@ class Client:
         data, buffers = serialization.dumps((args, kwargs), f'the arguments of {method!r}',
                                             _ARGUMENT_NAMES, compress=self._compress)
         started = metrics.clock()
+        listed = self._waiting
+        if listed is not None:
+            entry = (self, method, started, _get_ident())
+            key = id(entry)
+            listed[key] = entry
         try:
             transport, response = self._patiently(
                 lambda transport: transport.call(method, data, buffers, self._call_timeout),
@@ -236,6 +244,9 @@ class Client:
             if self._calls is not None:  # None: no connection was ever made.
                 self._calls.record(method, started, True)
             raise
+        finally:
+            if listed is not None:
+                del listed[key]
         self._calls.record(method, started, False)
         return result
 
@@ -277,8 +288,15 @@ class Client:
             future.set_exception(error)
             return future
         address, calls, started = transport.address, self._calls, metrics.clock()
+        listed = self._waiting
+        if listed is not None:
+            entry = [self, method, started, _get_ident(), None]
+            key = id(entry)
+            listed[key] = entry
 
         def finish(response: wire.Response) -> Any:
+            if listed is not None:
+                listed.pop(key, None)
             try:
                 result = _result(method, address, response)
             except BaseException:
@@ -290,6 +308,10 @@ class Client:
         # A future that fails without a response (timed out, unreachable, closed) is not
         # counted: a done-callback to count it would cost the client ~30% of a future's CPU.
         future = transport.call_async(method, data, buffers, self._call_timeout, finish)
+        if listed is not None:
+            entry[4] = future  # `inflight.snapshot` drops it once done without a response
+            if len(listed) > inflight.sweep_at:
+                inflight.sweep()
         if callable(self._address):
             # The transport's own error (Future.exception: not explained on its thread).
             future.add_done_callback(lambda done: isinstance(

@@ -9,10 +9,13 @@ import types
 from typing import Any, Callable, Dict, List, Optional
 
 from courier import errors
+from courier import inflight
 from courier import metrics
 from courier import security
 from courier import serialization
 from courier import wire
+
+_get_ident = threading.get_ident  # (read once: it runs on every call)
 
 _logger = logging.getLogger('courier')
 
@@ -81,6 +84,7 @@ class Server:
         self._lock = threading.Lock()
         self._state = _CREATED
         self._stopped = threading.Event()
+        self._serving: Optional[Dict[int, tuple]] = None  # inflight's list of served calls
         self._transport = transport.listen(
             address, self._handle_call, self._method_names, thread_pool_size=thread_pool_size,
             auth_token=auth_token, tls=tls, limits=dict(
@@ -198,6 +202,7 @@ class Server:
             if self._state == _STARTED:
                 return
             self._calls = metrics.table(metrics.SERVER, self.address)
+            self._serving = inflight.serving if inflight.enabled() else None
             self._transport.start()
             self._state = _STARTED
 
@@ -234,7 +239,17 @@ class Server:
             return wire.Response(wire.UNKNOWN_METHOD, methods=self._method_names(),
                                  message=f'no method {method!r}')
         started = metrics.clock()
-        response = self._run_call(method, fn, pickle, buffers)
+        listed = self._serving
+        if listed is None:
+            response = self._run_call(method, fn, pickle, buffers)
+        else:
+            entry = (self, method, started, _get_ident())
+            key = id(entry)
+            listed[key] = entry
+            try:
+                response = self._run_call(method, fn, pickle, buffers)
+            finally:
+                del listed[key]
         self._calls.record(method, started, response.status != wire.OK)
         return response
 

@@ -55,6 +55,8 @@ LAYERS = [
     ('launchpad.launch.controller', 15),
     ('launchpad.launch.elastic', 15),        # nodes joining and leaving a running program
     ('launchpad.observe.cli', 16),          # the commands looking at running programs
+    ('launchpad.observe.inspect_cli', 16),  # ... and inside their nodes (stacks, waits, top)
+    ('launchpad.observe.top', 16),
     ('launchpad.observe', 15),              # registry, observer, dashboard: lp.launch uses them
     ('launchpad.launch.launcher', 15),
     ('launchpad.launch.__main__', 17),

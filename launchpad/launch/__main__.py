@@ -3,12 +3,13 @@ at running programs.
 
     python -m launchpad.launch --type=local_mp script.py [script args]
     python -m launchpad.launch list | status | logs | stop | dashboard | metrics | token ...
+    python -m launchpad.launch stacks | waits | top ...
 
 The script runs as `__main__` with `sys.argv = [script.py, script args...]`; every `lp.launch` in it
 without an explicit launch type uses `--type` (default: the script's own `--lp_launch_type` if its
 arguments have one, else local_mp; the two must agree when both are given). The command waits for
 the launched programs to end and exits non-zero, after printing the error, if a node failed. The
-other commands are those of `launchpad.observe.cli`.
+other commands are those of `launchpad.observe.cli` and `launchpad.observe.inspect_cli`.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import List, Optional
 
 from launchpad.launch import launcher
 from launchpad.observe import cli
+from launchpad.observe import inspect_cli
 from launchpad.process.coordinator import NodeFailedError
 
 
@@ -28,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
         prog='python -m launchpad.launch',
         description='Run a launchpad program script with the given launch type.',
         epilog=f'To look at running programs: python -m launchpad.launch '
-               f'{{{",".join(cli.COMMANDS)}}} ... (each has --help).')
+               f'{{{",".join(cli.COMMANDS + inspect_cli.COMMANDS)}}} ... (each has --help).')
     parser.add_argument('--type',
                         help='launch type: ' + ', '.join(launcher.registered_launch_types())
                              + " (default: the script's --lp_launch_type if given, else local_mp)")
@@ -42,6 +44,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in cli.COMMANDS:
         return cli.main(argv)
+    if argv and argv[0] in inspect_cli.COMMANDS:
+        return inspect_cli.main(argv)
     parser = _parser()
     args = parser.parse_args(argv)
     script_argv = [args.script] + args.script_args

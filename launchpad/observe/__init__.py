@@ -19,5 +19,9 @@ Which module runs where:
                    (`dashboard PROGRAM`): the web page and its API (needs aiohttp)
     cli.py         `python -m launchpad.launch list|status|logs|stop|dashboard|metrics`
     runs_cli.py    `python -m launchpad.launch list --all|sql|forget`, `dashboard` of an ended run
+    inspect_cli.py `python -m launchpad.launch stacks|waits|top`, live looks inside the nodes
+                   (the nodes answer through `launchpad.process.probe`)
+    inspect_text.py, waits.py  the text of stacks and waits; who waits on whom, and deadlocks
+    top.py         the live terminal view (curses)
     static/        the page, its script and style
 """

@@ -9,6 +9,9 @@
     python -m launchpad.launch token PROGRAM
     python -m launchpad.launch list --all | sql RUN QUERY | forget RUN      (`runs_cli`)
 
+(`stacks`, `waits` and `top` are `inspect_cli`'s, which shares this module's connection, errors
+and tables.)
+
 PROGRAM is a program's id (or the start of one) or its name, as `list` shows them. Each command
 finds the program in the user's registry (`registry`) and calls its observer through courier
 with the token of the registry entry (`observer`); nothing else is needed, and another user
@@ -29,6 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import courier
 
+from launchpad.observe import inspect_text
 from launchpad.observe import registry
 from launchpad.observe import runs_cli
 from launchpad.observe import runstore
@@ -81,10 +85,16 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     """Runs one command; returns the exit status (errors are printed, not raised)."""
     args = _parser().parse_args(list(argv))
+    return run(args.command, lambda: _COMMANDS[args.command](args))
+
+
+def run(command: str, body: Callable[[], int]) -> int:
+    """Runs `body`, the body of `command`; returns its exit status, printing its errors (the
+    commands of `inspect_cli` run here too)."""
     try:
-        return _COMMANDS[args.command](args)
+        return body()
     except (CommandError, registry.RegistryError, runstore.RunError) as e:
-        print(f'python -m launchpad.launch {args.command}: {e}', file=sys.stderr)
+        print(f'python -m launchpad.launch {command}: {e}', file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -263,7 +273,5 @@ def _duration(seconds: Optional[float]) -> str:
 
 
 def _table(header: List[str], rows: List[List[Any]]) -> None:
-    cells = [header] + [[str(cell) for cell in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    for row in cells:
-        print('  '.join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    for line in inspect_text.table_lines(header, rows):
+        print(line)

@@ -14,6 +14,9 @@ Prometheus scraper sends `Authorization: Bearer TOKEN` or `?token=TOKEN`):
     /api/series?start=&end=&points=  the run's metrics from its   - Observer.series
                           run directory, whole or a time range
     /api/failures?node=   failures with their tracebacks          - Observer.failures
+    /api/stacks?node=     a node's (or every node's) stacks, live, with their text
+                                                                  - Observer.probe
+    /api/waits            the calls in flight, deadlocks, with their text - Observer.waits
     /metrics              the Prometheus text (`prometheus`)
 
 Its source is the program's observer: the object itself in the launching process
@@ -30,9 +33,12 @@ import json
 import pathlib
 import secrets
 import threading
-from typing import Any, Callable, Optional
+import time
+from typing import Any, Callable, Dict, Optional
 
+from launchpad.observe import inspect_text
 from launchpad.observe import prometheus
+from launchpad.process import probe
 
 EXTRA = 'launchpad-ml[dashboard]'
 STATIC = pathlib.Path(__file__).resolve().parent / 'static'
@@ -98,6 +104,9 @@ class Dashboard:
             int(request.query.get('points', 600)))))
         app.router.add_get('/api/failures', self._api(
             lambda request: self._source.failures(request.query.get('node') or None)))
+        app.router.add_get('/api/stacks', self._api(lambda request: self._stacks(
+            request.query.get('node') or None)))
+        app.router.add_get('/api/waits', self._api(lambda request: self._waits()))
         app.router.add_get('/metrics', self._metrics)
         self._runner = web.AppRunner(app, access_log=None)
         try:
@@ -158,6 +167,14 @@ class Dashboard:
             return web.json_response(result)
 
         return handle
+
+    def _stacks(self, node: Optional[str]) -> Dict[str, Any]:
+        probed = self._source.probe([probe.STACKS], node)
+        return {'text': inspect_text.stacks(probed, time.time()), **probed}
+
+    def _waits(self) -> Dict[str, Any]:
+        found = self._source.waits()
+        return {'text': inspect_text.waits(found), **found}
 
     async def _metrics(self, request):
         from aiohttp import web  # pylint: disable=import-outside-toplevel

@@ -10,8 +10,9 @@ launching process, beside the controller:
     the controller's   when the program has ended, `program_ended`: a last sample, and the
                        entry and its server go
     its courier server on `<registry>/<id>.sock`, token-protected (`registry`), serving
-                       describe, view, history, sample, logs and stop to the CLI and to
-                       dashboards of other processes
+                       describe, view, history, sample, logs, stop, probe (live stacks, calls
+                       and process numbers of nodes, `probe`) and waits (`waits`) to the CLI
+                       and to dashboards of other processes
     the dashboard      only with `lp.launch(..., dashboard=True)` (`dashboard`); it reads the
                        observer directly and stays up, showing how the program ended, until
                        `close()` or the end of the process
@@ -23,7 +24,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import secrets
+import socket
 import sys
 import threading
 import time
@@ -36,7 +39,9 @@ from launchpad.observe import recorder
 from launchpad.observe import registry
 from launchpad.observe import runstore
 from launchpad.observe import usage
+from launchpad.observe import waits as waits_of
 from launchpad import metrics
+from launchpad.process import probe as node_probe
 from launchpad.program import Program
 
 if TYPE_CHECKING:
@@ -45,7 +50,10 @@ if TYPE_CHECKING:
 SAMPLE_INTERVAL = 1.0
 HISTORY = 600  # samples kept for the plots: ten minutes at one a second
 
-SERVED = ('describe', 'view', 'history', 'sample', 'logs', 'stop', 'series', 'failures')
+SERVED = ('describe', 'view', 'history', 'sample', 'logs', 'stop', 'series', 'failures', 'probe',
+          'waits')
+# Seconds a probe waits for live answers before it reports a node from its last sample.
+LIVE_TIMEOUT = 0.5
 
 
 class Observer:
@@ -282,6 +290,79 @@ class Observer:
             print(f'\nStopping program {self._program!r}: asked by {who}.', file=sys.stderr,
                   flush=True)
         self._controller.coordinator.request_stop(f'stopped by {who}')
+
+    def probe(self, kinds: List[str], node: Optional[str] = None,
+              timeout: float = LIVE_TIMEOUT) -> Dict[str, Any]:
+        """Asks the nodes (or `node`) live for `kinds` (of `probe.KINDS`: stacks, calls,
+        process). Returns {'nodes': {name: its answer (`probe.answer`), with 'state'},
+        'in_process': the running nodes that are threads of this process (their answer is
+        'process'), 'process': this process's own answer if there are any}. A node that did
+        not answer within `timeout` gets what is known without it
+        (`launchpad.process.probe_broker`); one that is not running, {'live': False, 'state'}.
+
+        Raises:
+          LookupError: no such node, or the launcher cannot reach its nodes (the message says
+            why).
+        """
+        coordinator = self._controller.coordinator
+        status = coordinator.status()
+        names = list(status)
+        if node is not None:
+            if node not in status:
+                raise LookupError(f'program {self._program!r} has no node {node!r}; its nodes '
+                                  f'are {", ".join(names)}.')
+            names = [node]
+        running = [name for name in names if status[name].state.value == 'running']
+        here = [name for name in running if status[name].pid == os.getpid()]
+        elsewhere = [name for name in running if name not in here]
+        try:
+            answers = coordinator.probe(elsewhere, kinds, timeout) if elsewhere else {}
+        except (AttributeError, courier.UnknownMethodError):
+            raise LookupError(f'the {self._controller.launch_type} launcher cannot ask its '
+                              f'nodes (its coordinator runs elsewhere and knows no probes).'
+                              ) from None
+        for name in elsewhere if node_probe.STACKS in kinds else ():
+            self._dump_if_stuck(answers[name], status[name])
+        for name in here:  # answered by 'process', which holds their threads
+            answers[name] = {'live': True, 'in_process': True, 'pid': os.getpid()}
+        for name in names:
+            answers.setdefault(name, {'live': False, 'silent': None})['state'] = (
+                status[name].state.value)
+        return {'nodes': answers, 'in_process': here,
+                'process': node_probe.answer(kinds) if here else None}
+
+    @staticmethod
+    def _dump_if_stuck(answer: Dict[str, Any], status: Any) -> None:
+        """Adds 'dumped', the current stacks of a stuck node process of this host, written by
+        its fault handler (`probe.dump_stuck`), to its `answer`."""
+        dump = answer.get('dump')
+        if (answer.get('live') or not dump or (answer.get('silent') or 0) < node_probe.STUCK_AFTER
+                or dump[0] != status.pid or status.host != socket.gethostname()):
+            return  # (a pid of another host, or of an earlier process, is not signalled)
+        answer['dumped'] = node_probe.dump_stuck(*dump)
+
+    def waits(self, timeout: float = LIVE_TIMEOUT) -> Dict[str, Any]:
+        """The calls in flight between the nodes now, what each node serves now and the
+        deadlocks (`waits.calls_in_flight`), with 'silent': the running nodes that did not
+        answer (their calls are missing)."""
+        probed = self.probe([node_probe.CALLS], timeout=timeout)
+        answers = {name: answer.get(node_probe.CALLS)
+                   for name, answer in probed['nodes'].items()}
+        if probed['process'] is not None:
+            answers[''] = probed['process'][node_probe.CALLS]
+        with self._lock:
+            serving = {table['address']: table['node']
+                       for table in self._sample.get('servers', ())}
+
+        def node_of(owner: Any, answerer: str) -> Optional[str]:
+            if owner and owner[0] == self._program:
+                return self._graph.executable_of(owner[1]) or owner[1]
+            return answerer or None
+
+        result = waits_of.calls_in_flight(answers, node_of, serving)
+        result['silent'] = sorted(name for name, answer in probed['nodes'].items()
+                                  if answer['state'] == 'running' and not answer.get('live'))
+        return result
 
     # In the launching process only.
 

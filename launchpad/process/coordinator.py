@@ -31,13 +31,14 @@ from launchpad.process import faces
 from launchpad.process.errors import NodeFailedError, all_tracebacks
 from launchpad.process.stop_order import StopOrder
 from launchpad.process.supervision import MemberEvent, Supervision, settle_refusal
+from launchpad.process.probe_broker import Probe, ProbeBroker
 from launchpad.scaling import Elastic, check_size
 
 # Seconds a node keeps running without reaching its coordinator before it decides that the
 # launcher is gone and stops itself.
 COORDINATOR_LOSS_TIMEOUT = 5.0
-# Coordinator threads for nodes added to a running program (two each), beyond its first nodes'.
-_ROOM_TO_GROW = 64
+# Coordinator threads for nodes added to a running program (three each), beyond its first nodes'.
+_ROOM_TO_GROW = 96
 
 
 class NodeState(str, enum.Enum):
@@ -111,6 +112,7 @@ class Coordinator:
         self._stop_order = stop_order
         self._supervision = Supervision()
         self._told_cache: Tuple[Optional[tuple], frozenset] = (None, frozenset())
+        self._probes = ProbeBroker()
 
     # Called by nodes.
 
@@ -187,6 +189,15 @@ class Coordinator:
         """Keeps the latest metrics executable `name` reported (`launchpad.metrics`)."""
         with self._changed:
             self._metrics[name] = snapshot
+
+    def wait_for_probe(self, name: str, sample: Optional[dict] = None,
+                       timeout: float = 1.0) -> List[Probe]:
+        """Node process `name`'s probe thread: its stack sample in, questions out
+        (`probe_broker`)."""
+        return self._probes.wait_for_probe(name, sample, timeout)
+
+    def answer_probe(self, name: str, probe_ids: List[int], answer: dict) -> None:
+        self._probes.answer_probe(name, probe_ids, answer)
 
     def lookup_address(self, address_id: str, timeout: Optional[float] = None) -> Optional[str]:
         """The endpoint published for `address_id`, waiting up to `timeout`; None if none came."""
@@ -420,6 +431,10 @@ class Coordinator:
         with self._changed:
             return {name: list(incarnation.failures)
                     for name, incarnation in self._incarnations.items() if incarnation.failures}
+    def probe(self, names: Iterable[str], kinds: Iterable[str], timeout: float
+              ) -> Dict[str, dict]:
+        """Asks node processes live for their stacks, calls or numbers (`probe_broker`)."""
+        return self._probes.probe(names, kinds, timeout)
 
     @property
     def stopping(self) -> bool:
@@ -553,13 +568,14 @@ def serve_coordinator(coordinator: Coordinator, address: str, *, auth_token: Opt
     it) with courier on `address` and returns the started courier.Server; its control face is
     refused there (`faces.serve`).
 
-    Every node keeps a call to `wait_for_stop` open, so the server gets two threads per node and
-    some to spare, and room for nodes added while the program runs (threads start when needed).
+    Every node keeps a call to `wait_for_stop` and one to `wait_for_probe` open, so the server
+    gets three threads per node and some to spare, and room for nodes added while the program
+    runs (threads start when needed).
     `auth_token` None reads COURIER_AUTH_TOKEN, as courier does.
     """
     import courier  # pylint: disable=import-outside-toplevel
     server = courier.Server(address=address, auth_token=auth_token, tls=tls,
-                            thread_pool_size=2 * len(coordinator.status()) + 8 + _ROOM_TO_GROW)
+                            thread_pool_size=3 * len(coordinator.status()) + 8 + _ROOM_TO_GROW)
     faces.serve(coordinator, server, face)
     server.Start()
     return server

@@ -79,6 +79,13 @@ class NodeFace(Protocol):
 
     def settle_failure(self, name: str, action: str) -> None:
         """The owner of failed member `name` replaces it ('replace') or fails the program."""
+    def wait_for_probe(self, name: str, sample: Optional[dict] = None,
+                       timeout: float = 1.0) -> List[Tuple[int, List[str]]]:
+        """Node process `name` hands over its latest stack sample and waits up to `timeout` for
+        questions about itself: [(probe id, kinds asked)] (`launchpad.process.probe_broker`)."""
+
+    def answer_probe(self, name: str, probe_ids: List[int], answer: dict) -> None:
+        """Node process `name` answers the probes it fetched."""
 
 
 class ControlFace(Protocol):
@@ -173,6 +180,12 @@ class ControlFace(Protocol):
     def group_nodes(self, label: str) -> List[str]:
         """The nodes of group `label` that run or start (not ended, not leaving), by index."""
 
+    def probe(self, names: Iterable[str], kinds: Iterable[str], timeout: float
+              ) -> Dict[str, dict]:
+        """Asks node processes `names` live for `kinds` (stacks, calls, process); node -> its
+        answer, or its last sample when none came within `timeout`
+        (`launchpad.process.probe_broker`)."""
+
 
 def members_of(face: type) -> FrozenSet[str]:
     """The names a Protocol declares (its methods and properties, its bases' included)."""
@@ -262,4 +275,10 @@ class NodeFaceProxy:
 
     def settle_failure(self, name: str, action: str) -> None:
         self._target.settle_failure(name, action)
+    def wait_for_probe(self, name: str, sample: Optional[dict] = None,
+                       timeout: float = 1.0) -> List[Tuple[int, List[str]]]:
+        return self._target.wait_for_probe(name, sample, timeout)
+
+    def answer_probe(self, name: str, probe_ids: List[int], answer: dict) -> None:
+        self._target.answer_probe(name, probe_ids, answer)
 

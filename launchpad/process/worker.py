@@ -11,6 +11,7 @@ Its threads:
     lp-stop-watcher   waits for the program's stop: runs the stop handlers, then exits at once
                       if the node does not cooperate (see `runtime`), else after the notice period
     lp-watchdog       with a progress deadline: reports a hung node with its stacks and exits
+    lp-probe          answers questions about the node's stacks and calls (`probe`)
     lp-preempted      on SIGTERM (the platform ends the node: preemption, eviction): reports a
                       failure that the restart policy covers, runs the stop handlers, exits
 
@@ -35,6 +36,7 @@ from launchpad import runtime
 from launchpad import metrics
 from launchpad.process import faces
 from launchpad.process import flags
+from launchpad.process import probe
 from launchpad.process import spec as specs
 from launchpad.process import tree
 from launchpad.process import watchdog
@@ -233,6 +235,9 @@ def _run(spec_path: str) -> int:
     metrics.start_reporting(spec.node_name, courier.Client(
         spec.coordinator_address, call_timeout=metrics.REPORT_TIMEOUT, wait_for_ready=False,
         tls=tls))
+    probe.start_answering(spec.node_name, courier.Client(
+        spec.coordinator_address, call_timeout=probe.CALL_TIMEOUT, wait_for_ready=False, tls=tls),
+        context.progress)
     launcher_lost = threading.Event()
     done = threading.Event()
     _handle_signals(coordinator, stop, spec, done, launcher_lost)

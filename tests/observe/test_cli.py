@@ -35,6 +35,15 @@ def _look_then_stop(process: subprocess.Popen, launch_type: str) -> dict:
     wait_until(lambda: _busy(observer), what='every node running, calls served')
     wait_until(lambda: len(observer.logs()['lines']) >= 2, what='lines from both producers')
 
+    # Every node answers live probes (`stacks`, `waits`), on every launcher.
+    probed = observer.probe(['stacks', 'process'])
+    assert all(answer['live'] for answer in probed['nodes'].values()), probed['nodes']
+    producing = [[frame[2] for frame in thread['frames']]
+                 for thread in probed['nodes']['producer/0']['stacks']]
+    assert any('producer' in functions for functions in producing)
+    assert probed['nodes']['counter/0']['process']['rss'] > 0
+    assert observer.waits()['silent'] == []
+
     listed = cli_json('list')
     assert [(e['id'], e['name'], e['launch_type'], e['nodes']) for e in listed] == [
         (entry.id, 'observed', launch_type, 3)]

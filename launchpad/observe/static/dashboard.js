@@ -527,6 +527,21 @@
     }
   }
 
+  // ---- Inside the nodes: stacks and calls in flight, live, on a click ---------------------
+
+  async function showInside(title, path, params) {
+    const panel = document.getElementById('inside-panel');
+    const text = document.getElementById('inside');
+    panel.hidden = false;
+    document.getElementById('inside-title').textContent = title;
+    text.textContent = '(asking the nodes...)';
+    try {
+      text.textContent = (await get(path, params)).text;
+    } catch (error) {
+      text.textContent = error.message;
+    }
+  }
+
   // ---- Polling --------------------------------------------------------------------------
 
   function banner(text) {
@@ -551,6 +566,10 @@
     const choice = document.getElementById('log-node');
     for (const name of program.nodes) html('option', {value: name}, name, choice);
     choice.addEventListener('change', () => selectNode(choice.value));
+    document.getElementById('show-stacks').addEventListener('click', () =>
+      showInside(`Stacks of ${selected}, live`, '/api/stacks', {node: selected}));
+    document.getElementById('show-waits').addEventListener('click', () =>
+      showInside('Calls in flight between nodes, oldest first', '/api/waits', {}));
     drawLegend();
     drawGraph();
     const slider = document.getElementById('smoothing');
