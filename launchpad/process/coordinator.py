@@ -358,6 +358,19 @@ class Coordinator:
                 self._restarted(name)
             self._changed.notify_all()
 
+    def requeued(self, reason: str) -> None:
+        """The platform ended every node and starts the program again (a Slurm job's requeue):
+        each node not ended is pending again, its attempt one more, with `reason` as its
+        error; its restart policy is not charged."""
+        with self._changed:
+            if self._stop_reason is not None:
+                return
+            for name, status in self._nodes.items():
+                if not status.state.ended:
+                    self._restarted(name)
+                    status.error, status.pid = reason, None
+            self._changed.notify_all()
+
     def restart_failed(self, name: str, reason: str) -> None:
         """The node could not be started again: its last failure is final."""
         with self._changed:

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import pickle
+import subprocess
 import sys
 from typing import Any, Dict, List, NamedTuple
 
@@ -75,6 +76,20 @@ def read_coordinator_endpoint(run_dir: str) -> str:
     """The coordinator's endpoint, once the driver has written it."""
     with open(os.path.join(run_dir, COORDINATOR_FILE)) as f:
         return f.read().strip()
+
+
+def job_requeuing() -> bool:
+    """True if the job of this step is leaving RUNNING as a whole (requeued, preempted or
+    cancelled) rather than ending this step alone: a requeued program's nodes, sent SIGTERM,
+    ask it (`WorkerSpec.requeue_check`) to end without a word and run again."""
+    job_id = os.environ.get('SLURM_JOB_ID')
+    if not job_id:
+        return False
+    done = subprocess.run(['squeue', '--noheader', f'--jobs={job_id}', '--states=all',
+                           '--format=%T'], capture_output=True, text=True, timeout=10,
+                          stdin=subprocess.DEVNULL, check=False)
+    states = done.stdout.split()
+    return done.returncode == 0 and bool(states) and any(s != 'RUNNING' for s in states)
 
 
 class WatchedStep(NamedTuple):
