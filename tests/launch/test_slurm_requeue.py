@@ -1,4 +1,5 @@
-"""A requeued Slurm job (`requeue=True`) runs again as the same program, from its checkpoints."""
+"""A requeued Slurm job (`requeue=True`) runs again as the same program, from its checkpoints:
+requeued by hand on the one-node bed, by its time-limit warning on the three-node bed."""
 import subprocess
 
 import pytest
@@ -28,8 +29,10 @@ def test_requeue_is_submitted_with_a_warning_to_the_batch_script(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_a_requeued_job_resumes_the_program_from_its_stop_handlers_checkpoints(slurm_single,
+@pytest.mark.parametrize('cluster', ['slurm_single', 'slurm_multi'])
+def test_a_requeued_job_resumes_the_program_from_its_stop_handlers_checkpoints(cluster, request,
                                                                                 tmp_path):
+    request.getfixturevalue(cluster)
     results = tmp_path / 'results'
     results.mkdir()
     controller = launch(programs.saver_program(str(results), 'wait', restart=False), tmp_path,
@@ -37,7 +40,10 @@ def test_a_requeued_job_resumes_the_program_from_its_stop_handlers_checkpoints(s
                         notice_period=2.0)
     assert wait_until(lambda: len(list(results.iterdir())) == 2, timeout=60)
     job_id = controller.job_id
-    subprocess.run(['scontrol', 'requeue', job_id], check=True)
+    if cluster == 'slurm_single':
+        subprocess.run(['scontrol', 'requeue', job_id], check=True)
+    else:  # what Slurm sends before the time limit: the batch script requeues the job
+        subprocess.run(['scancel', '--batch', '--signal=USR1', job_id], check=True)
     assert wait_until(lambda: all(status.restarts == 1 and 'requeued' in (status.error or '')
                                   for status in controller.status().values()), timeout=60), \
         controller.status()
