@@ -129,8 +129,9 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
         lines.append(f'#SBATCH --ntasks={len(component.steps) + component.spare}')
         lines += [f'#SBATCH {option}' for option in component.resources.sbatch_options()]
         if requeue and not number:
-            lines += ['#SBATCH --requeue',
-                      f'#SBATCH --signal=B:{WARNING_SIGNAL[3:]}@{warning_seconds}']
+            lines.append('#SBATCH --requeue')
+            if warning_seconds:
+                lines.append(f'#SBATCH --signal=B:{WARNING_SIGNAL[3:]}@{warning_seconds}')
         elif warning_seconds and not requeue:
             lines.append(f'#SBATCH --signal={WARNING_SIGNAL[3:]}@{warning_seconds}')
     exit_file = f'$run/$index{shared.EXIT_SUFFIX}'

@@ -62,6 +62,7 @@ class StepRunner(Runner):
         self._requeue = requeue
         self.requeues = 0  # how many times the job was requeued
         self._waiting_again = False  # it was requeued and has not run again yet
+        self._left_checked = (float('-inf'), False)  # (when, whether the job was leaving)
 
     def poll(self) -> Dict[str, Optional[int]]:
         """Node name -> its step's exit code, or None while it runs."""
@@ -110,12 +111,17 @@ class StepRunner(Runner):
             self._codes[name] = code
 
     def _job_leaves(self) -> bool:
-        """True unless squeue says that the whole job is still running."""
-        try:
-            states = job.states(self._job_id)
-        except job.SlurmError:
-            return True
-        return states is None or any(state != 'RUNNING' for state, _ in states)
+        """True unless squeue says that the whole job is still running (a job seen leaving is
+        not asked about again for `_JOB_POLL` s)."""
+        now = time.monotonic()
+        if not self._left_checked[1] or now - self._left_checked[0] >= _JOB_POLL:
+            try:
+                states = job.states(self._job_id)
+                leaves = states is None or any(state != 'RUNNING' for state, _ in states)
+            except job.SlurmError:
+                leaves = True
+            self._left_checked = (now, leaves)
+        return self._left_checked[1]
 
     def _requeued(self, states: job.States) -> None:
         """The job was requeued: its run's exit codes go, and every node that had not finished
