@@ -17,9 +17,9 @@ The program (one process per node; every node restarts on any failure, `progress
                 below the cursor the learner checkpointed, so a learner that crashes
                 resumes where its checkpoint says, and consumes nothing twice.
 
-Faults, one every `--interval` s at a random node, in turn: SIGKILL; a hang (the node stops
-its heartbeat; the watchdog restarts it after its deadline); SIGTERM (a preemption: its stop
-handlers checkpoint, then it restarts). The replay is never hung: serving calls is progress.
+Faults, one every `--interval` s at a random node, in turn: SIGKILL; SIGTERM (a preemption: its
+stop handlers checkpoint, then it restarts); a hang (the node stops its heartbeat; the watchdog
+restarts it after its deadline). The replay is never hung: serving calls is progress.
 
 Each round runs the program for `--minutes` without faults, then again with them, in this
 invocation. Then the actors stop producing, the learner drains the replay, and the run counts:
@@ -52,7 +52,7 @@ if __name__ != '__main__':  # imported by a test: nodes carry this module's code
 
 BATCH = 20          # items an actor inserts per call
 SAMPLE_LIMIT = 2000  # items the learner consumes per batch at most
-DEADLINE = 3.0      # seconds of silence after which a node counts as hung
+DEADLINE = 3.0      # seconds of silence after which a node counts as hung (by default)
 _HUNG: List[bool] = []  # in a node, [True] once SIGUSR2 told it to stop its heartbeat
 
 
@@ -175,15 +175,15 @@ def learner(replay, actors: int, results: str) -> None:
         json.dump(state, f)
 
 
-def make_program(actors: int, pace: float, results: str):
+def make_program(actors: int, pace: float, results: str, deadline: float = DEADLINE):
     """The program, and the handle of its replay node."""
     program = lp.Program('chaos')
     policy = lp.RestartPolicy(max_restarts=10_000, window=None, backoff=0.1, max_backoff=0.5)
     with program.group('replay', restart=policy):
         replay = program.add_node(lp.CourierNode(Replay, actors))
-    with program.group('learner', restart=policy, progress_deadline=DEADLINE):
+    with program.group('learner', restart=policy, progress_deadline=deadline):
         program.add_node(lp.PyNode(learner, replay, actors, results))
-    with program.group('actor', restart=policy, progress_deadline=DEADLINE):
+    with program.group('actor', restart=policy, progress_deadline=deadline):
         for index in range(actors):
             program.add_node(lp.PyNode(actor, replay, index, pace, results))
     return program, replay
@@ -214,20 +214,22 @@ def _wait_running(controller, name: str, restarts: int, timeout: float) -> Optio
     return None
 
 
-def _inject(controller, kind: str, name: str) -> Optional[float]:
+def _inject(controller, kind: str, name: str, deadline: float) -> Optional[float]:
     """Injects fault `kind` into node `name`; seconds until it runs again (None: it did not)."""
     before = controller.status()[name]
     sig = {'kill': signal.SIGKILL, 'hang': signal.SIGUSR2, 'term': signal.SIGTERM}[kind]
     os.kill(before.pid, sig)
-    return _wait_running(controller, name, before.restarts + 1, timeout=DEADLINE * 4 + 30)
+    return _wait_running(controller, name, before.restarts + 1, timeout=deadline * 4 + 30)
 
 
 def run(seconds: float, actors: int = 4, faults: bool = True, interval: float = 20.0,
-        pace: float = 0.02, launch_type: str = 'local_mp', seed: int = 0) -> Result:
+        pace: float = 0.02, launch_type: str = 'local_mp', seed: int = 0,
+        deadline: float = DEADLINE) -> Result:
     """Runs the program for `seconds` (with faults every `interval` s if `faults`), drains it,
-    and returns what it measured."""
+    and returns what it measured; `deadline` is the actors' and the learner's progress
+    deadline."""
     results = tempfile.mkdtemp(prefix='lp-chaos-')
-    program, replay_handle = make_program(actors, pace, results)
+    program, replay_handle = make_program(actors, pace, results, deadline)
     controller = lp.launch(program, launch_type=launch_type, notice_period=3.0)
     try:
         names = ['replay/0', 'learner/0'] + [f'actor/{i}' for i in range(actors)]
@@ -238,7 +240,7 @@ def run(seconds: float, actors: int = 4, faults: bool = True, interval: float = 
         start, consumed_before = time.monotonic(), sum(_cursors(replay))
         rng = random.Random(seed)
         recoveries = collections.defaultdict(list)
-        kinds = ['kill', 'hang', 'term']
+        kinds = ['kill', 'term', 'hang']
         count = 0
         while time.monotonic() - start < seconds:
             next_fault = start + (count + 1) * interval
@@ -247,14 +249,14 @@ def run(seconds: float, actors: int = 4, faults: bool = True, interval: float = 
                 continue
             kind = kinds[count % len(kinds)]
             name = rng.choice(names[1:] if kind == 'hang' else names)
-            took = _inject(controller, kind, name)
+            took = _inject(controller, kind, name, deadline)
             recoveries[kind].append(float('inf') if took is None else took)
             count += 1
         elapsed = time.monotonic() - start
         consumed = sum(_cursors(replay)) - consumed_before
         expected = replay.drain()
-        deadline = time.monotonic() + 60
-        while _cursors(replay) != [e - 1 for e in expected] and time.monotonic() < deadline:
+        drained_by = time.monotonic() + 60
+        while _cursors(replay) != [e - 1 for e in expected] and time.monotonic() < drained_by:
             time.sleep(0.1)
     finally:
         controller.stop()

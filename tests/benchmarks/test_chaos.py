@@ -10,7 +10,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_faults_lose_nothing_and_deliver_nothing_twice():
-    result = chaos.run(13, actors=3, faults=True, interval=4, seed=1)
+    result = chaos.run(6.5, actors=3, faults=True, interval=2, seed=1, deadline=2.0)
     assert result.consumed > 0
     assert (result.lost, result.duplicates, result.gaps) == (0, 0, 0)
     assert sorted(result.recoveries) == ['hang', 'kill', 'term']
