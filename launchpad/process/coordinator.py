@@ -358,14 +358,15 @@ class Coordinator:
                 self._restarted(name)
             self._changed.notify_all()
 
-    def requeued(self, reason: str) -> None:
-        """The platform ended every node and starts the program again (a Slurm job's requeue):
-        each node not ended is pending again, its attempt one more, with `reason` as its
-        error; its restart policy is not charged."""
+    def requeued(self, names: Iterable[str], reason: str) -> None:
+        """The platform ended nodes `names` and starts them again (a Slurm job's requeue): each
+        one not ended is pending again, its attempt one more, with `reason` as its error; its
+        restart policy is not charged."""
         with self._changed:
             if self._stop_reason is not None:
                 return
-            for name, status in self._nodes.items():
+            for name in names:
+                status = self._status(name)
                 if not status.state.ended:
                     self._restarted(name)
                     status.error, status.pid = reason, None

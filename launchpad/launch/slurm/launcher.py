@@ -282,6 +282,8 @@ class _GrowingStepRunner(StepRunner):
                               for number, component in enumerate(components)
                               for step in component.steps}
         self._additional: Dict[str, str] = {}  # node name -> the additional job that runs it
+        self._added_lines: Dict[int, str] = {}  # step index -> the batch script's line of a
+        # node added in the allocation, written again when the job is requeued
         self._removed: set = set()
         self._checked_additional = time.monotonic()
         self._touched = 0.0
@@ -334,12 +336,23 @@ class _GrowingStepRunner(StepRunner):
         if busy >= len(component.steps) + component.spare:
             self._submit_additional(step, spec_path, waits)
         else:
-            shared.write_whole(shared.add_file(self._run_dir, index), script.step_line(
-                step, spec_path, number if len(self._components) > 1 else None,
-                waits.get(index, 0)))
+            line = script.step_line(step, spec_path, number if len(self._components) > 1 else None,
+                                    waits.get(index, 0))
+            shared.write_whole(shared.add_file(self._run_dir, index), line)
+            self._added_lines[index] = line
             self._component_of[executable.name] = number
         self._steps.append(step.watched())
         self._codes[executable.name] = None
+
+    def _in_job(self, name: str) -> bool:
+        return name not in self._additional
+
+    def _requeued(self, states) -> None:
+        """The job's next run starts the nodes added in its allocation again too."""
+        super()._requeued(states)
+        for index, name, _ in self._steps:
+            if index in self._added_lines and self._codes.get(name) is None:
+                shared.write_whole(shared.add_file(self._run_dir, index), self._added_lines[index])
 
     def _submit_additional(self, step: script.Step, spec_path: str, waits) -> None:
         """Submits a job that runs `step` alone, as the program's job runs its steps."""

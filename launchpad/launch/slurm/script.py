@@ -144,8 +144,8 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
         'step() {  # INDEX RESTART_WAIT_TICKS SRUN_ARGUMENTS...',
         '  local index=$1 ticks=$2 code waited',
         '  shift 2',
-        *([f'  [ "$(cat "{exit_file}" 2>/dev/null)" = 0 ] && return  # it finished before '
-           'a requeue'] if requeue else []),
+        *([f'  [ -e "$run/$index{shared.ENDED_SUFFIX}" ] && return  # it ended before a requeue']
+          if requeue else []),
         '  while :; do',
         '    srun "$@"',
         '    code=$?',
@@ -167,10 +167,7 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
             '# The time limit is near: the job is requeued (every step gets SIGTERM, its stop',
             '# handlers run) and runs again, with the checkpoints of this run.',
             f'trap \'scontrol requeue "$SLURM_JOB_ID"\' {WARNING_SIGNAL[3:]}',
-            f'rm -f "$run"/*{shared.RESTART_SUFFIX}',
-            f'for code in "$run"/*{shared.EXIT_SUFFIX}; do',
-            '  [ "$(cat "$code" 2>/dev/null)" = 0 ] || rm -f "$code"',
-            'done',
+            f'rm -f "$run"/*{shared.RESTART_SUFFIX} "$run"/*{shared.EXIT_SUFFIX}',
         ]
     if detached:
         lines += [

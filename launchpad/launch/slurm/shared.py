@@ -29,6 +29,9 @@ RESTART_SUFFIX = '.restart'
 # The step runner has the batch script start the step of a node added while the program runs by
 # writing its `step` line to INDEX + ADD_SUFFIX, and ends that by writing ADDING_ENDS.
 ADD_SUFFIX = '.add'
+# The step runner marks a node that ended for good with INDEX + ENDED_SUFFIX when the job is
+# requeued: its next run leaves the node out.
+ENDED_SUFFIX = '.ended'
 ADDING_ENDS = 'adding.end'
 # ... and touches ADDING_ALIVE while it runs: silent for ADDING_SILENCE seconds, it is gone.
 ADDING_ALIVE = 'adding.alive'
@@ -56,6 +59,12 @@ def add_file(run_dir: str, index: int) -> str:
 def restart_file(run_dir: str, index: int) -> str:
     """Where the step runner asks the batch script to run step `index` again."""
     return os.path.join(run_dir, f'{index}{RESTART_SUFFIX}')
+
+
+def ended_file(run_dir: str, index: int) -> str:
+    """Where the step runner of a requeued job marks step `index` as ended for good: the job's
+    next run does not start it."""
+    return os.path.join(run_dir, f'{index}{ENDED_SUFFIX}')
 
 
 def write_whole(path: str, text: str) -> None:

@@ -127,9 +127,17 @@ class StepRunner(Runner):
         """The job was requeued: its run's exit codes go, and every node that had not finished
         will run again."""
         self.requeues += 1
+        names = []
+        status = self._coordinator.status()
         for index, name, _ in self._steps:
-            if self._codes[name] == 0:
-                continue  # it finished: the next run leaves it out
+            if not self._in_job(name):
+                continue  # it runs in an additional job, which was not requeued
+            if status[name].state.ended:  # finished, dropped or removed: the next run skips it
+                shared.write_whole(shared.ended_file(self._run_dir, index), '')
+                if self._codes[name] is None:  # its step ended with the job
+                    self._codes[name] = status[name].exit_code or 0
+                continue
+            names.append(name)
             self._codes[name] = None
             for path in (shared.exit_file(self._run_dir, index),
                          shared.restart_file(self._run_dir, index)):
@@ -138,8 +146,13 @@ class StepRunner(Runner):
                 except FileNotFoundError:
                     pass
         self._coordinator.requeued(
-            f'Slurm job {self._job_id} was requeued ({job.describe(states)}; requeue '
-            f'{self.requeues}): it runs again from its checkpoints')
+            names, f'Slurm job {self._job_id} was requeued ({job.describe(states)}; requeue '
+                   f'{self.requeues}): it runs again from its checkpoints')
+
+    def _in_job(self, name: str) -> bool:
+        """True if node `name` runs in the program's job (not in an additional one)."""
+        del name
+        return True
 
     def restart(self, name: str) -> None:
         """Asks the batch script to run the node's step again, in the job's allocation."""
