@@ -35,6 +35,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import sys
@@ -229,6 +230,14 @@ def run(seconds: float, actors: int = 4, faults: bool = True, interval: float = 
     and returns what it measured; `deadline` is the actors' and the learner's progress
     deadline."""
     results = tempfile.mkdtemp(prefix='lp-chaos-')
+    try:
+        return _run(results, seconds, actors, faults, interval, pace, launch_type, seed, deadline)
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+
+
+def _run(results: str, seconds: float, actors: int, faults: bool, interval: float, pace: float,
+         launch_type: str, seed: int, deadline: float) -> Result:
     program, replay_handle = make_program(actors, pace, results, deadline)
     controller = lp.launch(program, launch_type=launch_type, notice_period=3.0)
     try:
@@ -268,9 +277,6 @@ def run(seconds: float, actors: int = 4, faults: bool = True, interval: float = 
         with open(os.path.join(results, f'actor-{index}.json')) as f:
             acked.append(json.load(f)['acked'])
     lost = sum(max(0, a - 1 - c) for a, c in zip(acked, final['cursors'])) + final['gaps']
-    for name in os.listdir(results):
-        os.remove(os.path.join(results, name))
-    os.rmdir(results)
     return Result(elapsed, consumed, lost, final['duplicates'], final['gaps'],
                   dict(recoveries))
 
