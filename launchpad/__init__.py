@@ -16,6 +16,7 @@ from courier import batched_handler
 
 from launchpad import context, dataflow
 from launchpad.address import Address, get_port_from_address
+from launchpad.checkpoint import load_checkpoint, save_checkpoint
 from launchpad.context import LaunchType, is_local_launch, is_local_launch_or_test
 from launchpad.launch.controller import Controller, Controllers
 from launchpad.launch.launcher import (LAUNCH_TYPE, LaunchOptions, Launcher, executables_of, launch,
@@ -73,10 +74,10 @@ __all__ = [
     'ReverbHandle', 'ReverbNode', 'RestartPolicy', 'Retries', 'SlurmController', 'SlurmError',
     'SlurmResources', 'SshHost', 'SshHosts', 'batched_handler', 'context', 'count', 'dataflow',
     'executables_of', 'get_context', 'get_port_from_address', 'heartbeat', 'idempotent',
-    'is_local_launch',
-    'is_local_launch_or_test', 'launch', 'make_program', 'make_program_stopper',
+    'is_local_launch', 'is_local_launch_or_test', 'launch', 'load_checkpoint', 'make_program',
+    'make_program_stopper',
     'program_to_manifests', 'register_launcher', 'register_stop_handler', 'report', 'resize',
-    'stop', 'stop_event', 'unregister_stop_handler', 'wait_for_stop',
+    'save_checkpoint', 'stop', 'stop_event', 'unregister_stop_handler', 'wait_for_stop',
 ]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable, Optional, Tuple
@@ -102,6 +103,8 @@ class NodeContext:
       progress: when it last reported progress (`lp.heartbeat()`, or serving a call).
       resources: what the node was given where it runs (a `launchpad.resources.NodeResources`:
         its GPUs and cores), or None if its group was given no `lp.Resources`.
+      checkpoint_root: the directory under which each node of the program on this host has its
+        `checkpoint_dir` (None where the launcher keeps none; see docs/checkpoints.md).
     """
     launch_type: str
     program_name: str
@@ -117,10 +120,25 @@ class NodeContext:
     progress_deadline: Optional[float] = None
     progress: Progress = dataclasses.field(default_factory=Progress)
     resources: Any = None
+    checkpoint_root: Optional[str] = None
 
     @property
     def node_name(self) -> str:
         return f'{self.label}/{self.index}'
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """A directory private to this node that outlives its restarts (and a Slurm job's
+        requeue), for its checkpoints; created on first use. See docs/checkpoints.md."""
+        if self.checkpoint_root is None:
+            raise RuntimeError(
+                f'{self.node_name} asked for its checkpoint_dir, but this {self.launch_type} '
+                'program has no checkpoint directory. On kubernetes, name a volume for it: '
+                "lp.launch(..., launch_type='kubernetes', checkpoint_volume={...}) "
+                '(see docs/checkpoints.md).')
+        path = os.path.join(self.checkpoint_root, *self.node_name.split('/'))
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
 
     def tls_for(self, endpoint) -> Any:
         """The TLS credentials for serving or calling `endpoint` (None on Unix sockets).

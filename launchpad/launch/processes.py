@@ -226,7 +226,8 @@ class ProcessLauncher(launcher.Launcher):
         packer = specs.Packer(program.name, options.launch_type,
                               local_address_table(addresses, workdir), coordinator_address,
                               notice_period=options.notice_period, tls=options.tls,
-                              policies=policies)
+                              policies=policies,
+                              checkpoint_root=os.path.join(workdir, 'checkpoints'))
         groups = [options.resources.get(label) or PythonProcess() for label, _ in executables]
         devices = Allocator(Inventory.discover)
         preflight([(devices, executable.name, resources.resources) for (_, executable), resources

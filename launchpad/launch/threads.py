@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import os
 import pickle
 import shutil
 import tempfile
@@ -189,14 +190,16 @@ def _raise_in(thread: threading.Thread, error: type) -> None:
 
 
 def _node_context(options: launcher.LaunchOptions, program_name: str, table,
-                  coordinator: faces.NodeFace, name: str, policy) -> runtime.NodeContext:
+                  coordinator: faces.NodeFace, checkpoint_root: str, name: str,
+                  policy) -> runtime.NodeContext:
     label, index = runtime.label_and_index(name)
     return runtime.NodeContext(
         launch_type=options.launch_type, program_name=program_name, label=label,
         index=index, address_table=table,
         stop=runtime.StopSignal(coordinator.request_stop), coordinator=coordinator,
         notice_period=options.notice_period, tls=options.tls,
-        progress_deadline=policy.progress_deadline if policy else None)
+        progress_deadline=policy.progress_deadline if policy else None,
+        checkpoint_root=checkpoint_root)
 
 
 class _ThreadReports(faces.NodeFaceProxy):
@@ -260,6 +263,7 @@ class ThreadLauncher(launcher.Launcher):
         addresses = [address for _, executable in executables for address in executable.addresses]
         node_face = faces.NodeFaceProxy(coordinator)  # all that node threads see of it
         table = local_address_table(addresses, workdir, registry=node_face)
+        checkpoints = os.path.join(workdir, 'checkpoints')
 
         def hung(name: str, summary: str, stacks: str) -> None:
             coordinator.node_failed(name, f'hung: {summary}',
@@ -272,14 +276,14 @@ class ThreadLauncher(launcher.Launcher):
         threading.Thread(target=runner.stop_in_order, daemon=True,
                          name=f'lp-{program.name}-stop').start()
         for _, executable in executables:
-            context = _node_context(options, program.name, table, node_face,
+            context = _node_context(options, program.name, table, node_face, checkpoints,
                                     executable.name, policies.get(executable.name))
             # Threads that node code starts itself see the first node's context.
             runner.context = runner.context or context
             runner.add(executable.name, context, executable.run)
         runtime.set_process_context(runner.context)
         runner.new_context = functools.partial(
-            _node_context, options, program.name, table, node_face)
+            _node_context, options, program.name, table, node_face, checkpoints)
         for thread in list(runner.threads.values()):
             thread.start()
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,

@@ -396,6 +396,20 @@ class Coordinator:
                 self._restarted(name)
             self._notify()
 
+    def requeued(self, names: Iterable[str], reason: str) -> None:
+        """The platform ended nodes `names` and starts them again (a Slurm job's requeue): each
+        one not ended is pending again, its attempt one more, with `reason` as its error; its
+        restart policy is not charged."""
+        with self._changed:
+            if self._stop_reason is not None:
+                return
+            for name in names:
+                status = self._status(name)
+                if not status.state.ended:
+                    self._restarted(name)
+                    status.error, status.pid = reason, None
+            self._changed.notify_all()
+
     def restart_failed(self, name: str, reason: str) -> None:
         """The node could not be started again: its last failure is final."""
         with self._changed:

@@ -27,6 +27,8 @@ WORKER_MODULE = 'launchpad.process.worker'
 # Set to '1' in the environment of node processes that nothing contains (Slurm without cgroups):
 # the worker then runs the node in a child and ends whatever the node leaves behind when it dies.
 SUPERVISE_ENV = 'LAUNCHPAD_SUPERVISE_WORKER'
+# Where a host's nodes keep their checkpoint directories, where the spec cannot say (SSH hosts).
+CHECKPOINT_ROOT_ENV = 'LAUNCHPAD_CHECKPOINT_ROOT'
 
 _UNBUFFERED = {'PYTHONUNBUFFERED': '1'}
 _QUIET_GRPC = {'GRPC_VERBOSITY': 'ERROR'}
@@ -80,6 +82,11 @@ class WorkerSpec:
         will end the program soon (Slurm before its time limit): the program then stops.
       resources: what the node was given (a `NodeResources`): the worker pins itself to its
         cores, and the node reads it as `lp.get_context().resources`.
+      checkpoint_root: where the nodes' checkpoint directories are (`NodeContext.checkpoint_root`;
+        $LAUNCHPAD_CHECKPOINT_ROOT, set by a host's agent, takes precedence).
+      requeue_check: called when the platform sends SIGTERM: True if it ends the whole program
+        to start it again (a Slurm job's requeue), so that the node ends without reporting
+        anything and runs again as its next attempt (a picklable callable, or None).
     """
     program_name: str
     launch_type: str
@@ -97,6 +104,8 @@ class WorkerSpec:
     progress_deadline: Optional[float] = None
     stop_signal: Optional[str] = None
     resources: Optional[NodeResources] = None
+    checkpoint_root: Optional[str] = None
+    requeue_check: Optional[Callable[[], bool]] = None
 
 
 @dataclasses.dataclass
@@ -111,7 +120,7 @@ class Packer:
       tls: the program's TLS credentials for TCP traffic, or None.
       flags: the launching process's absl flags (taken when the packer is made).
       policies: executable name -> its `NodePolicy` (its progress deadline reaches the worker).
-      stop_signal: see `WorkerSpec.stop_signal`.
+      stop_signal, checkpoint_root, requeue_check: see `WorkerSpec`.
     """
     program_name: str
     launch_type: str
@@ -122,6 +131,8 @@ class Packer:
     flags: Dict[str, Any] = dataclasses.field(default_factory=flags.snapshot)
     policies: Mapping[str, NodePolicy] = dataclasses.field(default_factory=dict)
     stop_signal: Optional[str] = None
+    checkpoint_root: Optional[str] = None
+    requeue_check: Optional[Callable[[], bool]] = None
 
     def spec(self, node_name: str, run: Callable[[], None], *, args: flags.FlagArgs = None,
              env: Optional[Mapping[str, str]] = None, parent_pid: Optional[int] = None,
@@ -147,6 +158,7 @@ class Packer:
             env={**(env or {}), **(resources.environment() if resources else {})},
             cleanup_dir=cleanup_dir,
             tls=self.tls, stop_signal=self.stop_signal, resources=resources,
+            checkpoint_root=self.checkpoint_root, requeue_check=self.requeue_check,
             progress_deadline=(self.policies.get(node_name) or NodePolicy()).progress_deadline)
 
     def admit(self, executable, policy: Optional[NodePolicy] = None, **options) -> WorkerSpec:

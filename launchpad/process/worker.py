@@ -92,7 +92,11 @@ def _preempted(signum: int, coordinator, stop: runtime.StopSignal, spec: WorkerS
     """The platform ends this node (SIGTERM): a failure, unless the program is stopping anyway;
     the node's stop handlers run, and a cooperating node gets the notice period to end."""
     name = signal.Signals(signum).name
-    if not stop.event.is_set():
+    if not stop.event.is_set() and _requeued(spec):
+        logging.warning('%s received %s: the platform ends the program to start it again '
+                        '(requeue); its stop handlers run.', spec.node_name, name)
+        coordinator.silent = True  # this attempt ends without a word; the next one reports
+    elif not stop.event.is_set():
         logging.warning('%s received %s: the platform is ending it (preemption?).',
                         spec.node_name, name)
         _report(coordinator.node_failed, spec.node_name,
@@ -101,6 +105,18 @@ def _preempted(signum: int, coordinator, stop: runtime.StopSignal, spec: WorkerS
     stop.trigger()
     done.wait(spec.notice_period if stop.cooperating else 0.0)
     _exit_now(128 + signum, spec, launcher_lost)
+
+
+def _requeued(spec: WorkerSpec) -> bool:
+    """True if the platform ends the whole program to start it again (`spec.requeue_check`)."""
+    if spec.requeue_check is None:
+        return False
+    try:
+        return bool(spec.requeue_check())
+    except Exception:  # pylint: disable=broad-except
+        logging.exception('%s could not tell whether the platform requeues the program.',
+                          spec.node_name)
+        return False
 
 
 def _hung(coordinator, spec: WorkerSpec, launcher_lost: threading.Event, name: str,
@@ -122,10 +138,17 @@ class _CoordinatorClient(faces.NodeFaceProxy):
     def __init__(self, client: courier.Client):
         super().__init__(client)
         self.failed = False
+        self.silent = False  # the platform requeues the program: this attempt reports no end
 
     def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
+        if self.silent:
+            return
         self.failed = True
         super().node_failed(name, message, traceback_text)
+
+    def node_finished(self, name: str) -> None:
+        if not self.silent:
+            super().node_finished(name)
 
 
 def _report(method, *args) -> None:
@@ -216,7 +239,8 @@ def _run(spec_path: str) -> int:
         launch_type=spec.launch_type, program_name=spec.program_name, label=label,
         index=index, address_table=spec.address_table, stop=None,
         notice_period=spec.notice_period, tls=spec.tls,
-        progress_deadline=spec.progress_deadline, resources=spec.resources)
+        progress_deadline=spec.progress_deadline, resources=spec.resources,
+        checkpoint_root=os.environ.get(specs.CHECKPOINT_ROOT_ENV) or spec.checkpoint_root)
     tls = context.tls_for(spec.coordinator_address)
     # The start waits for a busy coordinator; everything later fails at once when it is gone, so
     # that a node whose launcher died ends within seconds.

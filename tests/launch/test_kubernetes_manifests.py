@@ -232,3 +232,19 @@ def test_the_wait_for_coordinator_command_waits_for_a_listening_port():
     assert result.returncode == 1
     assert f'the coordinator 127.0.0.1:{port} was not reachable within 0.3 s' in result.stderr
     assert 'RuntimeWarning' not in result.stderr  # the package does not import the pod module
+
+
+def test_node_pods_mount_the_checkpoint_volume_the_user_names():
+    claim = {'persistentVolumeClaim': {'claimName': 'checkpoints'}}
+    documents = _documents(kubernetes_programs.producer_consumer(), name='pc',
+                           checkpoint_volume=claim)
+    _validate(documents)
+    pod = next(d for d in documents if d['metadata']['name'] == 'pc-producer-0')
+    assert {'name': 'checkpoints', **claim} in pod['spec']['volumes']
+    assert {'name': 'checkpoints', 'mountPath': '/launchpad/checkpoints'} in \
+        pod['spec']['containers'][0]['volumeMounts']
+    assert _spec_of(documents, 'pc-producer-0').checkpoint_root == '/launchpad/checkpoints/pc'
+    plain = _documents(kubernetes_programs.producer_consumer(), name='pc')
+    assert _spec_of(plain, 'pc-producer-0').checkpoint_root is None  # checkpoint_dir says why
+    with pytest.raises(ValueError, match='one volume source'):
+        _documents(kubernetes_programs.producer_consumer(), checkpoint_volume={'name': 'x'})

@@ -94,3 +94,18 @@ def test_what_nodes_start_ends_on_crash_and_when_the_launcher_is_killed(ssh_test
     # spawner/1 on lp-h2 notices that its launcher is gone, and its sleeps end with it.
     assert wait_for(lambda: programs.sleepers(seconds + 1) == [], timeout=30)
     assert time.monotonic() - killed < 20
+
+
+def test_a_preempted_nodes_checkpoint_is_restored_on_its_host(hosts, tmp_path):
+    from launchpad.launch.ssh import protocol  # pylint: disable=import-outside-toplevel
+    from tests import checkpoint_programs  # pylint: disable=import-outside-toplevel
+    controller = lp.launch(checkpoint_programs.saver_program(str(tmp_path), 'sigterm'),
+                           launch_type='ssh', resources={'saver': hosts['lp-h2']})
+    assert controller.wait(timeout=60)
+    found = checkpoint_programs.restored(str(tmp_path))
+    for index in (0, 1):
+        first, second = found['saver', index, 0], found['saver', index, 1]
+        assert second['restored'] == {'steps': 1, 'saved_by': [0]}
+        assert second['checkpoint_dir'] == first['checkpoint_dir']
+        assert f'/{protocol.DIR_PREFIX}' in first['checkpoint_dir']  # the host's run directory
+        assert not os.path.exists(first['checkpoint_dir'])

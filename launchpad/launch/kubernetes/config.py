@@ -75,6 +75,11 @@ class KubernetesConfig:
       context: the kubeconfig context (default: the current one).
       pending_timeout: seconds a pod may stay unschedulable before the program fails.
       coordinator_wait: seconds a node pod waits for the coordinator before failing.
+      checkpoint_volume: the volume that holds the nodes' checkpoint directories
+        (`lp.get_context().checkpoint_dir`), as a pod spec's volume source, e.g.
+        {'persistentVolumeClaim': {'claimName': 'checkpoints'}}: every node pod mounts it, and
+        each launch keeps its checkpoints under its launch name there (give `name=` to resume
+        a program's checkpoints in a new launch). None: nodes have no checkpoint directory.
     """
     image: str = ''
     namespace: str = 'default'
@@ -90,8 +95,15 @@ class KubernetesConfig:
     context: Optional[str] = None
     pending_timeout: float = 600.0
     coordinator_wait: float = 600.0
+    checkpoint_volume: Optional[Mapping[str, Any]] = None
 
     def __post_init__(self):
+        volume = self.checkpoint_volume
+        if volume is not None and (not isinstance(volume, Mapping) or len(volume) != 1
+                                   or 'name' in volume):
+            raise ValueError(
+                f'checkpoint_volume must be one volume source as in a pod spec, such as '
+                f"{{'persistentVolumeClaim': {{'claimName': 'checkpoints'}}}}, got {volume!r}.")
         if not self.image:
             raise ValueError("The kubernetes launcher needs image=: a container image with Python, "
                              "launchpad and your code, e.g. lp.launch(program, "

@@ -218,7 +218,9 @@ def plan_launch(program: Program, options: LaunchOptions, *,
     if not restarts:
         policies = {name: policy.without_restarts() for name, policy in policies.items()}
     packer = specs.Packer(program.name, options.launch_type, AddressTable(static=static),
-                          coordinator_address, notice_period=notice_period, policies=policies)
+                          coordinator_address, notice_period=notice_period, policies=policies,
+                          checkpoint_root=f'{names.CHECKPOINT_DIR}/{run}'
+                          if config.checkpoint_volume is not None else None)
     builder = _ManifestBuilder(program, config, run, notice_period)
     node_documents = [
         _node_documents(builder, packer, plan, executable,
@@ -400,6 +402,9 @@ class _ManifestBuilder:
         container = self._container(names.NODE_CONTAINER,
                                     specs.worker_argv(f'{names.SPEC_DIR}/spec', python),
                                     self._env(group.env))
+        if self._config.checkpoint_volume is not None:
+            volumes.append({'name': 'checkpoints', **self._config.checkpoint_volume})
+            mounts.append({'name': 'checkpoints', 'mountPath': names.CHECKPOINT_DIR})
         container['volumeMounts'] = mounts
         ports = [{'containerPort': self._config.port + j}
                  for j in range(plan.ports)]

@@ -28,6 +28,9 @@ COORDINATOR_CONTAINER = 'coordinator'
 WAIT_CONTAINER = 'wait-for-coordinator'
 JOIN_CONTAINER = 'join-spec'
 SPEC_DIR = '/launchpad/spec'
+# Where node pods mount the volume named by `checkpoint_volume=` (each launch keeps its own
+# directory in it, named after the launch).
+CHECKPOINT_DIR = '/launchpad/checkpoints'
 PARTS_DIR = '/launchpad/parts'
 
 # The commands of the pod module (`python -m POD_MODULE COMMAND ARGS`, see `pod_command`).

@@ -60,6 +60,8 @@ from launchpad.process.output import prefix_for
 from launchpad.program import Program
 
 JOB_DIR_ENV = 'LAUNCHPAD_SLURM_DIR'
+# Seconds before the time limit at which a requeue=True job requeues itself, unless told.
+_REQUEUE_WARNING = 120
 
 
 @dataclasses.dataclass
@@ -77,6 +79,11 @@ class SlurmOptions:
       spare_tasks: tasks the job reserves for each elastic group to grow into, at most its
         `max_size` minus its initial size (None: all of that). A node added beyond its group's
         free tasks runs in an additional job (docs/elastic.md); 0 reserves nothing.
+      requeue: the job may be requeued (`--requeue`): when Slurm preempts or requeues it
+        (`scontrol requeue JOB`), every node's stop handlers run, and the job runs again as the
+        same program, each node's `attempt` one more, its checkpoints in place. The time limit
+        requeues it too: `stop_before_time_limit` (default 120) seconds before it, the batch
+        script requeues the job. See docs/checkpoints.md.
     """
     detach: bool = False
     job_dir: Optional[str] = None
@@ -84,8 +91,13 @@ class SlurmOptions:
     coordinator_host: Optional[str] = None
     stop_before_time_limit: Optional[int] = None
     spare_tasks: Optional[int] = None
+    requeue: bool = False
 
     def __post_init__(self):
+        if self.requeue and self.detach:
+            raise ValueError('requeue=True needs the program\'s coordinator outside the job, '
+                             'which a detached program has not (a requeue would end it); '
+                             'launch in the foreground to requeue.')
         spare = self.spare_tasks
         if spare is not None and (not isinstance(spare, int) or isinstance(spare, bool)
                                   or spare < 0):
@@ -177,14 +189,20 @@ class SlurmLauncher(Launcher):
             packer = specs.Packer(
                 program.name, options.launch_type, table, coordinator_address,
                 notice_period=options.notice_period, tls=options.tls, policies=policies,
-                stop_signal=script.WARNING_SIGNAL if settings.stop_before_time_limit else None)
+                stop_signal=script.WARNING_SIGNAL if (settings.stop_before_time_limit
+                                                      and not settings.requeue) else None,
+                checkpoint_root=os.path.join(run_dir, 'checkpoints'),
+                requeue_check=shared.job_requeuing if settings.requeue else None)
+            warning = settings.stop_before_time_limit or (
+                _REQUEUE_WARNING if settings.requeue else None)
             spec_paths = {step.index: _write_spec(packer, run_dir, step) for step in steps}
             script_path = os.path.join(run_dir, 'job.sh')
             with open(script_path, 'w') as f:
                 f.write(script.batch_script(
                     program.name, components, run_dir, spec_paths, detached=settings.detach,
                     restart_waits=_restart_waits(steps, policies),
-                    warning_seconds=settings.stop_before_time_limit, growing=not settings.detach))
+                    warning_seconds=warning, growing=not settings.detach,
+                    requeue=settings.requeue))
             with open(os.path.join(run_dir, shared.ADDING_ALIVE), 'w'):
                 pass  # the job's steps of added nodes run while the runner touches it
             job_id = job.submit(script_path, program.name, batch_log, _job_environment(token))
@@ -221,7 +239,9 @@ class SlurmLauncher(Launcher):
             batch_log=batch_log, packer=packer, components=components,
             resources=options.resources, log_dir=log_dir, first_index=len(steps),
             program_name=program.name, environment=_job_environment(token),
-            warning_seconds=settings.stop_before_time_limit)
+            # An additional job's steps are not requeued; they are not warned either then.
+            warning_seconds=None if settings.requeue else settings.stop_before_time_limit,
+            requeue=settings.requeue)
         return SlurmController(program.name, coordinator, runner, launch_type=options.launch_type,
                                notice_period=options.notice_period, job_id=job_id, log_dir=log_dir,
                                auth_token=token)
@@ -265,6 +285,8 @@ class _GrowingStepRunner(StepRunner):
                               for number, component in enumerate(components)
                               for step in component.steps}
         self._additional: Dict[str, str] = {}  # node name -> the additional job that runs it
+        self._added_lines: Dict[int, str] = {}  # step index -> the batch script's line of a
+        # node added in the allocation, written again when the job is requeued
         self._removed: set = set()
         self._checked_additional = time.monotonic()
         self._touched = 0.0
@@ -317,12 +339,23 @@ class _GrowingStepRunner(StepRunner):
         if busy >= len(component.steps) + component.spare:
             self._submit_additional(step, spec_path, waits)
         else:
-            shared.write_whole(shared.add_file(self._run_dir, index), script.step_line(
-                step, spec_path, number if len(self._components) > 1 else None,
-                waits.get(index, 0)))
+            line = script.step_line(step, spec_path, number if len(self._components) > 1 else None,
+                                    waits.get(index, 0))
+            shared.write_whole(shared.add_file(self._run_dir, index), line)
+            self._added_lines[index] = line
             self._component_of[executable.name] = number
         self._steps.append(step.watched())
         self._codes[executable.name] = None
+
+    def _in_job(self, name: str) -> bool:
+        return name not in self._additional
+
+    def _requeued(self, states) -> None:
+        """The job's next run starts the nodes added in its allocation again too."""
+        super()._requeued(states)
+        for index, name, _ in self._steps:
+            if index in self._added_lines and self._codes.get(name) is None:
+                shared.write_whole(shared.add_file(self._run_dir, index), self._added_lines[index])
 
     def _submit_additional(self, step: script.Step, spec_path: str, waits) -> None:
         """Submits a job that runs `step` alone, as the program's job runs its steps."""

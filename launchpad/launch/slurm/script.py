@@ -104,7 +104,8 @@ def step_line(step: Step, spec_path: str, het_group: Optional[int], restart_wait
 def batch_script(program_name: str, components: Sequence[Component], run_dir: str,
                  spec_paths: Mapping[int, str], detached: bool = False,
                  restart_waits: Optional[Mapping[int, float]] = None,
-                 warning_seconds: Optional[int] = None, growing: bool = False) -> str:
+                 warning_seconds: Optional[int] = None, growing: bool = False,
+                 requeue: bool = False) -> str:
     """The sbatch script: one component per `components`, one `srun` step per executable.
 
     Every step records its exit code in `run_dir` for the step runner. A step in
@@ -116,7 +117,10 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
     driver's exit code. A `growing` program's script also runs the steps of nodes added while it
     runs: the step runner writes each one's `step` line to `INDEX.add` in the run directory
     (`shared.add_file`), until it writes `shared.ADDING_ENDS` or stops touching
-    `shared.ADDING_ALIVE` (the launcher died).
+    `shared.ADDING_ALIVE` (the launcher died). A `requeue` job may be requeued (`--requeue`);
+    its warning, `warning_seconds` before the time limit, goes to this script, which requeues the
+    job (`scontrol requeue`) rather than letting the time limit end it; each of its runs first
+    removes the exit codes of the run before.
     """
     lines = ['#!/bin/bash']
     for number, component in enumerate(components):
@@ -124,7 +128,11 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
             lines.append('#SBATCH hetjob')
         lines.append(f'#SBATCH --ntasks={len(component.steps) + component.spare}')
         lines += [f'#SBATCH {option}' for option in component.resources.sbatch_options()]
-        if warning_seconds:
+        if requeue and not number:
+            lines.append('#SBATCH --requeue')
+            if warning_seconds:
+                lines.append(f'#SBATCH --signal=B:{WARNING_SIGNAL[3:]}@{warning_seconds}')
+        elif warning_seconds and not requeue:
             lines.append(f'#SBATCH --signal={WARNING_SIGNAL[3:]}@{warning_seconds}')
     exit_file = f'$run/$index{shared.EXIT_SUFFIX}'
     restart = f'$run/$index{shared.RESTART_SUFFIX}'
@@ -136,6 +144,8 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
         'step() {  # INDEX RESTART_WAIT_TICKS SRUN_ARGUMENTS...',
         '  local index=$1 ticks=$2 code waited',
         '  shift 2',
+        *([f'  [ -e "$run/$index{shared.ENDED_SUFFIX}" ] && return  # it ended before a requeue']
+          if requeue else []),
         '  while :; do',
         '    srun "$@"',
         '    code=$?',
@@ -152,6 +162,13 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
         '  done',
         '}',
     ]
+    if requeue:
+        lines += [
+            '# The time limit is near: the job is requeued (every step gets SIGTERM, its stop',
+            '# handlers run) and runs again, with the checkpoints of this run.',
+            f'trap \'scontrol requeue "$SLURM_JOB_ID"\' {WARNING_SIGNAL[3:]}',
+            f'rm -f "$run"/*{shared.RESTART_SUFFIX} "$run"/*{shared.EXIT_SUFFIX}',
+        ]
     if detached:
         lines += [
             f'{shlex.join(shared.driver_argv(run_dir))} &',
@@ -183,6 +200,8 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
         ]
     if detached:
         lines += ['wait "$driver"', 'status=$?', 'wait', 'exit "$status"']
+    elif requeue:
+        lines.append('until wait; do :; done  # a trapped signal interrupts `wait`')
     else:
         lines.append('wait')
     return '\n'.join(lines) + '\n'

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import pickle
+import subprocess
 import sys
 from typing import Any, Dict, List, NamedTuple
 
@@ -28,6 +29,9 @@ RESTART_SUFFIX = '.restart'
 # The step runner has the batch script start the step of a node added while the program runs by
 # writing its `step` line to INDEX + ADD_SUFFIX, and ends that by writing ADDING_ENDS.
 ADD_SUFFIX = '.add'
+# The step runner marks a node that ended for good with INDEX + ENDED_SUFFIX when the job is
+# requeued: its next run leaves the node out.
+ENDED_SUFFIX = '.ended'
 ADDING_ENDS = 'adding.end'
 # ... and touches ADDING_ALIVE while it runs: silent for ADDING_SILENCE seconds, it is gone.
 ADDING_ALIVE = 'adding.alive'
@@ -57,6 +61,12 @@ def restart_file(run_dir: str, index: int) -> str:
     return os.path.join(run_dir, f'{index}{RESTART_SUFFIX}')
 
 
+def ended_file(run_dir: str, index: int) -> str:
+    """Where the step runner of a requeued job marks step `index` as ended for good: the job's
+    next run does not start it."""
+    return os.path.join(run_dir, f'{index}{ENDED_SUFFIX}')
+
+
 def write_whole(path: str, text: str) -> None:
     """Writes `text` to `path` by a rename: readers (the batch script, the step runner) never
     see a partial file."""
@@ -75,6 +85,20 @@ def read_coordinator_endpoint(run_dir: str) -> str:
     """The coordinator's endpoint, once the driver has written it."""
     with open(os.path.join(run_dir, COORDINATOR_FILE)) as f:
         return f.read().strip()
+
+
+def job_requeuing() -> bool:
+    """True if the job of this step is leaving RUNNING as a whole (requeued, preempted or
+    cancelled) rather than ending this step alone: a requeued program's nodes, sent SIGTERM,
+    ask it (`WorkerSpec.requeue_check`) to end without a word and run again."""
+    job_id = os.environ.get('SLURM_JOB_ID')
+    if not job_id:
+        return False
+    done = subprocess.run(['squeue', '--noheader', f'--jobs={job_id}', '--states=all',
+                           '--format=%T'], capture_output=True, text=True, timeout=10,
+                          stdin=subprocess.DEVNULL, check=False)
+    states = done.stdout.split()
+    return done.returncode == 0 and bool(states) and any(s != 'RUNNING' for s in states)
 
 
 class WatchedStep(NamedTuple):

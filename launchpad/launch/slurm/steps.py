@@ -18,6 +18,8 @@ from launchpad.launch.slurm import job, shared
 from launchpad.process.coordinator import Coordinator
 
 _JOB_POLL = 1.0  # seconds between squeue calls while the program runs
+# The states of a job that was requeued and waits to run again.
+_REQUEUED_STATES = frozenset({'PENDING', 'REQUEUED', 'REQUEUE_FED', 'REQUEUE_HOLD'})
 
 
 class StepRunner(Runner):
@@ -39,11 +41,15 @@ class StepRunner(Runner):
       closing: called in this order on release, once the job has ended (e.g. the log follower's
         close, the coordinator server's Stop).
       batch_log: the batch script's output file, shown when a failed step's own log is empty.
+      requeue: the job may be requeued (with `watch_job`): steps that end while the job leaves
+        RUNNING have not failed, and a job pending again was requeued: every node runs again
+        (`Coordinator.requeued`).
     """
 
     def __init__(self, job_id: str, run_dir: Optional[str], steps: Sequence[shared.WatchedStep],
                  coordinator: Coordinator, *, watch_job: bool,
-                 closing: Sequence[Callable[[], None]] = (), batch_log: str = ''):
+                 closing: Sequence[Callable[[], None]] = (), batch_log: str = '',
+                 requeue: bool = False):
         self._job_id = job_id
         self._run_dir = run_dir
         self._steps = list(steps)
@@ -53,6 +59,10 @@ class StepRunner(Runner):
         self._batch_log = batch_log
         self._codes: Dict[str, Optional[int]] = {step.name: None for step in self._steps}
         self._checked = time.monotonic()
+        self._requeue = requeue
+        self.requeues = 0  # how many times the job was requeued
+        self._waiting_again = False  # it was requeued and has not run again yet
+        self._left_checked = (float('-inf'), False)  # (when, whether the job was leaving)
 
     def poll(self) -> Dict[str, Optional[int]]:
         """Node name -> its step's exit code, or None while it runs."""
@@ -65,6 +75,12 @@ class StepRunner(Runner):
             except job.SlurmError as e:
                 logging.warning('%s', e)
                 return dict(self._codes)
+            if self._requeue and _requeued(states):
+                if not self._waiting_again:
+                    self._waiting_again = True
+                    self._requeued(states)
+                return dict(self._codes)
+            self._waiting_again = False
             if job.ended(states):
                 self._read_exit_codes()  # the batch script writes them before the job ends
                 for step in running:
@@ -85,12 +101,58 @@ class StepRunner(Runner):
                     code = int(f.read().strip() or 1)
             except (OSError, ValueError):
                 continue
+            if code != 0 and self._requeue and self._job_leaves():
+                continue  # the job is requeued, preempted or cancelled: `poll` will tell
             if (code != 0 and not self._coordinator.stopping
                     and not self._coordinator.status()[name].state.ended):
                 self._coordinator.node_failed(
                     name, f'its Slurm step ended with exit code {code} without reporting an error. '
                           f'Its log, {log}, ends with:\n{_tail(log) or _tail(self._batch_log)}')
             self._codes[name] = code
+
+    def _job_leaves(self) -> bool:
+        """True unless squeue says that the whole job is still running (a job seen leaving is
+        not asked about again for `_JOB_POLL` s)."""
+        now = time.monotonic()
+        if not self._left_checked[1] or now - self._left_checked[0] >= _JOB_POLL:
+            try:
+                states = job.states(self._job_id)
+                leaves = states is None or any(state != 'RUNNING' for state, _ in states)
+            except job.SlurmError:
+                leaves = True
+            self._left_checked = (now, leaves)
+        return self._left_checked[1]
+
+    def _requeued(self, states: job.States) -> None:
+        """The job was requeued: its run's exit codes go, and every node that had not finished
+        will run again."""
+        self.requeues += 1
+        names = []
+        status = self._coordinator.status()
+        for index, name, _ in self._steps:
+            if not self._in_job(name):
+                continue  # it runs in an additional job, which was not requeued
+            if status[name].state.ended:  # finished, dropped or removed: the next run skips it
+                shared.write_whole(shared.ended_file(self._run_dir, index), '')
+                if self._codes[name] is None:  # its step ended with the job
+                    self._codes[name] = status[name].exit_code or 0
+                continue
+            names.append(name)
+            self._codes[name] = None
+            for path in (shared.exit_file(self._run_dir, index),
+                         shared.restart_file(self._run_dir, index)):
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+        self._coordinator.requeued(
+            names, f'Slurm job {self._job_id} was requeued ({job.describe(states)}; requeue '
+                   f'{self.requeues}): it runs again from its checkpoints')
+
+    def _in_job(self, name: str) -> bool:
+        """True if node `name` runs in the program's job (not in an additional one)."""
+        del name
+        return True
 
     def restart(self, name: str) -> None:
         """Asks the batch script to run the node's step again, in the job's allocation."""
@@ -127,6 +189,11 @@ class StepRunner(Runner):
                 close()
             if self._run_dir is not None:
                 shutil.rmtree(self._run_dir, ignore_errors=True)
+
+
+def _requeued(states: Optional[job.States]) -> bool:
+    """True if the job, seen running before, waits to run again: it was requeued."""
+    return bool(states) and all(state in _REQUEUED_STATES for state, _ in states)
 
 
 def _tail(path: str, lines: int = 10) -> str:

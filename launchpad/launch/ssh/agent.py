@@ -141,6 +141,7 @@ class _HostAgent:
 
     def _start(self, index: int) -> None:
         argv, env = protocol.node_command(self.directory, index)
+        env = {**env, specs.CHECKPOINT_ROOT_ENV: os.path.join(self.directory, 'checkpoints')}
         request = {'argv': argv[1:], 'cwd': self.workdir, 'env': env}
         read_fd, write_fd = os.pipe()
         ours = [self._out.fileno(), sys.stdin.fileno(), read_fd] + [

@@ -1,0 +1,318 @@
+"""Chaos: a learner, N actors and a replay node under injected faults; nothing lost, nothing twice.
+
+    nice python benchmarks/chaos.py --minutes 10 --actors 4        # local_mp, then a table
+
+The program (one process per node; every node restarts on any failure, `progress_deadline` 3 s):
+
+    replay      CourierNode(Replay): per actor, the numbered items not yet consumed, and the
+                number it expects next. It checkpoints both every 0.5 s and in its stop handler.
+    actor/i     numbers items 0, 1, 2, ... and inserts them in batches; the replay answers with
+                the number it expects next, which the actor continues from. An actor keeps no
+                state: after its restart, or the replay's (which forgets what came after its
+                checkpoint), it produces those numbers again. It paces itself (a batch every
+                `--pace` s), as an environment would.
+    learner     samples items numbered past what it has consumed, consumes them (counting
+                duplicates: a number it consumed before, and gaps: numbers it never saw) and
+                checkpoints what it consumed after every batch; the replay drops items only
+                below the cursor the learner checkpointed, so a learner that crashes
+                resumes where its checkpoint says, and consumes nothing twice.
+
+Faults, one every `--interval` s at a random node, in turn: SIGKILL; SIGTERM (a preemption: its
+stop handlers checkpoint, then it restarts); a hang (the node stops its heartbeat; the watchdog
+restarts it after its deadline). The replay is never hung: serving calls is progress.
+
+Each round runs the program for `--minutes` without faults, then again with them, in this
+invocation. Then the actors stop producing, the learner drains the replay, and the run counts:
+items lost (acknowledged to an actor, never consumed), items consumed twice, throughput with
+faults as a fraction of the fault-free run, and seconds from each fault until the node runs
+again (its restart, per kind of fault). `run()` is what tests/core/test_chaos.py calls.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, List, Optional
+
+import cloudpickle
+
+import launchpad as lp
+
+if __name__ != '__main__':  # imported by a test: nodes carry this module's code with them
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+BATCH = 20          # items an actor inserts per call
+SAMPLE_LIMIT = 2000  # items the learner consumes per batch at most
+DEADLINE = 3.0      # seconds of silence after which a node counts as hung (by default)
+_HUNG: List[bool] = []  # in a node, [True] once SIGUSR2 told it to stop its heartbeat
+
+
+def _hang_on_signal() -> None:
+    signal.signal(signal.SIGUSR2, lambda signum, frame: _HUNG.append(True))
+
+
+def _beat() -> None:
+    """The node's heartbeat, until it is told to hang."""
+    while _HUNG:
+        time.sleep(1.0)
+    lp.heartbeat()
+
+
+class Replay:
+    """Items per actor until the learner's checkpointed cursor passes them."""
+
+    def __init__(self, actors: int):
+        state = lp.load_checkpoint(default=None)
+        if state is None:
+            state = {'expected': [0] * actors, 'items': [[] for _ in range(actors)],
+                     'cursors': [-1] * actors}
+        self._lock = threading.Lock()
+        self._state = state
+        self._accepting = True
+        lp.register_stop_handler(self._save)
+        threading.Thread(target=self._save_often, daemon=True).start()
+
+    def _save(self) -> None:
+        with self._lock:
+            lp.save_checkpoint(self._state)
+
+    def _save_often(self) -> None:
+        while not lp.wait_for_stop(0.5):
+            self._save()
+
+    def insert(self, actor: int, first: int, count: int) -> int:
+        """Items first..first+count-1 of `actor`, if first is what it expects; the next one it
+        expects."""
+        with self._lock:
+            expected = self._state['expected']
+            if self._accepting and first == expected[actor]:
+                self._state['items'][actor].extend(range(first, first + count))
+                expected[actor] += count
+            return expected[actor]
+
+    def sample(self, cursors: List[int], limit: int) -> Dict[int, List[int]]:
+        """Items past each actor's cursor (what the learner checkpointed); drops those below."""
+        with self._lock:
+            found, left = {}, limit
+            for actor, cursor in enumerate(cursors):
+                items = self._state['items'][actor]
+                del items[:_first_above(items, cursor)]
+                self._state['cursors'][actor] = cursor
+                if left > 0 and items:
+                    found[actor] = items[:left]
+                    left -= len(found[actor])
+            return found
+
+    def drain(self) -> List[int]:
+        """Accepts no more items; returns what it expects next from each actor."""
+        with self._lock:
+            self._accepting = False
+            return list(self._state['expected'])
+
+    def progress(self) -> Dict[str, List[int]]:
+        with self._lock:
+            return {'expected': list(self._state['expected']),
+                    'cursors': list(self._state['cursors'])}
+
+
+def _first_above(items: List[int], cursor: int) -> int:
+    for index, item in enumerate(items):
+        if item > cursor:
+            return index
+    return len(items)
+
+
+def actor(replay, index: int, pace: float, results: str) -> None:
+    _hang_on_signal()
+    acked = next_item = 0  # the first insert's answer resyncs a restarted actor
+    while not lp.wait_for_stop(pace):
+        _beat()
+        try:
+            answer = replay.insert(index, next_item, BATCH)
+        except Exception:  # pylint: disable=broad-except
+            continue  # the replay restarts; its handle reaches the new one
+        acked = max(acked, answer)
+        next_item = answer
+    with open(os.path.join(results, f'actor-{index}.json'), 'w') as f:
+        json.dump({'acked': acked}, f)
+
+
+def learner(replay, actors: int, results: str) -> None:
+    _hang_on_signal()
+    state = lp.load_checkpoint(default={'cursors': [-1] * actors, 'consumed': 0,
+                                        'duplicates': 0, 'gaps': 0})
+    while not lp.stop_event().is_set():
+        _beat()
+        try:
+            batch = replay.sample(state['cursors'], SAMPLE_LIMIT)
+        except Exception:  # pylint: disable=broad-except
+            time.sleep(0.05)
+            continue
+        if not batch:
+            time.sleep(0.01)
+            continue
+        for actor_index, items in batch.items():
+            cursor = state['cursors'][int(actor_index)]
+            for item in items:
+                if item <= cursor:
+                    state['duplicates'] += 1
+                    continue
+                state['gaps'] += item - cursor - 1
+                state['consumed'] += 1
+                cursor = item
+            state['cursors'][int(actor_index)] = cursor
+        lp.save_checkpoint(state)  # consumed is what the checkpoint says
+    with open(os.path.join(results, 'learner.json'), 'w') as f:
+        json.dump(state, f)
+
+
+def make_program(actors: int, pace: float, results: str, deadline: float = DEADLINE):
+    """The program, and the handle of its replay node."""
+    program = lp.Program('chaos')
+    policy = lp.RestartPolicy(max_restarts=10_000, window=None, backoff=0.1, max_backoff=0.5)
+    with program.group('replay', restart=policy):
+        replay = program.add_node(lp.CourierNode(Replay, actors))
+    with program.group('learner', restart=policy, progress_deadline=deadline):
+        program.add_node(lp.PyNode(learner, replay, actors, results))
+    with program.group('actor', restart=policy, progress_deadline=deadline):
+        for index in range(actors):
+            program.add_node(lp.PyNode(actor, replay, index, pace, results))
+    return program, replay
+
+
+@dataclasses.dataclass
+class Result:
+    """What one run of the program measured."""
+    seconds: float
+    consumed: int          # items the learner consumed while faults were injected (or not)
+    lost: int = 0          # acknowledged to an actor, never consumed
+    duplicates: int = 0    # consumed twice
+    gaps: int = 0          # numbers the learner skipped (lost on the way)
+    recoveries: Dict[str, List[float]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def throughput(self) -> float:
+        return self.consumed / self.seconds
+
+
+def _wait_running(controller, name: str, restarts: int, timeout: float) -> Optional[float]:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        status = controller.status()[name]
+        if status.restarts >= restarts and status.state is lp.NodeState.RUNNING:
+            return time.monotonic() - start
+        time.sleep(0.02)
+    return None
+
+
+def _inject(controller, kind: str, name: str, deadline: float) -> Optional[float]:
+    """Injects fault `kind` into node `name`; seconds until it runs again (None: it did not)."""
+    before = controller.status()[name]
+    sig = {'kill': signal.SIGKILL, 'hang': signal.SIGUSR2, 'term': signal.SIGTERM}[kind]
+    os.kill(before.pid, sig)
+    return _wait_running(controller, name, before.restarts + 1, timeout=deadline * 4 + 30)
+
+
+def run(seconds: float, actors: int = 4, faults: bool = True, interval: float = 20.0,
+        pace: float = 0.02, launch_type: str = 'local_mp', seed: int = 0,
+        deadline: float = DEADLINE) -> Result:
+    """Runs the program for `seconds` (with faults every `interval` s if `faults`), drains it,
+    and returns what it measured; `deadline` is the actors' and the learner's progress
+    deadline."""
+    results = tempfile.mkdtemp(prefix='lp-chaos-')
+    try:
+        return _run(results, seconds, actors, faults, interval, pace, launch_type, seed, deadline)
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+
+
+def _run(results: str, seconds: float, actors: int, faults: bool, interval: float, pace: float,
+         launch_type: str, seed: int, deadline: float) -> Result:
+    program, replay_handle = make_program(actors, pace, results, deadline)
+    controller = lp.launch(program, launch_type=launch_type, notice_period=3.0)
+    try:
+        names = ['replay/0', 'learner/0'] + [f'actor/{i}' for i in range(actors)]
+        while not all(s.state is lp.NodeState.RUNNING for s in controller.status().values()):
+            time.sleep(0.05)
+        replay = replay_handle.dereference()  # a client, from this (the launching) process
+        time.sleep(1.0)  # warm up
+        start, consumed_before = time.monotonic(), sum(_cursors(replay))
+        rng = random.Random(seed)
+        recoveries = collections.defaultdict(list)
+        kinds = ['kill', 'term', 'hang']
+        count = 0
+        while time.monotonic() - start < seconds:
+            next_fault = start + (count + 1) * interval
+            time.sleep(max(0.0, min(next_fault, start + seconds) - time.monotonic()))
+            if not faults or time.monotonic() - start >= seconds:
+                continue
+            kind = kinds[count % len(kinds)]
+            name = rng.choice(names[1:] if kind == 'hang' else names)
+            took = _inject(controller, kind, name, deadline)
+            recoveries[kind].append(float('inf') if took is None else took)
+            count += 1
+        elapsed = time.monotonic() - start
+        consumed = sum(_cursors(replay)) - consumed_before
+        expected = replay.drain()
+        drained_by = time.monotonic() + 60
+        while _cursors(replay) != [e - 1 for e in expected] and time.monotonic() < drained_by:
+            time.sleep(0.1)
+    finally:
+        controller.stop()
+        controller.wait(timeout=60)
+    with open(os.path.join(results, 'learner.json')) as f:
+        final = json.load(f)
+    acked = []
+    for index in range(actors):
+        with open(os.path.join(results, f'actor-{index}.json')) as f:
+            acked.append(json.load(f)['acked'])
+    lost = sum(max(0, a - 1 - c) for a, c in zip(acked, final['cursors'])) + final['gaps']
+    return Result(elapsed, consumed, lost, final['duplicates'], final['gaps'],
+                  dict(recoveries))
+
+
+def _cursors(replay) -> List[int]:
+    while True:
+        try:
+            return replay.progress()['cursors']
+        except Exception:  # pylint: disable=broad-except
+            time.sleep(0.05)  # it restarts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--minutes', type=float, default=1.0)
+    parser.add_argument('--actors', type=int, default=4)
+    parser.add_argument('--interval', type=float, default=20.0, help='seconds between faults')
+    parser.add_argument('--pace', type=float, default=0.02,
+                        help='seconds between an actor\'s batches of %d items' % BATCH)
+    parser.add_argument('--launch_type', default='local_mp')
+    args = parser.parse_args()
+    seconds = args.minutes * 60
+    clean = run(seconds, args.actors, faults=False, pace=args.pace, launch_type=args.launch_type)
+    chaos = run(seconds, args.actors, faults=True, interval=args.interval, pace=args.pace,
+                launch_type=args.launch_type)
+    print(f'{args.launch_type}, {args.actors} actors, {args.minutes:g} min each, a fault every '
+          f'{args.interval:g} s')
+    print(f'  fault-free: {clean.throughput:8.0f} items/s   lost {clean.lost}   '
+          f'twice {clean.duplicates}')
+    print(f'  faults:     {chaos.throughput:8.0f} items/s   lost {chaos.lost}   '
+          f'twice {chaos.duplicates}   throughput {chaos.throughput / clean.throughput:.1%} '
+          'of fault-free')
+    for kind, seconds_taken in sorted(chaos.recoveries.items()):
+        print(f'  {kind:<5} x{len(seconds_taken):<3} recovery: median '
+              f'{statistics.median(seconds_taken):.2f} s, max {max(seconds_taken):.2f} s')
+
+
+if __name__ == '__main__':
+    main()
