@@ -3,12 +3,14 @@ at running programs.
 
     python -m launchpad.launch --type=local_mp script.py [script args]
     python -m launchpad.launch list | status | logs | stop | dashboard | metrics | token ...
+    python -m launchpad.launch attach [--recover] PROGRAM
 
 The script runs as `__main__` with `sys.argv = [script.py, script args...]`; every `lp.launch` in it
 without an explicit launch type uses `--type` (default: the script's own `--lp_launch_type` if its
 arguments have one, else local_mp; the two must agree when both are given). The command waits for
 the launched programs to end and exits non-zero, after printing the error, if a node failed. The
-other commands are those of `launchpad.observe.cli`.
+other commands are those of `launchpad.observe.cli`, and `attach`, which follows a detached
+program (`launchpad.launch.detached`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import runpy
 import sys
 from typing import List, Optional
 
+from launchpad.launch import detached
 from launchpad.launch import launcher
 from launchpad.observe import cli
 from launchpad.process.coordinator import NodeFailedError
@@ -28,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
         prog='python -m launchpad.launch',
         description='Run a launchpad program script with the given launch type.',
         epilog=f'To look at running programs: python -m launchpad.launch '
-               f'{{{",".join(cli.COMMANDS)}}} ... (each has --help).')
+               f'{{{",".join(cli.COMMANDS + ("attach",))}}} ... (each has --help).')
     parser.add_argument('--type',
                         help='launch type: ' + ', '.join(launcher.registered_launch_types())
                              + " (default: the script's --lp_launch_type if given, else local_mp)")
@@ -42,6 +45,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in cli.COMMANDS:
         return cli.main(argv)
+    if argv and argv[0] == 'attach':
+        return detached.main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     script_argv = [args.script] + args.script_args
@@ -74,6 +79,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return failed
     status = 0
     for controller in launcher.launched():
+        if controller.detached:
+            continue  # it runs on after this command
         try:
             controller.wait()
         except NodeFailedError as e:

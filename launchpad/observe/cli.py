@@ -125,7 +125,8 @@ def _status(args) -> int:
     view = _call(entry, client.view)
     if args.json:
         print(json.dumps({'id': entry.id, 'name': entry.name, 'launch_type': entry.launch_type,
-                          **view}, indent=1))
+                          'controller': {'host': entry.host, 'pid': entry.pid}, **view},
+                         indent=1))
         return 0
     ended = f', ended ({view["stop_reason"]})' if view.get('ended') else ''
     print(f'{entry.name} ({entry.id}): {entry.launch_type}, launched on {entry.host} by pid '

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 SAMPLE_INTERVAL = 1.0
 HISTORY = 600  # samples kept for the plots: ten minutes at one a second
 
+_ANSWER_GRACE = 1.0  # seconds calls in flight get to finish when the program has ended
+
 SERVED = ('describe', 'view', 'history', 'sample', 'logs', 'stop')
 
 
@@ -55,8 +57,14 @@ class Observer:
     """
 
     def __init__(self, program: Program, controller: Controller, *,
-                 interval: float = SAMPLE_INTERVAL):
-        self.id = registry.new_id(program.name)
+                 interval: float = SAMPLE_INTERVAL, program_id: Optional[str] = None,
+                 served: Optional[Dict[str, Any]] = None):
+        """`program_id`: its id in the registry (default: a new one; a detached program's
+        supervisor keeps it across supervisors); `served`: more methods to serve beside
+        `SERVED`, name -> callable (a detached program's control, `launchpad.launch.attach`)."""
+        self.id = program_id or registry.new_id(program.name)
+        self._served = {name: getattr(self, name) for name in SERVED}
+        self._served.update(served or {})
         self.entry: Optional[registry.Entry] = None
         self.dashboard_url: Optional[str] = None
         self._program = program.name
@@ -101,8 +109,8 @@ class Observer:
         registry.register(entry)
         try:
             server = courier.Server(address=entry.address, auth_token=token, thread_pool_size=8)
-            for name in SERVED:
-                server.Bind(name, getattr(self, name))
+            for name, method in self._served.items():
+                server.Bind(name, method)
             server.Start()
         except BaseException:
             registry.unregister(self.id)
@@ -140,8 +148,8 @@ class Observer:
             finally:
                 if self.entry is not None:
                     registry.unregister(self.id)
-                if self._server is not None:
-                    self._server.Stop()
+                if self._server is not None:  # calls in flight (an attached `wait`) get answers
+                    self._server.Stop(grace=_ANSWER_GRACE)
                 if self._stopped_by is not None and ended:
                     print(f'Program {self._program!r} has stopped; '
                           f'{how_nodes_ended(self._controller.status())}.', file=sys.stderr,

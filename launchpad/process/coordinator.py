@@ -138,6 +138,18 @@ class Coordinator:
         self._failure: Optional[NodeFailedError] = None
         self._metrics: Dict[str, dict] = {}
 
+    def __getstate__(self) -> dict:
+        """Everything the coordinator knows, for a detached program's supervisor to persist
+        and a new supervisor to re-adopt the running nodes from (its lock is not kept)."""
+        with self._changed:
+            state = dict(self.__dict__)
+            del state['_changed']
+            return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._changed = threading.Condition()
+
     # Called by nodes.
 
     def node_started(self, name: str, pid: int, host: str, instance: Optional[str] = None) -> int:

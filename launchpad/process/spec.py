@@ -80,6 +80,9 @@ class WorkerSpec:
         will end the program soon (Slurm before its time limit): the program then stops.
       resources: what the node was given (a `NodeResources`): the worker pins itself to its
         cores, and the node reads it as `lp.get_context().resources`.
+      coordinator_grace: seconds the node runs on without reaching its coordinator before it
+        stops (None: `COORDINATOR_LOSS_TIMEOUT`); a detached program's nodes wait this long for
+        a new supervisor.
     """
     program_name: str
     launch_type: str
@@ -97,6 +100,7 @@ class WorkerSpec:
     progress_deadline: Optional[float] = None
     stop_signal: Optional[str] = None
     resources: Optional[NodeResources] = None
+    coordinator_grace: Optional[float] = None
 
 
 @dataclasses.dataclass
@@ -112,6 +116,7 @@ class Packer:
       flags: the launching process's absl flags (taken when the packer is made).
       policies: executable name -> its `NodePolicy` (its progress deadline reaches the worker).
       stop_signal: see `WorkerSpec.stop_signal`.
+      coordinator_grace: see `WorkerSpec.coordinator_grace`.
     """
     program_name: str
     launch_type: str
@@ -122,6 +127,7 @@ class Packer:
     flags: Dict[str, Any] = dataclasses.field(default_factory=flags.snapshot)
     policies: Mapping[str, NodePolicy] = dataclasses.field(default_factory=dict)
     stop_signal: Optional[str] = None
+    coordinator_grace: Optional[float] = None
 
     def spec(self, node_name: str, run: Callable[[], None], *, args: flags.FlagArgs = None,
              env: Optional[Mapping[str, str]] = None, parent_pid: Optional[int] = None,
@@ -147,6 +153,7 @@ class Packer:
             env={**(env or {}), **(resources.environment() if resources else {})},
             cleanup_dir=cleanup_dir,
             tls=self.tls, stop_signal=self.stop_signal, resources=resources,
+            coordinator_grace=self.coordinator_grace,
             progress_deadline=(self.policies.get(node_name) or NodePolicy()).progress_deadline)
 
     def admit(self, executable, policy: Optional[NodePolicy] = None, **options) -> WorkerSpec:

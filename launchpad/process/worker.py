@@ -53,6 +53,8 @@ def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
            launcher_lost: threading.Event) -> None:
     """Triggers the stop signal when the program stops or the launcher is gone."""
     unreachable_since = None
+    grace = (COORDINATOR_LOSS_TIMEOUT if spec.coordinator_grace is None
+             else spec.coordinator_grace)
     while True:
         if spec.parent_pid is not None and os.getppid() != spec.parent_pid:
             logging.error('%s: the launcher (pid %d) is gone; stopping.', spec.node_name,
@@ -66,9 +68,9 @@ def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
         except Exception as e:  # pylint: disable=broad-except
             now = time.monotonic()
             unreachable_since = unreachable_since or now
-            if now - unreachable_since > COORDINATOR_LOSS_TIMEOUT:
+            if now - unreachable_since > grace:
                 logging.error('%s: the program\'s coordinator has been unreachable for %.0f s (%s); '
-                              'stopping.', spec.node_name, COORDINATOR_LOSS_TIMEOUT, e)
+                              'stopping.', spec.node_name, grace, e)
                 launcher_lost.set()
                 break
             time.sleep(0.2)
