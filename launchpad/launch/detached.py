@@ -42,6 +42,18 @@ _START_TIMEOUT = 300.0
 _CALL_TIMEOUT = 60.0
 
 
+class ProgramEndedError(RuntimeError):
+    """The detached program asked for has ended (its supervisor, keeper and run directory are
+    gone)."""
+
+
+def run_directories(program_id: str) -> List[str]:
+    """The run directories of detached programs on this machine whose id starts with
+    `program_id` (one while such a program runs)."""
+    runs = glob.glob(os.path.join(tempfile.gettempdir(), f'{RUN_PREFIX}{program_id}*'))
+    return [run for run in runs if os.path.exists(os.path.join(run, LAUNCH_FILE))]
+
+
 class AttachedController:
     """A detached program's controller, reached through its supervisor: `status`, `wait`,
     `stop`, `add_node`, `remove_node`, `resize`, as `lp.Controller`.
@@ -89,7 +101,11 @@ class AttachedController:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
-            outcome = self._call('outcome', left)
+            try:
+                outcome = self._call('outcome', left)
+            except ProgramEndedError:
+                self._ended = True  # before this asked: how it ended is not known here
+                return True
             if outcome['ended']:
                 self._ended = True
                 if raise_error and outcome['failure'] is not None:
@@ -138,9 +154,14 @@ class AttachedController:
                 return getattr(self._client, method)(*args)
             except courier.ServerUnavailableError:
                 if not _keeper_alive(self._entry):
-                    raise RuntimeError(f'program {self.program_name} ({self.id}) has ended, or '
-                                       'its supervisor is gone; see `python -m launchpad.launch '
-                                       f'attach --recover {self.id}`.') from None
+                    if not run_directories(self.id):
+                        raise ProgramEndedError(f'program {self.program_name} ({self.id}) has '
+                                                'ended.') from None
+                    raise RuntimeError(f'the supervisor of program {self.program_name} '
+                                       f'({self.id}) and its keeper are gone; its nodes stop '
+                                       'after the supervisor grace unless `python -m '
+                                       f'launchpad.launch attach --recover {self.id}` starts '
+                                       'a new one.') from None
                 time.sleep(0.1)
                 self._entry = next((e for e in registry.entries() if e.id == self.id),
                                    self._entry)
@@ -331,8 +352,7 @@ def _recover(query: str) -> None:
     running = [e for e in registry.entries() if query in (e.id, e.name) or e.id.startswith(query)]
     if running and _keeper_alive(running[0]):
         return  # it has a supervisor
-    runs = glob.glob(os.path.join(tempfile.gettempdir(), f'{RUN_PREFIX}{query}*'))
-    runs = [run for run in runs if os.path.exists(os.path.join(run, LAUNCH_FILE))]
+    runs = run_directories(query)
     if len(runs) != 1:
         raise RuntimeError(f'{len(runs)} detached programs whose id starts with {query!r} have '
                            'a run directory here; name one by its full id.' if runs else

@@ -51,8 +51,9 @@ RESTARTS_PER_MINUTE = 5  # a supervisor dying more often than this is not starte
 
 class _Persister:
     """Writes the supervised program's state (`processes.Supervision.persist`) atomically when
-    it changed, at most every PERSIST_INTERVAL seconds unless its nodes or their processes
-    changed (those are written at once, so that no started node goes unrecorded)."""
+    it changed: at once when a node's state or process changed, else (metrics) at most every
+    PERSIST_INTERVAL seconds. (A node's start that a dead supervisor heard of but did not write
+    is told again by the node to the next one, see `launchpad.process.worker`.)"""
 
     def __init__(self, path: str, program, extra: Callable[[], Dict[str, Any]]):
         self._path, self._program, self._extra = path, program, extra
@@ -62,8 +63,10 @@ class _Persister:
 
     def __call__(self, state: Callable[[], dict]) -> None:
         snapshot = state()
-        processes_now = sorted((name, command[3]) for name, command in
-                               snapshot['commands'].items())
+        statuses = snapshot['coordinator'].status()
+        processes_now = sorted((name, status.state.value, status.restarts,
+                                snapshot['commands'].get(name, (0,) * 4)[3])
+                               for name, status in statuses.items())
         if (processes_now == self._last_processes
                 and time.monotonic() - self._last_time < PERSIST_INTERVAL):
             return

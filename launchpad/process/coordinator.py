@@ -513,17 +513,18 @@ def serve_coordinator(coordinator: Coordinator, address: str, *, auth_token: Opt
 
 
 def run_reporting(run: Callable[[], None], name: str, coordinator, *, starting=None,
-                  context=None) -> int:
+                  context=None, instance: Optional[str] = None) -> int:
     """Runs an executable, reporting to the coordinator how it ended; returns an exit code.
 
     `starting` (default: `coordinator`) reports the start; a worker passes a client that waits for
     a busy coordinator there, and reports the end through one that fails at once when it is gone.
     `context` (the node's `runtime.NodeContext`) learns its attempt number from the start; an
     error raised while the program stops because a node it called has gone (a ConnectionError)
-    is the node ending with the program, not a failure.
+    is the node ending with the program, not a failure. `instance` (default: a new one) is the
+    random id of this run of the node.
     """
     attempt = (starting or coordinator).node_started(name, os.getpid(), socket.gethostname(),
-                                                     uuid.uuid4().hex)
+                                                     instance or uuid.uuid4().hex)
     if context is not None:
         context.attempt = attempt or 0
     try:

@@ -24,10 +24,12 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
 import traceback
+import uuid
 
 import courier
 
@@ -50,8 +52,10 @@ def _run_with_flags(spec: WorkerSpec) -> None:
 
 
 def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
-           launcher_lost: threading.Event) -> None:
-    """Triggers the stop signal when the program stops or the launcher is gone."""
+           launcher_lost: threading.Event, instance: str, started: threading.Event) -> None:
+    """Triggers the stop signal when the program stops or the launcher is gone. When the
+    coordinator answers again after it was unreachable (a detached program's new supervisor),
+    tells it again that this node runs (`instance`), in case its start was not persisted."""
     unreachable_since = None
     grace = (COORDINATOR_LOSS_TIMEOUT if spec.coordinator_grace is None
              else spec.coordinator_grace)
@@ -62,6 +66,9 @@ def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
             launcher_lost.set()
             break
         try:
+            if unreachable_since is not None and started.is_set():
+                coordinator.node_started(spec.node_name, os.getpid(), socket.gethostname(),
+                                         instance)
             if coordinator.wait_for_stop(_POLL, spec.node_name):  # or it is removed
                 break
             unreachable_since = None
@@ -126,6 +133,18 @@ class _CoordinatorClient(faces.NodeFaceProxy):
     def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
         self.failed = True
         super().node_failed(name, message, traceback_text)
+
+
+class _Started:
+    """The coordinator client that reports the node's start, setting `started` once it did."""
+
+    def __init__(self, client: courier.Client, started: threading.Event):
+        self._client, self._started = client, started
+
+    def node_started(self, *args) -> int:
+        attempt = self._client.node_started(*args)
+        self._started.set()
+        return attempt
 
 
 def _report(method, *args) -> None:
@@ -244,11 +263,13 @@ def _run(spec_path: str) -> int:
             functools.partial(_hung, coordinator, spec, launcher_lost),
             tick=functools.partial(watchdog.arm_fallback, deadline)).watch(
                 spec.node_name, context, deadline, threading.get_ident())
-    threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost), daemon=True,
-                     name='lp-stop-watcher').start()
+    instance, started = uuid.uuid4().hex, threading.Event()
+    threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost, instance,
+                                          started), daemon=True, name='lp-stop-watcher').start()
     try:
         code = run_reporting(functools.partial(_run_with_flags, spec), spec.node_name, coordinator,
-                             starting=starting, context=context)
+                             starting=_Started(starting, started), context=context,
+                             instance=instance)
     except Exception:  # pylint: disable=broad-except
         # Reporting failed: the coordinator is gone.
         logging.exception('%s could not report to the coordinator.', spec.node_name)

@@ -1,0 +1,130 @@
+"""A detached local_mp program outlives its launcher and its supervisor (`launchpad.launch.
+detached`, `launchpad.launch.supervisor`): one program goes through attach from another process,
+grow and shrink, a SIGKILL of its supervisor, re-adoption and stop, and leaves nothing behind."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+import pytest
+
+import launchpad as lp
+from launchpad.launch import detached
+from launchpad.observe import registry
+from tests.launch.detached_program import Counter, make_program
+from tests.leftovers import no_new_children
+
+PYTHON = [sys.executable, '-m', 'launchpad.launch']
+
+
+def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([*PYTHON, *args], capture_output=True, text=True, timeout=120,
+                          check=check)
+
+
+def _supervisor_pid(program_id: str) -> int:
+    return json.loads(_cli('status', program_id, '--json').stdout)['controller']['pid']
+
+
+def _calls(path: str, more_than: int) -> int:
+    deadline = time.monotonic() + 60
+    while Counter.read(path)['calls'] <= more_than:
+        assert time.monotonic() < deadline, 'the counter served no more calls'
+        time.sleep(0.05)
+    return Counter.read(path)['calls']
+
+
+def _settled(controller) -> dict:
+    """Node name -> state, once no node is pending."""
+    deadline = time.monotonic() + 60
+    while True:
+        states = {name: s.state.value for name, s in controller.status().items()}
+        if 'pending' not in states.values() or time.monotonic() > deadline:
+            return states
+        time.sleep(0.05)
+
+
+def test_a_detached_program_outlives_its_launcher_and_its_supervisor(tmp_path, monkeypatch):
+    monkeypatch.setenv('LAUNCHPAD_LOGGING_DIR', str(tmp_path / 'logs'))
+    counter = str(tmp_path / 'counter.json')
+    with no_new_children():  # the daemon is not a child of the launching process
+        controller = lp.launch(make_program(counter), launch_type='local_mp', detach=True,
+                               supervisor_grace=60)
+    program_id = controller.id
+    assert controller.detached
+    assert {s.state for s in controller.status().values()} == {lp.NodeState.RUNNING}
+    supervisor = _supervisor_pid(program_id)
+    keeper = registry.find(program_id).keeper_pid
+    assert os.getsid(supervisor) == keeper != os.getsid(0)  # a session of its own
+    node_pids = {name: s.pid for name, s in controller.status().items()}
+    seen = {keeper, supervisor, *node_pids.values()}
+    try:
+        # Another process attaches and grows the elastic group; this one shrinks it.
+        grown = subprocess.run(
+            [sys.executable, '-c', 'import sys, launchpad as lp; c = lp.attach(sys.argv[1]); '
+             'c.resize("worker", 3); print(c.group_size("worker"))', program_id],
+            capture_output=True, text=True, timeout=120, check=True)
+        assert grown.stdout.split()[-1] == '3'
+        controller.resize('worker', 2)
+        assert controller.group_size('worker') == 2
+        expected = {**{name: 'running' for name in node_pids}, 'worker/1': 'running',
+                    'worker/2': 'removed'}
+        assert _settled(controller) == expected
+        follower = subprocess.Popen([*PYTHON, 'attach', program_id], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+
+        # The supervisor dies; the nodes serve on, and a new one re-adopts them.
+        before = _calls(counter, 0)
+        os.kill(supervisor, signal.SIGKILL)
+        assert _calls(counter, before) > before
+        assert _settled(controller) == expected  # answered by the new supervisor
+        status = controller.status()
+        new_supervisor = _supervisor_pid(program_id)
+        seen.add(new_supervisor)
+        assert new_supervisor != supervisor
+        assert {name: s.pid for name, s in status.items() if name in node_pids} == node_pids
+        assert all(s.restarts == 0 for s in status.values())
+        # What it re-adopted includes the program as it grew: the next node is worker/3.
+        controller.resize('worker', 3)
+        seen.update(s.pid for s in controller.status().values())
+        assert 'worker/3' in controller.status()
+
+        # Ctrl-C detaches a second follower and leaves the program running.
+        quitter = subprocess.Popen([*PYTHON, 'attach', program_id], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        assert 'Attached' in quitter.stderr.readline()
+        quitter.send_signal(signal.SIGINT)
+        assert quitter.wait(60) == 0
+        assert 'it keeps running' in quitter.stderr.read()
+        assert not controller.done
+
+        stopped = _cli('stop', program_id)
+        assert 'Stopped' in stopped.stdout
+        out, err = follower.communicate(timeout=60)
+        assert follower.returncode == 0, err
+        assert f'Program detached ({program_id}) ended: stopped by' in err
+        assert controller.wait(timeout=10)
+    finally:
+        _cli('stop', program_id, check=False)
+    seen.discard(None)
+    deadline = time.monotonic() + 30
+    while [pid for pid in seen if psutil.pid_exists(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in seen if psutil.pid_exists(pid)]
+    assert not glob.glob(os.path.join(tempfile.gettempdir(),
+                                      f'{detached.RUN_PREFIX}{program_id}*'))
+    assert not glob.glob(str(registry.directory() / f'{program_id}.*'))
+
+
+def test_local_mt_refuses_detach():
+    program = lp.Program('threads')
+    program.add_node(lp.PyNode(print), label='printer')
+    with pytest.raises(ValueError, match='local_mt nodes are threads .* launch on local_mp'):
+        lp.launch(program, launch_type='local_mt', detach=True)
