@@ -152,6 +152,11 @@ class AttachedController:
         while True:
             try:
                 return getattr(self._client, method)(*args)
+            except courier.PermissionDeniedError:
+                entry = next((e for e in registry.entries() if e.id == self.id), self._entry)
+                if entry.token == self._entry.token:
+                    raise
+                self._entry, self._client = entry, _client_of(entry)  # a new supervisor's
             except courier.ServerUnavailableError:
                 if not _keeper_alive(self._entry):
                     if not run_directories(self.id):
