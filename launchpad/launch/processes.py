@@ -312,8 +312,9 @@ class ProcessLauncher(launcher.Launcher):
         settings = options.settings or ProcessOptions()
         if settings.detach:
             if options.launch_type != 'local_mp':
-                raise ValueError(f'detach=True is not supported by {options.launch_type}: a test '
-                                 'program ends with its test; launch on local_mp to detach.')
+                raise ValueError(f'detach=True is not supported by the {options.launch_type} '
+                                 'launcher: a test program ends with its test; launch on '
+                                 'local_mp to detach.')
             return detached.start(program, options, settings.supervisor_grace)
         return launch_supervised(program, options, tempfile.mkdtemp(prefix='launchpad-'))
 

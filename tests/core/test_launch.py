@@ -322,16 +322,17 @@ def test_unknown_launch_options_are_refused_with_the_valid_ones(launch_type):
         lp.launch(program, launch_type=launch_type, bogus_option=True)
     message = str(error.value)
     assert f"Unknown option(s) ['bogus_option'] for launch type {launch_type}" in message
-    assert 'takes no options of its own' in message
+    assert ('takes detach, supervisor_grace' if launch_type.endswith('_mp')
+            else 'takes no options of its own') in message
     assert 'local_resources' in message and 'notice_period' in message  # lp.launch's own
     assert not program.launched
 
 
-@pytest.mark.parametrize('launch_type', ['local_mt', 'local_mp'])
-def test_detach_is_refused_on_local_launchers_with_the_reason(launch_type):
+@pytest.mark.parametrize('launch_type', ['local_mt', 'test_mp'])
+def test_detach_is_refused_where_the_program_ends_with_this_process(launch_type):
     program = lp.Program('detached')
     program.add_node(lp.PyNode(print, 'never runs'), label='node')
     with pytest.raises(ValueError, match=f'detach=True is not supported by the {launch_type} '
-                                         'launcher: .*this process'):
+                                         'launcher: .*launch on local_mp'):
         lp.launch(program, launch_type=launch_type, detach=True)
     assert not program.launched

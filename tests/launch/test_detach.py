@@ -13,8 +13,6 @@ import tempfile
 import time
 
 import psutil
-import pytest
-
 import launchpad as lp
 from launchpad.launch import detached
 from launchpad.observe import registry
@@ -122,9 +120,3 @@ def test_a_detached_program_outlives_its_launcher_and_its_supervisor(tmp_path, m
                                       f'{detached.RUN_PREFIX}{program_id}*'))
     assert not glob.glob(str(registry.directory() / f'{program_id}.*'))
 
-
-def test_local_mt_refuses_detach():
-    program = lp.Program('threads')
-    program.add_node(lp.PyNode(print), label='printer')
-    with pytest.raises(ValueError, match='local_mt nodes are threads .* launch on local_mp'):
-        lp.launch(program, launch_type='local_mt', detach=True)
