@@ -65,10 +65,11 @@ class ProcessOptions:
         this process, its terminal and its SSH session; `lp.launch` returns once every node
         runs, with a controller of it (`launchpad.launch.detached`). Node output goes to files.
       supervisor_grace: seconds the nodes of a detached program run on without a supervisor (one
-        is started again at once on this machine if it dies) before they stop by themselves.
+        is started again at once on this machine if it dies) before they stop by themselves
+        (default `detached.SUPERVISOR_GRACE`, 180 s).
     """
     detach: bool = False
-    supervisor_grace: float = detached.SUPERVISOR_GRACE
+    supervisor_grace: Optional[float] = None
 
 
 @dataclasses.dataclass
@@ -310,12 +311,18 @@ class ProcessLauncher(launcher.Launcher):
 
     def launch(self, program: Program, options: launcher.LaunchOptions) -> Controller:
         settings = options.settings or ProcessOptions()
+        grace = settings.supervisor_grace
+        if grace is not None and not settings.detach:
+            raise ValueError(f'supervisor_grace={grace!r} applies to detached programs only; '
+                             'pass detach=True too, or leave it out.')
+        if grace is not None and not (isinstance(grace, (int, float)) and grace > 0):
+            raise ValueError(f'supervisor_grace={grace!r} must be a positive number of seconds.')
         if settings.detach:
             if options.launch_type != 'local_mp':
                 raise ValueError(f'detach=True is not supported by the {options.launch_type} '
                                  'launcher: a test program ends with its test; launch on '
                                  'local_mp to detach.')
-            return detached.start(program, options, settings.supervisor_grace)
+            return detached.start(program, options, grace or detached.SUPERVISOR_GRACE)
         return launch_supervised(program, options, tempfile.mkdtemp(prefix='launchpad-'))
 
     def _launch(self, program, options, executables, runner: _ProcessRunner,

@@ -336,3 +336,15 @@ def test_detach_is_refused_where_the_program_ends_with_this_process(launch_type)
                                          'launcher: .*launch on local_mp'):
         lp.launch(program, launch_type=launch_type, detach=True)
     assert not program.launched
+
+
+@pytest.mark.parametrize('options, error', [
+    ({'supervisor_grace': 30}, 'supervisor_grace=30 applies to detached programs only'),
+    ({'detach': True, 'supervisor_grace': -1}, 'supervisor_grace=-1 must be a positive number'),
+])
+def test_a_bad_supervisor_grace_is_refused_naming_it(options, error):
+    program = lp.Program('grace')
+    program.add_node(lp.PyNode(print, 'never runs'), label='node')
+    with pytest.raises(ValueError, match=error):
+        lp.launch(program, launch_type='local_mp', **options)
+    assert not program.launched
