@@ -310,6 +310,10 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
                              f'{", ".join(registered_launch_types())}.')
         program_list = _programs(programs)
         dashboard_port = observers.check_dashboard_option(dashboard)
+        if dashboard_port is not None and launcher_options.get('detach'):
+            raise ValueError(f'dashboard={dashboard!r} is served by the launching process, which '
+                             'a detached program outlives: serve its dashboard with `python -m '
+                             'launchpad.launch dashboard PROGRAM` instead.')
         if several and dashboard_port:
             raise ValueError(f'dashboard={dashboard!r} asks for one port, but several programs '
                              'are launched: pass dashboard=True, which serves each on a free '

@@ -348,3 +348,11 @@ def test_a_bad_supervisor_grace_is_refused_naming_it(options, error):
     with pytest.raises(ValueError, match=error):
         lp.launch(program, launch_type='local_mp', **options)
     assert not program.launched
+
+
+def test_a_dashboard_of_a_detached_program_is_refused_saying_where_to_serve_it():
+    program = lp.Program('dashboard')
+    program.add_node(lp.PyNode(print, 'never runs'), label='node')
+    with pytest.raises(ValueError, match='launchpad.launch dashboard PROGRAM'):
+        lp.launch(program, launch_type='local_mp', detach=True, dashboard=True)
+    assert not program.launched
