@@ -218,7 +218,7 @@ def start(program, options, grace: float) -> AttachedController:
                   'options': dataclasses.replace(options, test_case=None, settings=None,
                                                  extra={})}
         header = {'sys_path': [p for p in sys.path if p], 'program_id': program_id,
-                  'log_dir': log_dir}
+                  'log_dir': log_dir, 'started': time.time()}
         payload = specs.pickle_node(program.name, launch)
         path = os.path.join(run_dir, LAUNCH_FILE)
         with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 'wb') as f:
@@ -242,7 +242,7 @@ def start(program, options, grace: float) -> AttachedController:
 
 def read_header(run_dir: str) -> Dict[str, Any]:
     """What the launch file of `run_dir` says without unpickling the program: `sys_path`,
-    `program_id`, `log_dir`."""
+    `program_id`, `log_dir`, `started` (the launch's time)."""
     with open(os.path.join(run_dir, LAUNCH_FILE), 'rb') as f:
         return pickle.load(f)[0]
 

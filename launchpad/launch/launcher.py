@@ -291,7 +291,9 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
         its URL, token included; needs
         `pip install 'launchpad-ml[dashboard]'`. It stays up after the program ends, until
         `controller.observer.close()` or the end of the process.
-      **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh.
+      **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh, or
+        `detach=True` (local_mp, slurm, kubernetes): the program outlives this process
+        (local_mp: `supervisor_grace=`, see docs/detach.md).
 
     Every program that runs from this process is registered for `python -m launchpad.launch
     list / status / logs / stop / dashboard` (`launchpad.observe`) until it ends.

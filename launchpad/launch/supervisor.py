@@ -57,6 +57,7 @@ class _Persister:
 
     def __init__(self, path: str, program, extra: Callable[[], Dict[str, Any]]):
         self._path, self._program, self._extra = path, program, extra
+        self._pickled_program = (-1, b'')  # (its number of nodes, its pickle)
         self._last: Optional[bytes] = None
         self._last_time = 0.0
         self._last_processes: Any = None
@@ -70,9 +71,7 @@ class _Persister:
         if (processes_now == self._last_processes
                 and time.monotonic() - self._last_time < PERSIST_INTERVAL):
             return
-        program = copy.copy(self._program)
-        program.controller = None  # (this process's; a new supervisor sets its own)
-        snapshot.update(program=program, **self._extra())
+        snapshot.update(program=self._program_pickle(len(statuses)), **self._extra())
         data = serialization.cloudpickle_dumps(snapshot)
         self._last_time, self._last_processes = time.monotonic(), processes_now
         if data == self._last or not os.path.isdir(os.path.dirname(self._path)):
@@ -82,6 +81,15 @@ class _Persister:
             f.write(data)
         os.replace(temporary, self._path)
         self._last = data
+
+
+    def _program_pickle(self, nodes: int) -> bytes:
+        """The program pickled, again only once it grew."""
+        if self._pickled_program[0] != nodes:
+            program = copy.copy(self._program)
+            program.controller = None  # (this process's; a new supervisor sets its own)
+            self._pickled_program = (nodes, serialization.cloudpickle_dumps(program))
+        return self._pickled_program[1]
 
 
 class _Control:
@@ -146,7 +154,7 @@ def supervise(run_dir: str) -> int:
     if os.path.exists(state_path):
         with open(state_path, 'rb') as f:
             state = pickle.load(f)
-    program = state['program'] if state is not None else launch['program']
+    program = pickle.loads(state['program']) if state is not None else launch['program']
     holder: Dict[str, Controller] = {}
     persist = _Persister(state_path, program, lambda: {
         'scaler': holder['controller']._elastic._scaler if holder else None})  # pylint: disable=protected-access
@@ -167,8 +175,8 @@ def supervise(run_dir: str) -> int:
     controller.handle_signals(signals)
     observer = Observer(program, controller, program_id=header['program_id'],
                         served=_Control(controller).methods()).start()
-    if observer.entry is not None:
-        observer.entry.keeper_pid = os.getppid()
+    if observer.entry is not None:  # its age counts from the launch, across supervisors
+        observer.entry.keeper_pid, observer.entry.started = os.getppid(), header['started']
         registry.register(observer.entry)
     controller.observer = observer
     controller.wait(raise_error=False)

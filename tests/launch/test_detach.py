@@ -84,7 +84,7 @@ def test_a_detached_program_outlives_its_launcher_and_its_supervisor(tmp_path, m
         assert _calls(counter, before) > before
         assert _settled(controller) == expected  # answered by the new supervisor
         status = controller.status()
-        new_supervisor = _supervisor_pid(program_id)
+        new_supervisor = registry.find(program_id).pid
         seen.add(new_supervisor)
         assert new_supervisor != supervisor
         assert {name: s.pid for name, s in status.items() if name in node_pids} == node_pids
@@ -110,7 +110,8 @@ def test_a_detached_program_outlives_its_launcher_and_its_supervisor(tmp_path, m
         assert f'Program detached ({program_id}) ended: stopped by' in err
         assert controller.wait(timeout=10)
     finally:
-        _cli('stop', program_id, check=False)
+        if not controller.done:
+            controller.stop()
     seen.discard(None)
     deadline = time.monotonic() + 30
     while [pid for pid in seen if psutil.pid_exists(pid)] and time.monotonic() < deadline:
