@@ -30,6 +30,7 @@ import threading
 import time
 import traceback
 import uuid
+from typing import Optional
 
 import courier
 
@@ -44,6 +45,7 @@ from launchpad.process.coordinator import COORDINATOR_LOSS_TIMEOUT, run_reportin
 from launchpad.process.spec import WorkerSpec
 
 _POLL = 1.0
+_REPORT_WAIT = 10.0  # seconds a detached program's node waits for a supervisor to report to
 
 
 def _run_with_flags(spec: WorkerSpec) -> None:
@@ -124,15 +126,23 @@ class _CoordinatorClient(faces.NodeFaceProxy):
     """The node face of the coordinator as the worker's threads call it (through a courier
     client), remembering whether the node reported a failure (a node that failed must not end
     with exit code 0, which a platform that only sees exit codes, Kubernetes, would take for
-    success)."""
+    success). How the node ends, and its `lp.stop()`, go through `reports` if given: a client
+    that waits for a detached program's next supervisor."""
 
-    def __init__(self, client: courier.Client):
+    def __init__(self, client: courier.Client, reports: Optional[courier.Client] = None):
         super().__init__(client)
         self.failed = False
+        self._reports = faces.NodeFaceProxy(reports if reports is not None else client)
 
     def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
         self.failed = True
-        super().node_failed(name, message, traceback_text)
+        self._reports.node_failed(name, message, traceback_text)
+
+    def node_finished(self, name: str) -> None:
+        self._reports.node_finished(name)
+
+    def request_stop(self, reason: str = 'stop requested') -> None:
+        self._reports.request_stop(reason)
 
 
 class _Started:
@@ -241,8 +251,11 @@ def _run(spec_path: str) -> int:
     # that a node whose launcher died ends within seconds.
     starting = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=True,
                               tls=tls)
+    # A detached program's node tells how it ended to the next supervisor if its own just died.
+    reports = None if spec.coordinator_grace is None else courier.Client(
+        spec.coordinator_address, call_timeout=_REPORT_WAIT, wait_for_ready=True, tls=tls)
     coordinator = _CoordinatorClient(courier.Client(spec.coordinator_address, call_timeout=30.0,
-                                          wait_for_ready=False, tls=tls))
+                                                    wait_for_ready=False, tls=tls), reports)
     # Address lookups wait for servers to come up, longer than other calls may take.
     table = spec.address_table
     lookup_deadline = None if table.lookup_timeout is None else table.lookup_timeout + 30.0
