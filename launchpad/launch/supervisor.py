@@ -39,7 +39,6 @@ from courier import serialization
 from launchpad.launch import detached
 from launchpad.launch import processes
 from launchpad.launch.controller import Controller, LaunchSignals
-from launchpad.observe import registry
 from launchpad.observe.observer import Observer
 from launchpad.process import tree
 
@@ -173,12 +172,10 @@ def supervise(run_dir: str) -> int:
     if state is not None and state.get('scaler') is not None:
         controller._elastic._scaler = state['scaler']  # pylint: disable=protected-access
     controller.handle_signals(signals)
-    observer = Observer(program, controller, program_id=header['program_id'],
-                        served=_Control(controller).methods()).start()
-    if observer.entry is not None:  # its age counts from the launch, across supervisors
-        observer.entry.keeper_pid, observer.entry.started = os.getppid(), header['started']
-        registry.register(observer.entry)
-    controller.observer = observer
+    controller.observer = Observer(  # its age counts from the launch, across supervisors
+        program, controller, program_id=header['program_id'],
+        served=_Control(controller).methods(),
+        entry_fields={'keeper_pid': os.getppid(), 'started': header['started']}).start()
     controller.wait(raise_error=False)
     return 0
 

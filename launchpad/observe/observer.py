@@ -58,13 +58,16 @@ class Observer:
 
     def __init__(self, program: Program, controller: Controller, *,
                  interval: float = SAMPLE_INTERVAL, program_id: Optional[str] = None,
-                 served: Optional[Dict[str, Any]] = None):
+                 served: Optional[Dict[str, Any]] = None,
+                 entry_fields: Optional[Dict[str, Any]] = None):
         """`program_id`: its id in the registry (default: a new one; a detached program's
         supervisor keeps it across supervisors); `served`: more methods to serve beside
-        `SERVED`, name -> callable (a detached program's control, `launchpad.launch.attach`)."""
+        `SERVED`, name -> callable; `entry_fields`: registry entry fields to set (a detached
+        program's control, keeper and launch time: `launchpad.launch.supervisor`)."""
         self.id = program_id or registry.new_id(program.name)
         self._served = {name: getattr(self, name) for name in SERVED}
         self._served.update(served or {})
+        self._entry_fields = dict(entry_fields or {})
         self.entry: Optional[registry.Entry] = None
         self.dashboard_url: Optional[str] = None
         self._program = program.name
@@ -101,11 +104,11 @@ class Observer:
         # The entry first: a launcher killed before its server is up leaves an entry of a dead
         # process, which readers prune (with the socket), never a socket nobody knows of.
         token = secrets.token_hex(16)
-        entry = registry.Entry(id=self.id, name=self._program,
-                               launch_type=self._controller.launch_type,
-                               address=f'unix:{registry.socket_path(self.id)}', token=token,
-                               nodes=len(self._graph.nodes), started=self._started,
-                               node_token=self._controller.auth_token)
+        entry = registry.Entry(**{
+            'id': self.id, 'name': self._program, 'launch_type': self._controller.launch_type,
+            'address': f'unix:{registry.socket_path(self.id)}', 'token': token,
+            'nodes': len(self._graph.nodes), 'started': self._started,
+            'node_token': self._controller.auth_token, **self._entry_fields})
         registry.register(entry)
         try:
             server = courier.Server(address=entry.address, auth_token=token, thread_pool_size=8)

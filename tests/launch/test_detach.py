@@ -121,3 +121,46 @@ def test_a_detached_program_outlives_its_launcher_and_its_supervisor(tmp_path, m
                                       f'{detached.RUN_PREFIX}{program_id}*'))
     assert not glob.glob(str(registry.directory() / f'{program_id}.*'))
 
+
+
+def test_without_a_supervisor_the_nodes_wait_for_recover_then_stop_after_the_grace(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv('LAUNCHPAD_LOGGING_DIR', str(tmp_path / 'logs'))
+    counter = str(tmp_path / 'counter.json')
+    controller = lp.launch(make_program(counter, 'graceful'), launch_type='local_mp',
+                           detach=True, supervisor_grace=15)
+    program_id = controller.id
+    nodes = {name: s.pid for name, s in controller.status().items()}
+
+    def kill_supervision() -> None:
+        entry = registry.find(program_id)
+        for pid in (entry.keeper_pid, entry.pid):
+            os.kill(pid, signal.SIGKILL)
+
+    kill_supervision()
+    follower = subprocess.Popen([*PYTHON, 'attach', '--recover', program_id],
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        assert 'Attached to graceful' in follower.stderr.readline()
+        # A new keeper and supervisor re-adopted the nodes: none was restarted.
+        status = controller.status()
+        assert {name: s.pid for name, s in status.items()} == nodes
+        assert {(s.state, s.restarts) for s in status.values()} == {
+            (lp.NodeState.RUNNING, 0)}
+        # Killed too, they do not come back within the grace: the nodes stop by themselves.
+        kill_supervision()
+        assert follower.wait(60) == 1
+        assert 'its keeper are gone' in follower.stderr.read()
+    finally:
+        if follower.poll() is None:
+            controller.stop()
+            follower.kill()
+            follower.wait()
+    deadline = time.monotonic() + 60
+    while [pid for pid in nodes.values() if psutil.pid_exists(pid)]:
+        assert time.monotonic() < deadline, 'nodes outlived the supervisor grace'
+        time.sleep(0.1)
+    assert not glob.glob(os.path.join(tempfile.gettempdir(),
+                                      f'{detached.RUN_PREFIX}{program_id}*'))
+    assert program_id not in [entry.id for entry in registry.entries()]
+    assert not glob.glob(str(registry.directory() / f'{program_id}.*'))
