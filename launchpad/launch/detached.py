@@ -26,10 +26,13 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import courier
 
+from launchpad.launch.controller import Controller
+from launchpad.nodes.base import Handle, Node
 from launchpad.observe import registry
 from launchpad.process import flags
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus
+from launchpad.scaling import Decision
 
 SUPERVISOR_GRACE = 180.0  # default seconds nodes run on without a supervisor
 SUPERVISOR_MODULE = 'launchpad.launch.supervisor'
@@ -37,7 +40,7 @@ LAUNCH_FILE = 'launch.pkl'  # in the run directory: the program and how to launc
 RUN_PREFIX = 'launchpad-detached-'  # run directories: <tmp>/<RUN_PREFIX><id>-<random>
 # What a supervisor serves beside the observer's methods (`launchpad.launch.supervisor`).
 CONTROL = ('node_status', 'outcome', 'add_node', 'remove_node', 'resize', 'group_size',
-           'scaling_log')
+           'scaling_log', 'scale_up_times')
 _START_TIMEOUT = 300.0
 _CALL_TIMEOUT = 60.0
 
@@ -54,9 +57,10 @@ def run_directories(program_id: str) -> List[str]:
     return [run for run in runs if os.path.exists(os.path.join(run, LAUNCH_FILE))]
 
 
-class AttachedController:
+class AttachedController(Controller):
     """A detached program's controller, reached through its supervisor: `status`, `wait`,
-    `stop`, `add_node`, `remove_node`, `resize`, as `lp.Controller`.
+    `stop`, `add_node`, `remove_node`, `resize`, `group_size`, `scaling_log`, as `lp.Controller`
+    (whose other members, such as `coordinator`, live in the supervisor only).
 
     Attributes:
       id: the program's id in the registry.
@@ -65,10 +69,9 @@ class AttachedController:
       detached: True (the program does not run from this process).
     """
 
-    detached = True
-    observer = None
-
-    def __init__(self, entry: registry.Entry):
+    def __init__(self, entry: registry.Entry):  # pylint: disable=super-init-not-called
+        # (Controller's own runs the program; this one only talks to where that happens.)
+        self.detached = True
         self.id = entry.id
         self.program_name = entry.name
         self.launch_type = entry.launch_type
@@ -85,6 +88,26 @@ class AttachedController:
     @property
     def done(self) -> bool:
         return self._ended
+
+    @property
+    def observer(self):
+        """None: the program's observer runs in its supervisor."""
+        return None
+
+    @observer.setter
+    def observer(self, observer) -> None:
+        if observer is not None:  # (`lp.launch` makes none for a detached program)
+            raise ValueError('a detached program is observed by its supervisor')
+
+    @property
+    def coordinator(self):
+        raise AttributeError('the coordinator of a detached program lives in its supervisor; '
+                             'use status() and wait() here.')
+
+    @property
+    def output(self):
+        """None: node output goes to files (`python -m launchpad.launch logs PROGRAM`)."""
+        return None
 
     def status(self) -> Dict[str, NodeStatus]:
         """Node name -> its status."""
@@ -122,9 +145,12 @@ class AttachedController:
     def stop_and_wait(self) -> None:
         self.stop()
 
-    def add_node(self, node, label: Optional[str] = None) -> str:
-        """Adds `node` to group `label` of the program and starts it; returns its name (a
-        handle cannot travel back from the supervisor)."""
+    def kill(self) -> None:
+        """Stops the program (a detached program's nodes always get their notice period)."""
+        self.stop()
+
+    def add_node(self, node: Node, label: Optional[str] = None) -> Handle:
+        """Adds `node` to group `label` of the program and starts it; returns its handle."""
         return self._call('add_node', specs.pickle_node(getattr(node, 'name', 'node'), node),
                           label)
 
@@ -138,8 +164,12 @@ class AttachedController:
         return self._call('group_size', label)
 
     @property
-    def scaling_log(self) -> List[Any]:
-        return self._call('scaling_log')
+    def scaling_log(self) -> List[Decision]:
+        return [Decision(**decision) for decision in self._call('scaling_log')]
+
+    @property
+    def scale_up_times(self) -> List[float]:
+        return self._call('scale_up_times')
 
     def attach(self, program, resources) -> None:
         """(`lp.launch` calls it) `program.add_node` adds to the running program from now on."""
@@ -323,10 +353,10 @@ def main(argv: Sequence[str]) -> int:
     except (registry.RegistryError, RuntimeError) as e:
         print(f'python -m launchpad.launch attach: {e}', file=sys.stderr)
         return 1
-    print(f'Attached to {controller.program_name} ({controller.id}); Ctrl-C detaches and '
-          'leaves it running.', file=sys.stderr, flush=True)
     cursor = None
     try:
+        print(f'Attached to {controller.program_name} ({controller.id}); Ctrl-C detaches and '
+              'leaves it running.', file=sys.stderr, flush=True)
         while True:
             result = controller._call('logs', None, cursor)  # pylint: disable=protected-access
             cursor = result['cursor']

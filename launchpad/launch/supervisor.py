@@ -30,7 +30,6 @@ import os
 import pickle
 import signal
 import sys
-import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -64,15 +63,15 @@ class _Persister:
     def __call__(self, state: Callable[[], dict]) -> None:
         snapshot = state()
         statuses = snapshot['coordinator'].status()
-        processes_now = sorted((name, status.state.value, status.restarts,
+        nodes_now = sorted((name, status.state.value, status.restarts,
                                 snapshot['commands'].get(name, (0,) * 4)[3])
                                for name, status in statuses.items())
-        if (processes_now == self._last_processes
+        if (nodes_now == self._last_processes
                 and time.monotonic() - self._last_time < PERSIST_INTERVAL):
             return
         snapshot.update(program=self._program_pickle(len(statuses)), **self._extra())
         data = serialization.cloudpickle_dumps(snapshot)
-        self._last_time, self._last_processes = time.monotonic(), processes_now
+        self._last_time, self._last_processes = time.monotonic(), nodes_now
         if data == self._last or not os.path.isdir(os.path.dirname(self._path)):
             return
         temporary = self._path + '.tmp'
@@ -122,10 +121,8 @@ class _Control:
                     failure.node_name, failure.message, failure.remote_traceback,
                     failure.failures)}
 
-    def add_node(self, node: bytes, label: Optional[str] = None) -> str:
-        added = pickle.loads(node)
-        self._controller.add_node(added, label)
-        return added.name
+    def add_node(self, node: bytes, label: Optional[str] = None):
+        return self._controller.add_node(pickle.loads(node), label)
 
     def remove_node(self, name: str) -> None:
         self._controller.remove_node(name)
@@ -138,6 +135,9 @@ class _Control:
 
     def scaling_log(self) -> List[Dict[str, Any]]:
         return [dataclasses.asdict(decision) for decision in self._controller.scaling_log]
+
+    def scale_up_times(self) -> List[float]:
+        return self._controller.scale_up_times
 
 
 def supervise(run_dir: str) -> int:

@@ -127,19 +127,23 @@ class _CoordinatorClient(faces.NodeFaceProxy):
     client), remembering whether the node reported a failure (a node that failed must not end
     with exit code 0, which a platform that only sees exit codes, Kubernetes, would take for
     success). How the node ends, and its `lp.stop()`, go through `reports` if given: a client
-    that waits for a detached program's next supervisor."""
+    that waits for a detached program's next supervisor, unless `lost` says that none comes."""
 
-    def __init__(self, client: courier.Client, reports: Optional[courier.Client] = None):
+    def __init__(self, client: courier.Client, reports: Optional[courier.Client] = None,
+                 lost: Optional[threading.Event] = None):
         super().__init__(client)
         self.failed = False
         self._reports = faces.NodeFaceProxy(reports if reports is not None else client)
+        self._lost = lost or threading.Event()
 
     def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
         self.failed = True
-        self._reports.node_failed(name, message, traceback_text)
+        if not self._lost.is_set():
+            self._reports.node_failed(name, message, traceback_text)
 
     def node_finished(self, name: str) -> None:
-        self._reports.node_finished(name)
+        if not self._lost.is_set():
+            self._reports.node_finished(name)
 
     def request_stop(self, reason: str = 'stop requested') -> None:
         self._reports.request_stop(reason)
@@ -254,8 +258,10 @@ def _run(spec_path: str) -> int:
     # A detached program's node tells how it ended to the next supervisor if its own just died.
     reports = None if spec.coordinator_grace is None else courier.Client(
         spec.coordinator_address, call_timeout=_REPORT_WAIT, wait_for_ready=True, tls=tls)
+    launcher_lost = threading.Event()
     coordinator = _CoordinatorClient(courier.Client(spec.coordinator_address, call_timeout=30.0,
-                                                    wait_for_ready=False, tls=tls), reports)
+                                                    wait_for_ready=False, tls=tls), reports,
+                                     launcher_lost if reports is not None else None)
     # Address lookups wait for servers to come up, longer than other calls may take.
     table = spec.address_table
     lookup_deadline = None if table.lookup_timeout is None else table.lookup_timeout + 30.0
@@ -267,7 +273,6 @@ def _run(spec_path: str) -> int:
     metrics.start_reporting(spec.node_name, courier.Client(
         spec.coordinator_address, call_timeout=metrics.REPORT_TIMEOUT, wait_for_ready=False,
         tls=tls))
-    launcher_lost = threading.Event()
     done = threading.Event()
     _handle_signals(coordinator, stop, spec, done, launcher_lost)
     if spec.progress_deadline is not None:
