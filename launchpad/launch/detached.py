@@ -220,15 +220,7 @@ def _client_of(entry: registry.Entry) -> courier.Client:
 
 
 def _keeper_alive(entry: registry.Entry) -> bool:
-    if entry.keeper_pid is None:
-        return False
-    try:
-        os.kill(entry.keeper_pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False  # another user's process has the pid now
-    return True
+    return entry.keeper_pid is not None and _alive(entry.keeper_pid)
 
 
 # The launching side: `lp.launch(..., detach=True)`.
@@ -295,6 +287,8 @@ def _wait_until_running(program_id: str, keeper: int, log_dir: str) -> AttachedC
             controller = entry and AttachedController(entry)
         if controller is not None:
             states = {status.state for status in controller.status().values()}
+            if NodeState.FAILED in states:
+                controller.wait()  # raises the node's failure
             if NodeState.PENDING not in states:
                 return controller
         elif not _alive(keeper):
@@ -308,7 +302,7 @@ def _wait_until_running(program_id: str, keeper: int, log_dir: str) -> AttachedC
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # (another user's process has the pid now)
         return False
     return True
 
