@@ -132,8 +132,8 @@ class _AdoptedProcess:
     def _alive(self) -> bool:
         try:
             process = psutil.Process(self.pid)
-            return (abs(process.create_time() - self.started) < 1.0
-                    and process.status() != psutil.STATUS_ZOMBIE)
+            same = not self.started or abs(process.create_time() - self.started) < 1.0
+            return same and process.status() != psutil.STATUS_ZOMBIE  # (not a reused pid)
         except psutil.Error:
             return False
 
