@@ -43,6 +43,7 @@ from launchpad.runtime import (get_context, heartbeat, register_stop_handler, re
 from launchpad.scaling import Elastic, ProgressPerActorPolicy, QueueLengthPolicy
 
 if TYPE_CHECKING:  # what __getattr__ below returns, for type checkers
+    from launchpad.launch.detached import AttachedController, attach
     from launchpad.launch.kubernetes import KubernetesResources, program_to_manifests
     from launchpad.launch.processes import PythonProcess
     from launchpad.launch.slurm import SlurmController, SlurmError, SlurmResources
@@ -50,6 +51,8 @@ if TYPE_CHECKING:  # what __getattr__ below returns, for type checkers
 
 # Public names of the platform modules, imported on first use (see __getattr__).
 _PLATFORM_NAMES = {
+    'attach': 'launchpad.launch.detached',
+    'AttachedController': 'launchpad.launch.detached',
     'PythonProcess': 'launchpad.launch.processes',
     'SshHost': 'launchpad.launch.ssh',
     'SshHosts': 'launchpad.launch.ssh',
@@ -61,7 +64,7 @@ _PLATFORM_NAMES = {
 }
 
 __all__ = [
-    'Address', 'CacherNode', 'ColocationNode', 'Controller', 'Controllers', 'CourierClient',
+    'Address', 'AttachedController', 'CacherNode', 'ColocationNode', 'Controller', 'Controllers', 'CourierClient',
     'CourierHandle', 'CourierNode', 'Elastic', 'Executable', 'GroupClient', 'GroupHandle',
     'Handle', 'KubernetesResources',
     'LAUNCH_TYPE', 'LaunchInfo', 'LaunchOptions', 'LaunchType', 'Launcher',
@@ -72,10 +75,10 @@ __all__ = [
     'ProgramError',
     'QueueLengthPolicy', 'PyClassNode', 'PyNode', 'PythonProcess', 'Resources',
     'ReverbHandle', 'ReverbNode', 'RestartPolicy', 'Retries', 'SlurmController', 'SlurmError',
-    'SlurmResources', 'SshHost', 'SshHosts', 'batched_handler', 'context', 'count', 'dataflow',
-    'executables_of', 'get_context', 'get_port_from_address', 'heartbeat', 'idempotent',
-    'is_local_launch', 'is_local_launch_or_test', 'launch', 'load_checkpoint', 'make_program',
-    'make_program_stopper',
+    'SlurmResources', 'SshHost', 'SshHosts', 'attach', 'batched_handler', 'context', 'count',
+    'dataflow', 'executables_of', 'get_context', 'get_port_from_address', 'heartbeat',
+    'idempotent', 'is_local_launch', 'is_local_launch_or_test', 'launch', 'load_checkpoint',
+    'make_program', 'make_program_stopper',
     'program_to_manifests', 'register_launcher', 'register_stop_handler', 'report', 'resize',
     'save_checkpoint', 'stop', 'stop_event', 'unregister_stop_handler', 'wait_for_stop',
 ]

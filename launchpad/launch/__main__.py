@@ -4,12 +4,14 @@ at running programs.
     python -m launchpad.launch --type=local_mp script.py [script args]
     python -m launchpad.launch list | status | logs | stop | dashboard | metrics | token ...
     python -m launchpad.launch stacks | waits | top ...
+    python -m launchpad.launch attach [--recover] PROGRAM
 
 The script runs as `__main__` with `sys.argv = [script.py, script args...]`; every `lp.launch` in it
 without an explicit launch type uses `--type` (default: the script's own `--lp_launch_type` if its
 arguments have one, else local_mp; the two must agree when both are given). The command waits for
 the launched programs to end and exits non-zero, after printing the error, if a node failed. The
-other commands are those of `launchpad.observe.cli` and `launchpad.observe.inspect_cli`.
+other commands are those of `launchpad.observe.cli` and `launchpad.observe.inspect_cli`, and
+`attach`, which follows a detached program (`launchpad.launch.detached`).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import runpy
 import sys
 from typing import List, Optional
 
+from launchpad.launch import detached
 from launchpad.launch import launcher
 from launchpad.observe import cli
 from launchpad.observe import inspect_cli
@@ -30,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
         prog='python -m launchpad.launch',
         description='Run a launchpad program script with the given launch type.',
         epilog=f'To look at running programs: python -m launchpad.launch '
-               f'{{{",".join(cli.COMMANDS + inspect_cli.COMMANDS)}}} ... (each has --help).')
+               f'{{{",".join(cli.COMMANDS + inspect_cli.COMMANDS + ("attach",))}}} ... '
+               '(each has --help).')
     parser.add_argument('--type',
                         help='launch type: ' + ', '.join(launcher.registered_launch_types())
                              + " (default: the script's --lp_launch_type if given, else local_mp)")
@@ -46,6 +50,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return cli.main(argv)
     if argv and argv[0] in inspect_cli.COMMANDS:
         return inspect_cli.main(argv)
+    if argv and argv[0] == 'attach':
+        return detached.main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     script_argv = [args.script] + args.script_args
@@ -78,6 +84,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return failed
     status = 0
     for controller in launcher.launched():
+        if controller.detached:
+            continue  # it runs on after this command
         try:
             controller.wait()
         except NodeFailedError as e:

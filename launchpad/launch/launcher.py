@@ -307,7 +307,9 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
       tensorboard_dir: also write the program's metrics (what nodes report, their call rates,
         CPU and memory) as TensorBoard event files under `tensorboard_dir/<program id>/`
         (`launchpad.observe.tensorboard`; needs `pip install 'launchpad-ml[tensorboard]'`).
-      **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh.
+      **launcher_options: options of the launcher, e.g. `coordinator_host=` for ssh, or
+        `detach=True` (local_mp, slurm, kubernetes): the program outlives this process
+        (local_mp: `supervisor_grace=`, see docs/detach.md).
 
     Every program that runs from this process is registered for `python -m launchpad.launch
     list / status / logs / stop / dashboard` (`launchpad.observe`) until it ends.
@@ -328,6 +330,10 @@ def launch(programs: Union[Program, Sequence[Program]], launch_type=None,
         dashboard_port = observers.check_dashboard_option(dashboard)
         if tensorboard_dir is not None:
             tensorboard.require()
+        if dashboard_port is not None and launcher_options.get('detach'):
+            raise ValueError(f'dashboard={dashboard!r} is served by the launching process, which '
+                             'a detached program outlives: serve its dashboard with `python -m '
+                             'launchpad.launch dashboard PROGRAM` instead.')
         if several and dashboard_port:
             raise ValueError(f'dashboard={dashboard!r} asks for one port, but several programs '
                              'are launched: pass dashboard=True, which serves each on a free '

@@ -6,15 +6,19 @@ import functools
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+import time
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import courier
+import psutil
 
 from launchpad import runtime
 from launchpad.address import add_to_local_table, local_address_table
+from launchpad.launch import detached
 from launchpad.launch import launcher
 from launchpad.launch.controller import Controller, ProcessRunner
 from launchpad.process import faces
@@ -50,6 +54,38 @@ class PythonProcess:
         return flags.overrides(self.args)
 
 
+@dataclasses.dataclass
+class ProcessOptions:
+    """local_mp's own options of `lp.launch`.
+
+    Attributes:
+      detach: run the program's supervision (its coordinator and controller: restarts, hang
+        detection, elastic groups, scaling policies, metrics, its registry entry) in a daemon
+        process of its own session (`launchpad.launch.supervisor`), so that the program outlives
+        this process, its terminal and its SSH session; `lp.launch` returns once every node
+        runs, with a controller of it (`launchpad.launch.detached`). Node output goes to files.
+      supervisor_grace: seconds the nodes of a detached program run on without a supervisor (one
+        is started again at once on this machine if it dies) before they stop by themselves
+        (default `detached.SUPERVISOR_GRACE`, 180 s).
+    """
+    detach: bool = False
+    supervisor_grace: Optional[float] = None
+
+
+@dataclasses.dataclass
+class Supervision:
+    """How a detached program's supervisor launches it (`launch_supervised`) or re-adopts it
+    (`readopt`): its nodes do not end with this process, write their output to `log_dir`, and
+    `persist(state)` is called with `supervised_state` after each look at the nodes."""
+    grace: float
+    log_dir: str
+    flags: Dict[str, object]  # the launching process's absl flags, for the nodes
+    persist: Callable[[Callable[[], dict]], None]
+
+
+EXITS = 'exits'  # a detached program's run directory: exit codes of the nodes its keeper reaped
+
+
 class _NodeProcess:
     """A node's process and the thread copying its output (a `NodeProcess`)."""
 
@@ -69,6 +105,39 @@ class _NodeProcess:
             self.process.wait()  # reap it, so that nothing lingers as a zombie
 
 
+class _AdoptedProcess:
+    """A node process that an earlier supervisor of a detached program started (a
+    `NodeProcess`): the keeper reaps it and writes its exit code to `<exits>/<pid>`."""
+
+    def __init__(self, pid: int, started: float, exits: str):
+        self.pid, self.started, self._exits = pid, started, exits
+        self._gone_since: Optional[float] = None
+
+    def poll(self) -> Optional[int]:
+        try:
+            with open(os.path.join(self._exits, str(self.pid))) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            pass
+        if self._alive():
+            return None
+        self._gone_since = self._gone_since or time.monotonic()
+        # Reaped by someone else than the keeper (it died too): how it ended is unknown.
+        return -signal.SIGKILL if time.monotonic() - self._gone_since > 1.0 else None
+
+    def kill(self) -> None:
+        if self._alive():
+            kill_group(self.pid)
+
+    def _alive(self) -> bool:
+        try:
+            process = psutil.Process(self.pid)
+            same = not self.started or abs(process.create_time() - self.started) < 1.0
+            return same and process.status() != psutil.STATUS_ZOMBIE  # (not a reused pid)
+        except psutil.Error:
+            return False
+
+
 class _ProcessRunner(ProcessRunner):
     """The node processes of one launch, and what they need: made piece by piece by the launch,
     which ends what it made so far (`abort`) if it does not complete."""
@@ -85,6 +154,30 @@ class _ProcessRunner(ProcessRunner):
         self.nodes: Optional[_NodePacker] = None
         self.coordinator: Optional[Coordinator] = None
         self.resources: Dict[str, PythonProcess] = {}
+        # Name -> (command line, environment, [starts so far]): how each node is started.
+        self.commands: Dict[str, Tuple[List[str], Dict[str, str], List[int]]] = {}
+        self.supervision: Optional[Supervision] = None
+        self._started: Dict[int, float] = {}  # pid -> its start time (`supervised_state`)
+
+    def poll(self) -> Dict[str, Optional[int]]:
+        codes = super().poll()
+        if self.supervision is not None:
+            self.supervision.persist(self.supervised_state)
+        return codes
+
+    def supervised_state(self) -> dict:
+        """What a new supervisor needs to re-adopt the running program (`readopt`)."""
+        commands = {}
+        for name, (argv, env, starts) in self.commands.items():
+            pid = getattr(self.processes[name], 'pid', None) or self.processes[name].process.pid
+            if pid not in self._started:
+                try:
+                    self._started[pid] = psutil.Process(pid).create_time()
+                except psutil.Error:
+                    self._started[pid] = 0.0
+            commands[name] = (argv, env, starts, pid, self._started[pid])
+        return {'coordinator': self.coordinator, 'nodes': self.nodes, 'commands': commands,
+                'resources': self.resources}
 
     def release(self, aborted: bool = False) -> None:
         self.released.set()
@@ -129,7 +222,18 @@ class _ProcessRunner(ProcessRunner):
     def start_node(self, name: str, argv: List[str], env: Dict[str, str], forkable: bool):
         """Starts a node process (and again on `restart`): through the fork server when it can,
         else a fresh interpreter."""
-        self.start(name, functools.partial(self._start, name, argv, env, forkable, [0]))
+        self.adopt(name, None, argv, env, forkable, [0])
+
+    def adopt(self, name: str, process, argv: List[str], env: Dict[str, str], forkable: bool,
+              starts: List[int]) -> None:
+        """Keeps `process` (None: starts it) as node `name`'s, started with `argv` and `env`
+        (`starts` times before), which `restart` uses again."""
+        self.commands[name] = (argv, env, starts)
+        starter = functools.partial(self._start, name, argv, env, forkable, starts)
+        if process is None:
+            self.start(name, starter)
+        else:
+            self.processes[name], self._starters[name] = process, starter
 
     def _start(self, name: str, argv: List[str], env: Dict[str, str], forkable: bool,
                starts: List[int]):
@@ -161,6 +265,7 @@ class _NodePacker:
     fork_server: Optional[ForkServer]
     devices: Allocator
     packed: int = 0
+    detached: bool = False  # its nodes outlive this process (a detached program's supervisor)
 
     def pack(self, executable, resources: PythonProcess, policy=None
              ) -> Tuple[str, List[str], Dict[str, str], bool]:
@@ -172,7 +277,7 @@ class _NodePacker:
         env = {**resources.env, **(given.environment() if given else {})}
         forkable = self.fork_server is not None and forkserver.usable_for(
             env, resources.interpreter)
-        parent = None if self.output.runs_commands else (  # tmux starts those
+        parent = None if self.output.runs_commands or self.detached else (  # tmux starts those
             self.fork_server.pid if forkable else os.getpid())
         path = os.path.join(self.workdir, f'{self.packed}.spec')
         self.packed += 1
@@ -196,11 +301,7 @@ class ProcessLauncher(launcher.Launcher):
     foreground = True
     resource_types = (PythonProcess, Resources)
     terminals = TERMINALS
-    options = launcher.NoOptions
-    refused_options = {'detach': 'the program\'s coordinator runs in this process, so the program '
-                                 'ends with it (detached local_mp programs are not supported '
-                                 'yet). Run the script in the background (nohup, tmux), or '
-                                 'launch on slurm or kubernetes, which take detach=True.'}
+    options = ProcessOptions
 
     def group_resources(self, label: str, resources) -> PythonProcess:
         """An `lp.Resources` alone as a PythonProcess carrying it."""
@@ -209,15 +310,23 @@ class ProcessLauncher(launcher.Launcher):
         return resources
 
     def launch(self, program: Program, options: launcher.LaunchOptions) -> Controller:
-        executables = launcher.executables_of(program, options)
-        runner = _ProcessRunner(tempfile.mkdtemp(prefix='launchpad-'))
-        try:
-            return self._launch(program, options, executables, runner)
-        except BaseException:  # Ctrl-C included: nothing of an unfinished launch is left
-            runner.abort()
-            raise
+        settings = options.settings or ProcessOptions()
+        grace = settings.supervisor_grace
+        if grace is not None and not settings.detach:
+            raise ValueError(f'supervisor_grace={grace!r} applies to detached programs only; '
+                             'pass detach=True too, or leave it out.')
+        if grace is not None and not (isinstance(grace, (int, float)) and grace > 0):
+            raise ValueError(f'supervisor_grace={grace!r} must be a positive number of seconds.')
+        if settings.detach:
+            if options.launch_type != 'local_mp':
+                raise ValueError(f'detach=True is not supported by the {options.launch_type} '
+                                 'launcher: a test program ends with its test; launch on '
+                                 'local_mp to detach.')
+            return detached.start(program, options, grace or detached.SUPERVISOR_GRACE)
+        return launch_supervised(program, options, tempfile.mkdtemp(prefix='launchpad-'))
 
-    def _launch(self, program, options, executables, runner: _ProcessRunner) -> Controller:
+    def _launch(self, program, options, executables, runner: _ProcessRunner,
+                supervision: Optional[Supervision]) -> Controller:
         workdir = runner.workdir
         addresses = [address for _, executable in executables for address in executable.addresses]
         token = secrets.token_hex(16)
@@ -232,13 +341,19 @@ class ProcessLauncher(launcher.Launcher):
         devices = Allocator(Inventory.discover)
         preflight([(devices, executable.name, resources.resources) for (_, executable), resources
                    in zip(executables, groups) if resources.resources is not None])
-        output = runner.output = Output(options.terminal, program.name, workdir)
-        fork_server = None
-        if not output.runs_commands and any(forkserver.usable_for(r.env, r.interpreter)
+        if supervision is not None:
+            packer.coordinator_grace, packer.flags = supervision.grace, supervision.flags
+            runner.supervision = supervision
+        output = runner.output = Output(
+            'output_to_files' if supervision else options.terminal, program.name, workdir,
+            log_dir=supervision.log_dir if supervision else None)
+        fork_server = None  # a detached program's nodes must not end with a fork server
+        if not output.runs_commands and supervision is None and any(forkserver.usable_for(r.env, r.interpreter)
                                             for r in groups):
             # It starts importing while the specs are packed.
             fork_server = runner.fork_server = ForkServer(workdir, options.notice_period)
-        nodes = _NodePacker(packer, token, workdir, output, fork_server, devices)
+        nodes = _NodePacker(packer, token, workdir, output, fork_server, devices,
+                            detached=supervision is not None)
         starts = [nodes.pack(executable, resources)
                   for (_, executable), resources in zip(executables, groups)]
         coordinator = Coordinator(
@@ -251,10 +366,48 @@ class ProcessLauncher(launcher.Launcher):
         runner.resources = dict(options.resources)
         for name, argv, env, forkable in starts:  # every node was packed before any starts
             runner.start_node(name, argv, env, forkable)
-        runner.context = _launcher_context(program.name, options, packer.address_table,
-                                           coordinator, token, runner.released)
+        if supervision is None:  # (a supervisor talks to no node)
+            runner.context = _launcher_context(program.name, options, packer.address_table,
+                                               coordinator, token, runner.released)
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
                           notice_period=options.notice_period, auth_token=token)
+
+
+def launch_supervised(program: Program, options: launcher.LaunchOptions, workdir: str,
+                      supervision: Optional[Supervision] = None) -> Controller:
+    """Launches `program` from this process, its files in `workdir`: attached to this process,
+    or, with `supervision`, as the supervisor of a detached program."""
+    executables = launcher.executables_of(program, options)
+    runner = _ProcessRunner(workdir)
+    try:
+        return ProcessLauncher()._launch(  # pylint: disable=protected-access
+            program, options, executables, runner, supervision)
+    except BaseException:  # Ctrl-C included: nothing of an unfinished launch is left
+        runner.abort()
+        raise
+
+
+def readopt(program: Program, options: launcher.LaunchOptions, workdir: str,
+            supervision: Supervision, state: dict) -> Controller:
+    """Takes over the running nodes of a detached program whose supervisor died, from what
+    it persisted (`_ProcessRunner.supervised_state`); restarts none of them."""
+    runner = _ProcessRunner(workdir)
+    runner.supervision = supervision
+    nodes, coordinator = state['nodes'], state['coordinator']
+    runner.output = nodes.output = Output('output_to_files', program.name, workdir,
+                                          log_dir=supervision.log_dir)
+    runner.nodes, runner.coordinator, runner.resources = nodes, coordinator, state['resources']
+    exits = os.path.join(workdir, EXITS)
+    for name, (argv, env, starts, pid, started) in state['commands'].items():
+        runner.adopt(name, _AdoptedProcess(pid, started, exits), argv, env, False, starts)
+    try:
+        runner.server = serve_coordinator(coordinator, nodes.packer.coordinator_address,
+                                          auth_token=nodes.token)
+    except BaseException:
+        runner.release(aborted=True)
+        raise
+    return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
+                      notice_period=options.notice_period, auth_token=nodes.token)
 
 
 def _launcher_context(program_name: str, options: launcher.LaunchOptions, table, coordinator,

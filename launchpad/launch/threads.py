@@ -234,8 +234,8 @@ class ThreadLauncher(launcher.Launcher):
     terminals = TERMINALS
     options = launcher.NoOptions
     refused_options = {'detach': 'local_mt nodes are threads of this process, so the program '
-                                 'ends with it. Run the script in the background (nohup, tmux), '
-                                 'or launch on slurm or kubernetes, which take detach=True.'}
+                                 'ends with it. To outlive this process, launch on local_mp (or '
+                                 'slurm, kubernetes), which take detach=True.'}
 
     def launch(self, program: Program, options: launcher.LaunchOptions) -> Controller:
         executables = launcher.executables_of(program, options)

@@ -144,10 +144,12 @@ def _status(args) -> int:
     view = _call(entry, client.view)
     if args.json:
         print(json.dumps({'id': entry.id, 'name': entry.name, 'launch_type': entry.launch_type,
-                          **view}, indent=1))
+                          'controller': {'host': entry.host, 'pid': entry.pid}, **view},
+                         indent=1))
         return 0
     ended = f', ended ({view["stop_reason"]})' if view.get('ended') else ''
-    print(f'{entry.name} ({entry.id}): {entry.launch_type}, launched on {entry.host} by pid '
+    how = ('detached, supervised' if entry.keeper_pid is not None else 'launched')
+    print(f'{entry.name} ({entry.id}): {entry.launch_type}, {how} on {entry.host} by pid '
           f'{entry.pid} {_duration(time.time() - entry.started)} ago{ended}')
     _table(['NODE', 'STATE', 'HOST', 'PID', 'UPTIME', 'RESTARTS', 'GPUS', 'CORES', 'CALLS/S',
             'LAST ERROR'],

@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 SAMPLE_INTERVAL = 1.0
 HISTORY = 600  # samples kept for the plots: ten minutes at one a second
 
+_ANSWER_GRACE = 1.0  # seconds calls in flight get to finish when the program has ended
+
 SERVED = ('describe', 'view', 'history', 'sample', 'logs', 'stop', 'series', 'failures', 'probe',
           'waits')
 # Seconds a probe waits for live answers before it reports a node from its last sample.
@@ -66,8 +68,17 @@ class Observer:
     """
 
     def __init__(self, program: Program, controller: Controller, *,
-                 interval: float = SAMPLE_INTERVAL, tensorboard_dir: Optional[str] = None):
-        self.id = registry.new_id(program.name)
+                 interval: float = SAMPLE_INTERVAL, tensorboard_dir: Optional[str] = None,
+                 program_id: Optional[str] = None, served: Optional[Dict[str, Any]] = None,
+                 entry_fields: Optional[Dict[str, Any]] = None):
+        """`program_id`: its id in the registry (default: a new one; a detached program's
+        supervisor keeps it across supervisors); `served`: more methods to serve beside
+        `SERVED`, name -> callable; `entry_fields`: registry entry fields to set (a detached
+        program's control, keeper and launch time: `launchpad.launch.supervisor`)."""
+        self.id = program_id or registry.new_id(program.name)
+        self._served = {name: getattr(self, name) for name in SERVED}
+        self._served.update(served or {})
+        self._entry_fields = dict(entry_fields or {})
         self.entry: Optional[registry.Entry] = None
         self.dashboard_url: Optional[str] = None
         self._program = program.name
@@ -108,16 +119,16 @@ class Observer:
         # The entry first: a launcher killed before its server is up leaves an entry of a dead
         # process, which readers prune (with the socket), never a socket nobody knows of.
         token = secrets.token_hex(16)
-        entry = registry.Entry(id=self.id, name=self._program,
-                               launch_type=self._controller.launch_type,
-                               address=f'unix:{registry.socket_path(self.id)}', token=token,
-                               nodes=len(self._graph.nodes), started=self._started,
-                               node_token=self._controller.auth_token)
+        entry = registry.Entry(**{
+            'id': self.id, 'name': self._program, 'launch_type': self._controller.launch_type,
+            'address': f'unix:{registry.socket_path(self.id)}', 'token': token,
+            'nodes': len(self._graph.nodes), 'started': self._started,
+            'node_token': self._controller.auth_token, **self._entry_fields})
         registry.register(entry)
         try:
             server = courier.Server(address=entry.address, auth_token=token, thread_pool_size=8)
-            for name in SERVED:
-                server.Bind(name, getattr(self, name))
+            for name, method in self._served.items():
+                server.Bind(name, method)
             server.Start()
         except BaseException:
             registry.unregister(self.id)
@@ -157,8 +168,8 @@ class Observer:
                     self._recorder.close()
                 if self.entry is not None:
                     registry.unregister(self.id)
-                if self._server is not None:
-                    self._server.Stop()
+                if self._server is not None:  # calls in flight (an attached `wait`) get answers
+                    self._server.Stop(grace=_ANSWER_GRACE)
                 if self._stopped_by is not None and ended:
                     print(f'Program {self._program!r} has stopped; '
                           f'{how_nodes_ended(self._controller.status())}.', file=sys.stderr,

@@ -14,7 +14,8 @@ refused otherwise. In it, per program:
                 "started", "nodes", "address" (its observer's courier address), "token" (the
                 auth token every call to the observer must carry), "node_token" (the auth
                 token every call to one of its nodes must carry, or null), "dashboard" (URL or
-                null)}
+                null), "keeper_pid" (a detached program's keeper, which starts a new
+                supervisor when this one dies; null for others)}
     <id>.sock   the observer's Unix socket (`launchpad.observe.observer`)
 
 Another user can neither list the directory, read an entry, nor connect to the socket, and a
@@ -57,6 +58,7 @@ class Entry:
     nodes: int = 0
     node_token: Optional[str] = None
     dashboard: Optional[str] = None
+    keeper_pid: Optional[int] = None
     version: int = VERSION
 
 

@@ -114,6 +114,18 @@ class Coordinator:
         self._told_cache: Tuple[Optional[tuple], frozenset] = (None, frozenset())
         self._probes = ProbeBroker()
 
+    def __getstate__(self) -> dict:
+        """Everything the coordinator knows, for a detached program's supervisor to persist
+        and a new supervisor to re-adopt the running nodes from (its lock is not kept)."""
+        with self._changed:
+            state = dict(self.__dict__)
+            del state['_changed']
+            return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._changed = threading.Condition()
+
     # Called by nodes.
 
     def node_started(self, name: str, pid: int, host: str, instance: Optional[str] = None) -> int:
@@ -596,17 +608,18 @@ def serve_coordinator(coordinator: Coordinator, address: str, *, auth_token: Opt
 
 
 def run_reporting(run: Callable[[], None], name: str, coordinator, *, starting=None,
-                  context=None) -> int:
+                  context=None, instance: Optional[str] = None) -> int:
     """Runs an executable, reporting to the coordinator how it ended; returns an exit code.
 
     `starting` (default: `coordinator`) reports the start; a worker passes a client that waits for
     a busy coordinator there, and reports the end through one that fails at once when it is gone.
     `context` (the node's `runtime.NodeContext`) learns its attempt number from the start; an
     error raised while the program stops because a node it called has gone (a ConnectionError)
-    is the node ending with the program, not a failure.
+    is the node ending with the program, not a failure. `instance` (default: a new one) is the
+    random id of this run of the node.
     """
     attempt = (starting or coordinator).node_started(name, os.getpid(), socket.gethostname(),
-                                                     uuid.uuid4().hex)
+                                                     instance or uuid.uuid4().hex)
     if context is not None:
         context.attempt = attempt or 0
     try:

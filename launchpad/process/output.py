@@ -95,14 +95,21 @@ class TmuxPane:
 class Output:
     """Gives each node process somewhere to write, as the chosen terminal says."""
 
-    def __init__(self, terminal: Optional[str], program_name: str, workdir: str):
+    def __init__(self, terminal: Optional[str], program_name: str, workdir: str, *,
+                 log_dir: Optional[str] = None):
+        """`log_dir`: where 'output_to_files' writes (default: a new directory under
+        `$LAUNCHPAD_LOGGING_DIR` or `~/launchpad_logs`), e.g. the one of an earlier supervisor
+        of the same detached program."""
         self.terminal = check_terminal(terminal)
         self._workdir = workdir
         self._count = 0
         self._session: Optional[str] = None
         self.log_dir: Optional[str] = None
         self._tails: Dict[str, logs.LogTail] = {}
-        if self.terminal == 'output_to_files':
+        if self.terminal == 'output_to_files' and log_dir is not None:
+            self.log_dir = log_dir
+            os.makedirs(self.log_dir, exist_ok=True)
+        elif self.terminal == 'output_to_files':
             base = os.environ.get('LAUNCHPAD_LOGGING_DIR') or os.path.join(
                 os.path.expanduser('~'), 'launchpad_logs')
             self.log_dir = os.path.join(base, f'{program_name}-{time.strftime("%Y%m%d-%H%M%S")}-'

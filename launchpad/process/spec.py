@@ -87,6 +87,9 @@ class WorkerSpec:
       requeue_check: called when the platform sends SIGTERM: True if it ends the whole program
         to start it again (a Slurm job's requeue), so that the node ends without reporting
         anything and runs again as its next attempt (a picklable callable, or None).
+      coordinator_grace: seconds the node runs on without reaching its coordinator before it
+        stops (None: `COORDINATOR_LOSS_TIMEOUT`); a detached program's nodes wait this long for
+        a new supervisor.
     """
     program_name: str
     launch_type: str
@@ -106,6 +109,7 @@ class WorkerSpec:
     resources: Optional[NodeResources] = None
     checkpoint_root: Optional[str] = None
     requeue_check: Optional[Callable[[], bool]] = None
+    coordinator_grace: Optional[float] = None
 
 
 @dataclasses.dataclass
@@ -120,7 +124,7 @@ class Packer:
       tls: the program's TLS credentials for TCP traffic, or None.
       flags: the launching process's absl flags (taken when the packer is made).
       policies: executable name -> its `NodePolicy` (its progress deadline reaches the worker).
-      stop_signal, checkpoint_root, requeue_check: see `WorkerSpec`.
+      stop_signal, checkpoint_root, requeue_check, coordinator_grace: see `WorkerSpec`.
     """
     program_name: str
     launch_type: str
@@ -133,6 +137,7 @@ class Packer:
     stop_signal: Optional[str] = None
     checkpoint_root: Optional[str] = None
     requeue_check: Optional[Callable[[], bool]] = None
+    coordinator_grace: Optional[float] = None
 
     def spec(self, node_name: str, run: Callable[[], None], *, args: flags.FlagArgs = None,
              env: Optional[Mapping[str, str]] = None, parent_pid: Optional[int] = None,
@@ -159,6 +164,7 @@ class Packer:
             cleanup_dir=cleanup_dir,
             tls=self.tls, stop_signal=self.stop_signal, resources=resources,
             checkpoint_root=self.checkpoint_root, requeue_check=self.requeue_check,
+            coordinator_grace=self.coordinator_grace,
             progress_deadline=(self.policies.get(node_name) or NodePolicy()).progress_deadline)
 
     def admit(self, executable, policy: Optional[NodePolicy] = None, **options) -> WorkerSpec:

@@ -25,10 +25,13 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
 import traceback
+import uuid
+from typing import Optional
 
 import courier
 
@@ -44,6 +47,7 @@ from launchpad.process.coordinator import COORDINATOR_LOSS_TIMEOUT, run_reportin
 from launchpad.process.spec import WorkerSpec
 
 _POLL = 1.0
+_REPORT_WAIT = 10.0  # seconds a detached program's node waits for a supervisor to report to
 
 
 def _run_with_flags(spec: WorkerSpec) -> None:
@@ -52,9 +56,13 @@ def _run_with_flags(spec: WorkerSpec) -> None:
 
 
 def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
-           launcher_lost: threading.Event) -> None:
-    """Triggers the stop signal when the program stops or the launcher is gone."""
+           launcher_lost: threading.Event, instance: str, started: threading.Event) -> None:
+    """Triggers the stop signal when the program stops or the launcher is gone. When the
+    coordinator answers again after it was unreachable (a detached program's new supervisor),
+    tells it again that this node runs (`instance`), in case its start was not persisted."""
     unreachable_since = None
+    grace = (COORDINATOR_LOSS_TIMEOUT if spec.coordinator_grace is None
+             else spec.coordinator_grace)
     while True:
         if spec.parent_pid is not None and os.getppid() != spec.parent_pid:
             logging.error('%s: the launcher (pid %d) is gone; stopping.', spec.node_name,
@@ -62,15 +70,18 @@ def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
             launcher_lost.set()
             break
         try:
+            if unreachable_since is not None and started.is_set():
+                coordinator.node_started(spec.node_name, os.getpid(), socket.gethostname(),
+                                         instance)
             if coordinator.wait_for_stop(_POLL, spec.node_name):  # or it is removed
                 break
             unreachable_since = None
         except Exception as e:  # pylint: disable=broad-except
             now = time.monotonic()
             unreachable_since = unreachable_since or now
-            if now - unreachable_since > COORDINATOR_LOSS_TIMEOUT:
+            if now - unreachable_since > grace:
                 logging.error('%s: the program\'s coordinator has been unreachable for %.0f s (%s); '
-                              'stopping.', spec.node_name, COORDINATOR_LOSS_TIMEOUT, e)
+                              'stopping.', spec.node_name, grace, e)
                 launcher_lost.set()
                 break
             time.sleep(0.2)
@@ -133,22 +144,42 @@ class _CoordinatorClient(faces.NodeFaceProxy):
     """The node face of the coordinator as the worker's threads call it (through a courier
     client), remembering whether the node reported a failure (a node that failed must not end
     with exit code 0, which a platform that only sees exit codes, Kubernetes, would take for
-    success)."""
+    success). How the node ends, and its `lp.stop()`, go through `reports` if given: a client
+    that waits for a detached program's next supervisor, unless `lost` says that none comes."""
 
-    def __init__(self, client: courier.Client):
+    def __init__(self, client: courier.Client, reports: Optional[courier.Client] = None,
+                 lost: Optional[threading.Event] = None):
         super().__init__(client)
         self.failed = False
         self.silent = False  # the platform requeues the program: this attempt reports no end
+        self._reports = faces.NodeFaceProxy(reports if reports is not None else client)
+        self._lost = lost or threading.Event()
 
     def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
         if self.silent:
             return
         self.failed = True
-        super().node_failed(name, message, traceback_text)
+        if not self._lost.is_set():
+            self._reports.node_failed(name, message, traceback_text)
 
     def node_finished(self, name: str) -> None:
-        if not self.silent:
-            super().node_finished(name)
+        if not self.silent and not self._lost.is_set():
+            self._reports.node_finished(name)
+
+    def request_stop(self, reason: str = 'stop requested') -> None:
+        self._reports.request_stop(reason)
+
+
+class _Started:
+    """The coordinator client that reports the node's start, setting `started` once it did."""
+
+    def __init__(self, client: courier.Client, started: threading.Event):
+        self._client, self._started = client, started
+
+    def node_started(self, *args) -> int:
+        attempt = self._client.node_started(*args)
+        self._started.set()
+        return attempt
 
 
 def _report(method, *args) -> None:
@@ -246,8 +277,13 @@ def _run(spec_path: str) -> int:
     # that a node whose launcher died ends within seconds.
     starting = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=True,
                               tls=tls)
+    # A detached program's node tells how it ended to the next supervisor if its own just died.
+    reports = None if spec.coordinator_grace is None else courier.Client(
+        spec.coordinator_address, call_timeout=_REPORT_WAIT, wait_for_ready=True, tls=tls)
+    launcher_lost = threading.Event()
     coordinator = _CoordinatorClient(courier.Client(spec.coordinator_address, call_timeout=30.0,
-                                          wait_for_ready=False, tls=tls))
+                                                    wait_for_ready=False, tls=tls), reports,
+                                     launcher_lost if reports is not None else None)
     # Address lookups wait for servers to come up, longer than other calls may take.
     table = spec.address_table
     lookup_deadline = None if table.lookup_timeout is None else table.lookup_timeout + 30.0
@@ -262,7 +298,6 @@ def _run(spec_path: str) -> int:
     probe.start_answering(spec.node_name, courier.Client(
         spec.coordinator_address, call_timeout=probe.CALL_TIMEOUT, wait_for_ready=False, tls=tls),
         context.progress)
-    launcher_lost = threading.Event()
     done = threading.Event()
     _handle_signals(coordinator, stop, spec, done, launcher_lost)
     if spec.progress_deadline is not None:
@@ -271,11 +306,13 @@ def _run(spec_path: str) -> int:
             functools.partial(_hung, coordinator, spec, launcher_lost),
             tick=functools.partial(watchdog.arm_fallback, deadline)).watch(
                 spec.node_name, context, deadline, threading.get_ident())
-    threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost), daemon=True,
-                     name='lp-stop-watcher').start()
+    instance, started = uuid.uuid4().hex, threading.Event()
+    threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost, instance,
+                                          started), daemon=True, name='lp-stop-watcher').start()
     try:
         code = run_reporting(functools.partial(_run_with_flags, spec), spec.node_name, coordinator,
-                             starting=starting, context=context)
+                             starting=_Started(starting, started), context=context,
+                             instance=instance)
     except Exception:  # pylint: disable=broad-except
         # Reporting failed: the coordinator is gone.
         logging.exception('%s could not report to the coordinator.', spec.node_name)

@@ -322,16 +322,37 @@ def test_unknown_launch_options_are_refused_with_the_valid_ones(launch_type):
         lp.launch(program, launch_type=launch_type, bogus_option=True)
     message = str(error.value)
     assert f"Unknown option(s) ['bogus_option'] for launch type {launch_type}" in message
-    assert 'takes no options of its own' in message
+    assert ('takes detach, supervisor_grace' if launch_type.endswith('_mp')
+            else 'takes no options of its own') in message
     assert 'local_resources' in message and 'notice_period' in message  # lp.launch's own
     assert not program.launched
 
 
-@pytest.mark.parametrize('launch_type', ['local_mt', 'local_mp'])
-def test_detach_is_refused_on_local_launchers_with_the_reason(launch_type):
+@pytest.mark.parametrize('launch_type', ['local_mt', 'test_mp'])
+def test_detach_is_refused_where_the_program_ends_with_this_process(launch_type):
     program = lp.Program('detached')
     program.add_node(lp.PyNode(print, 'never runs'), label='node')
     with pytest.raises(ValueError, match=f'detach=True is not supported by the {launch_type} '
-                                         'launcher: .*this process'):
+                                         'launcher: .*launch on local_mp'):
         lp.launch(program, launch_type=launch_type, detach=True)
+    assert not program.launched
+
+
+@pytest.mark.parametrize('options, error', [
+    ({'supervisor_grace': 30}, 'supervisor_grace=30 applies to detached programs only'),
+    ({'detach': True, 'supervisor_grace': -1}, 'supervisor_grace=-1 must be a positive number'),
+])
+def test_a_bad_supervisor_grace_is_refused_naming_it(options, error):
+    program = lp.Program('grace')
+    program.add_node(lp.PyNode(print, 'never runs'), label='node')
+    with pytest.raises(ValueError, match=error):
+        lp.launch(program, launch_type='local_mp', **options)
+    assert not program.launched
+
+
+def test_a_dashboard_of_a_detached_program_is_refused_saying_where_to_serve_it():
+    program = lp.Program('dashboard')
+    program.add_node(lp.PyNode(print, 'never runs'), label='node')
+    with pytest.raises(ValueError, match='launchpad.launch dashboard PROGRAM'):
+        lp.launch(program, launch_type='local_mp', detach=True, dashboard=True)
     assert not program.launched

@@ -61,6 +61,18 @@ def readme_program() -> None:
     assert_type(several.wait(), bool)
 
 
+def a_detached_program(program: lp.Program) -> None:
+    controller = lp.launch(program, launch_type='local_mp', detach=True, supervisor_grace=300)
+    assert_type(controller, lp.Controller)
+    attached = lp.attach('hello')
+    assert_type(attached, lp.AttachedController)
+    assert_type(attached.id, str)
+    assert_type(attached.add_node(lp.PyNode(print), 'producer'), lp.Handle[Any])
+    attached.resize('producer', 3)
+    assert_type(attached.wait(timeout=1.0), bool)
+    attached.stop()
+
+
 def nodes_and_options(handle: lp.CourierHandle) -> lp.Program:
     program = lp.Program('nodes')
     cache = program.add_node(lp.CacherNode(handle, refresh_interval_ms=500), label='cache')

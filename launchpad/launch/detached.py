@@ -1,0 +1,396 @@
+"""A detached program seen from outside its supervisor: starting one, attaching to one.
+
+`lp.launch(program, launch_type='local_mp', detach=True)` calls `start`: it writes the program
+to a run directory, starts its supervisor as a daemon (`launchpad.launch.supervisor`, a session
+of its own that outlives this process and its terminal) and returns an `AttachedController` once
+every node runs. `lp.attach(PROGRAM)` returns one from any shell of the same user, and
+`python -m launchpad.launch attach PROGRAM` (`main`) follows the program as its launcher would.
+Every call goes to the supervisor's observer (`launchpad.observe.observer`), authenticated with
+the token of its registry entry; while a new supervisor takes over from a dead one, calls wait
+for it.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import courier
+
+from launchpad.launch.controller import Controller
+from launchpad.nodes.base import Handle, Node
+from launchpad.observe import registry
+from launchpad.process import flags
+from launchpad.process import spec as specs
+from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus
+from launchpad.scaling import Decision
+
+SUPERVISOR_GRACE = 180.0  # default seconds nodes run on without a supervisor
+SUPERVISOR_MODULE = 'launchpad.launch.supervisor'
+LAUNCH_FILE = 'launch.pkl'  # in the run directory: the program and how to launch it
+RUN_PREFIX = 'launchpad-detached-'  # run directories: <tmp>/<RUN_PREFIX><id>-<random>
+# What a supervisor serves beside the observer's methods (`launchpad.launch.supervisor`).
+CONTROL = ('node_status', 'outcome', 'add_node', 'remove_node', 'resize', 'group_size',
+           'scaling_log', 'scale_up_times')
+_START_TIMEOUT = 300.0
+_CALL_TIMEOUT = 60.0
+
+
+class ProgramEndedError(RuntimeError):
+    """The detached program asked for has ended (its supervisor, keeper and run directory are
+    gone)."""
+
+
+def run_directories(program_id: str) -> List[str]:
+    """The run directories of detached programs on this machine whose id starts with
+    `program_id` (one while such a program runs)."""
+    runs = glob.glob(os.path.join(tempfile.gettempdir(), f'{RUN_PREFIX}{program_id}*'))
+    return [run for run in runs if os.path.exists(os.path.join(run, LAUNCH_FILE))]
+
+
+class AttachedController(Controller):
+    """A detached program's controller, reached through its supervisor: `status`, `wait`,
+    `stop`, `add_node`, `remove_node`, `resize`, `group_size`, `scaling_log`, as `lp.Controller`
+    (whose other members, such as `coordinator`, live in the supervisor only).
+
+    Attributes:
+      id: the program's id in the registry.
+      program_name, launch_type: the program.
+      auth_token: the token calls to its nodes must carry.
+      detached: True (the program does not run from this process).
+    """
+
+    def __init__(self, entry: registry.Entry):  # pylint: disable=super-init-not-called
+        # (Controller's own runs the program; this one only talks to where that happens.)
+        self.detached = True
+        self.id = entry.id
+        self.program_name = entry.name
+        self.launch_type = entry.launch_type
+        self.auth_token = entry.node_token
+        self._entry = entry
+        self._client = _client_of(entry)
+        self._ended = False
+
+    @property
+    def supervisor(self) -> Dict[str, Any]:
+        """Where the program's supervisor runs: {'host': ..., 'pid': ...}."""
+        return {'host': self._entry.host, 'pid': self._entry.pid}
+
+    @property
+    def done(self) -> bool:
+        return self._ended
+
+    @property
+    def observer(self):
+        """None: the program's observer runs in its supervisor."""
+        return None
+
+    @observer.setter
+    def observer(self, observer) -> None:
+        if observer is not None:  # (`lp.launch` makes none for a detached program)
+            raise ValueError('a detached program is observed by its supervisor')
+
+    @property
+    def coordinator(self):
+        raise AttributeError('the coordinator of a detached program lives in its supervisor; '
+                             'use status() and wait() here.')
+
+    @property
+    def output(self):
+        """None: node output goes to files (`python -m launchpad.launch logs PROGRAM`)."""
+        return None
+
+    def status(self) -> Dict[str, NodeStatus]:
+        """Node name -> its status."""
+        return {row['name']: NodeStatus(**{**row, 'state': NodeState(row['state'])})
+                for row in self._call('node_status')}
+
+    def wait(self, labels: Optional[Sequence[str]] = None, timeout: Optional[float] = None, *,
+             raise_error: bool = True, **unsupported) -> bool:
+        """Blocks until the program ends (or `timeout` passes: False); raises NodeFailedError
+        if a node failed and `raise_error`."""
+        if labels is not None or unsupported:
+            raise TypeError('wait() of a detached program waits for the whole program: it takes '
+                            'timeout= and raise_error= only.')
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
+            try:
+                outcome = self._call('outcome', left)
+            except ProgramEndedError:
+                self._ended = True  # before this asked: how it ended is not known here
+                return True
+            if outcome['ended']:
+                self._ended = True
+                if raise_error and outcome['failure'] is not None:
+                    raise NodeFailedError(*outcome['failure'])
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+
+    def stop(self, timeout: Optional[float] = None) -> None:
+        """Stops the program (nodes get the notice period) and waits until it has ended."""
+        self._call('stop', f'lp.attach in pid {os.getpid()}')
+        self.wait(timeout=timeout, raise_error=False)
+
+    def stop_and_wait(self) -> None:
+        self.stop()
+
+    def kill(self) -> None:
+        """Stops the program (a detached program's nodes always get their notice period)."""
+        self.stop()
+
+    def add_node(self, node: Node, label: Optional[str] = None) -> Handle:
+        """Adds `node` to group `label` of the program and starts it; returns its handle."""
+        return self._call('add_node', specs.pickle_node(getattr(node, 'name', 'node'), node),
+                          label)
+
+    def remove_node(self, name: str) -> None:
+        self._call('remove_node', name)
+
+    def resize(self, label: str, size: int) -> None:
+        self._call('resize', label, size)
+
+    def group_size(self, label: str) -> int:
+        return self._call('group_size', label)
+
+    @property
+    def scaling_log(self) -> List[Decision]:
+        return [Decision(**decision) for decision in self._call('scaling_log')]
+
+    @property
+    def scale_up_times(self) -> List[float]:
+        return self._call('scale_up_times')
+
+    def attach(self, program, resources) -> None:
+        """(`lp.launch` calls it) `program.add_node` adds to the running program from now on."""
+        del resources
+        program.controller = self
+
+    def _call(self, method: str, *args) -> Any:
+        """Calls the supervisor; while a new one takes over from a dead one (its keeper lives),
+        waits for it to register again."""
+        while True:
+            try:
+                return getattr(self._client, method)(*args)
+            except courier.PermissionDeniedError:
+                entry = next((e for e in registry.entries() if e.id == self.id), self._entry)
+                if entry.token == self._entry.token:
+                    raise
+                self._entry, self._client = entry, _client_of(entry)  # a new supervisor's
+            except courier.ServerUnavailableError:
+                if not _keeper_alive(self._entry):
+                    if not run_directories(self.id):
+                        raise ProgramEndedError(f'program {self.program_name} ({self.id}) has '
+                                                'ended.') from None
+                    raise RuntimeError(f'the supervisor of program {self.program_name} '
+                                       f'({self.id}) and its keeper are gone; its nodes stop '
+                                       'after the supervisor grace unless `python -m '
+                                       f'launchpad.launch attach --recover {self.id}` starts '
+                                       'a new one.') from None
+                time.sleep(0.1)
+                self._entry = next((e for e in registry.entries() if e.id == self.id),
+                                   self._entry)
+                self._client = _client_of(self._entry)
+
+
+def attach(query: str) -> AttachedController:
+    """The controller of the running detached program `query` (its id, the start of it, or its
+    name, as `python -m launchpad.launch list` shows them)."""
+    entry = registry.find(query)
+    if entry.keeper_pid is None:
+        raise registry.RegistryError(
+            f'program {entry.name} ({entry.id}) is not detached: it is controlled by the '
+            f'process that launched it (pid {entry.pid}); launch it with detach=True to attach.')
+    return AttachedController(entry)
+
+
+def _client_of(entry: registry.Entry) -> courier.Client:
+    return courier.Client(entry.address, auth_token=entry.token, call_timeout=_CALL_TIMEOUT,
+                          wait_for_ready=False)
+
+
+def _keeper_alive(entry: registry.Entry) -> bool:
+    return entry.keeper_pid is not None and _alive(entry.keeper_pid)
+
+
+# The launching side: `lp.launch(..., detach=True)`.
+
+def start(program, options, grace: float) -> AttachedController:
+    """Starts the supervisor of `program` as a daemon and returns once every node runs."""
+    program_id = registry.new_id(program.name)
+    run_dir = tempfile.mkdtemp(prefix=f'{RUN_PREFIX}{program_id}-')
+    log_dir = os.path.join(
+        os.environ.get('LAUNCHPAD_LOGGING_DIR') or os.path.join(os.path.expanduser('~'),
+                                                               'launchpad_logs'),
+        f'{program.name}-{time.strftime("%Y%m%d-%H%M%S")}-{program_id}')
+    keeper = None
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        launch = {'program': program, 'grace': grace, 'flags': flags.snapshot(),
+                  'options': dataclasses.replace(options, test_case=None, settings=None,
+                                                 extra={})}
+        header = {'sys_path': [p for p in sys.path if p], 'program_id': program_id,
+                  'log_dir': log_dir, 'started': time.time()}
+        payload = specs.pickle_node(program.name, launch)
+        path = os.path.join(run_dir, LAUNCH_FILE)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 'wb') as f:
+            pickle.dump((header, payload), f, protocol=pickle.HIGHEST_PROTOCOL)
+        keeper = spawn_keeper(run_dir)
+        controller = _wait_until_running(program_id, keeper, log_dir)
+    except BaseException:  # Ctrl-C included: nothing of an unfinished launch is left
+        if keeper is not None:
+            _end_keeper(keeper)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    print(f'Program {program.name!r} runs detached as {program_id}, supervised by pid '
+          f'{controller.supervisor["pid"]} on {controller.supervisor["host"]}; node logs are in '
+          f'{log_dir}.\n'
+          f'  follow it:   python -m launchpad.launch attach {program_id}\n'
+          f'  status:      python -m launchpad.launch status {program_id}\n'
+          f'  stop it:     python -m launchpad.launch stop {program_id}',
+          file=sys.stderr, flush=True)
+    return controller
+
+
+def read_header(run_dir: str) -> Dict[str, Any]:
+    """What the launch file of `run_dir` says without unpickling the program: `sys_path`,
+    `program_id`, `log_dir`, `started` (the launch's time)."""
+    with open(os.path.join(run_dir, LAUNCH_FILE), 'rb') as f:
+        return pickle.load(f)[0]
+
+
+def spawn_keeper(run_dir: str) -> int:
+    """Starts the keeper of `run_dir` in a session of its own (not a child of this process)
+    and returns its pid."""
+    started = subprocess.run(
+        [sys.executable, '-m', SUPERVISOR_MODULE, 'keep', run_dir],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, check=True, text=True)
+    return int(started.stdout.split()[-1])
+
+
+def _wait_until_running(program_id: str, keeper: int, log_dir: str) -> AttachedController:
+    deadline = time.monotonic() + _START_TIMEOUT
+    controller = None
+    while time.monotonic() < deadline:
+        if controller is None:
+            entry = next((e for e in registry.entries() if e.id == program_id), None)
+            controller = entry and AttachedController(entry)
+        if controller is not None:
+            states = {status.state for status in controller.status().values()}
+            if NodeState.FAILED in states:
+                controller.wait()  # raises the node's failure
+            if NodeState.PENDING not in states:
+                return controller
+        elif not _alive(keeper):
+            raise RuntimeError(f'The supervisor of the detached program could not launch it; '
+                               f'its output:\n{_tail(os.path.join(log_dir, "supervisor.log"))}')
+        time.sleep(0.05)
+    raise TimeoutError(f'The nodes of detached program {program_id} did not all start within '
+                       f'{_START_TIMEOUT:g} s; it was stopped. See {log_dir}.')
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):  # (another user's process has the pid now)
+        return False
+    return True
+
+
+def _end_keeper(keeper: int) -> None:
+    """Asks the keeper to stop the program (SIGTERM) and waits a while for it to end."""
+    try:
+        os.kill(keeper, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 60.0
+    while _alive(keeper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _tail(path: str, lines: int = 40) -> str:
+    try:
+        with open(path, errors='replace') as f:
+            return ''.join(f.readlines()[-lines:])
+    except OSError:
+        return '(none)'
+
+
+# `python -m launchpad.launch attach [--recover] PROGRAM`.
+
+def main(argv: Sequence[str]) -> int:
+    """Follows a detached program: its nodes' output, prefixed by node, and at its end the
+    failure with its traceback; returns the program's exit status (0, or 1 if a node failed).
+    Ctrl-C detaches and leaves it running."""
+    parser = argparse.ArgumentParser(
+        prog='python -m launchpad.launch attach',
+        description='Follow a detached program: its output, and how it ends.')
+    parser.add_argument('program', help='id (or its start) or name of the program')
+    parser.add_argument('--recover', action='store_true',
+                        help='start a new supervisor for it first (its old one and its keeper '
+                             'are gone), re-adopting its nodes')
+    args = parser.parse_args(list(argv))
+    try:
+        if args.recover:
+            _recover(args.program)
+        controller = attach(args.program)
+    except (registry.RegistryError, RuntimeError) as e:
+        print(f'python -m launchpad.launch attach: {e}', file=sys.stderr)
+        return 1
+    cursor = None
+    try:
+        print(f'Attached to {controller.program_name} ({controller.id}); Ctrl-C detaches and '
+              'leaves it running.', file=sys.stderr, flush=True)
+        while True:
+            result = controller._call('logs', None, cursor)  # pylint: disable=protected-access
+            cursor = result['cursor']
+            for node, line in result['lines']:
+                print(f'[{node}] {line}')
+            sys.stdout.flush()
+            outcome = controller._call('outcome', 0.5)  # pylint: disable=protected-access
+            if outcome['ended']:
+                break
+    except KeyboardInterrupt:
+        print(f'\nDetached from {controller.program_name} ({controller.id}); it keeps running.',
+              file=sys.stderr)
+        return 0
+    except RuntimeError as e:
+        print(f'python -m launchpad.launch attach: {e}', file=sys.stderr)
+        return 1
+    if outcome['failure'] is not None:
+        print(f'\n{NodeFailedError(*outcome["failure"])}', file=sys.stderr, flush=True)
+        return 1
+    print(f'Program {controller.program_name} ({controller.id}) ended: '
+          f'{outcome["stop_reason"] or "every node ended"}.', file=sys.stderr)
+    return 0
+
+
+def _recover(query: str) -> None:
+    """Starts a keeper (and so a supervisor) for the detached program `query` whose supervisor
+    and keeper are gone."""
+    running = [e for e in registry.entries() if query in (e.id, e.name) or e.id.startswith(query)]
+    if running and _keeper_alive(running[0]):
+        return  # it has a supervisor
+    runs = run_directories(query)
+    if len(runs) != 1:
+        raise RuntimeError(f'{len(runs)} detached programs whose id starts with {query!r} have '
+                           'a run directory here; name one by its full id.' if runs else
+                           f'no detached program with id {query!r} has a run directory here '
+                           '(its nodes may have stopped after the supervisor grace).')
+    program_id = read_header(runs[0])['program_id']
+    spawn_keeper(runs[0])
+    deadline = time.monotonic() + 60.0
+    while not any(e.id == program_id for e in registry.entries()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f'no supervisor of {program_id} registered within 60 s.')
+        time.sleep(0.1)
