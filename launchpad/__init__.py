@@ -34,7 +34,8 @@ from launchpad.nodes.reverb import ReverbHandle, ReverbNode
 from launchpad.metrics import count, report
 from launchpad.pool import Pool, PoolTerminatedError, PoolWorker, PoolWorkerNode
 from launchpad.policy import RestartPolicy
-from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus
+from launchpad.process.errors import NodeFailedError
+from launchpad.process.states import NodeState, NodeStatus
 from launchpad.process.spec import NodePicklingError
 from launchpad.program import Program, ProgramError, make_program
 from launchpad.resources import Resources

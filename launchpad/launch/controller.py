@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 from launchpad.launch.elastic import Elasticity
 from launchpad.nodes.base import Executable, Handle, Node
 from launchpad.policy import NodePolicy
-from launchpad.process.coordinator import NodeStatus
+from launchpad.process.states import NodeStatus
 from launchpad.process.faces import ControlFace
 from launchpad.scaling import Decision
 

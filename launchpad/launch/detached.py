@@ -31,7 +31,8 @@ from launchpad.nodes.base import Handle, Node
 from launchpad.observe import registry
 from launchpad.process import flags
 from launchpad.process import spec as specs
-from launchpad.process.coordinator import NodeFailedError, NodeState, NodeStatus
+from launchpad.process.errors import NodeFailedError
+from launchpad.process.states import NodeState, NodeStatus
 from launchpad.scaling import Decision
 
 SUPERVISOR_GRACE = 180.0  # default seconds nodes run on without a supervisor

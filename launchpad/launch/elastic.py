@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from launchpad.nodes.base import Handle, LaunchInfo, Node
 from launchpad import metrics, runtime
-from launchpad.process.coordinator import NodeState
+from launchpad.process.states import NodeState
 from launchpad.process.faces import ControlFace
 from launchpad.scaling import Decision, Scaler, check_size
 

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from launchpad import runtime
-from launchpad.process.coordinator import NodeStatus
+from launchpad.process.states import NodeStatus
 from launchpad.process.faces import NODE_METHODS
 from launchpad.program import Program
 

@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterator, Tuple
 from courier import metrics as courier_metrics
 
 from launchpad import metrics
-from launchpad.process.coordinator import NodeState
+from launchpad.process.states import NodeState
 
 STATES = tuple(state.value for state in NodeState)
 

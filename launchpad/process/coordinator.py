@@ -15,7 +15,6 @@ dropped, or failed, which fails the program with every traceback the node left.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 import socket
 import threading
@@ -32,6 +31,7 @@ from launchpad.process.errors import NodeFailedError, all_tracebacks
 from launchpad.process.stop_order import StopOrder
 from launchpad.process.supervision import MemberEvent, Supervision, settle_refusal
 from launchpad.process.probe_broker import Probe, ProbeBroker
+from launchpad.process.states import NodeState, NodeStatus
 from launchpad.scaling import Elastic, check_size
 
 # Seconds a node keeps running without reaching its coordinator before it decides that the
@@ -39,37 +39,6 @@ from launchpad.scaling import Elastic, check_size
 COORDINATOR_LOSS_TIMEOUT = 5.0
 # Coordinator threads for nodes added to a running program (three each), beyond its first nodes'.
 _ROOM_TO_GROW = 96
-
-
-class NodeState(str, enum.Enum):
-    PENDING = 'pending'
-    RUNNING = 'running'
-    FINISHED = 'finished'
-    FAILED = 'failed'
-    KILLED = 'killed'          # ended by the program's stop (also one whose restart it cancelled)
-    RESTARTING = 'restarting'  # failed; starts again once its process is gone and its backoff over
-    DROPPED = 'dropped'        # failed for good under on_failure='drop'; the program goes on
-    REMOVED = 'removed'        # taken out of the running program (`Controller.remove_node`)
-
-    @property
-    def ended(self) -> bool:
-        return self in (NodeState.FINISHED, NodeState.FAILED, NodeState.KILLED, NodeState.DROPPED,
-                        NodeState.REMOVED)
-
-
-@dataclasses.dataclass
-class NodeStatus:
-    """How one executable of the program is doing."""
-    name: str
-    state: NodeState = NodeState.PENDING
-    pid: Optional[int] = None
-    host: Optional[str] = None
-    exit_code: Optional[int] = None
-    error: Optional[str] = None
-    restarts: int = 0
-    started_at: Optional[float] = None  # wall-clock time the coordinator heard its run start
-    devices: str = ''  # the GPUs the launcher gave it ('none': none; '': left alone)
-    cores: str = ''    # the cores it is pinned to ('': not pinned)
 
 
 class _Incarnation:

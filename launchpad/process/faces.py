@@ -20,7 +20,8 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, Lis
 
 if TYPE_CHECKING:
     from launchpad.policy import NodePolicy
-    from launchpad.process.coordinator import NodeFailedError, NodeStatus
+    from launchpad.process.errors import NodeFailedError
+    from launchpad.process.states import NodeStatus
     from launchpad.process.supervision import MemberEvent
 
 Members = List[Tuple[str, List[str]]]  # (node name, the ids of the addresses it serves)
