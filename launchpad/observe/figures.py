@@ -102,8 +102,12 @@ def merge(reports: Iterable[Dict[str, Any]], graph: Graph, program: str,
             (servers if table['role'] == 'server' else clients).append(row)
         for owner, reported in snapshot.get('values', {}).items():
             node = graph.executable_of(owner[1]) if owner[0] == program else None
-            if node is not None:
-                values.setdefault(node, {}).update(reported)
+            if node is None:
+                continue
+            kept = values.setdefault(node, {})
+            for name, entry in reported.items():  # the newest report of each value wins
+                if name not in kept or entry[2] >= kept[name][2]:
+                    kept[name] = entry
     serving = {table['address']: table['node'] for table in servers}
     for table in clients:
         table['target'] = serving.get(table['address'])

@@ -73,3 +73,15 @@ def test_rates_come_from_the_reports_own_times_and_stop_when_reports_stop():
     assert stale.served['server/0'].calls_per_s == 0.0
     plotted = figures.plotted(list(rows.values()), first['values'])
     assert plotted['calls served/s']['server/0'] == 10.0 and plotted['steps'] == {'user/0': 7.0}
+
+
+def test_the_newest_report_of_a_value_wins_whatever_the_order_of_the_snapshots():
+    """A node process's fresh report is not hidden by an old value left in the launching
+    process (by an ended thread program of the same name, whose snapshot is merged last)."""
+    graph = figures.Graph.of(_program(), ['server/0', 'colocated/0', 'user/0'])
+    fresh = {'time': 20.0, 'tables': [], 'values': {('p', 'user/0'): {
+        'loss': ['gauge', 0.5, 19.0]}}}
+    stale = {'time': 21.0, 'tables': [], 'values': {('p', 'user/0'): {
+        'loss': ['gauge', 9.0, 3.0], 'old': ['gauge', 1.0, 3.0]}}}
+    merged = figures.merge([fresh, stale], graph, 'p')
+    assert merged['values']['user/0'] == {'loss': ['gauge', 0.5, 19.0], 'old': ['gauge', 1.0, 3.0]}
