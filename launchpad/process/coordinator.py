@@ -85,15 +85,17 @@ class Coordinator:
 
     def __getstate__(self) -> dict:
         """Everything the coordinator knows, for a detached program's supervisor to persist
-        and a new supervisor to re-adopt the running nodes from (its lock is not kept)."""
+        and a new supervisor to re-adopt the running nodes from (not kept: its lock, and the
+        questions to nodes in flight, which their askers time out on)."""
         with self._changed:
             state = dict(self.__dict__)
-            del state['_changed']
+            del state['_changed'], state['_probes']
             return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._changed = threading.Condition()
+        self._probes = ProbeBroker()
 
     # Called by nodes.
 
