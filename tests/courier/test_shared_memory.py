@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import pytest
 
 import courier
 from courier.transport import _here
+from courier.transport import frames
 from courier.transport import shm
 from launchpad.nodes import cacher
 from tests.courier.conftest import NoServersHere
@@ -188,3 +190,39 @@ def test_nothing_is_left_after_readers_and_servers_are_killed(socket_dir, subpro
                 process.kill()
                 process.wait()
                 process.stdout.close()
+
+
+def test_a_peer_passing_bad_shared_memory_loses_only_its_connection(make_server, socket_dir):
+    server = make_server(address=f'unix:{socket_dir}/s')
+    server.Bind('echo', lambda value: value)
+    server.Start()
+    path = f'{socket_dir}/s'
+
+    def fault_for(offer: int, descriptor=None) -> bytes:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(path)
+        frames.send(sock, frames.encode(frames.HELLO, frames.SYNC | offer, frames.VERSION,
+                                        b'', frames.MAGIC))
+        reader = frames.FrameReader(sock)
+        assert reader.read_frame().kind == frames.WELCOME
+        parts = frames.encode(frames.CALL, 0, 0, b'echo', b'x', [b'y' * 16])
+        head = bytearray(parts[0][:frames.HEADER.size + 8])
+        head[frames.HEADER.size:] = (LARGE | shm.SHARED_BIT).to_bytes(8, 'little')
+        header = frames.HEADER.unpack_from(head)
+        head[:frames.HEADER.size] = frames.HEADER.pack(*header[:5], 1)  # The pickle: b'x'.
+        ancillary = [] if descriptor is None else [
+            (socket.SOL_SOCKET, socket.SCM_RIGHTS, descriptor.to_bytes(4, 'little'))]
+        sock.sendmsg([bytes(head) + b'echo' + b'x'], ancillary)
+        answer = reader.read_frame()
+        sock.close()
+        assert answer.kind == frames.FAULT
+        return answer.text
+
+    assert b'without it' in fault_for(0)  # Shared memory the hello did not agree to.
+    unsealed = os.memfd_create('not-courier')
+    os.ftruncate(unsealed, LARGE)
+    try:
+        assert b'not sealed' in fault_for(frames.SHARED_MEMORY, unsealed)
+    finally:
+        os.close(unsealed)
+    assert courier.Client(server.address).echo(3) == 3  # The server goes on serving.
