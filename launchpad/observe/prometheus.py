@@ -53,12 +53,10 @@ class _Collector:
         rows = self._sample.get('nodes', [])
         state = core.GaugeMetricFamily('launchpad_node_state', 'The node is in this state (1).',
                                        labels=['program', 'node', 'state'])
-        uptime = core.GaugeMetricFamily('launchpad_node_uptime_seconds',
-                                        'Seconds since the node started (until it ended).',
-                                        labels=['program', 'node'])
-        restarts = core.CounterMetricFamily('launchpad_node_restarts',
-                                            'Times the node was restarted.',
-                                            labels=['program', 'node'])
+        uptime = _per_node(core.GaugeMetricFamily, 'launchpad_node_uptime_seconds',
+                           'Seconds since the node started (until it ended).')
+        restarts = _per_node(core.CounterMetricFamily, 'launchpad_node_restarts',
+                             'Times the node was restarted.')
         for row in rows:
             for name in STATES:
                 state.add_metric([program, row['name'], name], float(row['state'] == name))
@@ -70,6 +68,11 @@ class _Collector:
         yield from _calls(core, 'server', program, self._sample.get('servers', []))
         yield from _calls(core, 'client', program, self._sample.get('clients', []))
         yield from _reported(core, program, self._sample.get('values', {}))
+
+
+def _per_node(family, name: str, documentation: str) -> Any:
+    """A metric family of one value per node."""
+    return family(name, documentation, labels=['program', 'node'])
 
 
 def _calls(core, role: str, program: str, tables) -> Iterator[Any]:
@@ -123,12 +126,10 @@ def _reported(core, program: str, values: Dict[str, Dict[str, list]]) -> Iterato
 
 def _usage(core, program: str, rows) -> Iterator[Any]:
     """CPU and memory of the nodes whose processes report them (`launchpad.observe.usage`)."""
-    cpu = core.GaugeMetricFamily('launchpad_node_cpu_percent',
-                                 "The node process's CPU use, in % of one core.",
-                                 labels=['program', 'node'])
-    memory = core.GaugeMetricFamily('launchpad_node_resident_memory_bytes',
-                                    "The node process's resident memory.",
-                                    labels=['program', 'node'])
+    cpu = _per_node(core.GaugeMetricFamily, 'launchpad_node_cpu_percent',
+                    "The node process's CPU use, in % of one core.")
+    memory = _per_node(core.GaugeMetricFamily, 'launchpad_node_resident_memory_bytes',
+                       "The node process's resident memory.")
     for row in rows:
         if row.get('cpu_percent') is not None:
             cpu.add_metric([program, row['name']], row['cpu_percent'])
