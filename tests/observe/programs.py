@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from typing import Any, Callable, Iterator, Optional
 import courier
 
 from launchpad.observe import registry
+from tests.testbeds import require_testbed
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -115,3 +117,16 @@ def running(name: str) -> Optional[registry.Entry]:
 def observer_of(entry: registry.Entry) -> courier.Client:
     """A client of the program's observer, as the CLI makes it."""
     return courier.Client(entry.address, auth_token=entry.token, wait_for_ready=False)
+
+
+def chromium() -> str:
+    """The headless browser the dashboard tests drive (with Playwright), or a test bed's skip."""
+    path = shutil.which('chromium') or shutil.which('chromium-browser')
+    if path is None:
+        require_testbed('no chromium to run the dashboard in: install it with '
+                        'tests/testbeds/install_packages.sh (as root)')
+    try:
+        import playwright.sync_api  # pylint: disable=import-outside-toplevel,unused-import
+    except ImportError:
+        require_testbed("playwright is not installed: pip install -e '.[test]'")
+    return path

@@ -7,29 +7,15 @@ Set LAUNCHPAD_DASHBOARD_SCREENSHOT=docs/dashboard.png to refresh README's screen
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
 import launchpad as lp
-from tests.observe import nodes
-from tests.testbeds import require_testbed
+from tests.observe import nodes, programs
 
 pytestmark = pytest.mark.timeout(150)
 FAILED_RED = 'rgb(214, 60, 60)'  # --failed, #d63c3c
 NODES = ('learner/0', 'actor/0', 'actor/1', 'simulator/0')
-
-
-def _chromium() -> str:
-    path = shutil.which('chromium') or shutil.which('chromium-browser')
-    if path is None:
-        require_testbed('no chromium to run the dashboard in: install it with '
-                        'tests/testbeds/install_packages.sh (as root)')
-    try:
-        import playwright.sync_api  # pylint: disable=import-outside-toplevel,unused-import
-    except ImportError:
-        require_testbed("playwright is not installed: pip install -e '.[test]'")
-    return path
 
 
 def _points(page, metric: str) -> int:
@@ -38,7 +24,7 @@ def _points(page, metric: str) -> int:
 
 def test_the_dashboard_shows_the_graph_plots_and_a_node_failing(runtime_dir, tmp_path):
     del runtime_dir
-    chromium = _chromium()
+    chromium = programs.chromium()
     from playwright.sync_api import sync_playwright  # pylint: disable=import-outside-toplevel
     trigger = tmp_path / 'fail now'
     controller = lp.launch(nodes.agent(str(trigger)), launch_type='test_mp', dashboard=True,

@@ -16,6 +16,7 @@ import pytest
 
 from launchpad.observe import dashboard, inspect_cli, waits
 from tests import testbeds
+from tests.observe import programs
 from tests.observe.programs import environment, observer_of, running, wait_until
 
 pytestmark = pytest.mark.timeout(150)
@@ -185,6 +186,7 @@ def test_stacks_and_waits_of_nodes_running_as_threads(runtime_dir, tmp_path, cap
             stacks = _get(served, '/api/stacks?node=a/0')
             assert 'Thread lp-a/0' in stacks['text'] and stacks['in_process']
             assert 'DEADLOCK: a/0 -> b/0 (relay, ' in _get(served, '/api/waits')['text']
+            _see_the_deadlock_drawn(served)
         finally:
             served.close()
         _stop(process)
@@ -192,6 +194,33 @@ def test_stacks_and_waits_of_nodes_running_as_threads(runtime_dir, tmp_path, cap
         if process.poll() is None:
             os.killpg(process.pid, 9)
             process.wait()
+
+
+def _see_the_deadlock_drawn(served) -> None:
+    """The dashboard's "calls in flight" button draws who waits on whom over the program graph,
+    the deadlock's two waits in red (in headless chromium, as test_dashboard_browser)."""
+    chromium = programs.chromium()
+    from playwright.sync_api import sync_playwright  # pylint: disable=import-outside-toplevel
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=['--no-sandbox'])
+        try:
+            page = browser.new_page()
+            errors = []
+            page.on('pageerror', lambda error: errors.append(str(error)))
+            page.goto(served.url)
+            page.wait_for_selector('#graph .node[data-node="a/0"]', timeout=60_000)
+            assert not page.query_selector('#graph .wait')  # drawn only when asked
+            page.click('#show-waits')
+            for caller, callee, method in (('a/0', 'b/0', 'relay'), ('b/0', 'a/0', 'locked')):
+                page.wait_for_selector(f'#graph .wait.deadlock[data-source="{caller}"]'
+                                       f'[data-target="{callee}"][data-method="{method}"]',
+                                       timeout=30_000)
+            assert 'DEADLOCK: a/0 -> b/0' in page.text_content('#inside')
+            page.click('#show-stacks')  # the stacks replace the waits, on the graph too
+            page.wait_for_function("!document.querySelector('#graph .wait')", timeout=30_000)
+            assert not errors, errors
+        finally:
+            browser.close()
 
 
 def _get(served, path: str) -> dict:

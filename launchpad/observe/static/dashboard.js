@@ -27,6 +27,7 @@
   let logCursor = null;
   let logLines = [];
   let failureCount = -1;   // of the selected node, as drawn
+  let waits = null;        // /api/waits while its panel is open: drawn over the graph
 
   async function get(path, params) {
     const query = new URLSearchParams(params || {}).toString();
@@ -209,6 +210,42 @@
         (row && row.calls_per_s ? `, serves ${formatRate(row.calls_per_s)} calls/s` : '') +
         (row && row.error ? `\n${row.error}` : '');
       group.addEventListener('click', () => selectNode(name));
+    }
+    drawWaits(root, boxes);
+  }
+
+  // Where the line from (x, y) to the middle of `box` meets the box's border.
+  function border(box, x, y) {
+    const cx = box.x + box.width / 2, cy = box.y + box.height / 2, dx = x - cx, dy = y - cy;
+    const scale = Math.min(box.width / 2 / Math.abs(dx || 1e-9), box.height / 2 / Math.abs(dy || 1e-9));
+    return [cx + dx * Math.min(1, scale), cy + dy * Math.min(1, scale)];
+  }
+
+  // Who waits on whom (the "calls in flight" button): an arrow from each caller to the node it
+  // waits on, bowed so that a -> b and b -> a stay apart; red where the waits form a deadlock.
+  function drawWaits(root, boxes) {
+    if (!waits) return;
+    const locked = new Set();
+    for (const cycle of waits.deadlocks) {
+      for (const edge of cycle) locked.add(`${edge.caller} ${edge.callee} ${edge.method}`);
+    }
+    const marker = svg('marker', {id: 'wait-arrow', viewBox: '0 0 10 10', refX: 9, refY: 5,
+                                  markerWidth: 9, markerHeight: 9, orient: 'auto-start-reverse',
+                                  markerUnits: 'userSpaceOnUse'}, root);
+    svg('path', {d: 'M0,0 L10,5 L0,10 z', fill: '#1d2430'}, marker);
+    for (const wait of waits.waits) {
+      const a = boxes[wait.caller], b = boxes[wait.callee];
+      if (!a || !b || a === b) continue;
+      const deadlock = locked.has(`${wait.caller} ${wait.callee} ${wait.method}`);
+      const ax = a.x + a.width / 2, ay = a.y + a.height / 2, bx = b.x + b.width / 2, by = b.y + b.height / 2;
+      const mx = (ax + bx) / 2 + (by - ay) * 0.3, my = (ay + by) / 2 - (bx - ax) * 0.3;
+      const [x1, y1] = border(a, mx, my), [x2, y2] = border(b, mx, my);
+      const group = svg('g', {class: 'wait' + (deadlock ? ' deadlock' : ''), 'data-source': wait.caller,
+                              'data-target': wait.callee, 'data-method': wait.method}, root);
+      svg('path', {d: `M${x1},${y1} Q${mx},${my} ${x2},${y2}`, stroke: deadlock ? '#d63c3c' : '#e08a2c',
+                   'stroke-width': 3, 'marker-end': 'url(#wait-arrow)'}, group);
+      svg('title', {}, group).textContent = `${wait.caller} waits on ${wait.callee}: ` +
+        `${wait.method}, for ${formatDuration(wait.age)}` + (deadlock ? ' (deadlock)' : '');
     }
   }
 
@@ -535,10 +572,24 @@
     panel.hidden = false;
     document.getElementById('inside-title').textContent = title;
     text.textContent = '(asking the nodes...)';
+    waits = null;
     try {
-      text.textContent = (await get(path, params)).text;
+      const answer = await get(path, params);
+      text.textContent = answer.text;
+      if (path === '/api/waits') waits = answer;
     } catch (error) {
       text.textContent = error.message;
+    }
+    drawGraph();
+  }
+
+  // While the calls in flight are shown, they are asked for again every poll.
+  async function pollWaits() {
+    if (!waits) return;
+    const answer = await get('/api/waits');
+    if (waits) {
+      waits = answer;
+      document.getElementById('inside').textContent = answer.text;
     }
   }
 
@@ -569,7 +620,8 @@
     document.getElementById('show-stacks').addEventListener('click', () =>
       showInside(`Stacks of ${selected}, live`, '/api/stacks', {node: selected}));
     document.getElementById('show-waits').addEventListener('click', () =>
-      showInside('Calls in flight between nodes, oldest first', '/api/waits', {}));
+      showInside('Calls in flight between nodes, oldest first (on the graph: who waits on whom, ' +
+                 'red where they deadlock)', '/api/waits', {}));
     drawLegend();
     drawGraph();
     const slider = document.getElementById('smoothing');
@@ -587,6 +639,7 @@
   async function tick() {
     try {
       view = await get('/api/view');
+      await pollWaits();
       let unread = '';
       try {
         await pollSeries();
