@@ -30,6 +30,7 @@ class StopSignal:
         self._handlers: list = []
         self.cooperating = False  # see the module docstring
         self._triggered = False
+        self._handled = threading.Event()  # the stop handlers of the trigger have run
 
     def watched(self) -> threading.Event:
         """The stop event, for code that waits for or watches it: the node cooperates."""
@@ -48,11 +49,23 @@ class StopSignal:
             self._triggered = True
             self.event.set()
             handlers, self._handlers = self._handlers, []
-        for handler in handlers:
-            try:
-                handler()
-            except Exception:  # pylint: disable=broad-except
-                logging.exception('Stop handler %r failed', handler)
+        try:
+            for handler in handlers:
+                try:
+                    handler()
+                except Exception:  # pylint: disable=broad-except
+                    logging.exception('Stop handler %r failed', handler)
+        finally:
+            self._handled.set()
+
+    def wait_for_handlers(self, timeout: Optional[float]) -> bool:
+        """Waits up to `timeout` for the stop handlers to have run, if the stop was triggered:
+        the event is set before they run, so the node's code may end while they still write its
+        last checkpoint. False if they are still running."""
+        with self._lock:
+            if not self._triggered:
+                return True
+        return self._handled.wait(timeout)
 
     def add_handler(self, handler: Callable[[], None]) -> None:
         self.cooperating = True

@@ -3,15 +3,16 @@ runs them on threads and processes, tests/launch/test_slurm_requeue.py on a requ
 import json
 import os
 import signal
+import time
 
 import launchpad as lp
 
 
-def saver(results: str, how: str, attempts: int = 1) -> None:
+def saver(results: str, how: str, attempts: int = 1, handler_seconds: float = 0.0) -> None:
     """Records what each attempt restored. Attempts before `attempts` checkpoint in their stop
     handler, then end as `how` says: 'sigterm' (a preemption of this node), 'crash' (after a
     checkpoint of its own, for threads, which cannot be preempted) or 'wait' (for the program's
-    stop or the platform's requeue)."""
+    stop or the platform's requeue). The stop handler takes `handler_seconds` before it saves."""
     context = lp.get_context()
     state = lp.load_checkpoint(default={'steps': 0, 'saved_by': []})
     record = {'attempt': context.attempt, 'restored': json.loads(json.dumps(state)),
@@ -20,6 +21,7 @@ def saver(results: str, how: str, attempts: int = 1) -> None:
         state['steps'] += 1
 
         def save_on_stop():
+            time.sleep(handler_seconds)
             state['saved_by'].append(context.attempt)
             lp.save_checkpoint(state)
 
@@ -38,13 +40,13 @@ def saver(results: str, how: str, attempts: int = 1) -> None:
 
 
 def saver_program(results: str, how: str, nodes: int = 2, restart: bool = True,
-                  attempts: int = 1) -> lp.Program:
+                  attempts: int = 1, handler_seconds: float = 0.0) -> lp.Program:
     """`nodes` savers; without `restart` a failure fails the program (a requeue is none)."""
     program = lp.Program('checkpoints')
     policy = lp.RestartPolicy(max_restarts=1, backoff=0.1) if restart else None
     with program.group('saver', restart=policy):
         for _ in range(nodes):
-            program.add_node(lp.PyNode(saver, results, how, attempts))
+            program.add_node(lp.PyNode(saver, results, how, attempts, handler_seconds))
     return program
 
 

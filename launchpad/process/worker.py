@@ -317,6 +317,9 @@ def _run(spec_path: str) -> int:
         # Reporting failed: the coordinator is gone.
         logging.exception('%s could not report to the coordinator.', spec.node_name)
         code = 1
+    # A stop's handlers run in another thread (a preemption's, the stop watcher's): the process
+    # ends once they have, within the notice period, or a checkpoint they write is lost.
+    stop.wait_for_handlers(spec.notice_period)
     done.set()
     if launcher_lost.is_set():
         _exit_now(code, spec, launcher_lost)

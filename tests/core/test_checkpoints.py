@@ -25,6 +25,17 @@ def test_a_stop_handlers_checkpoint_is_restored_by_the_restarted_attempt(launch_
     assert not any(os.path.exists(d) for d in directories)  # they went with the program
 
 
+def test_a_preempted_node_ends_only_once_its_stop_handler_has_checkpointed(tmp_path):
+    """The stop event is set before the handlers run (in another thread), so the node's code
+    returns while its handler still writes: the process must wait for the handler."""
+    controller = lp.launch(programs.saver_program(str(tmp_path), 'sigterm', handler_seconds=0.5),
+                           launch_type='test_mp')
+    assert controller.wait(timeout=60)
+    found = programs.restored(str(tmp_path))
+    for index in (0, 1):
+        assert found['saver', index, 1]['restored'] == {'steps': 1, 'saved_by': [0]}
+
+
 class _Context:
     def __init__(self, root):
         self.context = runtime.NodeContext('local_mp', 'p', 'learner', 0, None, None,
