@@ -19,6 +19,10 @@ from courier import wire
 _get_ident = threading.get_ident  # (read once: it runs on every call)
 
 
+# Failures of one call known not to have sent it (see ServerUnavailableError.unsent) that
+# resend() is not told of: a restarting server's dying socket may take a connection or two.
+_UNSENT_FORGIVEN = 3
+
 class AddressResolver:
     """An address a client finds when it connects, and that may ask it to try a call again.
 
@@ -45,7 +49,9 @@ class AddressResolver:
 
     def resend(self, method: str, sent: int) -> Optional[bool]:
         """Whether a blocking call of ``method`` that was sent ``sent`` times, and lost its
-        server each time (it may have run there), is sent again, to the server the resolver
+        server each time (it may have run there; the first few failures known not to have
+        sent it, see ``ServerUnavailableError.unsent``, are not counted), is sent again, to
+        the server the resolver
         finds next (one restarted in its place): True or False for a method whose calls the
         resolver counts (they go at most as often as it allows), None for the others, which
         :meth:`retry` decides about.
@@ -255,7 +261,7 @@ class Client:
         never reached its server goes again while an AddressResolver says so, and one that may
         have reached it (call ``method``) is sent again where the resolver's ``resend`` says so."""
         started = None
-        sent = 0
+        sent = unsent = 0
         while True:
             fresh = self._fresh
             transport = self._connection()
@@ -266,7 +272,10 @@ class Client:
                 started = started or time.monotonic()
                 address = self._address
                 if isinstance(address, AddressResolver):
-                    sent += 1
+                    if error.unsent and unsent < _UNSENT_FORGIVEN:
+                        unsent += 1  # e.g. the dying instance's socket took the connection
+                    else:
+                        sent += 1
                     resend = None if method is None else address.resend(method, sent)
                     if resend or (resend is None and fresh
                                   and address.retry(time.monotonic() - started)):

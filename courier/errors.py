@@ -54,7 +54,14 @@ class CallTimeoutError(CourierError, TimeoutError):
 
 
 class ServerUnavailableError(CourierError, ConnectionError):
-    """The server could not be reached, or went away during the call."""
+    """The server could not be reached, or went away during the call.
+
+    Attributes:
+      unsent: True when the call is known not to have gone out (no connection, or the server
+        closed it before the request was sent), so sending it again cannot run it twice.
+    """
+
+    unsent = False
 
 
 class ServerUnreachableTimeoutError(CallTimeoutError, ServerUnavailableError):

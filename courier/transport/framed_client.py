@@ -150,10 +150,10 @@ class FramedClientTransport(_base.ClientTransport):
                 if unsent.answer is not None:
                     raise _unexpected(unsent.answer, method, self.address) from None
                 if attempt:
-                    raise _base.call_error(
+                    raise _never_sent(_base.call_error(
                         errors.ServerUnavailableError, method, self.address,
                         f'failed: the server closed two connections before the call went out '
-                        f'({dial.describe(unsent.error)})') from None
+                        f'({dial.describe(unsent.error)})')) from None
             except socket.timeout:
                 self._drop(connection)
                 raise _base.call_timeout(method, self.address, timeout) from None
@@ -180,7 +180,7 @@ class FramedClientTransport(_base.ClientTransport):
             connection = dial.open_connection(self._target, self._token, frames.SYNC,
                                               self._wait_for_ready, deadline, here=True)
         except dial.Unreachable as unreachable:
-            raise unreachable.error(method, self.address) from None
+            raise _never_sent(unreachable.error(method, self.address)) from None
         except socket.timeout:
             raise _base.unreachable_timeout(method, self.address, timeout) from None
         if self._path in _here.servers:  # It started here while this thread waited for it.
@@ -262,6 +262,13 @@ class _Unsent(Exception):
         super().__init__()
         self.error = error
         self.answer = answer
+
+
+def _never_sent(error: errors.CourierError) -> errors.CourierError:
+    """Marks a ServerUnavailableError raised before the request went out (see its ``unsent``)."""
+    if isinstance(error, errors.ServerUnavailableError):
+        error.unsent = True
+    return error
 
 
 def _send_and_read(connection: dial.DialedConnection, request: tuple,

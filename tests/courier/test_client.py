@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import pickle
 import resource
+import socket
 import subprocess
 import sys
 import threading
@@ -337,6 +338,48 @@ def test_an_address_resolver_has_a_call_that_never_reached_its_server_tried_agai
     assert resolver.retries == 3
     assert courier.AddressResolver().retry(0.0) is False  # The default never retries.
 
+
+
+class _Resending(courier.AddressResolver):
+    """Resolves to ``first`` once, then to ``then``; re-sends each call once sent (attempts=1:
+    only calls known never to have gone out go again), noting what it was asked."""
+
+    def __init__(self, first, then):
+        self.addresses = [first, then]
+        self.asked = []
+
+    def __call__(self):
+        return self.addresses.pop(0) if len(self.addresses) > 1 else self.addresses[0]
+
+    def resend(self, method, sent):
+        self.asked.append((method, sent))
+        return sent < 1
+
+
+def test_a_call_a_dying_server_closed_before_it_went_out_is_not_counted_as_sent(
+        make_server, socket_dir):
+    """A restarting server's old socket may still take a connection and close it in the hello:
+    the call never went out (``unsent``), so a resolver allowing one send sends it again."""
+    dying_path = f'{socket_dir}/dying.sock'
+    dying = socket.socket(socket.AF_UNIX)
+    dying.bind(dying_path)
+    dying.listen()
+    closer = threading.Thread(target=lambda: dying.accept()[0].close())
+    closer.start()
+    plain = courier.Client(f'unix:{dying_path}', call_timeout=20, wait_for_ready=False)
+    with pytest.raises(courier.ServerUnavailableError) as raised:
+        plain.add(1, 2)
+    closer.join()
+    assert raised.value.unsent
+    closer = threading.Thread(target=lambda: dying.accept()[0].close())
+    closer.start()
+    server = serve_add(make_server, address=f'unix:{socket_dir}/new.sock')
+    resolver = _Resending(f'unix:{dying_path}', server.address)
+    client = courier.Client(resolver, call_timeout=20, wait_for_ready=False)
+    assert client.add(1, 2) == 3
+    closer.join()
+    dying.close()
+    assert resolver.asked == [('add', 0)]  # not ('add', 1): it was not sent
 
 class _Gone(courier.ServerUnavailableError):
     pass
