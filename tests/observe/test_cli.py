@@ -147,9 +147,10 @@ def test_cli_sees_and_stops_a_program_on_ssh_hosts(runtime_dir, tmp_path, ssh_te
         'counter/0': 'lp-h1', 'producer/0': 'lp-h2', 'producer/1': 'lp-h3'}
 
 
-# What another user tries, in a process that loaded what it needs and then dropped root.
+# What another user tries, in a process that loaded what it needs and then dropped root (also
+# what argparse loads late on Python 3.9: another user may not read this Python's library).
 AS_NOBODY = '''
-import json, os, sys, io, contextlib
+import json, os, sys, io, contextlib, gettext, locale
 import psutil
 import courier
 from courier.transport import framed_client
