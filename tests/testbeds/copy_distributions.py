@@ -8,7 +8,8 @@ podman_image.sh runs this with the interpreter the tests use:
 The image's Python is Debian's python3.11. When this interpreter is also CPython 3.11 (e.g. a
 pyenv 3.11 beside Debian's), the installed distributions are copied file by file: cp311 wheels
 load in any 3.11 patch release, so no registry is needed. Any other version cannot share binary
-extensions, so pip fetches cp311 wheels of the same versions instead (this needs the package index).
+extensions, so pip fetches cp311 wheels of the same versions instead, or of the newest version
+that runs on 3.11 when the installed one does not (this needs the package index).
 """
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ import sys
 
 try:
     from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
     from packaging.utils import canonicalize_name
 except ImportError:  # an interpreter without pytest's dependencies still has pip's copy
     from pip._vendor.packaging.requirements import Requirement
+    from pip._vendor.packaging.specifiers import SpecifierSet
     from pip._vendor.packaging.utils import canonicalize_name
 try:
     import tomllib
@@ -91,9 +94,19 @@ def copy_installed(dists: dict[str, importlib.metadata.Distribution | None],
                 shutil.copy2(source, destination)
 
 
+def _for_image(name: str, dist: importlib.metadata.Distribution | None) -> str:
+    """`name==version` of the local install, unless that version does not run on the image's
+    Python (numpy 2.5 needs 3.12): then the newest that does."""
+    requires_python = dist.metadata.get('Requires-Python') if dist is not None else None
+    if dist is None or (requires_python and IMAGE_MARKER_ENV['python_full_version']
+                        not in SpecifierSet(requires_python)):
+        return name
+    return f'{name}=={dist.version}'
+
+
 def pip_install(dists: dict[str, importlib.metadata.Distribution | None],
                 target: pathlib.Path) -> None:
-    pins = [f'{name}=={dist.version}' if dist else name for name, dist in dists.items()]
+    pins = [_for_image(name, dist) for name, dist in dists.items()]
     # Older pips do not widen a manylinux tag to older glibcs: list every acceptable tag.
     platforms = [f'manylinux_{IMAGE_GLIBC[0]}_{minor}_{platform.machine()}'
                  for minor in range(IMAGE_GLIBC[1], 16, -1)] + [f'manylinux2014_{platform.machine()}']
