@@ -23,7 +23,7 @@ from courier import wire
 from courier.transport import _compat
 
 UNIX_PREFIX = 'unix:'
-_MAX_UNIX_PATH_BYTES = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux.
+MAX_UNIX_PATH_BYTES = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux.
 # The longest method name a call may carry, encoded as UTF-8 (the framed server's limit too).
 MAX_METHOD_BYTES = 64 << 10
 
@@ -107,9 +107,9 @@ def check_unix_path_free(path: str) -> None:
 
     gRPC would silently unlink a live server's socket and take over its path.
     """
-    if len(os.fsencode(path)) > _MAX_UNIX_PATH_BYTES:
+    if len(os.fsencode(path)) > MAX_UNIX_PATH_BYTES:
         raise OSError(errno.ENAMETOOLONG,
-                      f'unix socket path {path!r} is longer than {_MAX_UNIX_PATH_BYTES} '
+                      f'unix socket path {path!r} is longer than {MAX_UNIX_PATH_BYTES} '
                       f'bytes; use a shorter path')
     if not os.path.exists(path):
         return

@@ -40,6 +40,7 @@ import errno
 import hmac
 import logging
 import os
+import secrets
 import socket
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -70,12 +71,7 @@ def listen(path: str, handle_call: _base.HandleCall, list_methods: Callable[[], 
     address = _base.UNIX_PREFIX + path
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        try:
-            os.unlink(path)  # A stale socket file (checked above that nobody listens).
-        except FileNotFoundError:
-            pass
-        listener.bind(path)
-        listener.listen(loops.BACKLOG)
+        _bind_listening(listener, path)
     except OSError as error:
         listener.close()
         raise OSError(error.errno or errno.EADDRINUSE,
@@ -83,6 +79,30 @@ def listen(path: str, handle_call: _base.HandleCall, list_methods: Callable[[], 
     return FramedServerTransport(listener, address, handle_call, list_methods, path=path,
                                  thread_pool_size=thread_pool_size, auth_token=auth_token,
                                  limits=limits)
+
+
+def _bind_listening(listener: socket.socket, path: str) -> None:
+    """Binds ``listener`` to ``path`` and listens. The path appears only once the socket
+    listens (bound under a temporary name, then renamed), so a client that sees the file can
+    connect; a stale socket file there (nobody listens: checked) is replaced."""
+    temporary = os.path.join(os.path.dirname(path), f'.{secrets.token_hex(4)}.sock')
+    if len(os.fsencode(temporary)) > _base.MAX_UNIX_PATH_BYTES:
+        temporary = path  # No room for the temporary name: the path itself, from the start.
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    listener.bind(temporary)
+    try:
+        listener.listen(loops.BACKLOG)
+        if temporary != path:
+            os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 def listen_tcp(host: str, port: int, handle_call: _base.HandleCall,
@@ -170,17 +190,17 @@ class FramedServerTransport(_base.ServerTransport):
         self._loop.start()
 
     def stop(self, grace):
-        if self._path is not None and _here.servers.get(self._path) is self:
-            del _here.servers[self._path]
+        if self._path is not None:
+            if _here.servers.get(self._path) is self:
+                del _here.servers[self._path]
+            try:  # First: as long as the file is there, it accepts connections.
+                os.unlink(self._path)
+            except FileNotFoundError:
+                pass
         self._loop.stop()  # Closes the listener: nobody new gets in.
         if self._relay is not None:
             self._relay.stop()  # Ends the gRPC clients' connections.
         connections = self._loop.connections()
-        if self._path is not None:
-            try:
-                os.unlink(self._path)
-            except FileNotFoundError:
-                pass
         for connection in connections:
             try:
                 connection.sock.shutdown(socket.SHUT_RD)  # No new calls; answers still go out.

@@ -130,8 +130,8 @@ class Loop:
         returns whether the loop goes on reading it (False: not until :meth:`resume`).
       end: ``end(connection, error)`` is called on the loop thread when the loop stops
         reading a welcomed connection for good: the peer closed it (EOFError), it failed
-        (OSError), or it broke the protocol or stalled in a frame (ProtocolViolation); the
-        connection is the callee's, to close.
+        (OSError), it broke the protocol or stalled in a frame (ProtocolViolation), or reading
+        it failed otherwise (logged); the connection is the callee's, to close.
       limits: the server's limits.
       name: names the thread.
       tls: the ``ssl.SSLContext`` of a TLS server; every connection starts with a handshake.
@@ -335,7 +335,10 @@ class Loop:
                 if reader.partial:
                     self._stalling(connection)
                 return
-            except (EOFError, OSError, frames.ProtocolViolation) as error:
+            except Exception as error:  # pylint: disable=broad-except
+                if not isinstance(error, (EOFError, OSError, frames.ProtocolViolation)):
+                    _logger.exception('courier server %s: reading a connection failed',
+                                      self._name)  # Only that connection is lost.
                 if connection.state == IDLE:
                     self._unwatch(connection)
                 self._end(connection, error)

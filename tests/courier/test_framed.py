@@ -20,6 +20,7 @@ import pytest
 import courier
 from courier.transport import _here
 from courier.transport import frames
+from courier.transport import framed_server
 from courier import wire
 from tests.courier.conftest import (NoServersHere, free_tcp_address, hello_frame, raw_connect,
                                     serve_add_and_sleep)
@@ -238,6 +239,25 @@ def test_garbage_never_hurts_the_server(make_server, address):
             _raw(address, hello_frame(mode=mode) + tail)
     assert courier.Client(address, call_timeout=10).add(20, 22) == 42
     assert courier.Client(address, call_timeout=10).futures.add(1, 1).result() == 2
+
+
+def test_an_unexpected_error_reading_a_connection_costs_only_that_connection(
+        make_server, address, monkeypatch, caplog):
+    serve = framed_server.FramedServerTransport._dispatch
+
+    def failing(self, connection, frame):
+        if frame.text == b'boom':
+            raise RuntimeError('a bug while reading a call')
+        return serve(self, connection, frame)
+
+    monkeypatch.setattr(framed_server.FramedServerTransport, '_dispatch', failing)
+    monkeypatch.setattr(_here, 'servers', NoServersHere())  # Through the socket.
+    serve_add_and_sleep(make_server, address)
+    with pytest.raises(courier.ServerUnavailableError, match='went away'):
+        courier.Client(address, call_timeout=10).futures.boom().result()
+    assert courier.Client(address, call_timeout=10).add(20, 22) == 42
+    assert courier.Client(address, call_timeout=10).futures.add(1, 1).result() == 2
+    assert 'reading a connection failed' in caplog.text
 
 
 def test_bad_hello_is_refused_with_a_reason(make_server, address):

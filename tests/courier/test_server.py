@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import threading
 
 import pytest
@@ -80,6 +81,35 @@ def test_unix_socket_round_trip_and_cleanup(make_server, tmp_path):
     assert courier.Client(server.address).pid() == os.getpid()
     server.Stop()
     assert not path.exists()
+
+
+@pytest.mark.parametrize('name', ['server.sock', 'x'])
+def test_a_unix_sockets_file_appears_only_once_it_accepts_connections(make_server, socket_dir,
+                                                                     monkeypatch, name):
+    """A client that finds the socket file can connect: the file never exists unlistened
+    (the registry of running programs lists a program by its observer's socket file)."""
+    path = os.path.join(socket_dir, name)
+    with open(path, 'w'):  # A stale file where the socket goes: replaced.
+        pass
+    seen_before_listening = []
+    listen = socket.socket.listen
+
+    def watching_listen(sock, *args):
+        if sock.family == socket.AF_UNIX:
+            seen_before_listening.append(_is_socket(path))
+        return listen(sock, *args)
+
+    monkeypatch.setattr(socket.socket, 'listen', watching_listen)
+    server = make_server(address=f'unix:{path}')
+    assert seen_before_listening == [False]
+    assert sorted(os.listdir(socket_dir)) == [name]  # No temporary name left behind.
+    server.Bind('name', lambda: name)
+    server.Start()
+    assert courier.Client(server.address).name() == name
+
+
+def _is_socket(path: str) -> bool:
+    return os.path.exists(path) and stat.S_ISSOCK(os.stat(path).st_mode)
 
 
 def test_unix_socket_of_a_live_server_is_not_stolen(make_server, tmp_path):
