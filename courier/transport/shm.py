@@ -71,7 +71,6 @@ _GRAIN = 1 << 20  # Segment sizes are multiples of this.
 _KEPT_AT = 1 << 62  # The byte its sender's lock marks a segment kept (readers lock below it).
 _FLOCK = struct.Struct('hhqqi4x')  # struct flock: type, whence, start, length, pid.
 _MAX_IDLE_MAPPINGS = 64  # Mappings a receiver keeps with no array on them, at most.
-_WRITE_STEP = 64 << 20
 
 
 class Memfd:
@@ -293,9 +292,10 @@ class _Segment:
         data = view.cast('B') if view.format != 'B' or view.ndim != 1 else view
         try:
             self.claim()  # Ours already (see _Pool.take): held while writing.
-            for start in range(0, data.nbytes, _WRITE_STEP):  # Other threads run in between.
-                end = min(start + _WRITE_STEP, data.nbytes)
-                self.mapping[start:end] = data[start:end]
+            import numpy  # pylint: disable=import-outside-toplevel
+            # numpy copies without the GIL: the server's other threads go on meanwhile.
+            numpy.copyto(numpy.frombuffer(self.mapping, numpy.uint8, data.nbytes),
+                         numpy.frombuffer(data, numpy.uint8))
             self.unclaim()
             reader = Memfd(os.open(f'/proc/self/fd/{self.file.fd}', os.O_RDONLY | os.O_CLOEXEC))
             if not _lock(reader.fd, fcntl.F_RDLCK, 0, _KEPT_AT):
