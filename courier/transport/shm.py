@@ -170,6 +170,8 @@ def receive(fd: int, size: int) -> memoryview:
 
 
 class _Mapped:
+    """A receiver's read-only mapping of a whole segment, and which of its buffers use it."""
+
     __slots__ = ('mapping', 'file', 'owners')
 
     def __init__(self, mapping: mmap.mmap, file: Memfd):
@@ -187,6 +189,8 @@ class _Mappings:
         self._owners: Dict[int, Tuple[weakref.ref, Memfd, tuple]] = {}
 
     def get(self, file: Memfd, key: tuple, length: int) -> Optional[mmap.mmap]:
+        """The mapping of the segment ``file`` (made now, or kept from before); None if no
+        mapping can be made."""
         with self.lock:
             mapped = self._mapped.pop(key, None)
             if mapped is None:
@@ -201,6 +205,7 @@ class _Mappings:
             return mapped.mapping
 
     def lend(self, owner: Any, file: Memfd, key: tuple) -> None:
+        """Keeps the received description ``file`` open while the buffer ``owner`` lives."""
         ident = id(owner)
         self._owners[ident] = (weakref.ref(owner, lambda _: self._released(ident, key)), file,
                                key)
