@@ -192,6 +192,7 @@ def open_connection(target: Target, token: Optional[str], mode: int, wait_for_re
     delay = _RETRY_FIRST
     closed_in_hello = 0
     path = target.path
+    offers = shm.ENABLED  # Until a server older than shared memory refuses the offer.
     while True:
         if here and path is not None and path in _here.servers:
             raise ServerHere
@@ -210,7 +211,7 @@ def open_connection(target: Target, token: Optional[str], mode: int, wait_for_re
                     _base.unavailable, details=describe(error), wait_for_ready=False)) from None
         else:
             connection = DialedConnection(sock)
-            offer = frames.SHARED_MEMORY if shm.ENABLED and sock.family == socket.AF_UNIX else 0
+            offer = frames.SHARED_MEMORY if offers and sock.family == socket.AF_UNIX else 0
             answer, error = _hello(connection, token, mode | offer)
             if answer is not None and answer.kind == frames.WELCOME:
                 if offer and answer.status & frames.SHARED_MEMORY:
@@ -218,6 +219,10 @@ def open_connection(target: Target, token: Optional[str], mode: int, wait_for_re
                     connection.reader.take_descriptors()
                 return connection
             connection.close()
+            if offer and answer is not None and answer.kind == frames.REFUSED and (
+                    answer.status == frames.BAD_HELLO):
+                offers = False  # It knows no offers: hello again without any, at once.
+                continue
             if answer is not None:
                 raise refusal(answer)
             if target.tls is not None and isinstance(error, target.tls.Error):

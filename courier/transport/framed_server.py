@@ -285,7 +285,7 @@ class FramedServerTransport(_base.ServerTransport):
         """On the loop thread: None welcomes the connection, else the refusal's (reason, text)."""
         if (hello.kind != frames.HELLO or hello.payload != frames.MAGIC
                 or hello.call_id != frames.VERSION
-                or hello.status & ~frames.SHARED_MEMORY not in (frames.SYNC, frames.PIPELINED)):
+                or hello.status & ~frames.CAPABILITIES not in (frames.SYNC, frames.PIPELINED)):
             return (frames.BAD_HELLO,
                     b'expected a courier-local hello of version %d' % frames.VERSION)
         reason = self._refusal(hello.text)

@@ -43,9 +43,9 @@ FAULT = 9     # either way: text = why the peer broke the protocol; the sender t
 # HELLO modes.
 SYNC = 0       # one call at a time, answered in order: the server may run it inline.
 PIPELINED = 1  # many calls in flight, answered in any order, matched by call_id.
-# Added to a HELLO's mode by a client that takes large buffers in shared memory (Unix sockets,
-# :mod:`.shm`), and to the WELCOME's status by a server that does too: then both may send them.
-SHARED_MEMORY = 0x80
+CAPABILITIES = 0xF0  # HELLO mode bits that offer something: a server ignores those it lacks.
+# Offered by a client that takes large buffers in shared memory (:mod:`.shm`); a WELCOME with it:
+SHARED_MEMORY = 0x40  # both sides may send them. (0x80, an older form of it, is ignored.)
 
 # REFUSED reasons.
 TOKEN_MISSING = 1

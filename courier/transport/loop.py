@@ -534,7 +534,7 @@ class Loop:
             self._drop(connection, frames.encode(frames.REFUSED, refusal[0], 0, refusal[1]))
             return
         connection.hello = bytearray()
-        connection.mode = hello.status & ~frames.SHARED_MEMORY
+        connection.mode = hello.status & ~frames.CAPABILITIES
         if len(data) > size:  # The client did not wait for its welcome: keep what follows.
             connection.reader.feed(bytes(data[size:]))
         try:

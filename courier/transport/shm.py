@@ -2,41 +2,62 @@
 
 On a Unix socket whose two sides agreed to it in the hello, an out-of-band buffer of
 :data:`MIN_BYTES` or more travels as a memfd (an anonymous file in memory, never a name
-in /dev/shm) passed with SCM_RIGHTS: the sender writes it once and seals it, and the
-receiver maps it read-only, so the bytes never cross the socket. The kernel frees the
-memory when the last process holding the file or a mapping of it lets go, also when that
-process crashes or is killed.
+in /dev/shm) passed with SCM_RIGHTS, and the receiver maps it read-only: the bytes never
+cross the socket. The kernel frees the memory when the last process holding the file or
+a mapping of it lets go, also when that process crashes or is killed.
 
-Two things make a value sent to many readers cost one copy:
+Repeated transfers touch no new pages. A sender writes into *segments* (memfds of a fixed
+size, sealed against shrinking and growing) that it keeps and reuses, and a receiver keeps
+its mapping of a segment while the sender keeps the segment, so the same pages and page
+tables serve round after round. Who may still read a segment is told by open file
+description (OFD) locks, which the kernel drops when the last holder closes or dies:
 
-- A read-only buffer (``array.setflags(write=False)``, a received array) is written
-  into shared memory once per object while the object lives: every later send of the
-  same object passes the same file, and every reader maps the same pages.
-- A buffer that is a whole received mapping (an argument or result passed on as it
-  came, as a cache does) goes on as the file it came in, without any copy.
+- Each buffer is passed as a *reader's description* of its segment holding a read lock on
+  its bytes: the lock travels with the description to every process it is passed to, and
+  lasts while any of them holds it. A receiver holds it exactly while an array made from
+  the buffer lives (its mapping goes through a description of its own, unlocked).
+- The sender reuses a segment only once it can take a write lock on it (no reader's lock
+  left), and writes it under that lock. So a segment is never written while anyone could
+  still read the buffer it holds, however a reader ends.
+- The sender's own description of a segment holds a read lock on the byte at
+  :data:`_KEPT_AT`: a receiver keeps an idle mapping only while that lock is there.
+
+A value sent to many readers costs one copy:
+
+- A read-only buffer (``array.setflags(write=False)``, a received array) is written into
+  a segment once per object while the object lives: every later send of the same object
+  passes the same reader's description, and every reader maps the same pages.
+- A buffer that is all of a received one (an argument or result passed on as it came, as
+  a cache does) goes on as the description it came in, without any copy.
 
 ``COURIER_SHARED_MEMORY=0`` (read when courier is imported, on either side) turns this
 off: buffers then travel through the socket as before. ``COURIER_SHARED_MEMORY_MIN_BYTES``
-sets the threshold.
+sets the threshold, ``COURIER_SHARED_MEMORY_KEEP_BYTES`` how many bytes of idle segments
+a sender keeps for reuse besides the one it writes.
 """
 
 from __future__ import annotations
 
 import array
+import errno
 import fcntl
 import mmap
 import os
 import socket
+import struct
 import threading
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-_SUPPORTED = hasattr(os, 'memfd_create') and hasattr(fcntl, 'F_ADD_SEALS')  # Linux.
+_SUPPORTED = (hasattr(os, 'memfd_create') and hasattr(fcntl, 'F_ADD_SEALS')
+              and hasattr(fcntl, 'F_OFD_SETLK') and os.path.isdir('/proc/self/fd'))  # Linux.
 # Whether this process offers and accepts shared memory on Unix sockets.
 ENABLED = _SUPPORTED and os.environ.get('COURIER_SHARED_MEMORY', '1').strip().lower() not in (
     '0', 'false', 'off', 'no')
 # Buffers from this size on travel through shared memory; smaller ones through the socket.
 MIN_BYTES = max(1, int(os.environ.get('COURIER_SHARED_MEMORY_MIN_BYTES', 1 << 20)))
+# Bytes of idle segments (no reader left) a sender keeps for reuse besides the one it writes.
+KEEP_BYTES = max(0, int(os.environ.get('COURIER_SHARED_MEMORY_KEEP_BYTES', 256 << 20)))
 # A buffer size in a frame's table with this bit set travels as the next received descriptor.
 SHARED_BIT = 1 << 63
 # The most descriptors one message carries (the kernel's SCM_MAX_FD): later buffers of a
@@ -44,17 +65,16 @@ SHARED_BIT = 1 << 63
 MAX_DESCRIPTORS = 253
 ANCILLARY_SPACE = socket.CMSG_SPACE(MAX_DESCRIPTORS * 4)
 
-_SEALS = (fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-          if _SUPPORTED else 0)
-# Received mappings whose file stays open, so that they can be passed on without a copy.
-# Beyond it a mapping keeps no descriptor (a process holding thousands of received arrays
-# must not run out of descriptors), and passing it on copies it once.
-_MAX_HELD_FILES = 256
-_WRITE_STEP = 1 << 30
+# A segment's size is fixed: a mapping of it can never lose its pages (SIGBUS).
+_SEALS = (fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW) if _SUPPORTED else 0
+_GRAIN = 1 << 20  # Segment sizes are multiples of this.
+_KEPT_AT = 1 << 62  # The byte its sender's lock marks a segment kept (readers lock below it).
+_FLOCK = struct.Struct('hhqqi4x')  # struct flock: type, whence, start, length, pid.
+_MAX_IDLE_MAPPINGS = 64  # Mappings a receiver keeps with no array on them, at most.
 
 
 class Memfd:
-    """An open memfd, closed once nothing refers to it (or at :meth:`close`)."""
+    """An open file descriptor, closed once nothing refers to it (or at :meth:`close`)."""
 
     __slots__ = ('fd', '__weakref__')
 
@@ -93,7 +113,11 @@ def share(buffers: Sequence[Any]) -> Tuple[List[Any], Optional[Descriptors]]:
         if view.nbytes < MIN_BYTES or len(files) >= MAX_DESCRIPTORS:
             shared.append(buffer)
             continue
-        files.append(_file_holding(view))
+        try:
+            files.append(_reader_holding(view))
+        except OSError:  # Out of memory or descriptors for a segment: through the socket.
+            shared.append(buffer)
+            continue
         shared.append(view.nbytes | SHARED_BIT)
     if not files:
         return list(buffers), None
@@ -110,58 +134,225 @@ def take_descriptors(ancillary: List[tuple], into: List[int]) -> None:
 
 
 def receive(fd: int, size: int) -> memoryview:
-    """Maps ``size`` bytes of the received memfd ``fd`` read-only (taking ``fd`` over).
+    """Maps ``size`` bytes of the received segment ``fd`` read-only (taking ``fd`` over).
+
+    The buffer holds ``fd`` (and so its read lock) while anything made from it lives.
 
     Raises:
-      ValueError: ``fd`` is not a sealed file of at least ``size`` bytes, as courier's
-        sender makes them (its content could then change, or shrink under the mapping).
+      ValueError: ``fd`` is not a memfd of at least ``size`` bytes sealed against resizing,
+        as courier's sender makes them (it could shrink under the mapping).
     """
     file = Memfd(fd)
     if size <= 0:
         raise ValueError('the peer passed shared memory for an empty buffer')
     try:
         seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-        length = os.fstat(fd).st_size
+        status = os.fstat(fd)
     except OSError as error:
         raise ValueError(f'the peer passed a descriptor that is not a memfd ({error})') from None
-    if seals & _SEALS != _SEALS or length < size:
+    if seals & _SEALS != _SEALS or status.st_size < size:
         raise ValueError(f'the peer passed shared memory that is not sealed or too small '
-                         f'({length} bytes for a buffer of {size}, seals {seals:#x})')
-    try:
-        mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-    except OSError:  # Out of mappings (vm.max_map_count): a private copy instead.
+                         f'({status.st_size} bytes for a buffer of {size}, seals {seals:#x})')
+    import numpy  # pylint: disable=import-outside-toplevel  (a dependency; only needed here)
+    mapping = _mappings.get(file, (status.st_dev, status.st_ino), status.st_size)
+    if mapping is None:  # Out of mappings (vm.max_map_count): a private copy instead.
         copy = bytearray(size)
         view = memoryview(copy)
         done = 0
         while done < size:
             done += os.preadv(fd, [view[done:]], done)
         return view.toreadonly()
-    _received.hold(mapping, file)
-    return memoryview(mapping)
+    # The buffer's owner: every view or array made from it keeps it, so its death says
+    # that the reader let go (a memoryview would not: views of it skip it).
+    owner = numpy.frombuffer(mapping, numpy.uint8, size)
+    _mappings.lend(owner, file, (status.st_dev, status.st_ino))
+    return memoryview(owner)
 
 
-class _Received:
-    """The files of live received mappings, by mapping: what is passed on without a copy."""
+class _Mapped:
+    """A receiver's read-only mapping of a whole segment, and which of its buffers use it."""
+
+    __slots__ = ('mapping', 'file', 'owners')
+
+    def __init__(self, mapping: mmap.mmap, file: Memfd):
+        self.mapping = mapping
+        self.file = file  # This process's own description: unlocked, asks if the sender keeps it.
+        self.owners: set = set()  # ids of the live buffers on it.
+
+
+class _Mappings:
+    """A receiver's mappings of segments, by inode, and its live buffers on them."""
 
     def __init__(self):
-        self._files: Dict[int, Tuple[weakref.ref, Memfd]] = {}
+        self.lock = threading.Lock()
+        self._mapped: Dict[tuple, _Mapped] = {}  # Oldest use first.
+        self._owners: Dict[int, Tuple[weakref.ref, Memfd, tuple]] = {}
 
-    def hold(self, mapping: mmap.mmap, file: Memfd) -> None:
-        if len(self._files) >= _MAX_HELD_FILES:
-            return  # The mapping alone keeps the memory; the file closes now.
-        key = id(mapping)
-        self._files[key] = (weakref.ref(mapping, lambda _, key=key: self._files.pop(key, None)),
-                            file)
+    def get(self, file: Memfd, key: tuple, length: int) -> Optional[mmap.mmap]:
+        """The mapping of the segment ``file`` (made now, or kept from before); None if no
+        mapping can be made."""
+        with self.lock:
+            mapped = self._mapped.pop(key, None)
+            if mapped is None:
+                try:
+                    own = Memfd(os.open(f'/proc/self/fd/{file.fd}', os.O_RDONLY | os.O_CLOEXEC))
+                    mapped = _Mapped(mmap.mmap(own.fd, length, flags=mmap.MAP_SHARED,
+                                               prot=mmap.PROT_READ), own)
+                except OSError:  # Out of descriptors or mappings.
+                    return None
+            self._mapped[key] = mapped
+            self._sweep()
+            return mapped.mapping
 
-    def file_of(self, mapping: Any, size: int) -> Optional[Memfd]:
-        entry = self._files.get(id(mapping))
-        if entry is None or entry[0]() is not mapping or len(mapping) != size:
-            return None
-        return entry[1]
+    def lend(self, owner: Any, file: Memfd, key: tuple) -> None:
+        """Keeps the received description ``file`` open while the buffer ``owner`` lives."""
+        ident = id(owner)
+        self._owners[ident] = (weakref.ref(owner, lambda _: self._released(ident, key)), file,
+                               key)
+        mapped = self._mapped.get(key)
+        if mapped is not None:
+            mapped.owners.add(ident)
+
+    def file_of(self, obj: Any, size: int) -> Optional[Memfd]:
+        """The received description of the buffer ``obj`` (followed through views), if ``obj``
+        is all of one."""
+        for _ in range(32):
+            entry = self._owners.get(id(obj))
+            if entry is not None and entry[0]() is obj:
+                return entry[1] if obj.nbytes == size else None
+            if isinstance(obj, memoryview):
+                obj = obj.obj
+            elif type(obj).__module__ == 'numpy' and getattr(obj, 'base', None) is not None:
+                obj = obj.base
+            else:
+                return None
+        return None
+
+    def _released(self, ident: int, key: tuple) -> None:
+        # Runs wherever the last array went (any thread, maybe inside get): no waiting here.
+        self._owners.pop(ident, None)  # Its description closes once no frame passes it.
+        mapped = self._mapped.get(key)
+        if mapped is not None:
+            mapped.owners.discard(ident)
+        if self.lock.acquire(False):
+            try:
+                self._sweep()
+            finally:
+                self.lock.release()
+
+    def _sweep(self) -> None:
+        """Drops the idle mappings of segments that their sender no longer keeps, and the
+        oldest beyond :data:`_MAX_IDLE_MAPPINGS`. (The memory goes with the last array.)"""
+        idle = [key for key, mapped in self._mapped.items() if not mapped.owners]
+        for count, key in enumerate(reversed(idle)):
+            if count >= _MAX_IDLE_MAPPINGS or not _locked(self._mapped[key].file.fd, _KEPT_AT, 1):
+                del self._mapped[key]
+
+    def reset(self) -> None:
+        self.lock = threading.Lock()
+
+
+def _locked(fd: int, start: int, length: int) -> bool:
+    """Whether another description holds a lock on these bytes of ``fd``'s file."""
+    answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, 0, start, length, 0))
+    return _FLOCK.unpack(answer)[0] != fcntl.F_UNLCK
+
+
+def _lock(fd: int, kind: int, start: int, length: int) -> bool:
+    """Takes (or with F_UNLCK drops) a lock of ``fd``'s description; False if others hold one."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(kind, 0, start, length, 0))
+    except OSError as error:
+        if error.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+class _Segment:
+    """A memfd a sender writes buffers into, again and again once no reader is left."""
+
+    __slots__ = ('file', 'capacity', 'mapping', 'writing')
+
+    def __init__(self, capacity: int):
+        self.file = Memfd(os.memfd_create('courier', os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
+        self.capacity = capacity
+        os.ftruncate(self.file.fd, capacity)
+        fcntl.fcntl(self.file.fd, fcntl.F_ADD_SEALS, _SEALS)
+        _lock(self.file.fd, fcntl.F_RDLCK, _KEPT_AT, 1)
+        # Copies into mapped pages run twice as fast as pwrite's into the file.
+        self.mapping = mmap.mmap(self.file.fd, capacity)
+        self.writing = True  # Taken by this process's thread that made it.
+
+    def claim(self) -> bool:
+        """Locks the segment for writing; False while a reader may still read it."""
+        return _lock(self.file.fd, fcntl.F_WRLCK, 0, _KEPT_AT)
+
+    def unclaim(self) -> None:
+        _lock(self.file.fd, fcntl.F_UNLCK, 0, _KEPT_AT)
+
+    def write(self, view: memoryview) -> Memfd:
+        """Writes ``view`` at the start of the claimed segment; returns a reader's
+        description, locked: the segment stays unwritten while a holder of it lives."""
+        data = view.cast('B') if view.format != 'B' or view.ndim != 1 else view
+        try:
+            self.claim()  # Ours already (see _Pool.take): held while writing.
+            import numpy  # pylint: disable=import-outside-toplevel
+            # numpy copies without the GIL: the server's other threads go on meanwhile.
+            numpy.copyto(numpy.frombuffer(self.mapping, numpy.uint8, data.nbytes),
+                         numpy.frombuffer(data, numpy.uint8))
+            self.unclaim()
+            reader = Memfd(os.open(f'/proc/self/fd/{self.file.fd}', os.O_RDONLY | os.O_CLOEXEC))
+            if not _lock(reader.fd, fcntl.F_RDLCK, 0, _KEPT_AT):
+                raise OSError(errno.EAGAIN, 'a segment being written was locked by another')
+            return reader
+        finally:
+            self.writing = False
+
+
+class _Pool:
+    """A sender's segments: reused once no reader holds them, the idle ones kept up to
+    :data:`KEEP_BYTES` (the least recently used go first)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._segments: List[_Segment] = []  # Least recently used first.
+
+    def take(self, size: int) -> _Segment:
+        """A segment of at least ``size`` bytes for this thread to write, claimed."""
+        capacity = -(-size // _GRAIN) * _GRAIN
+        chosen = None
+        kept = 0
+        dropped = []
+        with self._lock:
+            for segment in reversed(self._segments):
+                if segment.writing or not segment.claim():
+                    continue  # Another thread writes it, or readers hold it.
+                if chosen is None and capacity <= segment.capacity <= capacity + capacity // 4:
+                    chosen = segment
+                    continue
+                segment.unclaim()
+                kept += segment.capacity
+                if kept > KEEP_BYTES:
+                    dropped.append(segment)  # Its memory goes once receivers unmap it.
+            if chosen is None:
+                chosen = _Segment(capacity)
+            else:
+                dropped.append(chosen)
+            self._segments = [segment for segment in self._segments if segment not in dropped]
+            chosen.writing = True
+            self._segments.append(chosen)
+        return chosen
+
+    def reset(self) -> None:
+        # A forked child writes into segments of its own, never its parent's.
+        self._lock = threading.Lock()
+        self._segments = []
 
 
 class _Placed:
-    """The shared memory of read-only buffers sent before, by exporting object, while it lives."""
+    """The reader's descriptions of read-only buffers sent before, by exporting object, while
+    it lives."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -187,60 +378,40 @@ class _Placed:
         with self._lock:
             entry = self._files.get(key)
             if entry is not None and entry[0]() is None:
-                del self._files[key]
+                del self._files[key]  # Its segment is free once readers let go too.
+
+    def reset(self) -> None:
+        self._lock = threading.Lock()
+        self.writing = threading.Lock()
 
 
-_received = _Received()
+_mappings = _Mappings()
+_pool = _Pool()
 _placed = _Placed()
 
 
-def _file_holding(view: memoryview) -> Memfd:
-    """The sealed memfd holding ``view``'s bytes: the one it was received in or placed in
-    before, else a new one."""
-    owner = _root(view.obj)
-    if isinstance(owner, mmap.mmap):
-        file = _received.file_of(owner, view.nbytes)
-        if file is not None:
-            return file
+def _reader_holding(view: memoryview) -> Memfd:
+    """A reader's description of a segment holding ``view``'s bytes: the one it was
+    received in or placed in before, else one just written."""
+    file = _mappings.file_of(view.obj, view.nbytes)
+    if file is not None:
+        return file
     if not view.readonly:
-        return _write(view)
+        return _pool.take(view.nbytes).write(view)
     exporter = view.obj
     with _placed.writing:  # Many callers of one new value at once: one writes, all share.
         file = _placed.get(exporter, view.nbytes)
         if file is None:
-            file = _write(view)
+            file = _pool.take(view.nbytes).write(view)
             _placed.put(exporter, view.nbytes, file)
     return file
 
 
-def _write(view: memoryview) -> Memfd:
-    file = Memfd(os.memfd_create('courier', os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
-    data = view.cast('B') if view.format != 'B' or view.ndim != 1 else view
-    size = data.nbytes
-    os.ftruncate(file.fd, size)
-    done = 0
-    while done < size:
-        done += os.pwrite(file.fd, data[done:done + _WRITE_STEP], done)
-    fcntl.fcntl(file.fd, fcntl.F_ADD_SEALS, _SEALS)
-    return file
-
-
-def _root(obj: Any) -> Any:
-    """The object that owns the memory ``obj`` exports (numpy bases, memoryviews followed)."""
-    for _ in range(32):
-        if isinstance(obj, memoryview):
-            obj = obj.obj
-        elif type(obj).__module__ == 'numpy' and getattr(obj, 'base', None) is not None:
-            obj = obj.base
-        else:
-            break
-    return obj
-
-
 def _reset_after_fork() -> None:
-    # A child inherits no threads holding the lock, and keeps the parent's files: its own.
-    _placed._lock = threading.Lock()  # pylint: disable=protected-access
-    _placed.writing = threading.Lock()
+    # A child inherits no threads holding the locks, and keeps the parent's mappings.
+    _mappings.reset()
+    _pool.reset()
+    _placed.reset()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)

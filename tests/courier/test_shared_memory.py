@@ -20,6 +20,7 @@ from courier.transport import shm
 from launchpad.nodes import cacher
 from tests.courier.conftest import NoServersHere
 from tests.courier.conftest import free_tcp_address
+from tests.courier.test_shared_memory_reuse import segment_of
 
 pytestmark = pytest.mark.skipif(not shm.ENABLED, reason='no memfd here, or COURIER_SHARED_MEMORY=0')
 
@@ -82,7 +83,6 @@ def test_large_buffers_arrive_read_only_in_shared_memory_and_small_ones_inline(
         server.bind_object(learner)
         server.Start()
     array = np.arange(LARGE // 4, dtype=np.float32)
-    before = _memfd_mappings()
     echoed = courier.Client(f'unix:{socket_dir}/s').echo({'large': array, 'small': array[:10]})
     np.testing.assert_array_equal(echoed['large'], array)
     assert not echoed['large'].flags.writeable  # Mapped read-only onto the shared memory,
@@ -91,13 +91,12 @@ def test_large_buffers_arrive_read_only_in_shared_memory_and_small_ones_inline(
     writable = echoed['large'].copy()  # and a copy is writable.
     writable[0] = 1
     assert echoed['small'].flags.writeable  # Under the threshold: through the socket.
-    assert len(_memfd_mappings() - before) == 1
+    segment_of(echoed['large'])  # Raises unless it is mapped on shared memory.
     # TCP clients get the bytes inline, writable, as before.
     over_tcp = courier.Client(tcp).echo(array)
     assert over_tcp.flags.writeable and np.array_equal(over_tcp, array)
-    # The memory goes when its last reader drops it.
-    del echoed
-    assert _settled(before, _memfd_mappings) == before
+    # Its memory stays for the next buffers once its readers let go, and goes when its sender
+    # no longer keeps it (test_shared_memory_reuse.py).
 
 
 def test_one_value_reaches_many_readers_in_the_same_pages(make_server, socket_dir, monkeypatch):
@@ -117,14 +116,14 @@ def test_one_value_reaches_many_readers_in_the_same_pages(make_server, socket_di
                courier.Client(cached.address).futures.get_params().result()]
     for params in readers:
         np.testing.assert_array_equal(params, learner.params)
-    assert len({params.ctypes.data for params in readers}) == len(readers)  # Each its mapping,
-    old = _memfd_mappings()
+    assert len({params.ctypes.data for params in readers}) == 1  # One mapping in this process,
+    old = {segment_of(params) for params in readers}
     assert len(old) == 1  # all of one file: written once.
     learner.update()  # A new value, asked for by many at once: written once more.
     futures = [courier.Client(source.address).futures.get_params() for _ in range(6)]
     fresh = [future.result() for future in futures]
     np.testing.assert_array_equal(fresh[0], learner.params)
-    assert len(_memfd_mappings()) == 2 and old < _memfd_mappings()
+    assert len({segment_of(params) for params in fresh} | old) == 2
 
 
 _SERVE = '''
@@ -163,15 +162,17 @@ def test_nothing_is_left_after_readers_and_servers_are_killed(socket_dir, subpro
         return set(os.listdir('/dev/shm')) if os.path.isdir('/dev/shm') else set()
 
     names = shm_names()
+    gc.collect()
+    mapped, files = _memfd_mappings(), _memfd_files()  # What earlier tests' senders keep.
     address = f'unix:{socket_dir}/s'
     server = _start(_SERVE, address, subprocess_env)
     reader = None
     try:
         reader = _start(_READ, address, subprocess_env)
-        # The server keeps its read-only value's memory while the value lives; a fresh
-        # result's is the reader's alone once sent.
-        # The server drops the fresh one once it went out.
-        assert _settled(1, lambda: _memfd_files(server.pid)) == 1
+        # The server keeps two segments (each a descriptor, and its mapping's): its read-only
+        # value's while the value lives, with the reader's description of it that it passes,
+        # and the fresh result's for the next results; that one's reader's description went.
+        assert _settled(5, lambda: _memfd_files(server.pid)) == 5
         reader.kill()
         reader.wait()
         client = courier.Client(address)
@@ -182,7 +183,7 @@ def test_nothing_is_left_after_readers_and_servers_are_killed(socket_dir, subpro
         assert params.sum() == LARGE // 8  # A reader keeps its memory after the server died.
         del params
         gc.collect()
-        assert not _memfd_mappings() and _memfd_files() == 0
+        assert _memfd_mappings() == mapped and _memfd_files() == files
         assert shm_names() == names  # Never a name in /dev/shm.
     finally:
         for process in (reader, server):
