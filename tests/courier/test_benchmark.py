@@ -28,8 +28,10 @@ def test_metrics_cost_benchmark_smoke(capsys, monkeypatch):
     bench = importlib.import_module('metrics_cost')
     results = bench.run(['uds'], seconds=0.1, rounds=1)
     for counting in ('on', 'off'):
-        for measure in ('sync', 'futures', 'client_cpu_us', 'server_cpu_us'):
+        for measure in ('sync', 'futures'):
             assert results['uds'][counting][measure][0] > 0
+        for measure in ('client_cpu_us', 'server_cpu_us'):  # counted in 10 ms ticks: a 0.1 s
+            assert results['uds'][counting][measure][0] >= 0  # run on a busy machine may get none
         for measure in ('client_path_us', 'server_path_us', 'futures_path_us'):
             assert results['paths'][counting][measure][0] > 0
     bench.print_table(results)
