@@ -1,11 +1,14 @@
 """Which tests share a pytest-xdist worker, and a scheduler that keeps each group in one worker.
 
 pyproject.toml runs the suite in worker processes (`-n 3 --dist loadgroup`). A group's tests run
-in one worker, in collection order, as a plain session would run them: every test of a test bed
-(tests/testbeds, a bed's session fixture, or `@pytest.mark.holds`) is in the group 'testbeds',
-since a bed is machine-wide and held by one process for a whole session; every other test is in
-its file's group, so that module-scoped fixtures start once and a file's tests never race each
-other (mypy's cache in tests/test_typing.py, for one).
+in one worker, in collection order, as a plain session would run them. A test bed is machine-wide
+and a session fixture holds it for the whole session, so the tests of a bed share a worker: those
+of the podman bed alone in the group 'testbeds-podman', all other bed tests (the SSH and Slurm
+beds share a network) in 'testbeds'; a test uses a bed through a bed's session fixture, or names
+it with `@pytest.mark.holds(...)` (tests/testbeds' own tests that bring a bed up themselves must).
+Should a test use the podman bed and another, the podman tests join 'testbeds'. Every other test
+is in its file's group, so that module-scoped fixtures start once and a file's tests never race
+each other (mypy's cache in tests/test_typing.py, for one).
 
 The groups come from what the workers collected (fixture names are known there only), through a
 directory the controlling process makes: pytest-xdist's own `xdist_group` suffix on node ids is
@@ -18,7 +21,7 @@ import os
 import pathlib
 import shutil
 import tempfile
-from typing import Any, Dict, Iterable
+from typing import Any, Dict, Sequence, Set
 
 import pytest
 
@@ -26,16 +29,34 @@ from tests import testbeds
 
 GROUPS_DIR_ENV = 'LAUNCHPAD_TEST_GROUPS_DIR'  # where workers write {node id: group}
 BEDS_GROUP = 'testbeds'
-BED_FIXTURES = frozenset({'ssh_testbed', '_slurm_testbed', 'podman_testbed'})
+PODMAN_GROUP = 'testbeds-podman'
+BED_FIXTURES = {'ssh_testbed': 'ssh', '_slurm_testbed': 'slurm', 'podman_testbed': 'podman'}
 TESTBEDS_DIR = pathlib.Path(testbeds.__file__).parent
 
 
-def group_of(item: pytest.Item) -> str:
-    """The group of a collected test: 'testbeds' for a test of a bed, else its file."""
-    path = pathlib.Path(str(item.path))
-    uses_a_bed = (TESTBEDS_DIR in path.parents or item.get_closest_marker('holds') is not None
-                  or BED_FIXTURES.intersection(getattr(item, 'fixturenames', ())))
-    return BEDS_GROUP if uses_a_bed else item.nodeid.split('::')[0]
+def beds_of(item: pytest.Item) -> Set[str]:
+    """The beds a test uses: through their session fixtures, or held by name."""
+    beds = {bed for fixture, bed in BED_FIXTURES.items()
+            if fixture in getattr(item, 'fixturenames', ())}
+    for marker in item.iter_markers('holds'):
+        beds.update(marker.args)
+    return beds
+
+
+def groups(items: Sequence[pytest.Item]) -> Dict[str, str]:
+    """Node id -> group, for every test of `items` (see above)."""
+    beds = {item.nodeid: beds_of(item) for item in items}
+    podman_alone = not any('podman' in used and len(used) > 1 for used in beds.values())
+    found = {}
+    for item in items:
+        used = beds[item.nodeid]
+        if used == {'podman'} and podman_alone:
+            found[item.nodeid] = PODMAN_GROUP
+        elif used or TESTBEDS_DIR in pathlib.Path(str(item.path)).parents:
+            found[item.nodeid] = BEDS_GROUP
+        else:
+            found[item.nodeid] = item.nodeid.split('::')[0]
+    return found
 
 
 def start(config: pytest.Config) -> None:
@@ -49,14 +70,14 @@ def finish(config: pytest.Config) -> None:
         shutil.rmtree(os.environ.pop(GROUPS_DIR_ENV, ''), ignore_errors=True)
 
 
-def record(config: pytest.Config, items: Iterable[pytest.Item]) -> None:
+def record(config: pytest.Config, items: Sequence[pytest.Item]) -> None:
     """In a worker: writes each collected test's group for the controlling process."""
     directory = os.environ.get(GROUPS_DIR_ENV)
     if directory is None or not hasattr(config, 'workerinput'):
         return
     worker = config.workerinput['workerid']
     partial = pathlib.Path(directory, f'{worker}.json.partial')
-    partial.write_text(json.dumps({item.nodeid: group_of(item) for item in items}))
+    partial.write_text(json.dumps(groups(items)))
     partial.rename(partial.with_suffix(''))  # whole or absent
 
 
