@@ -106,4 +106,11 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
                     self._groups.update(json.loads(path.read_text()))
             return self._groups.get(nodeid) or nodeid.split('::')[0]
 
+        def _assign_work_unit(self, node: Any) -> None:
+            """The beds' groups first: the longest, and each needs a worker to itself."""
+            for group in (PODMAN_GROUP, BEDS_GROUP):
+                if group in self.workqueue:
+                    self.workqueue.move_to_end(group, last=False)
+            super()._assign_work_unit(node)
+
     return GroupScheduling(config, log)
