@@ -10,14 +10,22 @@ from typing import Iterator
 import pytest
 
 from tests import testbeds
+from tests import worker_groups
 
-TESTBEDS_DIR = pathlib.Path(testbeds.__file__).parent
+TESTBEDS_DIR = worker_groups.TESTBEDS_DIR
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Runs the test beds' own tests first: they bring each bed up and down themselves, which
-    they cannot do while a session fixture below holds that bed."""
+    they cannot do while a session fixture below holds that bed. In a pytest-xdist worker, also
+    tells the scheduler which tests share a worker (tests/worker_groups.py)."""
     items.sort(key=lambda item: TESTBEDS_DIR not in pathlib.Path(str(item.path)).parents)
+    worker_groups.record(config, items)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a run may lack
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    return worker_groups.make_scheduler(config, log)
 
 
 def _private_directory(variable: str, prefix: str) -> Iterator[str]:
@@ -82,5 +90,10 @@ def podman_testbed() -> Iterator[testbeds.PodmanNetwork]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    worker_groups.start(config)
     config.addinivalue_line('markers', 'holds(*beds): keep other processes away from these test '
                                        "beds ('ssh', 'slurm', 'podman') during the test")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    worker_groups.finish(config)

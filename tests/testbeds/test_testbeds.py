@@ -274,6 +274,7 @@ def test_a_missing_package_skips_with_the_fix(monkeypatch):
             pass
 
 
+@pytest.mark.holds('podman')
 def test_a_bed_cannot_be_brought_up_twice_in_one_process():
     with testbeds.podman_network():
         with pytest.raises(testbeds.TestbedError, match='already up in this process'):
@@ -281,9 +282,14 @@ def test_a_bed_cannot_be_brought_up_twice_in_one_process():
                 pass
 
 
-def test_session_fixtures(ssh_testbed, slurm_single, podman_testbed):
+def test_session_fixtures(ssh_testbed, slurm_single):
     assert [ssh_report(host)[0] for host in ssh_testbed] == ['lp-h1', 'lp-h2', 'lp-h3']
     assert srun_hostnames('hostname') == list(slurm_single.nodes)
+
+
+def test_podman_session_fixture(podman_testbed):
+    """Apart from the other beds': the podman bed's tests have a pytest-xdist worker of their own
+    (tests/worker_groups.py)."""
     assert run(['podman', 'run', '--rm', '--network', 'none', podman_testbed.image,
                 'python3', '-c', 'print(6 * 7)']).strip() == '42'
 
