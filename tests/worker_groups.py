@@ -1,14 +1,14 @@
 """Which tests share a pytest-xdist worker, and a scheduler that keeps each group in one worker.
 
-`python -m pytest tests -n 3 --dist loadgroup` runs the suite in worker processes. A group's tests
-run in one worker, in collection order, as a plain session would run them. A test bed is
-machine-wide and a session fixture holds it for the whole session, so the tests of a bed share a
-worker: those of the podman bed alone in the group 'testbeds-podman', all other bed tests (the SSH
-and Slurm beds share a network) in 'testbeds'; a test uses a bed through a bed's session fixture,
-or names it with `@pytest.mark.holds(...)` (tests/testbeds' own tests that bring a bed up
-themselves must). Should a test use the podman bed and another, the podman tests join 'testbeds'.
-Every other test is in its file's group, so that module-scoped fixtures start once and a file's
-tests never race each other (mypy's cache in tests/test_typing.py, for one).
+pyproject.toml runs the suite in worker processes (`-n 3 --dist loadgroup`). A group's tests run
+in one worker, in collection order, as a plain session would run them. A test bed is machine-wide
+and a session fixture holds it for the whole session, so the tests of a bed share a worker: those
+of the podman bed alone in the group 'testbeds-podman', all other bed tests (the SSH and Slurm
+beds share a network) in 'testbeds'; a test uses a bed through a bed's session fixture, or names
+it with `@pytest.mark.holds(...)` (tests/testbeds' own tests that bring a bed up themselves must).
+Should a test use the podman bed and another, the podman tests join 'testbeds'. Every other test
+is in its file's group, so that module-scoped fixtures start once and a file's tests never race
+each other (mypy's cache in tests/test_typing.py, for one).
 
 The groups come from what the workers collected (fixture names are known there only), through a
 directory the controlling process makes: pytest-xdist's own `xdist_group` suffix on node ids is

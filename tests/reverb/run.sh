@@ -32,8 +32,9 @@ echo "Reverb environment ready after $((SECONDS - start)) s"
 cd "$repo"
 start=$SECONDS
 status=0
+# -o addopts=: in this process, without pyproject.toml's pytest-xdist workers (not installed here).
 LAUNCHPAD_REVERB=required PYTHONPATH="$repo" TF_CPP_MIN_LOG_LEVEL=2 \
   "$venv/bin/python" -m pytest tests/reverb "tests/nodes/test_docs.py::test_doc_program_runs[replay]" \
-  -p no:cacheprovider "$@" || status=$?
+  -p no:cacheprovider -o addopts= "$@" || status=$?
 echo "Reverb tests took $((SECONDS - start)) s"
 exit $status
