@@ -194,14 +194,16 @@ def serve_forever(counter):
 @pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
 def test_stopping_the_program_ends_the_sub_processes(launch_type):
     controller = lp.launch(colocated_program('processes', serve_forever),
-                           launch_type=launch_type, notice_period=5)
+                           launch_type=launch_type, notice_period=30)
     try:
         assert wait_until(lambda: controller.status()['colo/0'].state is lp.NodeState.RUNNING)
         time.sleep(1.0)  # the sub-processes are up
     finally:
         started = time.monotonic()
         controller.stop()
-    assert time.monotonic() - started < 5  # they ended on the stop signal, not by the kill
+    # They ended on the stop signal, not by the kill at the end of the notice period (a long
+    # one, so that a busy machine does not read as a kill).
+    assert time.monotonic() - started < 30
     assert controller.status()['colo/0'].state is lp.NodeState.FINISHED
 
 
