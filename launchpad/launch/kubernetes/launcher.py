@@ -27,7 +27,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from launchpad.launch.controller import Controller, Runner
-from launchpad.launch.kubernetes.api import AlreadyExists, KubernetesApi, terminated
+from launchpad.launch.kubernetes.api import KubernetesApi, recreate_pod, terminated
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
 from launchpad.launch.kubernetes.manifests import LaunchPlan, grace_period, plan_launch, to_yaml
 from launchpad.launch.kubernetes.names import (COORDINATOR_CONTAINER, NODE_CONTAINER,
@@ -41,8 +41,6 @@ from launchpad.resources import Resources
 _IMAGE_PULL_FAILURES = ('ErrImagePull', 'ImagePullBackOff', 'InvalidImageName',
                         'ErrImageNeverPull')
 _CONFIG_FAILURES = ('CreateContainerConfigError', 'CreateContainerError', 'RunContainerError')
-# Seconds a restart waits for a node's old pod to be gone before it can create it again.
-RECREATE_SECONDS = 120.0
 
 
 class KubernetesLauncher(Launcher):
@@ -70,7 +68,7 @@ class KubernetesLauncher(Launcher):
         config = options.settings
         api = self._api_factory(config)
         api.check_namespace()
-        plan = plan_launch(program, options, restarts=not config.detach)
+        plan = plan_launch(program, options, attached=not config.detach)
         _create(api, plan)
         mirror = Coordinator(list(plan.node_pods), policies=plan.policies)
         runner = PodRunner(api, plan, mirror, config, options.notice_period)
@@ -171,6 +169,10 @@ class PodRunner(Runner):
         # Removed nodes to kill once the coordinator has told them -> when (at the latest
         # pending_timeout after the kill was due, should their leave pod never run).
         self._kill_later: Dict[str, float] = {}
+        self._uids: Dict[str, Optional[str]] = {}  # node -> the uid of its pod, as last listed
+        # Detached: restarting nodes -> the uid of the pod that ended, until the coordinator
+        # pod has created a new one.
+        self._replaced: Dict[str, Optional[str]] = {}
 
     def check_add(self, label: str) -> None:
         """Any group of an attached launch can grow."""
@@ -222,18 +224,13 @@ class PodRunner(Runner):
         return dict(self._codes)
 
     def restart(self, name: str) -> None:
-        """Creates the node's pod again (same name, so same DNS name), once the old one is gone."""
+        """Creates the node's pod again (same name, so same DNS name), once the old one is gone;
+        in a detached launch the coordinator pod does that, and this waits for its new pod."""
         pod_name = self._plan.node_pods[name]
-        self._api.delete('Pod', pod_name, grace_period_seconds=0)
-        deadline = self._clock() + RECREATE_SECONDS
-        while True:
-            try:
-                self._api.create(self._plan.pod_document(pod_name))
-                break
-            except AlreadyExists:  # the old pod is still on its way out
-                if self._clock() > deadline:
-                    raise
-                time.sleep(0.5)
+        if self._config.detach:
+            self._replaced[name] = self._uids.get(name)
+        else:
+            recreate_pod(self._api, self._plan.pod_document(pod_name), clock=self._clock)
         self._codes[name] = None
         self._followers.pop(pod_name, None)  # the new container's log is followed anew
         self._unschedulable_since.pop(name, None)
@@ -274,7 +271,14 @@ class PodRunner(Runner):
                      pods.get(self._plan.coordinator_pod))
         for name, pod_name in list(self._plan.node_pods.items()):
             if self._codes[name] is None:
-                self._codes[name] = self._inspect(name, pod_name, pods.get(pod_name), now)
+                pod = pods.get(pod_name)
+                uid = (pod or {}).get('metadata', {}).get('uid')
+                if name in self._replaced:
+                    if pod is None or uid == self._replaced[name]:
+                        continue  # the coordinator pod has not created it again yet
+                    del self._replaced[name]
+                self._uids[name] = uid
+                self._codes[name] = self._inspect(name, pod_name, pod, now)
                 if self._codes[name] is not None and self._mirror.has_left(name):
                     _delete(self._api, self._plan.forget(name), f'of removed node {name}')
         self._end_leave_pods(pods)
