@@ -100,7 +100,7 @@ def test_without_a_service_account_a_detached_launch_says_its_nodes_will_not_res
 
 
 def test_the_coordinator_pod_restarts_a_node_pod_and_fails_the_program_past_its_budget(
-        monkeypatch):
+        monkeypatch, capsys):
     """worker/0's pod is OOM-killed (no report): the controller in the coordinator pod creates
     it again from its manifest, owned as the coordinator pod is; then it is deleted, which is
     one failure too many. Pods the launcher has not created yet are no failures."""
@@ -113,8 +113,11 @@ def test_the_coordinator_pod_restarts_a_node_pod_and_fails_the_program_past_its_
     coordinator_pod['metadata']['ownerReferences'] = owner
     api.create(coordinator_pod)
     runner = in_cluster.InClusterRunner(api, 't1', _manifests(plan), plan.node_pods)
-    coordinator = pod.PodCoordinator(settings.nodes, policies={
+    coordinator = pod.PodCoordinator(settings.nodes, followed=False, policies={
         name: NodePolicy.from_json(policy) for name, policy in settings.policies.items()})
+    coordinator.request_size('worker', 3)  # nothing here creates pods for it (yet)
+    assert ('a node asked for group worker to have 3 nodes: ignored, no launcher follows'
+            in capsys.readouterr().out)
     controller = Controller('t1', coordinator, runner, launch_type='kubernetes',
                             notice_period=0.5, poll_interval=0.01)
     _until(lambda: sum(call[0] == 'list_pods' for call in api.calls) >= 3, 'no listing')

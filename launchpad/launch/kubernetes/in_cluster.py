@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import logging
 import os
 import signal
 import time
@@ -24,7 +25,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from launchpad.launch.controller import Runner
 from launchpad.launch.kubernetes import names
-from launchpad.launch.kubernetes.api import recreate_pod, terminated
+from launchpad.launch.kubernetes.api import KubernetesError, recreate_pod, terminated
 
 POD_MANIFESTS_KEY = 'pods'  # the key of RUN-pods' binaryData, and the file it is mounted as
 
@@ -74,6 +75,7 @@ class InClusterRunner(Runner):
         self._ended: Dict[str, str] = {}  # node -> how its pod ended, for its failure message
         self._seen: set = set()  # nodes whose pod the API listed since it was (re)created
         self._listed_at: Optional[float] = None
+        self._unlisted = False  # the last listing failed (said once)
         self._owners: Optional[list] = None  # the coordinator pod's owner references
 
     def poll(self) -> Dict[str, Optional[int]]:
@@ -83,8 +85,15 @@ class InClusterRunner(Runner):
         if self._listed_at is not None and now - self._listed_at < self.POLL_SECONDS:
             return dict(self._codes)
         self._listed_at = now
-        pods = {pod['metadata']['name']: pod
-                for pod in self._api.list_pods(names.selector(self._run, role='node'))}
+        try:
+            listed = self._api.list_pods(names.selector(self._run, role='node'))
+        except KubernetesError as e:  # e.g. the API server restarts: the pods run on
+            if not self._unlisted:
+                logging.warning('Cannot list the node pods (%s); trying again.', e)
+            self._unlisted = True
+            return dict(self._codes)
+        self._unlisted = False
+        pods = {pod['metadata']['name']: pod for pod in listed}
         for name, pod_name in self._node_pods.items():
             if self._codes[name] is not None:
                 continue

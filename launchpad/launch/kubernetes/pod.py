@@ -105,7 +105,11 @@ class PodFace(faces.NodeFace, Protocol):
 
 class PodCoordinator(Coordinator):
     """The coordinator of a program on Kubernetes (it serves `PodFace`): says in its log which
-    node failed and why."""
+    node failed and why. `followed`: an attached launcher reads its log (and resizes groups)."""
+
+    def __init__(self, *args, followed: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._followed = followed
 
     def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
         print(f'node {name} failed: {message}', flush=True)
@@ -131,7 +135,11 @@ class PodCoordinator(Coordinator):
         """A node's `lp.resize`: said in this pod's log, where the attached launcher reads it
         (it adds and removes the pods; nothing here can)."""
         super().request_size(label, size)
-        print(f'{names.SIZE_REQUEST}{json.dumps([label, size])}', flush=True)
+        if self._followed:
+            print(f'{names.SIZE_REQUEST}{json.dumps([label, size])}', flush=True)
+        else:
+            print(f'a node asked for group {label} to have {size} nodes: ignored, no launcher '
+                  'follows this program to create or delete pods', flush=True)
 
 
 def run_coordinator(settings: names.CoordinatorSettings) -> None:
@@ -141,7 +149,8 @@ def run_coordinator(settings: names.CoordinatorSettings) -> None:
     runner = _in_cluster_runner(settings) if settings.recreates_pods else None
     if settings.recreates_pods and runner is None:  # nothing here can create pods
         policies = {name: policy.without_restarts() for name, policy in policies.items()}
-    coordinator = PodCoordinator(settings.nodes, policies=policies)
+    coordinator = PodCoordinator(settings.nodes, policies=policies,
+                                 followed=not settings.recreates_pods)
     coordinator.set_node_addresses(settings.addresses)
     server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}',
                                             face=PodFace)
