@@ -4,17 +4,23 @@
 that `KubernetesApi` calls (create, delete and list objects of one namespace), backed by
 `PodmanApi` (tests/launch/test_kubernetes_podman.py), which plays every Pod with `podman kube
 play`. So the real `kubernetes` client talks to it from both sides: a launcher in another process
-(through `kubeconfig()`), and a coordinator pod, which finds it as a pod of a cluster finds its API
-server (KUBERNETES_SERVICE_HOST/PORT, a service account token and CA certificate mounted at
-/var/run/secrets/kubernetes.io/serviceaccount in pods with a service account). Like a cluster's
-garbage collector, deleting an object deletes the objects that name it as their owner. RBAC is not
-enforced.
+(through `kubeconfig()`, on loopback), and a coordinator pod, which finds it as a pod of a cluster
+finds its API server (KUBERNETES_SERVICE_HOST/PORT, a service account token and CA certificate
+mounted at /var/run/secrets/kubernetes.io/serviceaccount in pods with a service account). Like a
+cluster's garbage collector, deleting an object deletes the objects that name it as their owner.
+RBAC is not enforced.
+
+The bed's pods cannot reach this machine (their network has no gateway, on purpose), so a pod with
+a service account gets one more container, translated like the rest: it forwards the pod's
+127.0.0.1:6443 to this server's Unix socket, mounted from the host.
 """
 from __future__ import annotations
 
+import copy
 import http.server
 import json
 import secrets
+import socketserver
 import ssl
 import threading
 import urllib.parse
@@ -34,11 +40,10 @@ class PodmanApiServer:
 
     def __init__(self, bed, tmp_path):
         self.podman = PodmanApi(bed, tmp_path)
-        self.host = bed.subnet.rsplit('.', 1)[0] + '.1'  # the host's side of the pods' network
         self.token = secrets.token_hex(16)
         self._objects = {}  # (kind, name) -> the object as created
         self._lock = threading.RLock()
-        pki = Pki([self.host])
+        pki = Pki(['127.0.0.1'])
         self._dir = tmp_path / 'api-server'
         self._dir.mkdir()
         (self._dir / 'ca.crt').write_bytes(pki.ca_pem)
@@ -46,18 +51,21 @@ class PodmanApiServer:
         (self._dir / 'server.pem').write_bytes(pki.server_pem + pki.server_key)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(self._dir / 'server.pem')
-        self._server = http.server.ThreadingHTTPServer((self.host, 0), _handler(self))
-        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._servers = [http.server.ThreadingHTTPServer(('127.0.0.1', 0), _handler(self)),
+                         _UnixHttpServer(str(self._dir / _SOCKET), _handler(self))]
+        for server in self._servers:
+            server.socket = context.wrap_socket(server.socket, server_side=True)
+        self.port = self._servers[0].server_address[1]
 
     def __enter__(self) -> 'PodmanApiServer':
-        self._thread.start()
+        for server in self._servers:
+            threading.Thread(target=server.serve_forever, daemon=True).start()
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        for server in self._servers:
+            server.shutdown()
+            server.server_close()
         self.podman.close()
 
     def kubeconfig(self) -> str:
@@ -66,7 +74,7 @@ class PodmanApiServer:
         path.write_text(json.dumps({
             'apiVersion': 'v1', 'kind': 'Config', 'current-context': 'bed',
             'clusters': [{'name': 'bed', 'cluster': {
-                'server': f'https://{self.host}:{self.port}',
+                'server': f'https://127.0.0.1:{self.port}',
                 'certificate-authority': str(self._dir / 'ca.crt')}}],
             'users': [{'name': 'bed', 'user': {'token': self.token}}],
             'contexts': [{'name': 'bed', 'context': {'cluster': 'bed', 'user': 'bed'}}]}))
@@ -83,7 +91,7 @@ class PodmanApiServer:
             if (kind, name) in self._objects:
                 raise _Refusal(409, f'{kind} {name} already exists')
             if kind == 'Pod' and document['spec'].get('serviceAccountName'):
-                _mount_account(document, self._dir, self.host, self.port)
+                _mount_account(document, self._dir)
             created = self.podman.create(document)  # raises AlreadyExists while terminating
             self._objects[kind, name] = created
             return created
@@ -115,17 +123,53 @@ class _Refusal(Exception):
         self.status = status
 
 
-def _mount_account(pod, directory, host, port) -> None:
+def _mount_account(pod, directory) -> None:
     """What a cluster gives a pod with a service account: its token and the API server's CA
-    certificate, and where the API server is."""
-    pod['spec'].setdefault('volumes', []).append(
+    certificate, and where the API server is (here: a container forwarding to it)."""
+    spec = pod['spec']
+    spec.setdefault('volumes', []).append(
         {'name': 'service-account', 'hostPath': {'path': str(directory)}})
-    for container in pod['spec']['containers']:
+    for container in spec['containers']:
         container.setdefault('volumeMounts', []).append(
             {'name': 'service-account', 'mountPath': _ACCOUNT_DIR, 'readOnly': True})
         container.setdefault('env', []).extend([
-            {'name': 'KUBERNETES_SERVICE_HOST', 'value': host},
-            {'name': 'KUBERNETES_SERVICE_PORT', 'value': str(port)}])
+            {'name': 'KUBERNETES_SERVICE_HOST', 'value': '127.0.0.1'},
+            {'name': 'KUBERNETES_SERVICE_PORT', 'value': str(_POD_PORT)}])
+    forwarder = copy.deepcopy(spec['containers'][0])
+    forwarder.update(name='api-forwarder', command=[
+        forwarder['command'][0], '-c', _FORWARD, str(_POD_PORT), f'{_ACCOUNT_DIR}/{_SOCKET}'])
+    for key in ('env', 'ports', 'readinessProbe', 'resources'):
+        forwarder.pop(key, None)
+    spec['containers'].append(forwarder)
+
+
+_SOCKET = 'api.sock'
+_POD_PORT = 6443
+_FORWARD = """
+import socket, sys, threading
+def pipe(source, target):
+    try:
+        while data := source.recv(65536):
+            target.sendall(data)
+    except OSError:
+        pass
+    for end in (source, target):
+        try:
+            end.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+listener = socket.create_server(('127.0.0.1', int(sys.argv[1])))
+while True:
+    client, _ = listener.accept()
+    upstream = socket.socket(socket.AF_UNIX)
+    upstream.connect(sys.argv[2])
+    for ends in ((client, upstream), (upstream, client)):
+        threading.Thread(target=pipe, args=ends, daemon=True).start()
+"""
+
+
+class _UnixHttpServer(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
 
 
 def _with_client_fields(pod):
@@ -152,7 +196,8 @@ def _handler(server: PodmanApiServer):
             self.wfile.write(data)
 
         def _handle(self):
-            if self.headers.get('Authorization') != f'Bearer {server.token}':
+            scheme, _, token = (self.headers.get('Authorization') or '').partition(' ')
+            if scheme.lower() != 'bearer' or token != server.token:
                 return self._answer(401, {'kind': 'Status', 'message': 'Unauthorized'})
             url = urllib.parse.urlsplit(self.path)
             query = dict(urllib.parse.parse_qsl(url.query))
