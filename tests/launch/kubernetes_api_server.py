@@ -16,6 +16,7 @@ a service account gets one more container, translated like the rest: it forwards
 """
 from __future__ import annotations
 
+import base64
 import copy
 import http.server
 import json
@@ -42,6 +43,7 @@ class PodmanApiServer:
         self.podman = PodmanApi(bed, tmp_path)
         self.token = secrets.token_hex(16)
         self._objects = {}  # (kind, name) -> the object as created
+        self.created = []  # (kind, name) of every object created, in order
         self._lock = threading.RLock()
         pki = Pki(['127.0.0.1'])
         self._dir = tmp_path / 'api-server'
@@ -94,6 +96,7 @@ class PodmanApiServer:
                 _mount_account(document, self._dir)
             created = self.podman.create(document)  # raises AlreadyExists while terminating
             self._objects[kind, name] = created
+            self.created.append((kind, name))
             return created
 
     def delete(self, kind, name, grace_period_seconds=None):
@@ -136,8 +139,10 @@ def _mount_account(pod, directory) -> None:
             {'name': 'KUBERNETES_SERVICE_HOST', 'value': '127.0.0.1'},
             {'name': 'KUBERNETES_SERVICE_PORT', 'value': str(_POD_PORT)}])
     forwarder = copy.deepcopy(spec['containers'][0])
+    script = base64.b64encode(_FORWARD.encode()).decode()  # one line, for kube play's YAML
     forwarder.update(name='api-forwarder', command=[
-        forwarder['command'][0], '-c', _FORWARD, str(_POD_PORT), f'{_ACCOUNT_DIR}/{_SOCKET}'])
+        forwarder['command'][0], '-c', f'import base64; exec(base64.b64decode("{script}"))',
+        str(_POD_PORT), f'{_ACCOUNT_DIR}/{_SOCKET}'])
     for key in ('env', 'ports', 'readinessProbe', 'resources'):
         forwarder.pop(key, None)
     spec['containers'].append(forwarder)
@@ -215,7 +220,7 @@ def _handler(server: PodmanApiServer):
                     return self._answer(201, server.create(body))
                 if self.command == 'DELETE':
                     server.delete(kind, rest[1], body.get('gracePeriodSeconds'))
-                    return self._answer(200, {'kind': 'Status', 'status': 'Success'})
+                    return self._answer(200, {})  # read as the object or a Status
                 if self.command == 'GET' and kind == 'Pod' and len(rest) == 1:
                     pods = server.list_pods(query.get('labelSelector', ''))
                     return self._answer(200, {'kind': 'PodList', 'apiVersion': 'v1',
@@ -226,6 +231,8 @@ def _handler(server: PodmanApiServer):
                 return self._answer(e.status, {'kind': 'Status', 'message': str(e)})
             except AlreadyExists as e:  # a pod of that name is still terminating
                 return self._answer(409, {'kind': 'Status', 'message': str(e)})
+            except Exception as e:  # pylint: disable=broad-except
+                return self._answer(500, {'kind': 'Status', 'message': f'{type(e).__name__}: {e}'})
 
         do_GET = do_POST = do_DELETE = _handle
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from launchpad.launch import kubernetes
-from launchpad.launch.kubernetes.in_cluster import exit_code
+from launchpad.launch.kubernetes.api import terminated
 from tests.failure_checks import wait_for
 from tests.launch.kubernetes_api_server import PodmanApiServer
 from tests.launch.test_kubernetes_podman import _podman
@@ -45,21 +45,25 @@ def test_a_detached_program_restarts_a_node_from_its_coordinator_pod(podman_test
         def log(pod, container='node'):
             return server.podman.read_log(f'{run}-{pod}', container)
 
-        assert wait_for(lambda: 'the program ended' in log('coordinator', 'coordinator'), 120), \
+        def exit_codes():
+            return {pod['metadata']['name']: (terminated(pod, pod['spec']['containers'][0]['name'])
+                                              or {}).get('exitCode')
+                    for pod in server.list_pods(f'{kubernetes.PROGRAM_LABEL}={run}')}
+
+        assert wait_for(lambda: None not in exit_codes().values(), 120), \
             log('coordinator', 'coordinator')
         print(f'launch {launched:.1f} s, launch to end {time.monotonic() - started:.1f} s')
+        assert exit_codes() == {f'{run}-{name}': 0
+                                for name in ('coordinator', 'worker-0', 'prober-0')}
         coordinator = log('coordinator', 'coordinator')
         assert 'node worker/0 failed: RuntimeError: worker crashed' in coordinator, coordinator
         assert f'created the pod {run}-worker-0 of worker/0 again' in coordinator, coordinator
         assert 'PROBE restarted: attempt 1' in log('prober-0'), log('prober-0')
-        assert server.podman.created.count(('Pod', f'{run}-worker-0')) == 2
-        pods = server.list_pods(f'{kubernetes.PROGRAM_LABEL}={run}')
-        assert {p['metadata']['name']: exit_code(p) for p in pods} == {
-            f'{run}-{name}': 0 for name in ('coordinator', 'worker-0', 'prober-0')}
+        assert server.created.count(('Pod', f'{run}-worker-0')) == 2
 
         server.delete('ConfigMap', run)  # kubectl delete configmap RUN
         assert server.objects() == []
     assert not _podman('ps', '-aq', '--filter', f'label={kubernetes.PROGRAM_LABEL}').strip()
     assert not set(_podman('pod', 'ps', '--format', '{{.Name}}').split()) & {
-        name for kind, name in server.podman.created if kind == 'Pod'}
+        name for kind, name in server.created if kind == 'Pod'}
     assert run not in _podman('secret', 'ls', '--format', '{{.Name}}')

@@ -18,6 +18,7 @@ A detached launch starts no log thread and deletes nothing when the launcher end
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import signal
@@ -74,6 +75,7 @@ class KubernetesLauncher(Launcher):
         runner = PodRunner(api, plan, mirror, config, options.notice_period)
         if config.detach:
             print(_detached_summary(plan), flush=True)
+            atexit.register(runner.let_go)
         # Attached, the script stays alive until the program ends (streaming logs, deleting
         # the objects at the end) and Ctrl-C stops the program; detached, it returns at once.
         return Controller(program.name, mirror, runner, launch_type=options.launch_type,
@@ -169,6 +171,8 @@ class PodRunner(Runner):
         # Removed nodes to kill once the coordinator has told them -> when (at the latest
         # pending_timeout after the kill was due, should their leave pod never run).
         self._kill_later: Dict[str, float] = {}
+        self._calling = threading.Lock()  # held by the monitor thread's API calls in `poll`
+        self._let_go = False
         self._uids: Dict[str, Optional[str]] = {}  # node -> the uid of its pod, as last listed
         # Detached: restarting nodes -> the uid of the pod that ended, until the coordinator
         # pod has created a new one.
@@ -213,15 +217,25 @@ class PodRunner(Runner):
     def poll(self) -> Dict[str, Optional[int]]:
         """Node name -> its pod's exit code (None while it runs); sends the stop once asked."""
         now = self._clock()
-        if self._listed_at is None or now - self._listed_at >= self.POLL_SECONDS:
-            self._listed_at = now
-            self._refresh(now)
+        with self._calling:
+            if self._let_go:
+                return dict(self._codes)
+            if self._listed_at is None or now - self._listed_at >= self.POLL_SECONDS:
+                self._listed_at = now
+                self._refresh(now)
         if self._mirror.stopping and not self._stop_sent:
             self._stop_sent = True
             # The coordinator turns SIGTERM into the program's stop signal and keeps serving
             # until the nodes have ended or the grace period is over.
             self._api.delete('Pod', self._plan.coordinator_pod, grace_period_seconds=self._grace)
         return dict(self._codes)
+
+    def let_go(self) -> None:
+        """Stops following a detached launch's pods (when this process exits: an API call in
+        flight on the monitor thread while the interpreter finalizes aborts it); waits for the
+        call in flight."""
+        with self._calling:
+            self._let_go = True
 
     def restart(self, name: str) -> None:
         """Creates the node's pod again (same name, so same DNS name), once the old one is gone;
