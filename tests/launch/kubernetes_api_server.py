@@ -39,8 +39,8 @@ class PodmanApiServer:
     """The API server stand-in (see the module docstring); a context manager that stops serving
     and removes what is left of the programs on exit."""
 
-    def __init__(self, bed, tmp_path):
-        self.podman = PodmanApi(bed, tmp_path)
+    def __init__(self, podman: PodmanApi, tmp_path):
+        self.podman = podman  # or what stands in for it
         self.token = secrets.token_hex(16)
         self._objects = {}  # (kind, name) -> the object as created
         self.created = []  # (kind, name) of every object created, in order

@@ -14,7 +14,7 @@ from launchpad.launch import kubernetes
 from launchpad.launch.kubernetes.api import terminated
 from tests.failure_checks import wait_for
 from tests.launch.kubernetes_api_server import PodmanApiServer
-from tests.launch.test_kubernetes_podman import _podman
+from tests.launch.test_kubernetes_podman import PodmanApi, _podman
 from tests.leftovers import no_new_children
 from tests.testbeds import REPO_ROOT
 
@@ -33,7 +33,8 @@ lp.launch(failure_programs.restart_program(crash=True), launch_type='kubernetes'
 def test_a_detached_program_restarts_a_node_from_its_coordinator_pod(podman_testbed, tmp_path):
     """worker/0 crashes in its first attempt (after answering prober/0); the coordinator pod
     creates its pod again, prober/0 gets answers from attempt 1 and stops the program."""
-    with no_new_children(), PodmanApiServer(podman_testbed, tmp_path) as server:
+    with no_new_children(), PodmanApiServer(PodmanApi(podman_testbed, tmp_path),
+                                            tmp_path) as server:
         started = time.monotonic()
         launcher = subprocess.run(
             [sys.executable, '-c', LAUNCH, podman_testbed.image, podman_testbed.python,
