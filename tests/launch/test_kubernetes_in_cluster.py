@@ -52,9 +52,15 @@ def _manifests(plan):
 
 
 class SelectingApi(FakeApi):
-    """The fake API, answering `list_pods` with the pods its label selector matches."""
+    """The fake API, answering `list_pods` with the pods its label selector matches (or failing,
+    `unreachable` times)."""
+
+    unreachable = 0
 
     def list_pods(self, selector):
+        if self.unreachable:
+            self.unreachable -= 1
+            raise kubernetes.KubernetesError('Cannot reach the Kubernetes API server')
         wanted = dict(term.split('=') for term in selector.split(','))
         return [p for p in super().list_pods(selector)
                 if wanted.items() <= p['metadata']['labels'].items()]
@@ -120,8 +126,10 @@ def test_the_coordinator_pod_restarts_a_node_pod_and_fails_the_program_past_its_
             in capsys.readouterr().out)
     controller = Controller('t1', coordinator, runner, launch_type='kubernetes',
                             notice_period=0.5, poll_interval=0.01)
+    api.unreachable = 2  # a listing that fails is tried again
     _until(lambda: sum(call[0] == 'list_pods' for call in api.calls) >= 3, 'no listing')
     assert coordinator.failure is None  # the node pods do not exist yet
+    assert api.unreachable == 0 and not controller.done
     api.statuses['t1-worker-0'] = [running(), exited(137, 'OOMKilled'), running()]
     for name in ('t1-worker-0', 't1-other-0'):
         api.create(plan.pod_document(name))
