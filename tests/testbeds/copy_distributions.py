@@ -1,4 +1,5 @@
-"""Puts launchpad's runtime dependencies into a directory for the podman test image.
+"""Puts launchpad's runtime dependencies (with its kubernetes extra) into a directory for the
+podman test image.
 
 podman_image.sh runs this with the interpreter the tests use:
 
@@ -49,10 +50,16 @@ IMAGE_MARKER_ENV = {
 }
 
 
+IMAGE_EXTRAS = ('kubernetes',)  # a coordinator pod uses the API to restart node pods
+
+
 def dependencies(pyproject: pathlib.Path) -> list[str]:
-    """Returns the runtime dependencies of the project (`[project] dependencies`)."""
+    """Returns the runtime dependencies of the project (`[project] dependencies`) and those of
+    the extras pods use (IMAGE_EXTRAS)."""
     with open(pyproject, 'rb') as f:
-        return tomllib.load(f)['project']['dependencies']
+        project = tomllib.load(f)['project']
+    return project['dependencies'] + [requirement for extra in IMAGE_EXTRAS
+                                      for requirement in project['optional-dependencies'][extra]]
 
 
 def _installed(name: str) -> importlib.metadata.Distribution | None:

@@ -8,8 +8,8 @@
 #   podman_image.sh purge   down, then remove the image too
 #
 # The image is built without any registry: Debian's python3.11 with its standard library and
-# shared libraries, copied from this machine, plus launchpad's dependencies in
-# /usr/local/lib/python3.11/dist-packages (see copy_distributions.py: copied from the tests'
+# shared libraries, copied from this machine, plus launchpad's dependencies and its kubernetes
+# extra's in /usr/local/lib/python3.11/dist-packages (see copy_distributions.py: copied from the tests'
 # interpreter, $LP_PYTHON, when that is CPython 3.11; fetched as cp311 wheels otherwise).
 # launchpad itself is not in the image: mount the source tree with a hostPath volume and put it
 # on PYTHONPATH, so code changes need no rebuild. The image is rebuilt when this script,

@@ -27,6 +27,11 @@ the coordinator pod gracefully (its SIGTERM handler raises the stop signal; node
 period; pods that outlive it are deleted). The program therefore survives the launcher going away
 (`detach=True` relies on that), and `lp.stop()` in any pod ends it without the launcher.
 
+Restarts. An attached launcher creates a failed node's pod again as its restart policy says. In a
+program no launcher follows (detached), the coordinator pod does, when it has a service account: a
+controller runs there over `in_cluster.InClusterRunner`, which recreates pods from the manifests
+the launch left in ConfigMap RUN-pods.
+
 Elastic groups. An attached launcher adds a node by creating its pod as the launch did
 (`LaunchPlan.add_node`); the pod's first init container joins it to the coordinator pod. It removes
 one through a short pod that tells the coordinator (`pod.py leave`), then deletes the node's pod; a
@@ -41,7 +46,8 @@ from a volume inside the node.
 
 RBAC. Node pods use no API. The coordinator pod lists the program's pods (`get`, `list` on pods)
 to notice a pod that dies without reporting (killed for memory, evicted); without that permission it
-says so in its log and relies on an attached launcher to notice. `create_rbac=True` creates a
+says so in its log and relies on an attached launcher to notice. A detached launch's coordinator
+also creates pods and deletes its node pods (by name). `create_rbac=True` creates a
 ServiceAccount, Role and RoleBinding granting exactly that (`coordinator_rbac_manifests`); the
 launching user needs create/get/list/delete on pods, configmaps, secrets and services (and on
 serviceaccounts, roles and rolebindings with `create_rbac=True`), get on pods/log and list on events.
@@ -57,7 +63,8 @@ Files, by where their code runs:
   * api.py       launching machine and coordinator pod: `KubernetesApi` over the official client;
   * launcher.py  launching machine: `KubernetesLauncher`, `PodRunner`, `program_to_manifests`;
   * pod.py       in the pods: `python -m launchpad.launch.kubernetes.pod COMMAND ARGS` (this package
-                 does not import it).
+                 does not import it);
+  * in_cluster.py coordinator pod: `InClusterRunner`, restarting a detached program's nodes.
 """
 from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, NotFound
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources

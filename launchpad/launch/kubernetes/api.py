@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import time
 from typing import Any, BinaryIO, Callable, Dict, List, Mapping, Optional
 
 from launchpad.launch.kubernetes.names import INSTALL_HINT
@@ -175,6 +176,28 @@ def _api_error(status: int, reason: str, action: str, namespace: str) -> Kuberne
         return AlreadyExists(f'Cannot {action}: it already exists ({reason}). Choose another '
                              'name= or delete the old launch.')
     return KubernetesError(f'Cannot {action}: the API server answered {status} ({reason}).')
+
+
+# Seconds a restart waits for a node's old pod to be gone before it can create it again.
+RECREATE_SECONDS = 120.0
+
+
+def recreate_pod(api, document: Mapping[str, Any], *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+    """Deletes the pod `document` names at once and creates it again from `document` (same
+    name, so same DNS name), retrying while the old pod is still on its way out (at most
+    RECREATE_SECONDS). `api`: a `KubernetesApi`, or what stands in for it."""
+    name = document['metadata']['name']
+    api.delete('Pod', name, grace_period_seconds=0)
+    deadline = clock() + RECREATE_SECONDS
+    while True:
+        try:
+            api.create(document)
+            return
+        except AlreadyExists:
+            if clock() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def terminated(pod: Mapping[str, Any], container: str, init: bool = False

@@ -18,6 +18,7 @@ A detached launch starts no log thread and deletes nothing when the launcher end
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import signal
@@ -27,7 +28,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from launchpad.launch.controller import Controller, Runner
-from launchpad.launch.kubernetes.api import AlreadyExists, KubernetesApi, terminated
+from launchpad.launch.kubernetes.api import KubernetesApi, recreate_pod, terminated
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
 from launchpad.launch.kubernetes.manifests import LaunchPlan, grace_period, plan_launch, to_yaml
 from launchpad.launch.kubernetes.names import (COORDINATOR_CONTAINER, NODE_CONTAINER,
@@ -41,8 +42,6 @@ from launchpad.resources import Resources
 _IMAGE_PULL_FAILURES = ('ErrImagePull', 'ImagePullBackOff', 'InvalidImageName',
                         'ErrImageNeverPull')
 _CONFIG_FAILURES = ('CreateContainerConfigError', 'CreateContainerError', 'RunContainerError')
-# Seconds a restart waits for a node's old pod to be gone before it can create it again.
-RECREATE_SECONDS = 120.0
 
 
 class KubernetesLauncher(Launcher):
@@ -70,12 +69,13 @@ class KubernetesLauncher(Launcher):
         config = options.settings
         api = self._api_factory(config)
         api.check_namespace()
-        plan = plan_launch(program, options, restarts=not config.detach)
+        plan = plan_launch(program, options, attached=not config.detach)
         _create(api, plan)
         mirror = Coordinator(list(plan.node_pods), policies=plan.policies)
         runner = PodRunner(api, plan, mirror, config, options.notice_period)
         if config.detach:
             print(_detached_summary(plan), flush=True)
+            atexit.register(runner.let_go)
         # Attached, the script stays alive until the program ends (streaming logs, deleting
         # the objects at the end) and Ctrl-C stops the program; detached, it returns at once.
         return Controller(program.name, mirror, runner, launch_type=options.launch_type,
@@ -171,6 +171,12 @@ class PodRunner(Runner):
         # Removed nodes to kill once the coordinator has told them -> when (at the latest
         # pending_timeout after the kill was due, should their leave pod never run).
         self._kill_later: Dict[str, float] = {}
+        self._calling = threading.Lock()  # held by the monitor thread's API calls in `poll`
+        self._let_go = False
+        self._uids: Dict[str, Optional[str]] = {}  # node -> the uid of its pod, as last listed
+        # Detached: restarting nodes -> the uid of the pod that ended, until the coordinator
+        # pod has created a new one.
+        self._replaced: Dict[str, Optional[str]] = {}
 
     def check_add(self, label: str) -> None:
         """Any group of an attached launch can grow."""
@@ -211,9 +217,12 @@ class PodRunner(Runner):
     def poll(self) -> Dict[str, Optional[int]]:
         """Node name -> its pod's exit code (None while it runs); sends the stop once asked."""
         now = self._clock()
-        if self._listed_at is None or now - self._listed_at >= self.POLL_SECONDS:
-            self._listed_at = now
-            self._refresh(now)
+        with self._calling:
+            if self._let_go:
+                return dict(self._codes)
+            if self._listed_at is None or now - self._listed_at >= self.POLL_SECONDS:
+                self._listed_at = now
+                self._refresh(now)
         if self._mirror.stopping and not self._stop_sent:
             self._stop_sent = True
             # The coordinator turns SIGTERM into the program's stop signal and keeps serving
@@ -221,19 +230,21 @@ class PodRunner(Runner):
             self._api.delete('Pod', self._plan.coordinator_pod, grace_period_seconds=self._grace)
         return dict(self._codes)
 
+    def let_go(self) -> None:
+        """Stops following a detached launch's pods (when this process exits: an API call in
+        flight on the monitor thread while the interpreter finalizes aborts it); waits for the
+        call in flight."""
+        with self._calling:
+            self._let_go = True
+
     def restart(self, name: str) -> None:
-        """Creates the node's pod again (same name, so same DNS name), once the old one is gone."""
+        """Creates the node's pod again (same name, so same DNS name), once the old one is gone;
+        in a detached launch the coordinator pod does that, and this waits for its new pod."""
         pod_name = self._plan.node_pods[name]
-        self._api.delete('Pod', pod_name, grace_period_seconds=0)
-        deadline = self._clock() + RECREATE_SECONDS
-        while True:
-            try:
-                self._api.create(self._plan.pod_document(pod_name))
-                break
-            except AlreadyExists:  # the old pod is still on its way out
-                if self._clock() > deadline:
-                    raise
-                time.sleep(0.5)
+        if self._config.detach:
+            self._replaced[name] = self._uids.get(name)
+        else:
+            recreate_pod(self._api, self._plan.pod_document(pod_name), clock=self._clock)
         self._codes[name] = None
         self._followers.pop(pod_name, None)  # the new container's log is followed anew
         self._unschedulable_since.pop(name, None)
@@ -274,7 +285,14 @@ class PodRunner(Runner):
                      pods.get(self._plan.coordinator_pod))
         for name, pod_name in list(self._plan.node_pods.items()):
             if self._codes[name] is None:
-                self._codes[name] = self._inspect(name, pod_name, pods.get(pod_name), now)
+                pod = pods.get(pod_name)
+                uid = (pod or {}).get('metadata', {}).get('uid')
+                if name in self._replaced:
+                    if pod is None or uid == self._replaced[name]:
+                        continue  # the coordinator pod has not created it again yet
+                    del self._replaced[name]
+                self._uids[name] = uid
+                self._codes[name] = self._inspect(name, pod_name, pod, now)
                 if self._codes[name] is not None and self._mirror.has_left(name):
                     _delete(self._api, self._plan.forget(name), f'of removed node {name}')
         self._end_leave_pods(pods)

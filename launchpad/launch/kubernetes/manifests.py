@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import logging
 import math
 import secrets
 import zlib
@@ -20,7 +21,7 @@ import courier
 
 from launchpad import runtime
 from launchpad.address import AddressTable
-from launchpad.launch.kubernetes import names
+from launchpad.launch.kubernetes import in_cluster, names
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
 from launchpad.launch.launcher import LaunchOptions, executables_of, policies_of
 from launchpad.policy import NodePolicy
@@ -177,12 +178,15 @@ def grace_period(notice_period: float) -> int:
 
 
 def plan_launch(program: Program, options: LaunchOptions, *,
-                restarts: bool = False) -> LaunchPlan:
+                attached: bool = False) -> LaunchPlan:
     """Builds (without creating) the objects that run `program`; packs every executable first.
 
     `options` were checked by `KubernetesLauncher.check` (their settings are a KubernetesConfig).
-    `restarts`: a launcher stays attached to create failed node pods again; without one, the
-    coordinator pod treats every failure as final (its restart policy still says what it does).
+    `attached`: a launcher stays to create failed node pods again. Without one, the coordinator
+    pod does, from the node pods' manifests in ConfigMap RUN-pods, when it has a service account
+    (`create_rbac=True`, or `service_account=` with the rights of
+    `coordinator_rbac_manifests`); else every failure is final (a restart policy still says
+    whether a node is dropped), and a warning says so.
     """
     config: KubernetesConfig = options.settings
     resources = options.resources
@@ -215,7 +219,9 @@ def plan_launch(program: Program, options: LaunchOptions, *,
             static[address.id] = f'{pod}.{domain}:{config.port + j}'
         pods.append(_PodPlan(pod, executable.name, label, len(executable.addresses)))
     policies = policies_of(program, executables)
-    if not restarts:
+    recreates_pods = not attached and bool(config.create_rbac or config.service_account)
+    if not attached and not recreates_pods:
+        _warn_about_restarts(policies)
         policies = {name: policy.without_restarts() for name, policy in policies.items()}
     packer = specs.Packer(program.name, options.launch_type, AddressTable(static=static),
                           coordinator_address, notice_period=notice_period, policies=policies,
@@ -229,11 +235,16 @@ def plan_launch(program: Program, options: LaunchOptions, *,
     pod_of = {'coordinator': coordinator_pod, **{p.node_name: p.name for p in pods}}
     documents = [builder.root(pod_of), builder.secret(), builder.service()]
     if config.create_rbac:
-        documents += coordinator_rbac_manifests(run, config.namespace)
+        documents += coordinator_rbac_manifests(
+            run, config.namespace, [p.name for p in pods] if recreates_pods else None)
+    if recreates_pods:
+        documents.append(builder.pod_manifests(
+            [d for documents_of_node in node_documents for d in documents_of_node
+             if d['kind'] == 'Pod']))
     addresses = {node.name: [address.id for address in node.addresses]
                  for node in program.get_all_nodes()}
     documents.append(builder.coordinator_pod(coordinator_pod, [p.node_name for p in pods],
-                                             policies, addresses))
+                                             policies, addresses, recreates_pods))
     for documents_of_node in node_documents:
         documents += documents_of_node
     growth = _Growth(packer, builder, slugs, domain, coordinator_host, config.port, len(run),
@@ -243,14 +254,36 @@ def plan_launch(program: Program, options: LaunchOptions, *,
                       coordinator_pod=coordinator_pod, policies=policies, growth=growth)
 
 
-def coordinator_rbac_manifests(run: str, namespace: str) -> List[Dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding that let the coordinator pod list the program's pods."""
+def _warn_about_restarts(policies: Mapping[str, NodePolicy]) -> None:
+    restarting = [name for name, policy in policies.items()
+                  if policy.restart is not None and policy.restart.max_restarts != 0]
+    if restarting:
+        logging.warning(
+            'No launcher follows this program and its coordinator pod has no service account to '
+            'create pods with, so %s will not be restarted when %s. Pass create_rbac=True (or '
+            'service_account= with the rights of coordinator_rbac_manifests) to have the '
+            'coordinator pod restart them.', ', '.join(restarting),
+            'it fails' if len(restarting) == 1 else 'they fail')
+
+
+def coordinator_rbac_manifests(run: str, namespace: str,
+                               node_pods: Optional[Sequence[str]] = None
+                               ) -> List[Dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding that let the coordinator pod list the program's pods
+    and, given the names of its `node_pods` (the coordinator restarts them: no launcher follows
+    the program), create pods and delete those. RBAC cannot limit `create` or `list` to names
+    or labels: they hold for every pod of the namespace."""
     labels = {names.PROGRAM_LABEL: run, **names.MANAGED_BY}
     meta = {'name': run, 'namespace': namespace, 'labels': labels}
+    rules = [{'apiGroups': [''], 'resources': ['pods'], 'verbs': ['get', 'list']}]
+    if node_pods is not None:
+        rules += [{'apiGroups': [''], 'resources': ['pods'], 'verbs': ['create']},
+                  {'apiGroups': [''], 'resources': ['pods'], 'verbs': ['delete'],
+                   'resourceNames': list(node_pods)}]
     return [
         {'apiVersion': 'v1', 'kind': 'ServiceAccount', 'metadata': dict(meta)},
         {'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'Role', 'metadata': dict(meta),
-         'rules': [{'apiGroups': [''], 'resources': ['pods'], 'verbs': ['get', 'list']}]},
+         'rules': rules},
         {'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'RoleBinding',
          'metadata': dict(meta),
          'roleRef': {'apiGroup': 'rbac.authorization.k8s.io', 'kind': 'Role', 'name': run},
@@ -341,15 +374,33 @@ class _ManifestBuilder:
             spec['automountServiceAccountToken'] = False
         return spec
 
+    def pod_manifests(self, pods: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+        """The ConfigMap RUN-pods: the node pods' manifests, from which the coordinator pod
+        creates a failed node's pod again when no launcher follows the program."""
+        data = in_cluster.pack_pod_manifests({pod['metadata']['name']: pod for pod in pods})
+        if len(data) > SPEC_CHUNK_BYTES:
+            raise ValueError(
+                f'The manifests of the {len(pods)} node pods take {len(data) / 2**20:.1f} MiB, '
+                'more than a ConfigMap holds, so the coordinator pod could not restart them '
+                'without a launcher. Launch it attached (detach=False), or without a service '
+                'account for the coordinator (no create_rbac=True or service_account=): its '
+                'failures are then final.')
+        return {'apiVersion': 'v1', 'kind': 'ConfigMap', 'immutable': True,
+                'metadata': self._meta(f'{self._run}-pods', 'pods'),
+                'binaryData': {in_cluster.POD_MANIFESTS_KEY: data}}
+
     def coordinator_pod(self, name: str, node_names: List[str],
                         policies: Mapping[str, NodePolicy],
-                        addresses: Mapping[str, List[str]]) -> Dict[str, Any]:
-        """The pod that serves the program's coordinator (`pod.py coordinator`)."""
+                        addresses: Mapping[str, List[str]],
+                        recreates_pods: bool = False) -> Dict[str, Any]:
+        """The pod that serves the program's coordinator (`pod.py coordinator`); with
+        `recreates_pods`, it mounts the node pods' manifests (`pod_manifests`)."""
         settings = names.CoordinatorSettings(
             run=self._run, namespace=self._config.namespace, nodes=node_names,
             port=self._config.port, notice_period=self._grace - 5,
             policies={node: policy.to_json() for node, policy in policies.items()},
-            addresses={node: list(ids) for node, ids in addresses.items() if ids})
+            addresses={node: list(ids) for node, ids in addresses.items() if ids},
+            recreates_pods=recreates_pods)
         command = names.pod_command(self._config.python, names.COORDINATOR_COMMAND,
                                     settings.to_json())
         container = self._container(names.COORDINATOR_CONTAINER, command, self._env({}))
@@ -357,7 +408,13 @@ class _ManifestBuilder:
         container['readinessProbe'] = {'tcpSocket': {'port': self._config.port},
                                        'periodSeconds': 2}
         container['resources'] = {'requests': {'cpu': '100m', 'memory': '256Mi'}}
-        spec = self._pod_spec([container], service_account=self._coordinator_account)
+        volumes = []
+        if recreates_pods:
+            volumes = [{'name': 'pods', 'configMap': {'name': f'{self._run}-pods'}}]
+            container['volumeMounts'] = [{'name': 'pods', 'mountPath': names.PODS_DIR,
+                                          'readOnly': True}]
+        spec = self._pod_spec([container], volumes=volumes,
+                              service_account=self._coordinator_account)
         spec['hostname'] = name
         return {'apiVersion': 'v1', 'kind': 'Pod',
                 'metadata': self._meta(name, 'coordinator'), 'spec': spec}

@@ -32,6 +32,9 @@ SPEC_DIR = '/launchpad/spec'
 # directory in it, named after the launch).
 CHECKPOINT_DIR = '/launchpad/checkpoints'
 PARTS_DIR = '/launchpad/parts'
+# Where the coordinator pod of a program no launcher follows mounts the ConfigMap RUN-pods: the
+# node pods' manifests, from which it creates a failed node's pod again.
+PODS_DIR = '/launchpad/pods'
 
 # The commands of the pod module (`python -m POD_MODULE COMMAND ARGS`, see `pod_command`).
 POD_MODULE = 'launchpad.launch.kubernetes.pod'
@@ -76,6 +79,9 @@ class CoordinatorSettings:
       notice_period: seconds nodes get to end after the stop signal.
       policies: node name -> its restart policy and progress deadline (`NodePolicy.to_json`).
       addresses: node name -> the ids of the addresses it serves (for the clients of its group).
+      recreates_pods: the coordinator pod applies the restart policies itself, creating failed
+        node pods again from the manifests at PODS_DIR (no launcher follows the program); else
+        an attached launcher does.
     """
     run: str
     namespace: str
@@ -84,6 +90,7 @@ class CoordinatorSettings:
     notice_period: float
     policies: Dict[str, Any] = dataclasses.field(default_factory=dict)
     addresses: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
+    recreates_pods: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

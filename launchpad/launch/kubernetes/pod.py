@@ -22,6 +22,10 @@ Threads of the coordinator pod:
   * the main thread runs `run_coordinator`: it announces the stop, gives up waiting for the nodes
     once the notice period is over, and every `PodWatcher.INTERVAL` seconds asks the API for node
     pods that ended without reporting (when the pod's service account may list pods);
+  * in a program no launcher follows (`CoordinatorSettings.recreates_pods`: a detached launch),
+    a `Controller` over an `InClusterRunner` does that instead, on its monitor thread: it also
+    creates the pods of failed nodes again as their restart policies say, and deletes the pods
+    still running a notice period after the stop;
   * courier's server threads answer the nodes (each node keeps a `wait_for_stop` call open);
   * deleting the pod sends SIGTERM; its handler raises the stop signal from a new thread rather
     than take the coordinator's lock inside a signal handler.
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -39,8 +44,10 @@ import threading
 import time
 from typing import Dict, Optional, Protocol, Sequence
 
+from launchpad.launch.controller import Controller
 from launchpad.launch.kubernetes import names
 from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, terminated
+from launchpad.launch.kubernetes.in_cluster import InClusterRunner, read_pod_manifests
 from launchpad.policy import NodePolicy
 from launchpad.process import coordinator as coordination
 from launchpad.process import faces
@@ -98,7 +105,11 @@ class PodFace(faces.NodeFace, Protocol):
 
 class PodCoordinator(Coordinator):
     """The coordinator of a program on Kubernetes (it serves `PodFace`): says in its log which
-    node failed and why."""
+    node failed and why. `followed`: an attached launcher reads its log (and resizes groups)."""
+
+    def __init__(self, *args, followed: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._followed = followed
 
     def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
         print(f'node {name} failed: {message}', flush=True)
@@ -124,14 +135,22 @@ class PodCoordinator(Coordinator):
         """A node's `lp.resize`: said in this pod's log, where the attached launcher reads it
         (it adds and removes the pods; nothing here can)."""
         super().request_size(label, size)
-        print(f'{names.SIZE_REQUEST}{json.dumps([label, size])}', flush=True)
+        if self._followed:
+            print(f'{names.SIZE_REQUEST}{json.dumps([label, size])}', flush=True)
+        else:
+            print(f'a node asked for group {label} to have {size} nodes: ignored, no launcher '
+                  'follows this program to create or delete pods', flush=True)
 
 
 def run_coordinator(settings: names.CoordinatorSettings) -> None:
     """The coordinator pod's main: serves the coordinator until every node has ended."""
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
-    coordinator = PodCoordinator(settings.nodes, policies={
-        name: NodePolicy.from_json(policy) for name, policy in settings.policies.items()})
+    policies = {name: NodePolicy.from_json(policy) for name, policy in settings.policies.items()}
+    runner = _in_cluster_runner(settings) if settings.recreates_pods else None
+    if settings.recreates_pods and runner is None:  # nothing here can create pods
+        policies = {name: policy.without_restarts() for name, policy in policies.items()}
+    coordinator = PodCoordinator(settings.nodes, policies=policies,
+                                 followed=not settings.recreates_pods)
     coordinator.set_node_addresses(settings.addresses)
     server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}',
                                             face=PodFace)
@@ -139,21 +158,40 @@ def run_coordinator(settings: names.CoordinatorSettings) -> None:
         target=coordinator.request_stop, args=('the coordinator pod was deleted',)).start())
     print(f'serving the coordinator of {len(settings.nodes)} nodes on port {settings.port}',
           flush=True)
-    watcher = PodWatcher(settings.run, settings.namespace, coordinator)
+    controller = watcher = None
+    if runner is not None:  # the controller here restarts nodes and ends stragglers
+        controller = Controller(settings.run, coordinator, runner, launch_type='kubernetes',
+                                notice_period=settings.notice_period, poll_interval=0.2)
+        print('restarting failed nodes here: no launcher follows the program', flush=True)
+    else:
+        watcher = PodWatcher(settings.run, settings.namespace, coordinator)
     announced = False
-    while coordinator.running():
+    while not controller.done if controller is not None else coordinator.running():
         if coordinator.stopping and not announced:
             announced = True
             print(f'stopping the program: {coordinator.stop_reason}', flush=True)
-        if (coordinator.stopping
-                and time.monotonic() - coordinator.stop_time > settings.notice_period + 2):
-            break
-        watcher.check()
+        if watcher is not None:
+            if time.monotonic() - (coordinator.stop_time or math.inf) > settings.notice_period + 2:
+                break
+            watcher.check()
         coordinator.wait_for_change(1.0)
     time.sleep(1.0)  # the last answers reach their nodes
     server.Stop()
     failure = coordinator.failure
     print(f'the program ended{": " + str(failure).splitlines()[0] if failure else ""}', flush=True)
+
+
+def _in_cluster_runner(settings: names.CoordinatorSettings) -> Optional[InClusterRunner]:
+    """The runner that lets this pod restart nodes, or None (saying why) if it cannot."""
+    try:
+        api = KubernetesApi(settings.namespace, in_cluster=True)
+        manifests = read_pod_manifests()
+        node_pods = {pod['metadata']['annotations'][names.NODE_NAME_ANNOTATION]: name
+                     for name, pod in manifests.items()}
+    except (ImportError, KubernetesError, OSError, ValueError) as e:
+        print(f'cannot restart failed nodes, their failures are final: {e}', flush=True)
+        return None
+    return InClusterRunner(api, settings.run, manifests, node_pods)
 
 
 class PodWatcher:

@@ -1,0 +1,70 @@
+"""A detached Kubernetes program on the podman bed, its launcher gone: the coordinator pod
+restarts a failed node through the API (`PodmanApiServer`, the real client on both sides), and
+deleting the program's root object removes everything."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launchpad.launch import kubernetes
+from launchpad.launch.kubernetes.api import terminated
+from tests.failure_checks import wait_for
+from tests.launch.kubernetes_api_server import PodmanApiServer
+from tests.launch.test_kubernetes_podman import PodmanApi, _podman
+from tests.leftovers import no_new_children
+from tests.testbeds import REPO_ROOT
+
+pytestmark = pytest.mark.timeout(180)
+
+LAUNCH = '''
+import sys
+import launchpad as lp
+from tests import failure_programs
+lp.launch(failure_programs.restart_program(crash=True), launch_type='kubernetes', detach=True,
+          create_rbac=True, image=sys.argv[1], python=sys.argv[2], kubeconfig=sys.argv[3],
+          notice_period=5)
+'''
+
+
+def test_a_detached_program_restarts_a_node_from_its_coordinator_pod(podman_testbed, tmp_path):
+    """worker/0 crashes in its first attempt (after answering prober/0); the coordinator pod
+    creates its pod again, prober/0 gets answers from attempt 1 and stops the program."""
+    with no_new_children(), PodmanApiServer(PodmanApi(podman_testbed, tmp_path),
+                                            tmp_path) as server:
+        started = time.monotonic()
+        launcher = subprocess.run(
+            [sys.executable, '-c', LAUNCH, podman_testbed.image, podman_testbed.python,
+             server.kubeconfig()], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        assert launcher.returncode == 0, launcher.stdout + launcher.stderr
+        run = re.search(r'Launched (\S+) in namespace', launcher.stdout).group(1)
+        launched = time.monotonic() - started
+
+        def log(pod, container='node'):
+            return server.podman.read_log(f'{run}-{pod}', container)
+
+        def exit_codes():
+            return {pod['metadata']['name']: (terminated(pod, pod['spec']['containers'][0]['name'])
+                                              or {}).get('exitCode')
+                    for pod in server.list_pods(f'{kubernetes.PROGRAM_LABEL}={run}')}
+
+        assert wait_for(lambda: None not in exit_codes().values(), 120), \
+            log('coordinator', 'coordinator')
+        print(f'launch {launched:.1f} s, launch to end {time.monotonic() - started:.1f} s')
+        assert exit_codes() == {f'{run}-{name}': 0
+                                for name in ('coordinator', 'worker-0', 'prober-0')}
+        coordinator = log('coordinator', 'coordinator')
+        assert 'node worker/0 failed: RuntimeError: worker crashed' in coordinator, coordinator
+        assert f'created the pod {run}-worker-0 of worker/0 again' in coordinator, coordinator
+        assert 'PROBE restarted: attempt 1' in log('prober-0'), log('prober-0')
+        assert server.created.count(('Pod', f'{run}-worker-0')) == 2
+
+        server.delete('ConfigMap', run)  # kubectl delete configmap RUN
+        assert server.objects() == []
+    assert not _podman('ps', '-aq', '--filter', f'label={kubernetes.PROGRAM_LABEL}').strip()
+    assert not set(_podman('pod', 'ps', '--format', '{{.Name}}').split()) & {
+        name for kind, name in server.created if kind == 'Pod'}
+    assert run not in _podman('secret', 'ls', '--format', '{{.Name}}')
