@@ -428,6 +428,10 @@ def _recover(query: str) -> None:
     """Starts a keeper (and so a supervisor) for the detached program `query` whose supervisor
     and keeper are gone."""
     running = [e for e in registry.entries() if query in (e.id, e.name) or e.id.startswith(query)]
+    if running and tunnel.is_remote(running[0]):
+        raise RuntimeError(f'program {running[0].name} ({running[0].id}) is supervised on '
+                           f'{running[0].host}: a new supervisor there cannot re-adopt its nodes '
+                           'yet (see docs/detach.md).')
     if running and _keeper_alive(running[0]):
         return  # it has a supervisor
     runs = run_directories(query)

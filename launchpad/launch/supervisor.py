@@ -1,4 +1,4 @@
-"""The supervisor of a detached local_mp program, and the keeper that starts it again.
+"""The supervisor of a detached local_mp or ssh program, and the keeper that starts it again.
 
 `lp.launch(..., detach=True)` writes the program to a run directory and starts the keeper
 (`launchpad.launch.detached.spawn_keeper`):
@@ -16,7 +16,13 @@
                  program's observer and registry entry with its control (`detached.CONTROL`);
                  exits 0 once the program has ended (its run directory is gone then).
 
-Nodes of a detached program outlive a dead supervisor: calls between nodes go on, their metrics
+A detached ssh program's supervisor runs on one of its hosts, started there by
+`launchpad.launch.ssh.detach` with `python -m launchpad.launch.supervisor start` (`start_here`:
+the launch file comes on stdin, its registry entry goes back on stdout); it launches the
+program with the ssh launcher and is not started again when it dies (its run is not
+re-adoptable: the keeper then removes its run directory and registry entry).
+
+Nodes of a detached local_mp program outlive a dead supervisor: calls between nodes go on, their metrics
 wait for the next supervisor, and they stop by themselves if none comes within the supervisor
 grace (`lp.launch(..., supervisor_grace=...)`).
 """

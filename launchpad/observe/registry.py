@@ -21,6 +21,8 @@ refused otherwise. In it, per program:
                 "keeper_pid" are then the supervisor's there, see `tunnel`)}
     <id>.sock   the observer's Unix socket (`launchpad.observe.observer`; none for a program
                 supervised on another host)
+    <id>.<pid>.<random>.fwd  the local end of process <pid>'s ssh tunnel to a program
+                supervised on another host (`launchpad.observe.tunnel`)
 
 Another user can neither list the directory, read an entry, nor connect to the socket, and a
 call without the entry's token is refused.
@@ -28,6 +30,7 @@ call without the entry's token is refused.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import pathlib
@@ -136,9 +139,10 @@ def register(entry: Entry) -> None:
 def unregister(program_id: str) -> None:
     """Removes the entry of `program_id` and its socket, if there."""
     folder = directory(create=False)
-    for suffix in ('.json', '.sock'):
+    for path in [folder / f'{program_id}{suffix}' for suffix in ('.json', '.sock')] + list(
+            folder.glob(f'{glob.escape(program_id)}.*.fwd')):  # (`tunnel`'s)
         try:
-            os.unlink(folder / f'{program_id}{suffix}')
+            os.unlink(path)
         except FileNotFoundError:
             pass
 
@@ -169,7 +173,14 @@ def entries() -> List[Entry]:
 
 def _remove_orphan_sockets(folder: pathlib.Path) -> None:
     """Removes sockets without an entry that are older than a minute (left by a launcher killed
-    while it unregistered)."""
+    while it unregistered), and the tunnels' sockets of processes that are gone (`tunnel`)."""
+    for path in folder.glob('*.fwd'):
+        pid = path.name.rsplit('.', 3)[1]
+        if not pid.isdigit() or _process_started(int(pid)) is None:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
     for path in folder.glob('*.sock'):
         try:
             if (not path.with_suffix('.json').exists()

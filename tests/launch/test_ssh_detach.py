@@ -85,7 +85,8 @@ def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
         assert status['controller']['host'] == 'lp-h2'
         nodes = {row['name']: (row['state'], row['host'], row['pid']) for row in status['nodes']}
         assert {name: state for name, (state, _, _) in nodes.items()} == {
-            'counter': 'running', 'caller': 'running', 'worker/0': 'running'}
+            'counter/0': 'running', 'caller/0': 'running', 'worker/0': 'running'}
+        assert nodes['counter/0'][1] == 'lp-h1' and nodes['worker/0'][1] == 'lp-h3'
         listed = _cli('list').stdout
         assert program_id in listed and f'{status["controller"]["pid"]} on lp-h2' in listed
 
