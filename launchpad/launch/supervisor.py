@@ -22,9 +22,9 @@ the launch file comes on stdin, its registry entry goes back on stdout); it laun
 program with the ssh launcher and is not started again when it dies (its run is not
 re-adoptable: the keeper then removes its run directory and registry entry).
 
-Nodes of a detached local_mp program outlive a dead supervisor: calls between nodes go on, their metrics
-wait for the next supervisor, and they stop by themselves if none comes within the supervisor
-grace (`lp.launch(..., supervisor_grace=...)`).
+Nodes of a detached local_mp program outlive a dead supervisor: calls between nodes go on,
+their metrics wait for the next supervisor, and they stop by themselves if none comes within
+the supervisor grace (`lp.launch(..., supervisor_grace=...)`).
 """
 from __future__ import annotations
 

@@ -3,7 +3,6 @@ outlives the process that launched it and the launching machine's network, and t
 reaches it through ssh (`launchpad.observe.tunnel`)."""
 from __future__ import annotations
 
-import dataclasses
 import glob
 import json
 import os
@@ -18,8 +17,9 @@ import pytest
 import launchpad as lp
 from launchpad.launch import detached
 from launchpad.observe import registry
-from tests.launch.detached_program import Counter, make_program
-from tests.launch.test_ssh import REPO, host_options, hosts, program_processes  # pylint: disable=unused-import
+from tests.launch.detached_program import Counter
+from tests.launch.test_detach import _calls
+from tests.launch.test_ssh import REPO, host_options, hosts  # pylint: disable=unused-import
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,19 +45,11 @@ def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
                           check=check)
 
 
-def _calls(path: str, more_than: int) -> int:
-    deadline = time.monotonic() + 30
-    while Counter.read(path)['calls'] <= more_than:
-        assert time.monotonic() < deadline, 'the counter served no more calls'
-        time.sleep(0.05)
-    return Counter.read(path)['calls']
-
-
 def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
         ssh_testbed, hosts, tmp_path):
     remote = tmp_path / 'remote'  # the hosts' registry, runs and logs (a user's home there)
-    env = {'LAUNCHPAD_RUNTIME_DIR': str(remote / 'runtime'),
-           'LAUNCHPAD_RUNS_DIR': str(remote / 'runs'), 'LAUNCHPAD_LOGGING_DIR': str(remote / 'logs')}
+    env = {'LAUNCHPAD_RUNTIME_DIR': str(remote / 'runtime'), 'LAUNCHPAD_RUNS_DIR':
+           str(remote / 'runs'), 'LAUNCHPAD_LOGGING_DIR': str(remote / 'logs')}
     options = {}
     for bed_host in ssh_testbed:
         options[bed_host.name] = host_options(bed_host)
@@ -116,7 +108,8 @@ def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
     # Nothing is left: no process (the `hosts` fixture checks every host and this machine), no
     # run directory, registry entry, socket or tunnel, here or there.
     assert program_id not in _cli('list').stdout
-    assert not glob.glob(os.path.join(tempfile.gettempdir(), f'{detached.RUN_PREFIX}{program_id}*'))
+    assert not glob.glob(os.path.join(tempfile.gettempdir(),
+                                      f'{detached.RUN_PREFIX}{program_id}*'))
     assert not glob.glob(str(registry.directory() / f'{program_id}.*'))
     assert not list((remote / 'runtime').glob(f'{program_id}.*'))
 
