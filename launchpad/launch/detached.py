@@ -212,7 +212,6 @@ class AttachedController(Controller):
                                    self._entry)
                 self._client = _client_of(self._entry)
 
-
     def _reconnect(self, method: str) -> courier.Client:
         """A client through a new tunnel to a remote supervisor whose connection failed; raises
         ProgramEndedError if it is gone."""

@@ -311,18 +311,18 @@ class SshLauncher(Launcher):
         hosts = {label: hosts_of(label, resources)
                  for label, resources in options.resources.items()}
         settings = options.settings or SshOptions()
-        detached = (settings.detach or settings.supervisor_host is not None
-                    or settings.supervisor_grace is not None)
-        supervisor_host = detached and detach.supervisor_host_of(program, hosts, settings,
-                                                                 options.terminal)
+        supervisor_host = None
+        if (settings.detach or settings.supervisor_host is not None
+                or settings.supervisor_grace is not None):
+            supervisor_host = detach.supervisor_host_of(program, hosts, settings,
+                                                        options.terminal)
         if shutil.which('ssh') is None:
             raise FileNotFoundError('The ssh launcher runs the OpenSSH client, and `ssh` is not on '
                                     'PATH; install it (e.g. apt-get install openssh-client).')
-        if supervisor_host:
+        if supervisor_host is not None:
             return detach.start(program, options, supervisor_host)
         return launch_supervised(program, options)
 
-    # (`launch_supervised` runs it)
     def _launch(self, program, options, executables, hosts, runner) -> Controller:
         # Place the executables round-robin over their group's hosts. In tmux windows every
         # node runs in an ssh session, at most NODES_PER_CONNECTION to a connection.
