@@ -14,9 +14,12 @@ all the time, and an idle worker), detached, --rounds times, and each time
   longest gap  the longest time between two calls the counter served, before the kill and over
                the kill and the re-adoption (the caller calls every 10 ms).
 
-Only local_mp takes detach=True so far (ssh, slurm and kubernetes are not measured here).
+With --ssh it measures, on the SSH test bed (as root; see benchmarks/ssh_bench.py), what
+detaching costs at launch on three hosts (the supervisor on the first): a detached SSH program's
+supervisor is not re-adopted yet, so there is no re-adoption to time. Slurm and Kubernetes are
+not measured here.
 
-  python benchmarks/recover_bench.py [--rounds 3]
+  python benchmarks/recover_bench.py [--rounds 3] [--ssh]
 """
 from __future__ import annotations
 
@@ -90,10 +93,38 @@ def round_(directory: str, index: int) -> Dict[str, float]:
             'gap_through': through, 'restarts': restarts}
 
 
+def ssh_launches(directory: str, rounds: int) -> None:
+    """Prints the launch time of the program on the bed's three hosts, detached and attached."""
+    from benchmarks.ssh_bench import bed_hosts  # pylint: disable=import-outside-toplevel
+    times: Dict[str, List[float]] = {'detached': [], 'attached': []}
+    with bed_hosts(argparse.Namespace(hosts=None)) as hosts:
+        resources = {'counter': hosts[0], 'caller': hosts[1], 'worker': hosts[2]}
+        for index in range(rounds):
+            for how in times:
+                program = make_program(os.path.join(directory, f'{how}{index}.json'), how)
+                started = time.monotonic()
+                controller = lp.launch(program, launch_type='ssh', resources=resources,
+                                       terminal='output_to_files', detach=how == 'detached')
+                while not _all_running(controller):
+                    time.sleep(0.01)
+                times[how].append(time.monotonic() - started)
+                controller.stop()
+    detached, attached = (statistics.median(times[how]) for how in times)
+    print(f'ssh, 3 hosts, {rounds} rounds: launch until every node runs: detached '
+          f'{detached:.2f} s (worst {max(times["detached"]):.2f} s), attached {attached:.2f} s '
+          f'(worst {max(times["attached"]):.2f} s), ratio {detached / attached:.2f}')
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--rounds', type=int, default=3)
+    parser.add_argument('--ssh', action='store_true', help='measure ssh launches on the bed')
     args = parser.parse_args()
+    if args.ssh:
+        with tempfile.TemporaryDirectory() as directory:
+            os.environ.setdefault('LAUNCHPAD_LOGGING_DIR', os.path.join(directory, 'logs'))
+            ssh_launches(directory, args.rounds)
+        return
     with tempfile.TemporaryDirectory() as directory:
         os.environ.setdefault('LAUNCHPAD_LOGGING_DIR', os.path.join(directory, 'logs'))
         rows: List[Dict[str, float]] = []

@@ -22,13 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import courier
 
 from launchpad.launch.controller import Controller
 from launchpad.nodes.base import Handle, Node
 from launchpad.observe import registry
+from launchpad.observe import tunnel
 from launchpad.process import flags
 from launchpad.process import spec as specs
 from launchpad.process.errors import NodeFailedError
@@ -80,6 +81,7 @@ class AttachedController(Controller):
         self._entry = entry
         self._client = _client_of(entry)
         self._ended = False
+        self._failed_calls = 0  # in a row, to a remote supervisor
 
     @property
     def supervisor(self) -> Dict[str, Any]:
@@ -132,6 +134,8 @@ class AttachedController(Controller):
                 return True
             if outcome['ended']:
                 self._ended = True
+                if tunnel.is_remote(self._entry):  # (its supervisor there ends now)
+                    tunnel.forget(self._entry)
                 if raise_error and outcome['failure'] is not None:
                     raise NodeFailedError(*outcome['failure'])
                 return True
@@ -182,13 +186,18 @@ class AttachedController(Controller):
         waits for it to register again."""
         while True:
             try:
-                return getattr(self._client, method)(*args)
+                result = getattr(self._client, method)(*args)
+                self._failed_calls = 0
+                return result
             except courier.PermissionDeniedError:
                 entry = next((e for e in registry.entries() if e.id == self.id), self._entry)
                 if entry.token == self._entry.token:
                     raise
                 self._entry, self._client = entry, _client_of(entry)  # a new supervisor's
             except courier.ServerUnavailableError:
+                if tunnel.is_remote(self._entry):
+                    self._client = self._reconnect(method)
+                    continue
                 if not _keeper_alive(self._entry):
                     if not run_directories(self.id):
                         raise ProgramEndedError(f'program {self.program_name} ({self.id}) has '
@@ -203,6 +212,20 @@ class AttachedController(Controller):
                                    self._entry)
                 self._client = _client_of(self._entry)
 
+    def _reconnect(self, method: str) -> courier.Client:
+        """A client through a new tunnel to a remote supervisor whose connection failed; raises
+        ProgramEndedError if it is gone."""
+        self._failed_calls += 1
+        if self._failed_calls > 20:
+            raise RuntimeError(f'the supervisor of program {self.program_name} ({self.id}) on '
+                               f'{self._entry.host} does not answer {method}().')
+        time.sleep(0.1)
+        try:
+            return _client_of(self._entry, fresh=True)
+        except tunnel.ProgramGoneError:
+            self._ended = True
+            raise ProgramEndedError(f'program {self.program_name} ({self.id}) has ended.') from None
+
 
 def attach(query: str) -> AttachedController:
     """The controller of the running detached program `query` (its id, the start of it, or its
@@ -215,9 +238,8 @@ def attach(query: str) -> AttachedController:
     return AttachedController(entry)
 
 
-def _client_of(entry: registry.Entry) -> courier.Client:
-    return courier.Client(entry.address, auth_token=entry.token, call_timeout=_CALL_TIMEOUT,
-                          wait_for_ready=False)
+def _client_of(entry: registry.Entry, fresh: bool = False) -> courier.Client:
+    return tunnel.client_of(entry, _CALL_TIMEOUT, fresh)
 
 
 def _keeper_alive(entry: registry.Entry) -> bool:
@@ -229,43 +251,68 @@ def _keeper_alive(entry: registry.Entry) -> bool:
 def start(program, options, grace: float) -> AttachedController:
     """Starts the supervisor of `program` as a daemon and returns once every node runs."""
     program_id = registry.new_id(program.name)
-    run_dir = tempfile.mkdtemp(prefix=f'{RUN_PREFIX}{program_id}-')
-    log_dir = os.path.join(
+    log_dir = default_log_dir(program.name, program_id)
+    header, payload = launch_file(program, dataclasses.replace(options, settings=None), grace,
+                                  program_id, log_dir, [p for p in sys.path if p])
+    controller = start_from(header, payload)
+    print(f'Program {program.name!r} runs detached as {program_id}, supervised by pid '
+          f'{controller.supervisor["pid"]} on {controller.supervisor["host"]}; node logs are in '
+          f'{log_dir}.\n{commands(program_id)}', file=sys.stderr, flush=True)
+    return controller
+
+
+def commands(program_id: str) -> str:
+    """How to follow, inspect and stop detached program `program_id`, for its launch to
+    print."""
+    return (f'  follow it:   python -m launchpad.launch attach {program_id}\n'
+            f'  status:      python -m launchpad.launch status {program_id}\n'
+            f'  stop it:     python -m launchpad.launch stop {program_id}')
+
+
+def default_log_dir(program_name: str, program_id: str) -> str:
+    """Where a detached program's node logs go on this machine ($LAUNCHPAD_LOGGING_DIR, else
+    ~/launchpad_logs, then a directory of its own)."""
+    return os.path.join(
         os.environ.get('LAUNCHPAD_LOGGING_DIR') or os.path.join(os.path.expanduser('~'),
                                                                'launchpad_logs'),
-        f'{program.name}-{time.strftime("%Y%m%d-%H%M%S")}-{program_id}')
+        f'{program_name}-{time.strftime("%Y%m%d-%H%M%S")}-{program_id}')
+
+
+def launch_file(program, options, grace: float, program_id: str, log_dir: Optional[str],
+                sys_path: List[str]) -> Tuple[Dict[str, Any], bytes]:
+    """What a supervisor launches `program` from, with `options` (the launcher's settings
+    included): (the header `read_header` reads, the pickled launch)."""
+    launch = {'program': program, 'grace': grace, 'flags': flags.snapshot(),
+              'options': dataclasses.replace(options, test_case=None, extra={})}
+    header = {'sys_path': sys_path, 'program_id': program_id, 'name': program.name,
+              'log_dir': log_dir, 'started': time.time()}
+    return header, specs.pickle_node(program.name, launch)
+
+
+def start_from(header: Dict[str, Any], payload: bytes) -> AttachedController:
+    """Writes the launch file (`launch_file`) to a new run directory, starts its keeper and
+    returns once every node runs; ends what it started if the launch fails."""
+    program_id = header['program_id']
+    run_dir = tempfile.mkdtemp(prefix=f'{RUN_PREFIX}{program_id}-')
     keeper = None
     try:
-        os.makedirs(log_dir, exist_ok=True)
-        launch = {'program': program, 'grace': grace, 'flags': flags.snapshot(),
-                  'options': dataclasses.replace(options, test_case=None, settings=None,
-                                                 extra={})}
-        header = {'sys_path': [p for p in sys.path if p], 'program_id': program_id,
-                  'log_dir': log_dir, 'started': time.time()}
-        payload = specs.pickle_node(program.name, launch)
+        os.makedirs(header['log_dir'], exist_ok=True)
         path = os.path.join(run_dir, LAUNCH_FILE)
         with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 'wb') as f:
             pickle.dump((header, payload), f, protocol=pickle.HIGHEST_PROTOCOL)
         keeper = spawn_keeper(run_dir)
-        controller = _wait_until_running(program_id, keeper, log_dir)
+        return _wait_until_running(program_id, keeper, header['log_dir'])
     except BaseException:  # Ctrl-C included: nothing of an unfinished launch is left
         if keeper is not None:
             _end_keeper(keeper)
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    print(f'Program {program.name!r} runs detached as {program_id}, supervised by pid '
-          f'{controller.supervisor["pid"]} on {controller.supervisor["host"]}; node logs are in '
-          f'{log_dir}.\n'
-          f'  follow it:   python -m launchpad.launch attach {program_id}\n'
-          f'  status:      python -m launchpad.launch status {program_id}\n'
-          f'  stop it:     python -m launchpad.launch stop {program_id}',
-          file=sys.stderr, flush=True)
-    return controller
 
 
 def read_header(run_dir: str) -> Dict[str, Any]:
     """What the launch file of `run_dir` says without unpickling the program: `sys_path`,
-    `program_id`, `log_dir`, `started` (the launch's time)."""
+    `program_id`, `name`, `log_dir`, `started` (the launch's time), and `readopt` (False: a
+    new supervisor cannot re-adopt its nodes, see `launchpad.launch.ssh.detach`)."""
     with open(os.path.join(run_dir, LAUNCH_FILE), 'rb') as f:
         return pickle.load(f)[0]
 
@@ -380,6 +427,10 @@ def _recover(query: str) -> None:
     """Starts a keeper (and so a supervisor) for the detached program `query` whose supervisor
     and keeper are gone."""
     running = [e for e in registry.entries() if query in (e.id, e.name) or e.id.startswith(query)]
+    if running and tunnel.is_remote(running[0]):
+        raise RuntimeError(f'program {running[0].name} ({running[0].id}) is supervised on '
+                           f'{running[0].host}: a new supervisor there cannot re-adopt its nodes '
+                           'yet (see docs/detach.md).')
     if running and _keeper_alive(running[0]):
         return  # it has a supervisor
     runs = run_directories(query)

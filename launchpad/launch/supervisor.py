@@ -1,4 +1,4 @@
-"""The supervisor of a detached local_mp program, and the keeper that starts it again.
+"""The supervisor of a detached local_mp or ssh program, and the keeper that starts it again.
 
 `lp.launch(..., detach=True)` writes the program to a run directory and starts the keeper
 (`launchpad.launch.detached.spawn_keeper`):
@@ -16,18 +16,26 @@
                  program's observer and registry entry with its control (`detached.CONTROL`);
                  exits 0 once the program has ended (its run directory is gone then).
 
-Nodes of a detached program outlive a dead supervisor: calls between nodes go on, their metrics
-wait for the next supervisor, and they stop by themselves if none comes within the supervisor
-grace (`lp.launch(..., supervisor_grace=...)`).
+A detached ssh program's supervisor runs on one of its hosts, started there by
+`launchpad.launch.ssh.detach` with `python -m launchpad.launch.supervisor start` (`start_here`:
+the launch file comes on stdin, its registry entry goes back on stdout); it launches the
+program with the ssh launcher and is not started again when it dies (its run is not
+re-adoptable: the keeper then removes its run directory and registry entry).
+
+Nodes of a detached local_mp program outlive a dead supervisor: calls between nodes go on,
+their metrics wait for the next supervisor, and they stop by themselves if none comes within
+the supervisor grace (`lp.launch(..., supervisor_grace=...)`).
 """
 from __future__ import annotations
 
 import collections
 import copy
 import dataclasses
+import json
 import logging
 import os
 import pickle
+import shutil
 import signal
 import sys
 import time
@@ -37,7 +45,9 @@ from courier import serialization
 
 from launchpad.launch import detached
 from launchpad.launch import processes
+from launchpad.launch.ssh import launcher as ssh
 from launchpad.launch.controller import Controller, LaunchSignals
+from launchpad.observe import registry
 from launchpad.observe.observer import Observer
 from launchpad.process import tree
 
@@ -160,7 +170,9 @@ def supervise(run_dir: str) -> int:
     supervision = processes.Supervision(launch['grace'], header['log_dir'], launch['flags'],
                                         persist)
     with LaunchSignals(f'program {program.name!r}') as signals:
-        if state is None:
+        if options.launch_type == 'ssh':  # (its runner persists nothing: see ssh.detach)
+            controller = ssh.launch_supervised(program, options, header['log_dir'])
+        elif state is None:
             controller = processes.launch_supervised(program, options, run_dir, supervision)
         else:
             controller = processes.readopt(program, options, run_dir, supervision, state)
@@ -177,6 +189,8 @@ def supervise(run_dir: str) -> int:
         served=_Control(controller).methods(),
         entry_fields={'keeper_pid': os.getppid(), 'started': header['started']}).start()
     controller.wait(raise_error=False)
+    if not header.get('readopt', True):
+        shutil.rmtree(run_dir, ignore_errors=True)
     return 0
 
 
@@ -199,6 +213,9 @@ def keep(run_dir: str) -> None:
     code = 1
     try:
         _keep(run_dir)
+        if not header.get('readopt', True):  # its supervisor died: the program ended with it
+            registry.unregister(header['program_id'])
+            shutil.rmtree(run_dir, ignore_errors=True)
         code = 0
     finally:
         os._exit(code)  # pylint: disable=protected-access
@@ -286,10 +303,29 @@ def _describe(code: int) -> str:
     return (f'killed by {signal.Signals(-code).name}' if code < 0 else f'exit code {code}')
 
 
+def start_here() -> int:
+    """Starts the detached program whose launch file (`detached.launch_file`) comes on stdin
+    on this host, supervised here; prints its registry entry as JSON on stdout once every
+    node runs (`launchpad.launch.ssh.detach` reads it on the launching machine)."""
+    header, payload = pickle.load(sys.stdin.buffer)
+    header['log_dir'] = header['log_dir'] or detached.default_log_dir(header['name'],
+                                                                      header['program_id'])
+    controller = detached.start_from(header, payload)
+    entry = dataclasses.asdict(controller._entry)  # pylint: disable=protected-access
+    try:
+        print(json.dumps({'entry': entry, 'log_dir': header['log_dir']}), flush=True)
+    except BrokenPipeError:  # the launch was given up (Ctrl-C or death of the launcher)
+        controller.stop()
+        return 1
+    return 0
+
+
 def main(argv: List[str]) -> int:
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(message)s')
+    if argv == ['start']:
+        return start_here()
     if len(argv) != 2 or argv[0] != 'keep':
-        sys.exit(f'usage: python -m {__name__} keep RUN_DIR')
+        sys.exit(f'usage: python -m {__name__} keep RUN_DIR | start (a launch file on stdin)')
     keep(argv[1])
     return 0
 

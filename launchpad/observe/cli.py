@@ -36,6 +36,7 @@ from launchpad.observe import inspect_text
 from launchpad.observe import registry
 from launchpad.observe import runs_cli
 from launchpad.observe import runstore
+from launchpad.observe import tunnel
 
 COMMANDS = ('list', 'status', 'logs', 'stop', 'dashboard', 'metrics', 'token') + runs_cli.COMMANDS
 _FOLLOW_INTERVAL = 0.5
@@ -108,8 +109,7 @@ def run(command: str, body: Callable[[], int]) -> int:
 def _connect(query: str):
     """(registry entry, courier client of its observer) of the program `query` names."""
     entry = registry.find(query)
-    return entry, courier.Client(entry.address, auth_token=entry.token,
-                                 call_timeout=_CALL_TIMEOUT, wait_for_ready=False)
+    return entry, tunnel.client_of(entry, _CALL_TIMEOUT)
 
 
 def _call(entry: registry.Entry, call: Callable[[], Any]) -> Any:
@@ -134,8 +134,9 @@ def _list(args) -> int:
         return 0
     now = time.time()
     _table(['PROGRAM', 'ID', 'TYPE', 'NODES', 'UP', 'PID', 'DASHBOARD'],
-           [[e.name, e.id, e.launch_type, e.nodes, _duration(now - e.started), e.pid,
-             e.dashboard or ''] for e in entries])
+           [[e.name, e.id, e.launch_type, e.nodes, _duration(now - e.started),
+             f'{e.pid} on {e.host}' if tunnel.is_remote(e) else e.pid, e.dashboard or '']
+            for e in entries])
     return 0
 
 
@@ -190,7 +191,7 @@ def _stop(args) -> int:
         print(f'Stopping {entry.name} ({entry.id}).')
         return 0
     deadline = time.monotonic() + args.timeout
-    while any(e.id == entry.id for e in registry.entries()):
+    while tunnel.running(entry):
         if time.monotonic() > deadline:
             raise CommandError(f'program {entry.name} ({entry.id}) is still running '
                                f'{args.timeout:g} s after the stop; its launcher kills nodes '
@@ -229,7 +230,7 @@ def _dashboard(args) -> int:
     print(f'Dashboard of {entry.name} ({entry.id}): {served.url}\n'
           f'It runs until the program ends or you press Ctrl-C.', flush=True)
     try:
-        while any(e.id == entry.id for e in registry.entries()):
+        while tunnel.running(entry):
             time.sleep(1.0)
     finally:
         served.close()

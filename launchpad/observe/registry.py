@@ -15,8 +15,14 @@ refused otherwise. In it, per program:
                 auth token every call to the observer must carry), "node_token" (the auth
                 token every call to one of its nodes must carry, or null), "dashboard" (URL or
                 null), "keeper_pid" (a detached program's keeper, which starts a new
-                supervisor when this one dies; null for others)}
-    <id>.sock   the observer's Unix socket (`launchpad.observe.observer`)
+                supervisor when this one dies; null for others), "ssh" (null, or for a
+                program supervised on another host, a detached SSH program: the ssh command
+                that reaches that host, its name last; "address", "host", "pid" and
+                "keeper_pid" are then the supervisor's there, see `tunnel`)}
+    <id>.sock   the observer's Unix socket (`launchpad.observe.observer`; none for a program
+                supervised on another host)
+    <id>.<pid>.<random>.fwd  the local end of process <pid>'s ssh tunnel to a program
+                supervised on another host (`launchpad.observe.tunnel`)
 
 Another user can neither list the directory, read an entry, nor connect to the socket, and a
 call without the entry's token is refused.
@@ -24,6 +30,7 @@ call without the entry's token is refused.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import pathlib
@@ -59,6 +66,7 @@ class Entry:
     node_token: Optional[str] = None
     dashboard: Optional[str] = None
     keeper_pid: Optional[int] = None
+    ssh: Optional[List[str]] = None
     version: int = VERSION
 
 
@@ -120,7 +128,7 @@ def socket_path(program_id: str) -> pathlib.Path:
 def register(entry: Entry) -> None:
     """Writes (or rewrites) `entry`, atomically and readable by this user only."""
     path = directory() / f'{entry.id}.json'
-    if not entry.pid_started:
+    if not entry.pid_started and entry.ssh is None:
         entry.pid_started = _process_started(entry.pid) or 0.0
     temporary = path.with_suffix('.tmp')
     with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 'w') as f:
@@ -131,9 +139,10 @@ def register(entry: Entry) -> None:
 def unregister(program_id: str) -> None:
     """Removes the entry of `program_id` and its socket, if there."""
     folder = directory(create=False)
-    for suffix in ('.json', '.sock'):
+    for path in [folder / f'{program_id}{suffix}' for suffix in ('.json', '.sock')] + list(
+            folder.glob(f'{glob.escape(program_id)}.*.fwd')):  # (`tunnel`'s)
         try:
-            os.unlink(folder / f'{program_id}{suffix}')
+            os.unlink(path)
         except FileNotFoundError:
             pass
 
@@ -141,7 +150,8 @@ def unregister(program_id: str) -> None:
 def entries() -> List[Entry]:
     """Every registered program that is still running and whose observer listens, oldest
     first; prunes the others. (A program is registered just before its observer binds its
-    socket: until then it is left out, so what is listed can be called.)"""
+    socket: until then it is left out, so what is listed can be called.) A program supervised
+    on another host is listed without asking that host (`tunnel.running` does)."""
     folder = directory(create=False)
     if not folder.exists():
         return []
@@ -151,7 +161,9 @@ def entries() -> List[Entry]:
             entry = Entry(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             continue  # being written, or not ours to read
-        if not _alive(entry):
+        if entry.ssh is not None:
+            found.append(entry)
+        elif not _alive(entry):
             unregister(entry.id)
         elif path.with_suffix('.sock').exists():
             found.append(entry)
@@ -161,7 +173,14 @@ def entries() -> List[Entry]:
 
 def _remove_orphan_sockets(folder: pathlib.Path) -> None:
     """Removes sockets without an entry that are older than a minute (left by a launcher killed
-    while it unregistered)."""
+    while it unregistered), and the tunnels' sockets of processes that are gone (`tunnel`)."""
+    for path in folder.glob('*.fwd'):
+        pid = path.name.rsplit('.', 3)[1]
+        if not pid.isdigit() or _process_started(int(pid)) is None:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
     for path in folder.glob('*.sock'):
         try:
             if (not path.with_suffix('.json').exists()

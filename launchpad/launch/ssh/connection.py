@@ -53,8 +53,7 @@ class Connection:
         self.stderr_lines: List[str] = []
         self.forked: Dict[int, ForkedNode] = {}
         self._send_lock = threading.Lock()
-        env = ' '.join(shlex.quote(f'{k}={v}') for k, v in host.env.items())
-        command = (f'exec env {env} {shlex.join(protocol.agent_argv(host.python))} '
+        command = (f'{host.command(protocol.agent_argv(host.python))} '
                    f'{shlex.quote(host.workdir or "")}')
         argv = host.ssh_argv() + [
             '-M', '-S', control_path, '-o', 'ControlPersist=no',

@@ -77,6 +77,11 @@ class SshHost:
             argv += ['-i', self.identity_file]
         return argv + list(self.ssh_options)
 
+    def command(self, argv: Sequence[str]) -> str:
+        """The remote shell command that runs `argv` on this host with `env`."""
+        env = ' '.join(shlex.quote(f'{k}={v}') for k, v in self.env.items())
+        return f'exec env {env} {shlex.join(argv)}'
+
     def __hash__(self) -> int:
         return hash(connection_key(self))
 

@@ -23,7 +23,7 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import courier
 from courier.transport import tcp_address
@@ -32,6 +32,7 @@ from launchpad.address import AddressTable
 from launchpad.launch.controller import Controller, ProcessRunner
 from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of, policies_of,
                                        stop_order_of)
+from launchpad.launch.ssh import detach
 from launchpad.launch.ssh import protocol
 from launchpad.launch.ssh.connection import Connection, ForkedNode
 from launchpad.launch.ssh.hosts import SshHost, SshHosts, connection_key, hosts_of
@@ -73,6 +74,7 @@ class _SshRunner(ProcessRunner):
         self.devices: Dict[str, Allocator] = {}
         self.requested: Dict[str, Resources] = {}
         self.coordinator: Optional[Coordinator] = None
+        self.log_dir: Optional[str] = None  # where a detached program's node output goes
         self._restarts: Dict[str, int] = {}
         # What nodes are packed with, set by the launch: the packer, the program's token, the
         # options, the coordinator's port, the hosts of each group and each group's next host.
@@ -266,9 +268,22 @@ class SshOptions:
 
     Attributes:
       coordinator_host: the address the launcher serves the program's coordinator on (default:
-        the address the hosts see the launcher at).
+        the address the hosts see the launcher at; with `detach`, where the supervisor's host
+        sees itself).
+      detach: run the program's supervision (its coordinator and controller, restarts, hang
+        detection, elastic groups, metrics, its registry entry) in a daemon on one of the
+        program's hosts, so that the program outlives this process and this machine's network
+        (`launchpad.launch.ssh.detach`); `lp.launch` returns once every node runs.
+      supervisor_host: with `detach`, the host the supervisor runs on: one of the program's
+        hosts, by name (`SshHost.host`) or as an `lp.SshHost` (default: the first host of the
+        program's first group).
+      supervisor_grace: refused: a detached SSH program's nodes are not re-adopted by a new
+        supervisor yet (they stop 5 s after losing theirs).
     """
     coordinator_host: Optional[str] = None
+    detach: bool = False
+    supervisor_host: Union[str, SshHost, None] = None
+    supervisor_grace: Optional[float] = None
 
 
 class SshLauncher(Launcher):
@@ -288,9 +303,6 @@ class SshLauncher(Launcher):
         return resources
 
     def launch(self, program: Program, options: LaunchOptions) -> Controller:
-        if shutil.which('ssh') is None:
-            raise FileNotFoundError('The ssh launcher runs the OpenSSH client, and `ssh` is not on '
-                                    'PATH; install it (e.g. apt-get install openssh-client).')
         missing = sorted(set(program.groups) - set(options.resources))
         if missing:
             raise ValueError(
@@ -298,15 +310,18 @@ class SshLauncher(Launcher):
                 f"resources={{{missing[0]!r}: lp.SshHost('hostname')}}.")
         hosts = {label: hosts_of(label, resources)
                  for label, resources in options.resources.items()}
-        executables = executables_of(program, options)
-        local_dir = tempfile.mkdtemp(prefix=protocol.DIR_PREFIX)
-        runner = _SshRunner([], local_dir)
-        try:
-            return self._launch(program, options, executables, hosts, runner)
-        except BaseException:
-            runner.kill([name for name, code in runner.poll().items() if code is None])
-            runner.release()
-            raise
+        settings = options.settings or SshOptions()
+        supervisor_host = None
+        if (settings.detach or settings.supervisor_host is not None
+                or settings.supervisor_grace is not None):
+            supervisor_host = detach.supervisor_host_of(program, hosts, settings,
+                                                        options.terminal)
+        if shutil.which('ssh') is None:
+            raise FileNotFoundError('The ssh launcher runs the OpenSSH client, and `ssh` is not on '
+                                    'PATH; install it (e.g. apt-get install openssh-client).')
+        if supervisor_host is not None:
+            return detach.start(program, options, supervisor_host)
+        return launch_supervised(program, options)
 
     def _launch(self, program, options, executables, hosts, runner) -> Controller:
         # Place the executables round-robin over their group's hosts. In tmux windows every
@@ -352,7 +367,8 @@ class SshLauncher(Launcher):
         runner.packer = specs.Packer(program.name, options.launch_type, AddressTable(), '',
                                      notice_period=options.notice_period, tls=options.tls,
                                      policies=policies)
-        runner.output = Output(options.terminal, program.name, runner.local_dir)
+        runner.output = Output(options.terminal, program.name, runner.local_dir,
+                               log_dir=runner.log_dir)
         for (connection, _), (_, executable) in zip(placed, executables):
             runner.publish(connection, executable)
         files: Dict[int, Dict[str, bytes]] = {id(c): {} for c in runner.connections}
@@ -371,6 +387,24 @@ class SshLauncher(Launcher):
                 runner.start_session(executable.name, connection, i)
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
                           notice_period=options.notice_period, auth_token=runner.token)
+
+
+def launch_supervised(program: Program, options: LaunchOptions,
+                      log_dir: Optional[str] = None) -> Controller:
+    """Launches `program` from this process: attached to it, or, on one of the program's hosts,
+    as the supervisor of a detached program (`launchpad.launch.supervisor`), its nodes' output
+    going to files in `log_dir`."""
+    hosts = {label: hosts_of(label, resources) for label, resources in options.resources.items()}
+    executables = executables_of(program, options)
+    runner = _SshRunner([], tempfile.mkdtemp(prefix=protocol.DIR_PREFIX))
+    runner.log_dir = log_dir
+    try:
+        return SshLauncher()._launch(  # pylint: disable=protected-access
+            program, options, executables, hosts, runner)
+    except BaseException:
+        runner.kill([name for name, code in runner.poll().items() if code is None])
+        runner.release()
+        raise
 
 
 def _coordinator_host(connections: List[Connection]) -> str:

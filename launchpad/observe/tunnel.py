@@ -1,0 +1,172 @@
+"""Reaching the observer of a program that is supervised on another host, through ssh.
+
+A detached SSH program's supervisor runs on one of its hosts. The launching machine's registry
+entry of it (`registry.Entry.ssh`) holds the ssh command that reaches that host, and `address`
+is the observer's Unix socket there. A process that calls it opens a `Tunnel`: one ssh session
+that first checks that the supervisor still runs, then forwards a private local socket to that
+one. The session ends with the process that opened it (its input closes), so nothing lingers;
+a laptop that lost the network and got it back simply opens a new one. Calls still carry the
+entry's token.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import select
+import shlex
+import subprocess
+import threading
+import time
+from typing import Dict, Optional
+
+import courier
+
+from launchpad.observe import registry
+
+_ANSWER_TIMEOUT = 30.0  # seconds beyond ssh's own connect timeout for the host to answer
+_tunnels: Dict[str, 'Tunnel'] = {}  # program id -> this process's tunnel to it
+_lock = threading.Lock()
+
+
+class ProgramGoneError(registry.RegistryError):
+    """The remote program's supervisor is gone: the program has ended (its entry here is
+    removed)."""
+
+
+class HostUnreachableError(registry.RegistryError):
+    """The host of a remote program's supervisor cannot be reached from here now."""
+
+
+def is_remote(entry: registry.Entry) -> bool:
+    """True if `entry`'s supervisor runs on another host (reached through ssh)."""
+    return entry.ssh is not None
+
+
+class Tunnel:
+    """One ssh session forwarding a private local socket to a remote observer's socket."""
+
+    def __init__(self, entry: registry.Entry):
+        self.path = str(registry.directory() / f'{entry.id}.{os.getpid()}.'
+                                                f'{secrets.token_hex(3)}.fwd')
+        remote = entry.address.split(':', 1)[1]
+        *ssh, host = entry.ssh
+        # The remote shell says whether the supervisor still runs, then holds the session
+        # open until this process closes its input (or ends).
+        check = (f'if test -S {shlex.quote(remote)} && kill -0 {int(entry.pid)} 2>/dev/null; '
+                 'then echo up; else echo gone; fi; exec cat >/dev/null')
+        self._process = subprocess.Popen(
+            [*ssh, '-o', 'ExitOnForwardFailure=yes', '-o', 'ControlPath=none',
+             '-L', f'{self.path}:{remote}', host, check],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True)  # Ctrl-C here ends it through its input, not a signal
+        answer = self._first_line()
+        if answer == 'up':
+            return
+        errors = self._close_and_read_errors()
+        if answer == 'gone':
+            registry.unregister(entry.id)
+            raise ProgramGoneError(f'program {entry.name} ({entry.id}) has ended: its '
+                                   f'supervisor on {entry.host} is gone.')
+        raise HostUnreachableError(
+            f'cannot reach host {entry.host}, where program {entry.name} ({entry.id}) is '
+            f'supervised (`{shlex.join(entry.ssh)}`): {errors or "no answer"}. The program '
+            'runs on there without this machine; try again once the host is reachable.')
+
+    def _first_line(self) -> str:
+        deadline = time.monotonic() + _ANSWER_TIMEOUT
+        line = b''
+        stdout = self._process.stdout.fileno()
+        while not line.endswith(b'\n') and time.monotonic() < deadline:
+            if not select.select([stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                break
+            chunk = os.read(stdout, 64)
+            if not chunk:
+                break
+            line += chunk
+        if line.strip() == b'up':  # the forward is set up before the command runs
+            while not os.path.exists(self.path) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return line.decode(errors='replace').strip()
+
+    def _close_and_read_errors(self) -> str:
+        self.close()
+        return ' '.join(self._process.stderr.read().decode(errors='replace').split())
+
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def close(self) -> None:
+        """Ends the session (the remote shell sees its input end) and removes the socket."""
+        try:
+            self._process.stdin.close()
+        except OSError:
+            pass
+        try:
+            self._process.wait(5.0)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def address_of(entry: registry.Entry, fresh: bool = False) -> str:
+    """The courier address at which this process reaches `entry`'s observer: its own for a
+    local program, else a tunnel's (`fresh`: a new tunnel, as after a lost connection).
+
+    Raises:
+      ProgramGoneError, HostUnreachableError: for a remote program.
+    """
+    if not is_remote(entry):
+        return entry.address
+    with _lock:
+        tunnel = _tunnels.get(entry.id)
+        if tunnel is not None and (fresh or not tunnel.alive()):
+            tunnel.close()
+            tunnel = None
+        if tunnel is None:
+            tunnel = _tunnels[entry.id] = Tunnel(entry)
+        return f'unix:{tunnel.path}'
+
+
+def client_of(entry: registry.Entry, call_timeout: float, fresh: bool = False) -> courier.Client:
+    """A courier client of `entry`'s observer, carrying its token (see `address_of`)."""
+    return courier.Client(address_of(entry, fresh), auth_token=entry.token,
+                          call_timeout=call_timeout, wait_for_ready=False)
+
+
+def running(entry: registry.Entry) -> bool:
+    """Whether `entry`'s program still runs; a remote one that cannot be reached counts as
+    running (it runs on without this machine)."""
+    if not is_remote(entry):
+        return any(e.id == entry.id for e in registry.entries())
+    try:
+        Tunnel(entry).close()
+    except ProgramGoneError:
+        return False
+    except HostUnreachableError:
+        return True
+    return True
+
+
+def forget(entry: registry.Entry) -> None:
+    """Closes this process's tunnel to `entry` and, for a remote program that has ended,
+    removes its entry here."""
+    with _lock:
+        tunnel = _tunnels.pop(entry.id, None)
+    if tunnel is not None:
+        tunnel.close()
+    if is_remote(entry):
+        registry.unregister(entry.id)
+
+
+@atexit.register
+def _close_all() -> None:
+    with _lock:
+        tunnels = list(_tunnels.values())
+        _tunnels.clear()
+    for tunnel in tunnels:
+        tunnel.close()

@@ -1,0 +1,131 @@
+"""A detached SSH program is supervised on one of its hosts (`launchpad.launch.ssh.detach`): it
+outlives the process that launched it and the launching machine's network, and this machine
+reaches it through ssh (`launchpad.observe.tunnel`)."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+import launchpad as lp
+from launchpad.launch import detached
+from launchpad.observe import registry
+from tests.launch.detached_program import Counter
+from tests.launch.test_detach import _calls
+from tests.launch.test_ssh import REPO, host_options, hosts  # pylint: disable=unused-import
+
+pytestmark = pytest.mark.timeout(120)
+
+PYTHON = [sys.executable, '-m', 'launchpad.launch']
+BRIDGE, LAUNCHER_ADDRESS = 'lpbr0', '10.200.0.1/24'  # this machine on the SSH bed
+
+LAUNCH = '''
+import json, sys
+import launchpad as lp
+from tests.launch.detached_program import make_program
+hosts = {name: lp.SshHost(name, **options) for name, options in json.loads(sys.argv[2]).items()}
+controller = lp.launch(make_program(sys.argv[1]), launch_type='ssh', detach=True,
+                       supervisor_host='lp-h2', resources={
+                           'counter': hosts['lp-h1'], 'caller': hosts['lp-h2'],
+                           'worker': lp.SshHosts([hosts['lp-h3'], hosts['lp-h1']])})
+print('LAUNCHED', controller.id, flush=True)
+lp.wait_for_stop()
+'''
+
+
+def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([*PYTHON, *args], capture_output=True, text=True, timeout=60,
+                          check=check)
+
+
+def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
+        ssh_testbed, hosts, tmp_path):
+    remote = tmp_path / 'remote'  # the hosts' registry, runs and logs (a user's home there)
+    env = {'LAUNCHPAD_RUNTIME_DIR': str(remote / 'runtime'), 'LAUNCHPAD_RUNS_DIR':
+           str(remote / 'runs'), 'LAUNCHPAD_LOGGING_DIR': str(remote / 'logs')}
+    options = {}
+    for bed_host in ssh_testbed:
+        options[bed_host.name] = host_options(bed_host)
+        options[bed_host.name]['env'].update(env)
+    counter = str(tmp_path / 'counter.json')
+    started = time.monotonic()
+    launcher = subprocess.Popen([sys.executable, '-c', LAUNCH, counter, json.dumps(options)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=REPO)
+    line = launcher.stdout.readline()
+    launched = time.monotonic() - started
+    if not line.startswith('LAUNCHED'):
+        launcher.kill()
+        pytest.fail(f'the launch failed: {line}{launcher.communicate()[1]}')
+    program_id = line.split()[1]
+    launcher.send_signal(signal.SIGKILL)
+    printed = launcher.communicate()[1]
+    assert f'python -m launchpad.launch attach {program_id}' in printed
+    print(f'detached SSH launch: {launched:.1f} s')
+    try:
+        # The nodes go on without the launching process; its supervisor is on lp-h2.
+        before = _calls(counter, 0)
+        assert _calls(counter, before) > before
+        status = json.loads(_cli('status', program_id, '--json').stdout)
+        assert status['controller']['host'] == 'lp-h2'
+        nodes = {row['name']: (row['state'], row['host'], row['pid']) for row in status['nodes']}
+        assert {name: state for name, (state, _, _) in nodes.items()} == {
+            'counter/0': 'running', 'caller/0': 'running', 'worker/0': 'running'}
+        assert nodes['counter/0'][1] == 'lp-h1' and nodes['worker/0'][1] == 'lp-h3'
+        listed = _cli('list').stdout
+        assert program_id in listed and f'{status["controller"]["pid"]} on lp-h2' in listed
+
+        # This machine loses the hosts' network: the program runs on; commands say why they
+        # cannot reach it, and work again once the network is back.
+        subprocess.run(['ip', 'addr', 'del', LAUNCHER_ADDRESS, 'dev', BRIDGE], check=True)
+        try:
+            before = Counter.read(counter)['calls']
+            cut_off = _cli('status', program_id, check=False)
+            assert cut_off.returncode == 1
+            assert 'cannot reach host lp-h2' in cut_off.stderr, cut_off.stderr
+            assert _calls(counter, before) > before
+        finally:
+            subprocess.run(['ip', 'addr', 'add', LAUNCHER_ADDRESS, 'dev', BRIDGE], check=True)
+        controller = lp.attach(program_id)
+        assert controller.supervisor['host'] == 'lp-h2'
+        assert {name: (s.state.value, s.host, s.pid) for name, s in controller.status().items()
+                } == nodes  # no node was restarted
+
+        stopped = _cli('stop', program_id)
+        assert 'Stopped' in stopped.stdout
+        assert controller.wait(timeout=30)
+    finally:
+        subprocess.run(['ip', 'addr', 'replace', LAUNCHER_ADDRESS, 'dev', BRIDGE], check=False)
+        if program_id in [e.id for e in registry.entries()]:
+            _cli('stop', program_id, check=False)
+    # Nothing is left: no process (the `hosts` fixture checks every host and this machine), no
+    # run directory, registry entry, socket or tunnel, here or there.
+    assert program_id not in _cli('list').stdout
+    assert not glob.glob(os.path.join(tempfile.gettempdir(),
+                                      f'{detached.RUN_PREFIX}{program_id}*'))
+    assert not glob.glob(str(registry.directory() / f'{program_id}.*'))
+    assert not list((remote / 'runtime').glob(f'{program_id}.*'))
+
+
+@pytest.mark.parametrize('options, error', [
+    (dict(supervisor_host='elsewhere'), r"supervisor_host='elsewhere' is not one of the "
+                                        r"program's hosts \(lp-h1, lp-h2\)"),
+    (dict(supervisor_host=lp.SshHost('lp-h1', port=2222)), 'is not one of the program'),
+    (dict(detach=False, supervisor_host='lp-h1'), 'applies to detached programs only'),
+    (dict(supervisor_grace=60), 'supervisor_grace= is not supported by the ssh launcher yet'),
+    (dict(terminal='tmux_session'), "terminal='tmux_session' cannot be detached"),
+])
+def test_a_detached_ssh_launch_refuses_what_it_cannot_do(options, error):
+    program = lp.Program('refused')
+    program.add_node(lp.PyNode(print), label='a')
+    program.add_node(lp.PyNode(print), label='b')
+    with pytest.raises(ValueError, match=error):
+        lp.launch(program, launch_type='ssh', resources={'a': 'lp-h1', 'b': ['lp-h2', 'lp-h1']},
+                  **{'detach': True, **options})
