@@ -86,15 +86,15 @@ class ResentFuture(_base.CallFuture):
         client = self._client
         if self.cancelled():
             return
-        if client._address.resend(self._method, self._sent):  # pylint: disable=protected-access
-            try:
-                client._connection()  # pylint: disable=protected-access  (waits for the server)
-            except Exception as failure:  # pylint: disable=broad-except
-                self.fail(failure)
+        try:  # what the resolver raises, as a blocking call would, the future raises
+            if not client._address.resend(self._method, self._sent):  # pylint: disable=protected-access
+                self.fail(error)
                 return
-            self.send()
-        else:
-            self.fail(error)
+            client._connection()  # pylint: disable=protected-access  (waits for the server)
+        except Exception as failure:  # pylint: disable=broad-except
+            self.fail(failure)
+            return
+        self.send()
 
 
 class _Resender:
