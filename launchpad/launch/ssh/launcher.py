@@ -28,10 +28,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import courier
 from courier.transport import tcp_address
 
+from launchpad import runtime
 from launchpad.address import AddressTable
 from launchpad.launch.controller import Controller, ProcessRunner
-from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of, policies_of,
-                                       stop_order_of)
+from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of,
+                                       launcher_context, policies_of, stop_order_of)
 from launchpad.launch.ssh import protocol
 from launchpad.launch.ssh.connection import Connection, ForkedNode
 from launchpad.launch.ssh.hosts import SshHost, SshHosts, connection_key, hosts_of
@@ -73,6 +74,7 @@ class _SshRunner(ProcessRunner):
         self.devices: Dict[str, Allocator] = {}
         self.requested: Dict[str, Resources] = {}
         self.coordinator: Optional[Coordinator] = None
+        self.context: Optional[runtime.NodeContext] = None  # the launching process's
         self._restarts: Dict[str, int] = {}
         # What nodes are packed with, set by the launch: the packer, the program's token, the
         # options, the coordinator's port, the hosts of each group and each group's next host.
@@ -241,6 +243,9 @@ class _SshRunner(ProcessRunner):
         """Stops the heartbeat and the coordinator, closes the connections (each agent ends what is
         left on its host) and removes the local directory."""
         self._released.set()
+        if self.context is not None:  # handles no longer dereference here
+            runtime.clear_process_context(self.context)
+            self.context.stop.trigger()
         try:
             if self.server is not None:
                 self.server.Stop()
@@ -369,6 +374,8 @@ class SshLauncher(Launcher):
         if in_sessions:
             for (connection, i), (_, executable) in zip(placed, executables):
                 runner.start_session(executable.name, connection, i)
+        runner.context = launcher_context(program.name, options, runner.packer.address_table,
+                                          coordinator, runner.token, runner._released)
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
                           notice_period=options.notice_period, auth_token=runner.token)
 
