@@ -357,6 +357,8 @@ class SshLauncher(Launcher):
         runner.packer = specs.Packer(program.name, options.launch_type, AddressTable(), '',
                                      notice_period=options.notice_period, tls=options.tls,
                                      policies=policies)
+        # Nodes ride out a network cut as long as their agent does (see protocol).
+        runner.packer.coordinator_grace = protocol.LAUNCHER_SILENCE_TIMEOUT
         runner.output = Output(options.terminal, program.name, runner.local_dir)
         for (connection, _), (_, executable) in zip(placed, executables):
             runner.publish(connection, executable)
