@@ -202,10 +202,10 @@ class _HostAgent:
 
     def close(self) -> None:
         """Ends what is left of the program on this host: nodes still running (the launcher is
-        gone) get SIGTERM, as a preemption, so that their stop handlers run; what has not
-        ended after the grace period is killed."""
+        gone) get SIGHUP, which ends them as a preemption without reporting (their stop
+        handlers run); what has not ended after the grace period is killed."""
         for node in self._nodes.values():
-            node.terminate()
+            node.hang_up()
         deadline = time.monotonic() + self._grace
         while self._running() and time.monotonic() < deadline:
             self._pump(0.2)
@@ -242,10 +242,10 @@ class _Child:
     def wait(self) -> int:
         return self.poll(0)
 
-    def terminate(self) -> None:
+    def hang_up(self) -> None:
         if self.poll() is None:
             try:
-                os.kill(self.pid, signal.SIGTERM)
+                os.kill(self.pid, signal.SIGHUP)
             except (ProcessLookupError, PermissionError):
                 pass
 
