@@ -30,7 +30,7 @@ Each round runs the program for `--minutes` without faults, then again with them
 invocation. Then the actors stop producing, the learner drains the replay, and the run counts:
 items lost (acknowledged to an actor, never consumed), items consumed twice, throughput with
 faults as a fraction of the fault-free run, and seconds from each fault until the node runs
-again (its restart, per kind of fault). `run()` is what tests/core/test_chaos.py calls.
+again (its restart, per kind of fault). `run()` is what tests/benchmarks/test_chaos.py calls.
 """
 from __future__ import annotations
 
