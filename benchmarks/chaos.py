@@ -21,28 +21,36 @@ Faults, one every `--interval` s at a random node, in turn: SIGKILL; SIGTERM (a 
 stop handlers checkpoint, then it restarts); a hang (the node stops its heartbeat; the watchdog
 restarts it after its deadline). The replay is never hung: serving calls is progress.
 
+With `--launch_type ssh` the program runs on the SSH test bed (hosts lp-h1..3 in network
+namespaces: needs root and tests/testbeds/install_packages.sh): the replay on lp-h1, the learner
+on lp-h2, the actors round-robin on all three; a fourth fault joins the turn: a host cut off the
+network for `--cut` s (its link to the bed's bridge goes down, inside the bed only).
+
 Each round runs the program for `--minutes` without faults, then again with them, in this
 invocation. Then the actors stop producing, the learner drains the replay, and the run counts:
 items lost (acknowledged to an actor, never consumed), items consumed twice, throughput with
 faults as a fraction of the fault-free run, and seconds from each fault until the node runs
-again (its restart, per kind of fault). `run()` is what tests/core/test_chaos.py calls.
+again (its restart, per kind of fault). `run()` is what tests/benchmarks/test_chaos.py calls.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
+import functools
 import json
 import os
 import random
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import cloudpickle
 
@@ -51,6 +59,7 @@ import launchpad as lp
 if __name__ != '__main__':  # imported by a test: nodes carry this module's code with them
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 20          # items an actor inserts per call
 SAMPLE_LIMIT = 2000  # items the learner consumes per batch at most
 DEADLINE = 3.0      # seconds of silence after which a node counts as hung (by default)
@@ -215,9 +224,22 @@ def _wait_running(controller, name: str, restarts: int, timeout: float) -> Optio
     return None
 
 
-def _inject(controller, kind: str, name: str, deadline: float) -> Optional[float]:
-    """Injects fault `kind` into node `name`; seconds until it runs again (None: it did not)."""
+def _inject(controller, kind: str, name: str, deadline: float, cut=None,
+            replay=None) -> Optional[float]:
+    """Injects fault `kind` into node `name`; seconds until it runs again (None: it did not).
+    A 'cut' takes `name`'s host off the network (`cut(host)` returns once it is back), and
+    counts from then until every node runs and the learner consumed more."""
     before = controller.status()[name]
+    if kind == 'cut':
+        cut(before.host)
+        back = time.monotonic()
+        consumed = sum(_cursors(replay))
+        while time.monotonic() - back < deadline * 4 + 30:
+            if (all(s.state is lp.NodeState.RUNNING for s in controller.status().values())
+                    and sum(_cursors(replay)) > consumed):
+                return time.monotonic() - back
+            time.sleep(0.05)
+        return None
     sig = {'kill': signal.SIGKILL, 'hang': signal.SIGUSR2, 'term': signal.SIGTERM}[kind]
     os.kill(before.pid, sig)
     return _wait_running(controller, name, before.restarts + 1, timeout=deadline * 4 + 30)
@@ -225,21 +247,26 @@ def _inject(controller, kind: str, name: str, deadline: float) -> Optional[float
 
 def run(seconds: float, actors: int = 4, faults: bool = True, interval: float = 20.0,
         pace: float = 0.02, launch_type: str = 'local_mp', seed: int = 0,
-        deadline: float = DEADLINE) -> Result:
+        deadline: float = DEADLINE, hosts: Optional[List] = None, cut=None) -> Result:
     """Runs the program for `seconds` (with faults every `interval` s if `faults`), drains it,
     and returns what it measured; `deadline` is the actors' and the learner's progress
-    deadline."""
+    deadline. On SSH, `hosts` are three `lp.SshHost`s and `cut(host_name)` takes a host off
+    the network and returns once it is back (None: no cuts)."""
     results = tempfile.mkdtemp(prefix='lp-chaos-')
     try:
-        return _run(results, seconds, actors, faults, interval, pace, launch_type, seed, deadline)
+        return _run(results, seconds, actors, faults, interval, pace, launch_type, seed, deadline,
+                    hosts, cut)
     finally:
         shutil.rmtree(results, ignore_errors=True)
 
 
 def _run(results: str, seconds: float, actors: int, faults: bool, interval: float, pace: float,
-         launch_type: str, seed: int, deadline: float) -> Result:
+         launch_type: str, seed: int, deadline: float, hosts, cut) -> Result:
     program, replay_handle = make_program(actors, pace, results, deadline)
-    controller = lp.launch(program, launch_type=launch_type, notice_period=3.0)
+    resources = None if hosts is None else {
+        'replay': hosts[0], 'learner': hosts[1], 'actor': lp.SshHosts(hosts)}
+    controller = lp.launch(program, launch_type=launch_type, notice_period=3.0,
+                           resources=resources)
     try:
         names = ['replay/0', 'learner/0'] + [f'actor/{i}' for i in range(actors)]
         while not all(s.state is lp.NodeState.RUNNING for s in controller.status().values()):
@@ -249,7 +276,10 @@ def _run(results: str, seconds: float, actors: int, faults: bool, interval: floa
         start, consumed_before = time.monotonic(), sum(_cursors(replay))
         rng = random.Random(seed)
         recoveries = collections.defaultdict(list)
-        kinds = ['kill', 'term', 'hang']
+        # On SSH a cut comes first, and the fault after it strikes the host that was cut: its
+        # launcher's connection must have survived the cut for the node to be restarted.
+        kinds = (['cut'] if cut is not None else []) + ['kill', 'term', 'hang']
+        cut_host = None
         count = 0
         while time.monotonic() - start < seconds:
             next_fault = start + (count + 1) * interval
@@ -257,8 +287,13 @@ def _run(results: str, seconds: float, actors: int, faults: bool, interval: floa
             if not faults or time.monotonic() - start >= seconds:
                 continue
             kind = kinds[count % len(kinds)]
-            name = rng.choice(names[1:] if kind == 'hang' else names)
-            took = _inject(controller, kind, name, deadline)
+            candidates = names[1:] if kind == 'hang' else names
+            if cut_host is not None:
+                status = controller.status()
+                candidates = [n for n in candidates if status[n].host == cut_host] or candidates
+            name = rng.choice(candidates)
+            cut_host = controller.status()[name].host if kind == 'cut' else None
+            took = _inject(controller, kind, name, deadline, cut, replay)
             recoveries[kind].append(float('inf') if took is None else took)
             count += 1
         elapsed = time.monotonic() - start
@@ -289,6 +324,36 @@ def _cursors(replay) -> List[int]:
             time.sleep(0.05)  # it restarts
 
 
+@contextlib.contextmanager
+def _bed(launch_type: str) -> Iterator[Optional[List]]:
+    """The SSH test bed's hosts for the run (None for the other launchers)."""
+    if launch_type != 'ssh':
+        yield None
+        return
+    sys.path.insert(0, REPO)
+    from tests import testbeds  # pylint: disable=import-outside-toplevel
+    with testbeds.ssh_hosts(3) as bed:
+        yield bed_hosts(bed)
+
+
+def bed_hosts(bed) -> List:
+    """`lp.SshHost`s of the SSH test bed's hosts (tests/testbeds), running this checkout."""
+    pythonpath = os.pathsep.join(filter(None, [os.environ.get('PYTHONPATH'), REPO]))
+    return [lp.SshHost(h.name, python=h.python, ssh_options=['-F', h.ssh_config],
+                       env={'PYTHONPATH': pythonpath}) for h in bed]
+
+
+def cut_off(host: str, seconds: float) -> None:
+    """Takes the SSH test bed's host `host` (lp-hN) off the bed's network for `seconds`: its
+    link to the bridge goes down, so what it sends and what is sent to it is lost."""
+    link = 'lpv' + host[len('lp-h'):]
+    subprocess.run(['ip', 'link', 'set', link, 'down'], check=True)
+    try:
+        time.sleep(seconds)
+    finally:
+        subprocess.run(['ip', 'link', 'set', link, 'up'], check=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--minutes', type=float, default=1.0)
@@ -297,11 +362,16 @@ def main() -> None:
     parser.add_argument('--pace', type=float, default=0.02,
                         help='seconds between an actor\'s batches of %d items' % BATCH)
     parser.add_argument('--launch_type', default='local_mp')
+    parser.add_argument('--cut', type=float, default=10.0,
+                        help='seconds an SSH host is cut off the network')
     args = parser.parse_args()
     seconds = args.minutes * 60
-    clean = run(seconds, args.actors, faults=False, pace=args.pace, launch_type=args.launch_type)
-    chaos = run(seconds, args.actors, faults=True, interval=args.interval, pace=args.pace,
-                launch_type=args.launch_type)
+    with _bed(args.launch_type) as hosts:
+        cut = None if hosts is None else functools.partial(cut_off, seconds=args.cut)
+        clean = run(seconds, args.actors, faults=False, pace=args.pace,
+                    launch_type=args.launch_type, hosts=hosts)
+        chaos = run(seconds, args.actors, faults=True, interval=args.interval, pace=args.pace,
+                    launch_type=args.launch_type, hosts=hosts, cut=cut)
     print(f'{args.launch_type}, {args.actors} actors, {args.minutes:g} min each, a fault every '
           f'{args.interval:g} s')
     print(f'  fault-free: {clean.throughput:8.0f} items/s   lost {clean.lost}   '

@@ -47,14 +47,19 @@ class AddressResolver:
         del elapsed
         return False
 
+    def resends(self, method: str) -> bool:
+        """Whether :meth:`resend` decides about the calls of ``method`` (then its futures
+        are sent again too, see :mod:`courier.resent`). The default: for none."""
+        del method
+        return False
+
     def resend(self, method: str, sent: int) -> Optional[bool]:
-        """Whether a blocking call of ``method`` that was sent ``sent`` times, and lost its
-        server each time (it may have run there; the first few failures known not to have
-        sent it, see ``ServerUnavailableError.unsent``, are not counted), is sent again, to
-        the server the resolver
-        finds next (one restarted in its place): True or False for a method whose calls the
-        resolver counts (they go at most as often as it allows), None for the others, which
-        :meth:`retry` decides about.
+        """Whether a call of ``method`` (blocking, or a future's) that was sent ``sent``
+        times, and lost its server each time (it may have run there; the first few failures
+        known not to have sent it, see ``ServerUnavailableError.unsent``, are not counted), is
+        sent again, to the server the resolver finds next (one restarted in its place): True
+        or False for a method whose calls the resolver counts (they go at most as often as it
+        allows), None for the others, which :meth:`retry` decides about.
 
         The default has no say: a call that may have reached its server is repeated only
         where its caller said that is safe (launchpad: ``handle.with_retries``).
@@ -411,12 +416,15 @@ class _Futures:
     def __getattr__(self, name: str) -> '_AsyncMethod':
         if name.startswith('__'):
             raise AttributeError(name)
-        method = _AsyncMethod(self._client, name)
+        method = (_ResentAsyncMethod if _resends(self._client, name) else _AsyncMethod)(
+            self._client, name)
         self.__dict__[name] = method
         return method
 
     def __call__(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
         """Starts a call of the server's ``__call__`` method and returns its future."""
+        if _resends(self._client, '__call__'):
+            return _ResentAsyncMethod(self._client, '__call__')(*args, **kwargs)
         return self._client._call_async('__call__', args, kwargs)  # pylint: disable=protected-access
 
 
@@ -427,6 +435,22 @@ class _AsyncMethod(_Method):
 
     def __call__(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
         return self._client._call_async(self._name, args, kwargs)  # pylint: disable=protected-access
+
+
+class _ResentAsyncMethod(_Method):
+    """``client.futures.name`` of a method whose calls the client's resolver re-sends."""
+
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        from courier import resent  # pylint: disable=import-outside-toplevel
+        return resent.ResentFuture(self._client, self._name, args, kwargs,
+                                   _UNSENT_FORGIVEN).send()
+
+
+def _resends(client: Client, method: str) -> bool:
+    address = client._address  # pylint: disable=protected-access
+    return isinstance(address, AddressResolver) and address.resends(method)
 
 
 def list_methods(client: Client) -> List[str]:

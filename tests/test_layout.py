@@ -34,6 +34,7 @@ LAYERS = [
     ('courier.transport.grpc', 3),
     ('courier.transport.tcp', 4),            # a TCP address's lane: framed, else gRPC
     ('courier.transport', 4),                # picks a transport by address and protocol
+    ('courier.resent', 4),                   # futures of calls a resolver re-sends
     ('courier.client', 5),
     ('courier.server', 5),
     ('courier.batching', 5),

@@ -414,8 +414,10 @@ class _Pipeline:
         self.broken = reason
         pending, self._pending = self._pending, {}
         self._outbox.clear()
+        unsent = self._connection is None  # nothing was sent before the connection was made
         for future, method, _, _ in list(pending.values()):
-            future.fail(reason.error(method, self._address))
+            error = reason.error(method, self._address)
+            future.fail(_never_sent(error) if unsent else error)
 
     def close(self) -> None:
         with self._lock:

@@ -25,6 +25,7 @@ import importlib
 import inspect
 import signal
 import sys
+import threading
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union,
                     overload)
 
@@ -32,12 +33,14 @@ from absl import flags
 
 import courier
 
+from launchpad import runtime
 from launchpad.context import launch_type_of
 from launchpad.launch.controller import Controller, Controllers, LaunchSignals
 from launchpad.nodes.base import Executable, LaunchInfo
 from launchpad.observe import observer as observers
 from launchpad.observe import tensorboard
 from launchpad.policy import NodePolicy
+from launchpad.process import faces
 from launchpad.process.stop_order import StopOrder
 from launchpad.program import Program
 
@@ -464,3 +467,27 @@ def load_builtin_launchers() -> None:
 
 def _builtin(module: str, name: str) -> Launcher:
     return getattr(importlib.import_module(f'launchpad.launch.{module}'), name)()
+
+
+def launcher_context(program_name: str, options: LaunchOptions, table, coordinator,
+                     token: str, released: threading.Event) -> runtime.NodeContext:
+    """Installs, in the launching process, a context through which handles dereference into
+    clients of the program's nodes (e.g. a test talking to a node it launched). It carries the
+    program's auth token, which this process's environment does not, and is removed when the
+    program ends."""
+    node_face = faces.NodeFaceProxy(coordinator)
+    stop = runtime.StopSignal(node_face.request_stop)
+    context = runtime.NodeContext(
+        launch_type=options.launch_type, program_name=program_name, label='launcher', index=0,
+        address_table=dataclasses.replace(table, registry=node_face), stop=stop,
+        coordinator=node_face, notice_period=options.notice_period, tls=options.tls,
+        auth_token=token)
+
+    def watch_stop():
+        while not coordinator.wait_for_stop(0.5) and not released.is_set():
+            pass
+        stop.trigger()
+
+    threading.Thread(target=watch_stop, daemon=True, name=f'lp-{program_name}-stop').start()
+    runtime.set_process_context(context)
+    return context

@@ -21,7 +21,6 @@ from launchpad.address import add_to_local_table, local_address_table
 from launchpad.launch import detached
 from launchpad.launch import launcher
 from launchpad.launch.controller import Controller, ProcessRunner
-from launchpad.process import faces
 from launchpad.process import flags
 from launchpad.process import forkserver
 from launchpad.process import spec as specs
@@ -367,8 +366,9 @@ class ProcessLauncher(launcher.Launcher):
         for name, argv, env, forkable in starts:  # every node was packed before any starts
             runner.start_node(name, argv, env, forkable)
         if supervision is None:  # (a supervisor talks to no node)
-            runner.context = _launcher_context(program.name, options, packer.address_table,
-                                               coordinator, token, runner.released)
+            runner.context = launcher.launcher_context(program.name, options,
+                                                       packer.address_table, coordinator, token,
+                                                       runner.released)
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
                           notice_period=options.notice_period, auth_token=token)
 
@@ -408,27 +408,3 @@ def readopt(program: Program, options: launcher.LaunchOptions, workdir: str,
         raise
     return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
                       notice_period=options.notice_period, auth_token=nodes.token)
-
-
-def _launcher_context(program_name: str, options: launcher.LaunchOptions, table, coordinator,
-                      token: str, released: threading.Event) -> runtime.NodeContext:
-    """Installs, in the launching process, a context through which handles dereference into
-    clients of the program's nodes (e.g. a test talking to a node it launched). It carries the
-    program's auth token, which this process's environment does not, and is removed when the
-    program ends."""
-    node_face = faces.NodeFaceProxy(coordinator)
-    stop = runtime.StopSignal(node_face.request_stop)
-    context = runtime.NodeContext(
-        launch_type=options.launch_type, program_name=program_name, label='launcher', index=0,
-        address_table=dataclasses.replace(table, registry=node_face), stop=stop,
-        coordinator=node_face, notice_period=options.notice_period, tls=options.tls,
-        auth_token=token)
-
-    def watch_stop():
-        while not coordinator.wait_for_stop(0.5) and not released.is_set():
-            pass
-        stop.trigger()
-
-    threading.Thread(target=watch_stop, daemon=True, name=f'lp-{program_name}-stop').start()
-    runtime.set_process_context(context)
-    return context

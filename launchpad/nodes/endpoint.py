@@ -180,11 +180,15 @@ class NodeEndpoint(courier.AddressResolver):
         time.sleep(_MAX_PAUSE)
         return True
 
+    def resends(self, method: str) -> bool:
+        """Whether calls of `method` (blocking ones and futures) are re-sent (`resend`)."""
+        return self.retries is not None and self.retries.covers(method)
+
     def resend(self, method: str, sent: int) -> Optional[bool]:
         """Whether a call of `method` that lost the node `sent` times goes to its next instance:
         for a method its `retries` cover, while they allow and the program runs and the node
         was not removed (None for the others: see `retry`)."""
-        if self.retries is None or not self.retries.covers(method):
+        if not self.resends(method):
             return None
         context = runtime.get_context()
         return (sent < self.retries.attempts and not context.stop.event.is_set()

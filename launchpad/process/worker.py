@@ -329,7 +329,8 @@ def _run(spec_path: str) -> int:
 
 def _handle_signals(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
                     done: threading.Event, launcher_lost: threading.Event) -> None:
-    """SIGTERM ends the node as a preemption (`_preempted`); the platform's warning signal, if it
+    """SIGTERM ends the node as a preemption (`_preempted`), SIGHUP the same way without
+    reporting (its launcher is gone); the platform's warning signal, if it
     has one (`spec.stop_signal`), stops the program. Handlers only start a thread: the work
     needs locks that the interrupted code may hold."""
     def preempted(signum, frame):
@@ -343,7 +344,12 @@ def _handle_signals(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
             f'{spec.node_name} received {signal.Signals(signum).name}: the platform ends the '
             'program soon',)).start()
 
+    def orphaned(signum, frame):  # an SSH host's agent lost the launcher: nobody to report to
+        launcher_lost.set()
+        preempted(signum, frame)
+
     signal.signal(signal.SIGTERM, preempted)
+    signal.signal(signal.SIGHUP, orphaned)
     if spec.stop_signal:
         signal.signal(getattr(signal, spec.stop_signal), warned)
 

@@ -52,6 +52,13 @@ def call(plain, retried, bounded, record: str) -> None:
     attempt('idempotent', lambda: plain.read('i', crash_in=2))  # declared: re-sent to 3
     attempt('other_method', lambda: retried.read('o'))  # only echo and read are listed...
     attempt('bounded', bounded.always_crash)  # ...its calls go twice, then fail
+    # The same rules for futures:
+    attempt('future_retried', lambda: retried.futures.echo('fr', crash_in=5).result())
+    attempt('future_idempotent', lambda: plain.futures.read('fi', crash_in=6).result())
+    attempt('future_plain', lambda: plain.futures.echo('fp', crash_in=7).result())
+    attempt('future_bounded', lambda: bounded.futures.always_crash().result())
+    in_flight = [retried.futures.read(f'f{i}', crash_in=10) for i in range(4)]  # one crash
+    attempt('in_flight', lambda: [future.result() for future in in_flight])
     with open(record, 'w') as f:
         json.dump(results, f)
 
@@ -60,7 +67,7 @@ def test_calls_are_resent_to_the_restarted_node_only_where_asked(tmp_path):
     record, log = tmp_path / 'results.json', tmp_path / 'calls.log'
     program = lp.Program('retries')
     flaky = program.add_node(lp.CourierNode(Flaky, str(log)), label='flaky',
-                             restart=lp.RestartPolicy(max_restarts=10, backoff=0.05,
+                             restart=lp.RestartPolicy(max_restarts=20, backoff=0.05,
                                                              max_backoff=0.1))
     program.add_node(lp.PyNode(call, flaky, flaky.with_retries(3, methods=['echo', 'read']),
                                flaky.with_retries(attempts=2), str(record)), label='caller')
@@ -73,9 +80,19 @@ def test_calls_are_resent_to_the_restarted_node_only_where_asked(tmp_path):
     assert results['idempotent'] == ['i', 3]
     assert results['other_method'] == ['o', 3]
     assert results['bounded'][0] == 'ServerUnavailableError'
-    assert log.read_text().splitlines() == [  # what each instance (attempt) was sent
+    sent = log.read_text().splitlines()
+    assert sent[:16] == [  # what each instance (attempt) was sent
         'echo first 0', 'echo p 0', 'echo r 1', 'echo r 2', 'read i 2', 'read i 3', 'read o 3',
-        'always_crash 3', 'always_crash 4']
+        'always_crash 3', 'always_crash 4', 'echo fr 5', 'echo fr 6', 'read fi 6', 'read fi 7',
+        'echo fp 7', 'always_crash 8', 'always_crash 9']
+    assert results['future_retried'] == ['fr', 6]
+    assert results['future_idempotent'] == ['fi', 7]
+    assert results['future_plain'][0] == 'ServerUnavailableError'
+    assert results['future_bounded'][0] == 'ServerUnavailableError'
+    assert results['in_flight'] == [[f'f{i}', 11] for i in range(4)]
+    # Instance 10 crashed in the first it got; each of the four was answered by instance 11.
+    assert sorted(line for line in sent[16:] if line.endswith(' 11')) == [
+        f'read f{i} 11' for i in range(4)]
     assert 'exit code 7' in controller.status()['flaky/0'].error
 
 

@@ -351,6 +351,9 @@ class _Resending(courier.AddressResolver):
     def __call__(self):
         return self.addresses.pop(0) if len(self.addresses) > 1 else self.addresses[0]
 
+    def resends(self, method):
+        return True
+
     def resend(self, method, sent):
         self.asked.append((method, sent))
         return sent < 1
@@ -378,8 +381,22 @@ def test_a_call_a_dying_server_closed_before_it_went_out_is_not_counted_as_sent(
     client = courier.Client(resolver, call_timeout=20, wait_for_ready=False)
     assert client.add(1, 2) == 3
     closer.join()
-    dying.close()
     assert resolver.asked == [('add', 0)]  # not ('add', 1): it was not sent
+    # The same for a future: it goes again, to the new server, as not sent.
+    closer = threading.Thread(target=lambda: dying.accept()[0].close())
+    closer.start()
+    resolver = _Resending(f'unix:{dying_path}', server.address)
+    client = courier.Client(resolver, call_timeout=20, wait_for_ready=False)
+    assert client.futures.add(2, 2).result(timeout=20) == 4
+    closer.join()
+    dying.close()
+    assert resolver.asked == [('add', 0)]
+    # With no server left, its failures to connect are forgiven a few times, then counted as
+    # sends; past what the resolver allows, the future raises the error.
+    server.Stop()
+    with pytest.raises(courier.ServerUnavailableError):
+        client.futures.add(3, 3).result(timeout=20)
+    assert resolver.asked[-1] == ('add', 1) and set(resolver.asked[:-1]) == {('add', 0)}
 
 class _Gone(courier.ServerUnavailableError):
     pass

@@ -201,7 +201,11 @@ class _HostAgent:
         _kill_nodes(markers, self.directory)
 
     def close(self) -> None:
-        """Ends what is left of the program on this host after the grace period."""
+        """Ends what is left of the program on this host: nodes still running (the launcher is
+        gone) get SIGHUP, which ends them as a preemption without reporting (their stop
+        handlers run); what has not ended after the grace period is killed."""
+        for node in self._nodes.values():
+            node.hang_up()
         deadline = time.monotonic() + self._grace
         while self._running() and time.monotonic() < deadline:
             self._pump(0.2)
@@ -237,6 +241,13 @@ class _Child:
 
     def wait(self) -> int:
         return self.poll(0)
+
+    def hang_up(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGHUP)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def kill(self) -> None:
         if self.poll() is None:  # not reaped, so the pid is still its own

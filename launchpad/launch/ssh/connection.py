@@ -57,7 +57,10 @@ class Connection:
                    f'{shlex.quote(host.workdir or "")}')
         argv = host.ssh_argv() + [
             '-M', '-S', control_path, '-o', 'ControlPersist=no',
-            '-o', 'ServerAliveInterval=5', '-o', 'ServerAliveCountMax=3', host.host, command]
+            '-o', f'ServerAliveInterval={protocol.SERVER_ALIVE_INTERVAL}', '-o',
+            'ServerAliveCountMax='
+            f'{int(protocol.LAUNCHER_SILENCE_TIMEOUT // protocol.SERVER_ALIVE_INTERVAL)}',
+            host.host, command]
         # The master ends when the agent does, also after the launcher died; the last one to end
         # removes the launch's local directory, which holds nothing but the control sockets.
         self.process = subprocess.Popen(

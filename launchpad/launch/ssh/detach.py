@@ -47,7 +47,7 @@ def supervisor_host_of(program, hosts: Dict[str, List[SshHost]], settings,
     if settings.supervisor_grace is not None:
         raise ValueError('supervisor_grace= is not supported by the ssh launcher yet: a '
                          'detached SSH program is not re-adopted by a new supervisor, its nodes '
-                         'stop 5 s after losing theirs; leave it out.')
+                         'stop as those of a dead launcher do; leave it out.')
     if terminal == 'tmux_session':
         raise ValueError("terminal='tmux_session' cannot be detached: the output of a detached "
                          "program goes to files on its supervisor's host; leave terminal= out.")

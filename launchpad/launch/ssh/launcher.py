@@ -28,10 +28,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import courier
 from courier.transport import tcp_address
 
+from launchpad import runtime
 from launchpad.address import AddressTable
 from launchpad.launch.controller import Controller, ProcessRunner
-from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of, policies_of,
-                                       stop_order_of)
+from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of,
+                                       launcher_context, policies_of, stop_order_of)
 from launchpad.launch.ssh import detach
 from launchpad.launch.ssh import protocol
 from launchpad.launch.ssh.connection import Connection, ForkedNode
@@ -75,6 +76,7 @@ class _SshRunner(ProcessRunner):
         self.requested: Dict[str, Resources] = {}
         self.coordinator: Optional[Coordinator] = None
         self.log_dir: Optional[str] = None  # where a detached program's node output goes
+        self.context: Optional[runtime.NodeContext] = None  # the launching process's
         self._restarts: Dict[str, int] = {}
         # What nodes are packed with, set by the launch: the packer, the program's token, the
         # options, the coordinator's port, the hosts of each group and each group's next host.
@@ -243,6 +245,9 @@ class _SshRunner(ProcessRunner):
         """Stops the heartbeat and the coordinator, closes the connections (each agent ends what is
         left on its host) and removes the local directory."""
         self._released.set()
+        if self.context is not None:  # handles no longer dereference here
+            runtime.clear_process_context(self.context)
+            self.context.stop.trigger()
         try:
             if self.server is not None:
                 self.server.Stop()
@@ -278,7 +283,7 @@ class SshOptions:
         hosts, by name (`SshHost.host`) or as an `lp.SshHost` (default: the first host of the
         program's first group).
       supervisor_grace: refused: a detached SSH program's nodes are not re-adopted by a new
-        supervisor yet (they stop 5 s after losing theirs).
+        supervisor yet (they stop as those of a dead launcher do).
     """
     coordinator_host: Optional[str] = None
     detach: bool = False
@@ -367,6 +372,8 @@ class SshLauncher(Launcher):
         runner.packer = specs.Packer(program.name, options.launch_type, AddressTable(), '',
                                      notice_period=options.notice_period, tls=options.tls,
                                      policies=policies)
+        # Nodes ride out a network cut as long as their agent does (see protocol).
+        runner.packer.coordinator_grace = protocol.LAUNCHER_SILENCE_TIMEOUT
         runner.output = Output(options.terminal, program.name, runner.local_dir,
                                log_dir=runner.log_dir)
         for (connection, _), (_, executable) in zip(placed, executables):
@@ -385,6 +392,8 @@ class SshLauncher(Launcher):
         if in_sessions:
             for (connection, i), (_, executable) in zip(placed, executables):
                 runner.start_session(executable.name, connection, i)
+        runner.context = launcher_context(program.name, options, runner.packer.address_table,
+                                          coordinator, runner.token, runner._released)
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
                           notice_period=options.notice_period, auth_token=runner.token)
 

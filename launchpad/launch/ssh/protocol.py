@@ -35,9 +35,13 @@ AGENT_START_TIMEOUT = 30.0
 
 # The launcher writes to every agent at least this often; an agent that hears nothing for
 # LAUNCHER_SILENCE_TIMEOUT seconds takes the launcher for gone (as when its input ends), which
-# also covers a network that went away without closing the connection.
+# also covers a network that went away without closing the connection. A host cut off the
+# network for less rides it out: its agent, its ssh connection and its nodes (which cannot
+# reach the coordinator meanwhile) wait that long, and TCP's backoff can add half again to a
+# cut before the first packet gets through.
 HEARTBEAT_INTERVAL = 2.0
-LAUNCHER_SILENCE_TIMEOUT = 15.0
+LAUNCHER_SILENCE_TIMEOUT = 30.0
+SERVER_ALIVE_INTERVAL = 5  # ssh's keepalive: it gives up after LAUNCHER_SILENCE_TIMEOUT
 
 AGENT_LINE = b'LPAGENT '
 NODE_ENV = 'LAUNCHPAD_SSH_NODE'  # marks every process of a node (and its children) on a host
