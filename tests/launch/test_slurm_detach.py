@@ -40,8 +40,10 @@ def test_a_detached_elastic_program_grows_and_shrinks_without_its_launcher(slurm
     launched = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                               timeout=60, env=env)
     assert launched.returncode == 0, launched.stderr
+    job_id = launched.stdout.split('launched job ')[1].split()[0]
     program_id = launched.stdout.split('its id is ')[1].split('.\n')[0]
-    assert f'sql {program_id}' in launched.stdout
+    for how in (f'sql {program_id}', f'scancel {job_id}', 'tail -f'):
+        assert how in launched.stdout, launched.stdout
     seen = set()  # the additional jobs seen while the program ran
 
     def ended():
