@@ -72,3 +72,23 @@ def test_a_detached_elastic_program_grows_and_shrinks_without_its_launcher(slurm
     assert wait_until(lambda: os.listdir(job_dir) == ['logs'], timeout=10)
     assert wait_until(lambda: not our_processes(str(job_dir)), timeout=10), \
         our_processes(str(job_dir))
+
+
+def test_the_controller_of_a_detached_job_refuses_to_resize_it_saying_why(tmp_path):
+    """Its supervisor runs in the job, not in this process: growing it from here would fail
+    with a misleading 'the program has ended'."""
+    # pylint: disable=import-outside-toplevel
+    import launchpad as lp
+    from launchpad.launch.slurm.launcher import SlurmController
+    from launchpad.launch.slurm.steps import StepRunner
+    from launchpad.process.coordinator import Coordinator
+    nothing = Coordinator([])
+    controller = SlurmController('elastic', nothing, StepRunner('7', None, [], nothing,
+                                                                watch_job=False),
+                                 launch_type='slurm', job_id='7', log_dir=str(tmp_path),
+                                 detached=True)
+    controller.attach(lp.Program('elastic'), {})
+    for call in (lambda: controller.add_node(lp.PyNode(print), 'actor'),
+                 lambda: controller.remove_node('actor/0'), lambda: controller.resize('actor', 3)):
+        with pytest.raises(RuntimeError, match=r"runs detached in Slurm job 7.*lp\.resize"):
+            call()

@@ -122,14 +122,32 @@ class SlurmController(Controller):
       job_id: the Slurm job that runs the program.
       log_dir: where each node's output file (and the batch script's, job.out) is.
       detached: True if the job runs on its own (lp.launch(..., detach=True)); this controller
-        then only describes it: `wait()` returns at once and `stop()` does nothing (use
-        `scancel job_id`).
+        then only describes it: `wait()` returns at once, `stop()` does nothing (use
+        `scancel job_id`) and it cannot add or remove nodes (the job's driver does).
     """
 
     def __init__(self, *args, job_id: str, log_dir: str, **kwargs):
         self.job_id = job_id
         self.log_dir = log_dir
         super().__init__(*args, **kwargs)
+
+    def add_node(self, node, label=None):
+        self._refuse_if_detached()
+        return super().add_node(node, label)
+
+    def remove_node(self, name: str) -> None:
+        self._refuse_if_detached()
+        super().remove_node(name)
+
+    def resize(self, label: str, size: int) -> None:
+        self._refuse_if_detached()
+        super().resize(label, size)
+
+    def _refuse_if_detached(self) -> None:
+        if self.detached:
+            raise RuntimeError(f'Program {self.program_name!r} runs detached in Slurm job '
+                               f'{self.job_id}, supervised there, not by this process: a node\'s '
+                               'lp.resize or its scaling policy resizes it.')
 
 
 class SlurmLauncher(Launcher):
