@@ -320,13 +320,13 @@ def test_detached_script_starts_the_driver_as_a_module(tmp_path):
     script = batch_script('pc', components, str(tmp_path), {i: f'{i}.spec' for i in range(3)},
                           detached=True)
     assert f'-m launchpad.launch.slurm.driver {tmp_path} &' in script
-    # Without a job description the driver fails at once, but only after starting as a module
+    # Without what supervises the program the driver fails at once, but only after starting as a module
     # that nothing imported before (which Python would warn about).
     done = subprocess.run([sys.executable, '-W', 'error::RuntimeWarning', '-m',
                            'launchpad.launch.slurm.driver', str(tmp_path)],
                           capture_output=True, text=True, timeout=60, env=script_env())
     assert done.returncode != 0
-    assert 'job.json' in done.stderr and 'RuntimeWarning' not in done.stderr
+    assert 'supervision.pkl' in done.stderr and 'RuntimeWarning' not in done.stderr
 
 
 def test_a_step_loads_nothing_of_the_launchers_side():

@@ -3,7 +3,8 @@
 One module per place the code runs (docs/slurm.md shows how they work together):
 
     launcher.py   the launching machine: SlurmLauncher, SlurmOptions, SlurmController, the log
-                  follower
+                  follower; and wherever the coordinator runs: JobSupervision, the growing
+                  step runner
     resources.py  the launching machine: SlurmResources, as sbatch and srun options
     script.py     the launching machine: the job's plan and the batch script (which runs in the job)
     job.py        where the job is watched: sbatch, squeue, scancel, scontrol; SlurmError

@@ -28,8 +28,9 @@ A program launched in the foreground lives in these threads of the launching pro
                          submits and cancels additional jobs (_GrowingStepRunner)
     lp-slurm-logs        _LogFollower: copies the steps' output files to stdout
 
-A detached program (detach=True) has its coordinator and step runner inside the job, in the driver
-(driver.py); lp.launch returns once the job is submitted, and no thread of ours follows it.
+A detached program (detach=True) has the same coordinator, step runner and controller inside the
+job, in the driver (driver.py), made from the `JobSupervision` the launcher writes to the run
+directory; lp.launch returns once the job is submitted, and no thread of ours follows it.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ import dataclasses
 import functools
 import logging
 import os
+import pickle
 import secrets
 import shlex
 import shutil
@@ -45,7 +47,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from launchpad.launch.controller import Controller
 from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of, policies_of,
@@ -54,9 +56,12 @@ from launchpad.launch.slurm import addresses, job, script, shared
 from launchpad.launch.slurm.resources import SlurmResources
 from launchpad.resources import Resources
 from launchpad.launch.slurm.steps import StepRunner
+from launchpad.observe import registry
+from launchpad.policy import NodePolicy
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import Coordinator, serve_coordinator
 from launchpad.process.output import prefix_for
+from launchpad.process.stop_order import StopOrder
 from launchpad.program import Program
 
 JOB_DIR_ENV = 'LAUNCHPAD_SLURM_DIR'
@@ -117,14 +122,32 @@ class SlurmController(Controller):
       job_id: the Slurm job that runs the program.
       log_dir: where each node's output file (and the batch script's, job.out) is.
       detached: True if the job runs on its own (lp.launch(..., detach=True)); this controller
-        then only describes it: `wait()` returns at once and `stop()` does nothing (use
-        `scancel job_id`).
+        then only describes it: `wait()` returns at once, `stop()` does nothing (use
+        `scancel job_id`) and it cannot add or remove nodes (the job's driver does).
     """
 
     def __init__(self, *args, job_id: str, log_dir: str, **kwargs):
         self.job_id = job_id
         self.log_dir = log_dir
         super().__init__(*args, **kwargs)
+
+    def add_node(self, node, label=None):
+        self._refuse_if_detached()
+        return super().add_node(node, label)
+
+    def remove_node(self, name: str) -> None:
+        self._refuse_if_detached()
+        super().remove_node(name)
+
+    def resize(self, label: str, size: int) -> None:
+        self._refuse_if_detached()
+        super().resize(label, size)
+
+    def _refuse_if_detached(self) -> None:
+        if self.detached:
+            raise RuntimeError(f'Program {self.program_name!r} runs detached in Slurm job '
+                               f'{self.job_id}, supervised there, not by this process: a node\'s '
+                               'lp.resize or its scaling policy resizes it.')
 
 
 class SlurmLauncher(Launcher):
@@ -160,23 +183,25 @@ class SlurmLauncher(Launcher):
         components = script.plan(executables, options.resources, log_dir, spare={
             label: _spare_tasks(elastic.max_size, len(program.groups.get(label, ())),
                                 settings.spare_tasks)
-            for label, elastic in program.elastic_groups.items()} if not settings.detach else None)
+            for label, elastic in program.elastic_groups.items()})
         steps = sorted((s for c in components for s in c.steps), key=lambda s: s.index)
-        names = [step.executable.name for step in steps]
-        watched = [step.watched() for step in steps]
         token = secrets.token_hex(16)
         policies = policies_of(program, executables)
+        supervision = JobSupervision(
+            program=program, launch_type=options.launch_type, resources=dict(options.resources),
+            notice_period=options.notice_period, policies=policies,
+            stop_order=stop_order_of(program, executables, options.notice_period),
+            steps=[step.watched() for step in steps], components=components, run_dir=run_dir,
+            log_dir=log_dir, batch_log=batch_log, environment=_job_environment(token),
+            # An additional job's steps are not requeued; they are not warned either then.
+            warning_seconds=None if settings.requeue else settings.stop_before_time_limit,
+            requeue=settings.requeue, auth_token=token)
         server = coordinator = None
         if settings.detach:
             coordinator_address = functools.partial(shared.read_coordinator_endpoint, run_dir)
-            shared.JobDescription(program.name, names, options.notice_period, batch_log, watched,
-                                  tls=options.tls, policies={
-                                      name: policy.to_json() for name, policy in policies.items()}
-                                  ).write(run_dir)
+            supervision.program_id = registry.new_id(program.name)
         else:
-            coordinator = Coordinator(
-                names, policies=policies, groups=program.group_limits(),
-                stop_order=stop_order_of(program, executables, options.notice_period))
+            coordinator = supervision.coordinator()
             server = serve_coordinator(
                 coordinator, job.coordinator_bind_endpoint(settings.coordinator_host),
                 auth_token=token, tls=options.tls)
@@ -186,7 +211,7 @@ class SlurmLauncher(Launcher):
                 published={address.id: '<node address>:0'
                            for _, executable in executables for address in executable.addresses},
                 coordinator=coordinator_address)
-            packer = specs.Packer(
+            supervision.packer = specs.Packer(
                 program.name, options.launch_type, table, coordinator_address,
                 notice_period=options.notice_period, tls=options.tls, policies=policies,
                 stop_signal=script.WARNING_SIGNAL if (settings.stop_before_time_limit
@@ -195,17 +220,19 @@ class SlurmLauncher(Launcher):
                 requeue_check=shared.job_requeuing if settings.requeue else None)
             warning = settings.stop_before_time_limit or (
                 _REQUEUE_WARNING if settings.requeue else None)
-            spec_paths = {step.index: _write_spec(packer, run_dir, step) for step in steps}
+            spec_paths = {step.index: _write_spec(supervision.packer, run_dir, step)
+                          for step in steps}
             script_path = os.path.join(run_dir, 'job.sh')
             with open(script_path, 'w') as f:
                 f.write(script.batch_script(
                     program.name, components, run_dir, spec_paths, detached=settings.detach,
                     restart_waits=_restart_waits(steps, policies),
-                    warning_seconds=warning, growing=not settings.detach,
-                    requeue=settings.requeue))
+                    warning_seconds=warning, growing=True, requeue=settings.requeue))
+            if settings.detach:
+                supervision.write()
             with open(os.path.join(run_dir, shared.ADDING_ALIVE), 'w'):
                 pass  # the job's steps of added nodes run while the runner touches it
-            job_id = job.submit(script_path, program.name, batch_log, _job_environment(token))
+            job_id = job.submit(script_path, program.name, batch_log, supervision.environment)
         except BaseException:
             if server is not None:
                 server.Stop()
@@ -213,14 +240,18 @@ class SlurmLauncher(Launcher):
         follow = f'tail -f {shlex.quote(log_dir)}/*.out'
         if settings.detach:
             print(f'Program {program.name!r} runs detached as Slurm job {job_id} '
-                  f'({len(names)} nodes).\n  Follow it: {follow}\n  Its state: squeue -j {job_id}\n'
-                  f'  Cancel it: scancel {job_id}', flush=True)
+                  f'({len(steps)} nodes), supervised in the job; its id is '
+                  f'{supervision.program_id}.\n  Follow it: {follow}\n'
+                  f'  Its state: squeue -j {job_id}\n'
+                  f'  Its history: python -m launchpad.launch sql {supervision.program_id} '
+                  f'(or dashboard {supervision.program_id})\n  Cancel it: scancel {job_id}',
+                  flush=True)
             nothing = Coordinator([])  # the job's own coordinator follows its nodes
             runner = StepRunner(job_id, None, [], nothing, watch_job=False)
             return SlurmController(program.name, nothing, runner,
                                    launch_type=options.launch_type, job_id=job_id, log_dir=log_dir,
                                    detached=True)
-        print(f'Program {program.name!r} is Slurm job {job_id} ({len(names)} nodes); node logs in '
+        print(f'Program {program.name!r} is Slurm job {job_id} ({len(steps)} nodes); node logs in '
               f'{log_dir}; cancel with scancel {job_id}.', file=sys.stderr, flush=True)
         try:  # lp.launch turns Ctrl-C and SIGTERM into KeyboardInterrupt while this waits
             job.wait_for_start(job_id, settings.start_timeout, ran=lambda: any(
@@ -234,17 +265,86 @@ class SlurmLauncher(Launcher):
             follower = _LogFollower([('slurm', batch_log)] + [(s.executable.name, s.log)
                                                               for s in steps])
             closing = [follower.close, server.Stop]
+        return supervision.controller(job_id, coordinator, watch_job=True, closing=closing)
+
+
+@dataclasses.dataclass
+class JobSupervision:
+    """What supervises a program's job, and how to make it: its coordinator, and its step runner
+    and controller. The launcher makes them for a program launched in the foreground; for a
+    detached one, it writes this to the run directory (`write`), and the in-job driver reads it
+    (`read`) and makes the same ones there, so a detached program grows, shrinks, scales and
+    stops in graph order as any other.
+
+    Attributes:
+      program: the program (its elastic groups and scaling policy).
+      launch_type, resources, notice_period: as given to `lp.launch`.
+      policies: node name -> its restart policy and progress deadline.
+      stop_order: who calls whom, for the stop in graph order.
+      steps: the job's steps; components: the job's plan (for nodes added later).
+      run_dir, log_dir, batch_log: the job's files.
+      environment: the job's environment (the program's auth token in it).
+      warning_seconds: when additional jobs' steps are warned before their time limit.
+      requeue: the job may be requeued.
+      auth_token: the token the program's nodes and coordinator require.
+      packer: what packs a node added later into its spec.
+      program_id: a detached program's id (its registry entry and run file, under RUNS).
+    """
+    program: Program
+    launch_type: str
+    resources: Dict[str, Any]
+    notice_period: float
+    policies: Dict[str, NodePolicy]
+    stop_order: StopOrder
+    steps: List[shared.WatchedStep]
+    components: List[script.Component]
+    run_dir: str
+    log_dir: str
+    batch_log: str
+    environment: Dict[str, str]
+    warning_seconds: Optional[int]
+    requeue: bool
+    auth_token: str
+    packer: Optional[specs.Packer] = None
+    program_id: Optional[str] = None
+
+    def coordinator(self) -> Coordinator:
+        """The program's coordinator: its nodes, policies, groups and stop order."""
+        return Coordinator([step.name for step in self.steps], policies=self.policies,
+                           groups=self.program.group_limits(), stop_order=self.stop_order)
+
+    def controller(self, job_id: str, coordinator: Coordinator, *, watch_job: bool,
+                   closing: Sequence[Callable[[], None]]) -> SlurmController:
+        """The controller of job `job_id`, with a step runner that can add nodes (see
+        `StepRunner` for `watch_job` and `closing`)."""
         runner = _GrowingStepRunner(
-            job_id, run_dir, watched, coordinator, watch_job=True, closing=closing,
-            batch_log=batch_log, packer=packer, components=components,
-            resources=options.resources, log_dir=log_dir, first_index=len(steps),
-            program_name=program.name, environment=_job_environment(token),
-            # An additional job's steps are not requeued; they are not warned either then.
-            warning_seconds=None if settings.requeue else settings.stop_before_time_limit,
-            requeue=settings.requeue)
-        return SlurmController(program.name, coordinator, runner, launch_type=options.launch_type,
-                               notice_period=options.notice_period, job_id=job_id, log_dir=log_dir,
-                               auth_token=token)
+            job_id, self.run_dir, self.steps, coordinator, watch_job=watch_job, closing=closing,
+            batch_log=self.batch_log, packer=self.packer, components=self.components,
+            resources=self.resources, log_dir=self.log_dir, first_index=len(self.steps),
+            program_name=self.program.name, environment=self.environment,
+            warning_seconds=self.warning_seconds, requeue=self.requeue)
+        return SlurmController(self.program.name, coordinator, runner,
+                               launch_type=self.launch_type, notice_period=self.notice_period,
+                               job_id=job_id, log_dir=self.log_dir, auth_token=self.auth_token)
+
+    def write(self) -> None:
+        """Writes this to the run directory, in a file only this user can read (it holds the
+        program's token and TLS credentials)."""
+        header = {'sys_path': [p for p in sys.path if p]}
+        payload = specs.pickle_node(self.program.name, self)
+        path = os.path.join(self.run_dir, shared.SUPERVISION_FILE)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 'wb') as f:
+            pickle.dump((header, payload), f, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @classmethod
+    def read(cls, run_dir: str) -> JobSupervision:
+        """What the launcher wrote to `run_dir`, with the program's modules importable."""
+        with open(os.path.join(run_dir, shared.SUPERVISION_FILE), 'rb') as f:
+            header, payload = pickle.load(f)
+        for entry in reversed(header['sys_path']):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        return pickle.loads(payload)
 
 
 def _write_spec(packer: specs.Packer, run_dir: str, step: script.Step, policy=None) -> str:
@@ -439,8 +539,11 @@ class _GrowingStepRunner(StepRunner):
             super().kill(rest)
 
     def release(self) -> None:
-        with open(os.path.join(self._run_dir, shared.ADDING_ENDS), 'w'):
-            pass  # the batch script starts no more steps: the job can end
+        try:
+            with open(os.path.join(self._run_dir, shared.ADDING_ENDS), 'w'):
+                pass  # the batch script starts no more steps: the job can end
+        except FileNotFoundError:
+            pass  # a detached program's kill removed the run directory: it starts none
         try:
             for job_id in self._additional.values():
                 job.cancel(job_id)

@@ -2,21 +2,18 @@
 hold, and the module of the in-job driver.
 
 The launching machine and the compute nodes share a filesystem; they talk through the job's run
-directory. The launcher writes the job description there (detached mode); the in-job driver reads
-it and writes the coordinator's endpoint, which the batch script and the steps read; the batch
-script writes each step's exit code, which the step runner reads on either side. This module is
+directory. The launcher writes what supervises the program there (detached mode); the in-job
+driver reads it and writes the coordinator's endpoint, which the batch script and the steps
+read; the batch script writes each step's exit code, which the step runner reads on either side. This module is
 imported on both sides, and in the steps of a detached program (their specs hold
 `read_coordinator_endpoint`), so it needs nothing but the standard library.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-import pickle
 import subprocess
 import sys
-from typing import Any, Dict, List, NamedTuple
+from typing import List, NamedTuple
 
 # `python -m DRIVER_MODULE RUN_DIR` serves a detached program's coordinator inside its job.
 DRIVER_MODULE = 'launchpad.launch.slurm.driver'
@@ -36,8 +33,9 @@ ADDING_ENDS = 'adding.end'
 # ... and touches ADDING_ALIVE while it runs: silent for ADDING_SILENCE seconds, it is gone.
 ADDING_ALIVE = 'adding.alive'
 ADDING_SILENCE = 10  # (nodes give up on a lost coordinator after 5 s: a job ends soon after)
-_DESCRIPTION_FILE = 'job.json'
-_TLS_FILE = 'tls.pickle'
+# What supervises a detached program (`launcher.JobSupervision`: the program, its plan, token
+# and TLS credentials), written by the launcher for the in-job driver; only its user can read it.
+SUPERVISION_FILE = 'supervision.pkl'
 
 
 def driver_argv(run_dir: str) -> List[str]:
@@ -106,46 +104,3 @@ class WatchedStep(NamedTuple):
     index: int  # its place in the batch script, which names its exit code file
     name: str   # its node's name
     log: str    # its output file
-
-
-@dataclasses.dataclass
-class JobDescription:
-    """What the in-job driver of a detached program needs to know, written by the launcher.
-
-    Attributes:
-      program: the program's name.
-      nodes: the names of its nodes.
-      notice_period: seconds nodes get to end after a stop.
-      batch_log: the batch script's output file.
-      steps: the job's steps.
-      tls: the program's TLS credentials (a courier.TLSConfig), or None.
-      policies: node name -> its NodePolicy as JSON (`NodePolicy.to_json`).
-    """
-    program: str
-    nodes: List[str]
-    notice_period: float
-    batch_log: str
-    steps: List[WatchedStep]
-    tls: Any = None
-    policies: Dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def write(self, run_dir: str) -> None:
-        """Writes the description to `run_dir`; the credentials go to a file only we can read."""
-        with open(os.open(os.path.join(run_dir, _TLS_FILE), os.O_WRONLY | os.O_CREAT, 0o600),
-                  'wb') as f:
-            pickle.dump(self.tls, f)
-        with open(os.path.join(run_dir, _DESCRIPTION_FILE), 'w') as f:
-            json.dump({'program': self.program, 'nodes': self.nodes,
-                       'notice_period': self.notice_period, 'batch_log': self.batch_log,
-                       'steps': [list(step) for step in self.steps],
-                       'policies': self.policies}, f)
-
-    @classmethod
-    def read(cls, run_dir: str) -> JobDescription:
-        """The description the launcher wrote to `run_dir`."""
-        with open(os.path.join(run_dir, _DESCRIPTION_FILE)) as f:
-            info = json.load(f)
-        with open(os.path.join(run_dir, _TLS_FILE), 'rb') as f:
-            tls = pickle.load(f)
-        return cls(info['program'], info['nodes'], info['notice_period'], info['batch_log'],
-                   [WatchedStep(*step) for step in info['steps']], tls, info.get('policies', {}))
