@@ -36,6 +36,7 @@ would.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import errno
 import hmac
 import logging
@@ -98,10 +99,8 @@ def _bind_listening(listener: socket.socket, path: str) -> None:
         if temporary != path:
             os.replace(temporary, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
-        except FileNotFoundError:
-            pass
         raise
 
 
