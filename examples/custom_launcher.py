@@ -19,7 +19,7 @@ import tempfile
 
 import launchpad as lp
 from launchpad.address import local_address_table
-from launchpad.launch.controller import ProcessRunner
+from launchpad.launch.runner import ProcessRunner
 from launchpad.process import spec
 from launchpad.process.coordinator import Coordinator, serve_coordinator
 

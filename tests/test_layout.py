@@ -53,6 +53,7 @@ LAYERS = [
     ('launchpad.pool.dispatch', 12),         # a pool's task table over courier clients
     ('launchpad.pool.worker', 13),           # the pool worker and its node
     ('launchpad.program', 14),
+    ('launchpad.launch.runner', 15),         # what a platform implements for the controller
     ('launchpad.launch.controller', 15),
     ('launchpad.launch.elastic', 15),        # nodes joining and leaving a running program
     ('launchpad.observe.cli', 16),          # the commands looking at running programs
@@ -185,7 +186,8 @@ def _loaded_after(statement: str) -> Set[str]:
 def test_import_launchpad_loads_no_platform_module():
     loaded = _loaded_after('import launchpad')
     assert not {m for m in loaded if m.startswith('launchpad.launch.')} - {
-        'launchpad.launch.controller', 'launchpad.launch.elastic', 'launchpad.launch.launcher'}
+        'launchpad.launch.controller', 'launchpad.launch.elastic', 'launchpad.launch.launcher',
+        'launchpad.launch.runner'}
     assert 'grpc' not in loaded
 
 

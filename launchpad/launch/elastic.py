@@ -23,22 +23,20 @@ import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from launchpad.nodes.base import Handle, LaunchInfo, Node
 from launchpad import metrics, runtime
+from launchpad.launch.runner import Runner
 from launchpad.process.states import NodeState
 from launchpad.process.faces import ControlFace
 from launchpad.scaling import Decision, Scaler, check_size
-
-if TYPE_CHECKING:
-    from launchpad.launch.controller import Runner  # which imports this module
 
 
 class Elasticity:
     """Adds and removes nodes of a running program (see the module docstring)."""
 
-    def __init__(self, coordinator: ControlFace, runner: 'Runner', launch_type: str,
+    def __init__(self, coordinator: ControlFace, runner: Runner, launch_type: str,
                  notice_period: float):
         self._coordinator = coordinator
         self._runner = runner

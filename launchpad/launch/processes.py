@@ -20,7 +20,8 @@ from launchpad import runtime
 from launchpad.address import add_to_local_table, local_address_table
 from launchpad.launch import detached
 from launchpad.launch import launcher
-from launchpad.launch.controller import Controller, ProcessRunner
+from launchpad.launch.controller import Controller
+from launchpad.launch.runner import ProcessRunner
 from launchpad.process import flags
 from launchpad.process import forkserver
 from launchpad.process import spec as specs

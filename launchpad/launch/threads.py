@@ -28,7 +28,8 @@ from typing import Callable, Dict, Optional, Sequence
 from launchpad import runtime
 from launchpad.address import add_to_local_table, local_address_table
 from launchpad.launch import launcher
-from launchpad.launch.controller import Controller, Runner
+from launchpad.launch.controller import Controller
+from launchpad.launch.runner import Runner
 from launchpad.process import faces
 from launchpad.process.coordinator import Coordinator, NodeStopped, run_reporting
 from launchpad.process.output import TERMINALS

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import launchpad as lp
-from launchpad.launch.controller import Runner
+from launchpad.launch.runner import Runner
 from tests import failure_checks as checks
 from tests import failure_programs as programs
 from tests.core.conftest import script_env, wait_until

@@ -23,7 +23,7 @@ import time
 import zlib
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
-from launchpad.launch.controller import Runner
+from launchpad.launch.runner import Runner
 from launchpad.launch.kubernetes import names
 from launchpad.launch.kubernetes.api import KubernetesError, recreate_pod, terminated
 

@@ -27,7 +27,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from launchpad.launch.controller import Controller, Runner
+from launchpad.launch.controller import Controller
+from launchpad.launch.runner import Runner
 from launchpad.launch.kubernetes.api import KubernetesApi, recreate_pod, terminated
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
 from launchpad.launch.kubernetes.manifests import LaunchPlan, grace_period, plan_launch, to_yaml

@@ -13,7 +13,7 @@ import signal
 import time
 from typing import Callable, Dict, Optional, Sequence
 
-from launchpad.launch.controller import Runner
+from launchpad.launch.runner import Runner
 from launchpad.launch.slurm import job, shared
 from launchpad.process.coordinator import Coordinator
 

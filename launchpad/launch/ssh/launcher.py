@@ -30,7 +30,8 @@ from courier.transport import tcp_address
 
 from launchpad import runtime
 from launchpad.address import AddressTable
-from launchpad.launch.controller import Controller, ProcessRunner
+from launchpad.launch.controller import Controller
+from launchpad.launch.runner import ProcessRunner
 from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of,
                                        launcher_context, policies_of, stop_order_of)
 from launchpad.launch.ssh import detach
