@@ -181,7 +181,13 @@ class _ThreadRunner(Runner):
         if self.watchdog is not None:
             self.watchdog.close()
         runtime.clear_process_context(self.context)
+        # A node's thread that is still ending (a server closing) may write into the directory
+        # while it is removed, which then fails as not empty: try again for a little while.
+        deadline = time.monotonic() + 2.0
         shutil.rmtree(self.workdir, ignore_errors=True)
+        while os.path.exists(self.workdir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def _raise_in(thread: threading.Thread, error: type) -> None:
