@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -637,9 +638,14 @@ def test_detached_program_outlives_the_launching_process(slurm_multi, tmp_path):
 @pytest.mark.timeout(240)
 def test_an_elastic_group_grows_and_shrinks_within_the_allocation(slurm_multi, tmp_path, capfd):
     """tests/elastic_program.py: a node grows the actors 2 -> 6 -> 1; the job reserved the
-    group's spare tasks (max_size 8) and the batch script runs the added steps."""
+    group's spare tasks (max_size 8) and the batch script runs the added steps. The job first
+    waits in the queue (held, then released) for longer than the batch script waits for a
+    silent launcher: it must still run the added steps."""
     from tests import elastic_program  # pylint: disable=import-outside-toplevel
-    controller = launch(elastic_program.build(), tmp_path)
+    held = lp.SlurmResources(extra_args=['--hold'])
+    with _released_after(12.0):
+        controller = launch(elastic_program.build(), tmp_path, resources={
+            label: held for label in ('learner', 'actor', 'driver')})
     assert controller.wait(timeout=200)
     status = controller.status()
     assert {name: s.state for name, s in status.items() if name.startswith('actor/')} == {
@@ -647,6 +653,28 @@ def test_an_elastic_group_grows_and_shrinks_within_the_allocation(slurm_multi, t
         **{f'actor/{i}': lp.NodeState.REMOVED for i in range(1, 6)}}
     assert 'ELASTIC shrank to 1' in capfd.readouterr().out
     assert_nothing_left(controller, tmp_path)
+
+
+@contextlib.contextmanager
+def _released_after(seconds: float):
+    """Releases the first held job in the queue `seconds` after it appears."""
+    def release():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            held = subprocess.run(['squeue', '--noheader', '--states=PENDING', '--format=%i'],
+                                  capture_output=True, text=True, check=True).stdout.split()
+            if held:
+                time.sleep(seconds)
+                subprocess.run(['scontrol', 'release', held[0]], check=True)
+                return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=release, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 def additional_jobs():

@@ -156,12 +156,15 @@ def wait_for_end(job_id: str, timeout: float) -> bool:
         time.sleep(0.2)
 
 
-def wait_for_start(job_id: str, timeout: Optional[float], ran: Callable[[], bool]) -> None:
-    """Blocks until the job runs (or `ran()` says its steps already ran); SlurmError (after
-    cancelling it) if it ends first or does not start within `timeout` seconds."""
+def wait_for_start(job_id: str, timeout: Optional[float], ran: Callable[[], bool],
+                   waiting: Callable[[], None] = lambda: None) -> None:
+    """Blocks until the job runs (or `ran()` says its steps already ran), calling `waiting()` at
+    each look; SlurmError (after cancelling it) if it ends first or does not start within
+    `timeout` seconds."""
     start = time.monotonic()
     interval, told = 0.05, False
     while True:
+        waiting()
         now = states(job_id)
         if now is not None and all(state == 'RUNNING' for state, _ in now):
             return

@@ -230,8 +230,7 @@ class SlurmLauncher(Launcher):
                     warning_seconds=warning, growing=True, requeue=settings.requeue))
             if settings.detach:
                 supervision.write()
-            with open(os.path.join(run_dir, shared.ADDING_ALIVE), 'w'):
-                pass  # the job's steps of added nodes run while the runner touches it
+            _adding_alive(run_dir)  # the job runs added nodes' steps while this is touched
             job_id = job.submit(script_path, program.name, batch_log, supervision.environment)
         except BaseException:
             if server is not None:
@@ -255,7 +254,8 @@ class SlurmLauncher(Launcher):
               f'{log_dir}; cancel with scancel {job_id}.', file=sys.stderr, flush=True)
         try:  # lp.launch turns Ctrl-C and SIGTERM into KeyboardInterrupt while this waits
             job.wait_for_start(job_id, settings.start_timeout, ran=lambda: any(
-                name.endswith(shared.EXIT_SUFFIX) for name in os.listdir(run_dir)))
+                name.endswith(shared.EXIT_SUFFIX) for name in os.listdir(run_dir)),
+                waiting=lambda: _adding_alive(run_dir))  # until the runner touches it
         except BaseException:
             job.cancel(job_id)
             server.Stop()
@@ -394,9 +394,7 @@ class _GrowingStepRunner(StepRunner):
 
     def _touch(self) -> None:
         self._touched = time.monotonic()
-        path = os.path.join(self._run_dir, shared.ADDING_ALIVE)
-        with open(path, 'a'):
-            os.utime(path)
+        _adding_alive(self._run_dir)
 
     def poll(self):
         if time.monotonic() - self._touched > 1.0:
@@ -553,6 +551,14 @@ class _GrowingStepRunner(StepRunner):
                                   'with `squeue -j %s`.', job_id, job_id)
         finally:
             super().release()
+
+
+def _adding_alive(run_dir: str) -> None:
+    """Touches the file whose freshness keeps the batch script starting added nodes' steps
+    (`shared.ADDING_ALIVE`): while the job waits in the queue, then while the runner runs."""
+    path = os.path.join(run_dir, shared.ADDING_ALIVE)
+    with open(path, 'a'):
+        os.utime(path)
 
 
 def _restart_waits(steps, policies) -> Dict[int, float]:
