@@ -6,6 +6,8 @@ from __future__ import annotations
 import glob
 import json
 import os
+import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,14 +42,24 @@ lp.wait_for_stop()
 '''
 
 
+@pytest.fixture
+def short_tmp_path():
+    """A new directory with a short path, removed afterwards."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix='lp-'))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run([*PYTHON, *args], capture_output=True, text=True, timeout=60,
                           check=check)
 
 
 def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
-        ssh_testbed, hosts, tmp_path):
-    remote = tmp_path / 'remote'  # the hosts' registry, runs and logs (a user's home there)
+        ssh_testbed, hosts, tmp_path, short_tmp_path):
+    # The hosts' registry, runs and logs (a user's home there), in a short path: a Unix socket's
+    # path holds at most 107 bytes, and pytest's (under xdist) leaves too little room.
+    remote = short_tmp_path
     env = {'LAUNCHPAD_RUNTIME_DIR': str(remote / 'runtime'), 'LAUNCHPAD_RUNS_DIR':
            str(remote / 'runs'), 'LAUNCHPAD_LOGGING_DIR': str(remote / 'logs')}
     options = {}
