@@ -1,6 +1,6 @@
 """Which tests share a pytest-xdist worker, and a scheduler that keeps each group in one worker.
 
-pyproject.toml runs the suite in worker processes (`-n 3 --dist loadgroup`). A group's tests run
+pyproject.toml runs the suite in worker processes (`-n 2 --dist loadgroup`). A group's tests run
 in one worker, in collection order, as a plain session would run them. A test bed is machine-wide
 and a session fixture holds it for the whole session, so the tests of a bed share a worker: those
 of the podman bed alone in the group 'testbeds-podman', all other bed tests (the SSH and Slurm
