@@ -364,16 +364,19 @@ def main() -> None:
     parser.add_argument('--launch_type', default='local_mp')
     parser.add_argument('--cut', type=float, default=10.0,
                         help='seconds an SSH host is cut off the network')
+    parser.add_argument('--baseline_minutes', type=float, default=None,
+                        help='minutes of the fault-free run (default: --minutes)')
     args = parser.parse_args()
     seconds = args.minutes * 60
+    baseline = seconds if args.baseline_minutes is None else args.baseline_minutes * 60
     with _bed(args.launch_type) as hosts:
         cut = None if hosts is None else functools.partial(cut_off, seconds=args.cut)
-        clean = run(seconds, args.actors, faults=False, pace=args.pace,
+        clean = run(baseline, args.actors, faults=False, pace=args.pace,
                     launch_type=args.launch_type, hosts=hosts)
         chaos = run(seconds, args.actors, faults=True, interval=args.interval, pace=args.pace,
                     launch_type=args.launch_type, hosts=hosts, cut=cut)
-    print(f'{args.launch_type}, {args.actors} actors, {args.minutes:g} min each, a fault every '
-          f'{args.interval:g} s')
+    print(f'{args.launch_type}, {args.actors} actors, {baseline / 60:g} min fault-free, '
+          f'{args.minutes:g} min with a fault every {args.interval:g} s')
     print(f'  fault-free: {clean.throughput:8.0f} items/s   lost {clean.lost}   '
           f'twice {clean.duplicates}')
     print(f'  faults:     {chaos.throughput:8.0f} items/s   lost {chaos.lost}   '
