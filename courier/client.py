@@ -23,6 +23,7 @@ _get_ident = threading.get_ident  # (read once: it runs on every call)
 # resend() is not told of: a restarting server's dying socket may take a connection or two.
 _UNSENT_FORGIVEN = 3
 
+
 class AddressResolver:
     """An address a client finds when it connects, and that may ask it to try a call again.
 
