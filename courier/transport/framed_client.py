@@ -348,7 +348,7 @@ class _Pipeline:
         self._pending[call_id] = (future, method, finish, owner)
         if self.broken:  # Checked after registering: see _break.
             self._pending.pop(call_id, None)
-            future.fail(self.broken.error(method, self._address))
+            future.fail(_never_sent(self.broken.error(method, self._address)))
             return
         future.on_cancel = functools.partial(self._cancel, call_id)
         self._put(call_id, frames.encode(frames.CALL, 0, call_id, name, pickle, buffers,
