@@ -14,8 +14,9 @@ value of every 4 KiB page (so every page is mapped or copied, as an actor using 
 
 Reported per system and size: rounds/s; the learner process's CPU seconds (user + system)
 per round; the peak proportional set size (PSS: shared pages counted once) of every process
-of the system together, and of the actors alone above their size before the first fetch, as
-a multiple of one copy of the parameters.
+of the system together, in MiB and above its size before the first fetch, and of the actors
+alone above their size before the first fetch (sampled between rounds, when all hold the
+same parameters), both as multiples of one copy of the parameters.
 
 Echo: a float32 array sent to a courier server process on a Unix socket and returned (MB/s
 of array bytes per round trip, as courier_bench.py counts), with shared memory on and off
@@ -187,6 +188,7 @@ def broadcast_ours(mib: int, actors: int, seconds: float,
 
 def _measure_rounds(one_round, learner_cpu, host_pids, actor_pids, mib, seconds):
     memory = _PeakMemory(host_pids)
+    host_before = memory.sample()
     actors_before = memory.sample(actor_pids)
     actors_peak = [0]
 
@@ -212,6 +214,7 @@ def _measure_rounds(one_round, learner_cpu, host_pids, actor_pids, mib, seconds)
     size = mib * 2**20
     return {'rounds_per_s': rounds / elapsed, 'learner_cpu_ms_per_round': 1e3 * cpu / rounds,
             'host_pss_peak_mib': memory.peak / 2**20,
+            'host_pss_growth_copies': (memory.peak - host_before) / size,
             'actors_pss_growth_copies': (actors_peak[0] - actors_before) / size}
 
 
@@ -362,7 +365,8 @@ def _print_broadcast(size: int, row: Dict[str, Any]) -> None:
             continue
         print(f'broadcast {size:4} MiB  {system:11} {numbers["rounds_per_s"]:8.1f} rounds/s  '
               f'learner CPU {numbers["learner_cpu_ms_per_round"]:7.1f} ms/round  host PSS peak '
-              f'{numbers["host_pss_peak_mib"]:7.0f} MiB  actors above baseline '
+              f'{numbers["host_pss_peak_mib"]:7.0f} MiB (above baseline '
+              f'{numbers["host_pss_growth_copies"]:5.2f} copies)  actors above baseline '
               f'{numbers["actors_pss_growth_copies"]:5.2f} copies', flush=True)
     ours, ray = row.get('ours'), row.get('ray')
     if isinstance(ours, dict) and isinstance(ray, dict):
