@@ -285,15 +285,8 @@ class _Remote:
         return line.split()[1]
 
     def end_all(self) -> None:
-        for process in self.processes:
-            process.stdin.close()
-        for process in self.processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            process.stdout.close()
+        import cpu_per_call  # pylint: disable=import-outside-toplevel  (benchmarks/)
+        cpu_per_call.end_all(self.processes, timeout=20)
 
 
 def broadcast_hosts(hosts: List[Any], mib: int, actors: int, seconds: float,
