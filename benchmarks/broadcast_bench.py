@@ -22,7 +22,7 @@ Echo: a float32 array sent to a courier server process on a Unix socket and retu
 of array bytes per round trip, as courier_bench.py counts), with shared memory on and off
 (``COURIER_SHARED_MEMORY=0`` in the server's environment: buffers then cross the socket).
 
-Between hosts (``--systems hosts hosts-relay``; brings up the SSH test bed, tests/testbeds,
+Between hosts (``--systems hosts hosts-relay hosts-relay-tcp``; brings up the SSH test bed, tests/testbeds,
 as root): the learner runs on host lp-h1 and the actors on lp-h2 and lp-h3, half on each,
 started over ssh. ``hosts``: every actor fetches from the learner over TCP (a copy per
 actor crosses the links); ``hosts-relay``: one relay per host (lp.CacherNode's forwarder,
@@ -33,7 +33,7 @@ address, as nodes of a multi-host launch reach each other (TCP, so a copy per ac
 loopback).
 
 Usage: python benchmarks/broadcast_bench.py [--sizes-mib 1 64 256] [--actors 8]
-           [--seconds 5] [--echo-mib 64 1024] [--systems ours ray hosts hosts-relay]
+           [--seconds 5] [--echo-mib 64 1024] [--systems ours ray hosts ...]
            [--json out.json]
 Numbers move with the machine's load: compare the columns of one run.
 """
@@ -228,7 +228,8 @@ def _measure_rounds(one_round, learner_cpu, host_pids, actor_pids, mib, seconds)
         cpu = learner_cpu() - cpu_start
     sample_actors()
     size = mib * 2**20
-    return {'rounds': rounds, 'rounds_per_s': rounds / elapsed, 'learner_cpu_ms_per_round': 1e3 * cpu / rounds,
+    return {'rounds': rounds, 'rounds_per_s': rounds / elapsed,
+            'learner_cpu_ms_per_round': 1e3 * cpu / rounds,
             'host_pss_peak_mib': memory.peak / 2**20,
             'host_pss_growth_copies': (memory.peak - host_before) / size,
             'actors_pss_growth_copies': (actors_peak[0] - actors_before) / size}
