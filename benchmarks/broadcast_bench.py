@@ -22,8 +22,8 @@ Echo: a float32 array sent to a courier server process on a Unix socket and retu
 of array bytes per round trip, as courier_bench.py counts), with shared memory on and off
 (``COURIER_SHARED_MEMORY=0`` in the server's environment: buffers then cross the socket).
 
-Between hosts (``--systems hosts hosts-relay hosts-relay-tcp``; brings up the SSH test bed, tests/testbeds,
-as root): the learner runs on host lp-h1 and the actors on lp-h2 and lp-h3, half on each,
+Between hosts (``--systems hosts hosts-relay hosts-relay-tcp``; brings up the SSH test bed,
+tests/testbeds, as root): the learner runs on host lp-h1 and the actors on lp-h2 and lp-h3, half on each,
 started over ssh. ``hosts``: every actor fetches from the learner over TCP (a copy per
 actor crosses the links); ``hosts-relay``: one relay per host (lp.CacherNode's forwarder,
 refreshing on every call) fetches from the learner over TCP, and its host's actors fetch
