@@ -14,15 +14,27 @@ value of every 4 KiB page (so every page is mapped or copied, as an actor using 
 
 Reported per system and size: rounds/s; the learner process's CPU seconds (user + system)
 per round; the peak proportional set size (PSS: shared pages counted once) of every process
-of the system together, and of the actors alone above their size before the first fetch, as
-a multiple of one copy of the parameters.
+of the system together, in MiB and above its size before the first fetch, and of the actors
+alone above their size before the first fetch (sampled between rounds, when all hold the
+same parameters), both as multiples of one copy of the parameters.
 
 Echo: a float32 array sent to a courier server process on a Unix socket and returned (MB/s
 of array bytes per round trip, as courier_bench.py counts), with shared memory on and off
 (``COURIER_SHARED_MEMORY=0`` in the server's environment: buffers then cross the socket).
 
+Between hosts (``--systems hosts hosts-relay hosts-relay-tcp``; brings up the SSH test bed,
+tests/testbeds, as root): the learner runs on host lp-h1 and the actors on lp-h2 and lp-h3, half on each,
+started over ssh. ``hosts``: every actor fetches from the learner over TCP (a copy per
+actor crosses the links); ``hosts-relay``: one relay per host (lp.CacherNode's forwarder,
+refreshing on every call) fetches from the learner over TCP, and its host's actors fetch
+from it over a Unix socket, so in shared memory. Also reported: the learner's sends per
+round (copies that left its host). ``hosts-relay-tcp``: the same relays on their host's
+address, as nodes of a multi-host launch reach each other (TCP, so a copy per actor, over
+loopback).
+
 Usage: python benchmarks/broadcast_bench.py [--sizes-mib 1 64 256] [--actors 8]
-           [--seconds 5] [--echo-mib 64 1024] [--systems ours ray] [--json out.json]
+           [--seconds 5] [--echo-mib 64 1024] [--systems ours ray hosts ...]
+           [--json out.json]
 Numbers move with the machine's load: compare the columns of one run.
 """
 
@@ -38,7 +50,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 import psutil
@@ -100,6 +112,7 @@ class _Learner:
         self._base = np.random.default_rng(0).random(mib * 2**20 // 4, dtype=np.float32)
         self._version = 0
         self.params = _new_params(self._base, 0)
+        self.served = 0
 
     def update(self) -> int:
         self._version += 1
@@ -107,10 +120,14 @@ class _Learner:
         return self._version
 
     def get_params(self) -> np.ndarray:
+        self.served += 1
         return self.params
 
     def cpu(self) -> float:
         return _cpu_seconds()
+
+    def served_count(self) -> int:
+        return self.served
 
 
 class _Actor:
@@ -187,6 +204,7 @@ def broadcast_ours(mib: int, actors: int, seconds: float,
 
 def _measure_rounds(one_round, learner_cpu, host_pids, actor_pids, mib, seconds):
     memory = _PeakMemory(host_pids)
+    host_before = memory.sample()
     actors_before = memory.sample(actor_pids)
     actors_peak = [0]
 
@@ -210,9 +228,103 @@ def _measure_rounds(one_round, learner_cpu, host_pids, actor_pids, mib, seconds)
         cpu = learner_cpu() - cpu_start
     sample_actors()
     size = mib * 2**20
-    return {'rounds_per_s': rounds / elapsed, 'learner_cpu_ms_per_round': 1e3 * cpu / rounds,
+    return {'rounds': rounds, 'rounds_per_s': rounds / elapsed,
+            'learner_cpu_ms_per_round': 1e3 * cpu / rounds,
             'host_pss_peak_mib': memory.peak / 2**20,
+            'host_pss_growth_copies': (memory.peak - host_before) / size,
             'actors_pss_growth_copies': (actors_peak[0] - actors_before) / size}
+
+
+# ----- between hosts (the SSH test bed) -------------------------------------------------------
+
+def _relay(source_address: str) -> Any:
+    """A per-host relay: lp.CacherNode's forwarder, refreshing on every call (concurrent calls
+    share one fetch), so that actors always get the learner's latest parameters."""
+    import courier  # pylint: disable=import-outside-toplevel
+    from launchpad.nodes import cacher  # pylint: disable=import-outside-toplevel
+    return cacher._CachingForwarder(  # pylint: disable=protected-access
+        courier.Client(source_address, call_timeout=600), 0.0, 0.0)
+
+
+# Systems across the SSH bed's hosts, and how actors reach a relay on their host (None: none).
+_HOSTS = {'hosts': None, 'hosts-relay': 'unix', 'hosts-relay-tcp': 'tcp'}
+_ROLES = {'learner': lambda mib, source: _Learner(mib),
+          'actor': lambda mib, source: _Actor(source),
+          'relay': lambda mib, source: _relay(source)}
+
+
+def serve_role(role: str, listen: str, mib: int, source: str) -> None:
+    """Serves one role on a host of the bed until its standard input closes (the driver's ssh
+    ended): prints the server's address first."""
+    import courier  # pylint: disable=import-outside-toplevel
+    server = courier.Server(address=listen, thread_pool_size=16)
+    server.bind_object(_ROLES[role](mib, source))
+    server.Bind('pid', os.getpid)
+    server.Start()
+    print(f'ADDRESS {server.address}', flush=True)
+    sys.stdin.read()
+    server.Stop()
+
+
+class _Remote:
+    """Processes started over ssh on the bed's hosts, each ended when its ssh's stdin closes."""
+
+    def __init__(self):
+        self.processes: List[subprocess.Popen] = []
+
+    def start(self, host: Any, role: str, listen: str, mib: int, source: str = '') -> str:
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        command = (f'cd {repo} && PYTHONPATH={repo} exec {host.python} -u benchmarks/'
+                   f'broadcast_bench.py --role {role} --listen {listen} --sizes-mib {mib} '
+                   f'--source "{source}"')
+        process = subprocess.Popen(host.ssh_command(command), stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+        self.processes.append(process)
+        line = process.stdout.readline()
+        if not line.startswith('ADDRESS '):
+            raise RuntimeError(f'{role} on {host.name} did not start: {line!r}')
+        return line.split()[1]
+
+    def end_all(self) -> None:
+        import cpu_per_call  # pylint: disable=import-outside-toplevel  (benchmarks/)
+        cpu_per_call.end_all(self.processes, timeout=20)
+
+
+def broadcast_hosts(hosts: List[Any], mib: int, actors: int, seconds: float,
+                    relay: Optional[str]) -> Dict[str, float]:
+    """The learner on the first host, the actors on the other two (half each) fetching over
+    TCP, or through a relay on their own host: on a Unix socket (so in shared memory) with
+    ``relay='unix'``, on the host's address (as nodes of a multi-host launch reach each
+    other) with ``relay='tcp'``."""
+    import courier  # pylint: disable=import-outside-toplevel
+    remote = _Remote()
+    try:
+        with tempfile.TemporaryDirectory(prefix='bcast-hosts-') as scratch:
+            learner_address = remote.start(hosts[0], 'learner', f'{hosts[0].ip}:0', mib)
+            actor_addresses = []
+            for index, host in enumerate(hosts[1:3]):
+                source = learner_address
+                if relay:
+                    listen = f'unix:{scratch}/relay{index}' if relay == 'unix' else f'{host.ip}:0'
+                    source = remote.start(host, 'relay', listen, mib, learner_address)
+                actor_addresses += [remote.start(host, 'actor', f'{host.ip}:0', mib, source)
+                                    for _ in range(actors // 2 + (index < actors % 2))]
+            learner = courier.Client(learner_address, call_timeout=600)
+            workers = [courier.Client(address, call_timeout=600) for address in actor_addresses]
+
+            def one_round():
+                learner.update()
+                for future in [worker.futures.fetch() for worker in workers]:
+                    future.result()
+
+            pids = [client.pid() for client in [learner, *workers]]
+            served = learner.served_count()
+            results = _measure_rounds(one_round, learner.cpu, pids, pids[1:], mib, seconds)
+            results['learner_sends_per_round'] = ((learner.served_count() - served)
+                                                  / (results['rounds'] + 1))  # And the warm-up.
+            return results
+    finally:
+        remote.end_all()
 
 
 # ----- Ray (run under its own interpreter) ------------------------------------------------------
@@ -324,18 +436,37 @@ def main() -> None:
     parser.add_argument('--actors', type=int, default=8)
     parser.add_argument('--seconds', type=float, default=5.0)
     parser.add_argument('--echo-mib', nargs='*', type=int, default=[64, 1024])
-    parser.add_argument('--systems', nargs='+', choices=['ours', 'ours-socket', 'ray'],
+    parser.add_argument('--systems', nargs='+', choices=['ours', 'ours-socket', 'ray', *_HOSTS],
                         default=['ours', 'ours-socket', 'ray'])
     parser.add_argument('--ray-only', action='store_true', help=argparse.SUPPRESS)
+    parser.add_argument('--role', choices=sorted(_ROLES), help=argparse.SUPPRESS)
+    parser.add_argument('--listen', help=argparse.SUPPRESS)
+    parser.add_argument('--source', help=argparse.SUPPRESS)
     parser.add_argument('--json', help='also write the numbers to this file')
     args = parser.parse_args()
+    if args.role:
+        serve_role(args.role, args.listen, args.sizes_mib[0], args.source)
+        return
     if args.ray_only:
         print(json.dumps({str(size): broadcast_ray(size, args.actors, args.seconds)
                           for size in args.sizes_mib}))
         return
+    with contextlib.ExitStack() as stack:
+        hosts = None
+        if set(args.systems) & set(_HOSTS):
+            sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            from tests import testbeds  # pylint: disable=import-outside-toplevel
+            hosts = stack.enter_context(testbeds.ssh_hosts(3))
+        _run_all(args, hosts)
+
+
+def _run_all(args: argparse.Namespace, hosts: Any) -> None:
     results: Dict[str, Any] = {'broadcast': {}, 'echo': {}}
     for size in args.sizes_mib:  # Ours and Ray alternate, size by size.
         row = results['broadcast'][size] = {}
+        for system, relay in _HOSTS.items():
+            if system in args.systems:
+                row[system] = broadcast_hosts(hosts, size, args.actors, args.seconds, relay)
         if 'ours' in args.systems:
             row['ours'] = broadcast_ours(size, args.actors, args.seconds)
         if 'ours-socket' in args.systems:  # COURIER_SHARED_MEMORY=0: through the socket.
@@ -362,8 +493,11 @@ def _print_broadcast(size: int, row: Dict[str, Any]) -> None:
             continue
         print(f'broadcast {size:4} MiB  {system:11} {numbers["rounds_per_s"]:8.1f} rounds/s  '
               f'learner CPU {numbers["learner_cpu_ms_per_round"]:7.1f} ms/round  host PSS peak '
-              f'{numbers["host_pss_peak_mib"]:7.0f} MiB  actors above baseline '
-              f'{numbers["actors_pss_growth_copies"]:5.2f} copies', flush=True)
+              f'{numbers["host_pss_peak_mib"]:7.0f} MiB (above baseline '
+              f'{numbers["host_pss_growth_copies"]:5.2f} copies)  actors above baseline '
+              f'{numbers["actors_pss_growth_copies"]:5.2f} copies'
+              + (f'  learner sends/round {numbers["learner_sends_per_round"]:.1f}'
+                 if 'learner_sends_per_round' in numbers else ''), flush=True)
     ours, ray = row.get('ours'), row.get('ray')
     if isinstance(ours, dict) and isinstance(ray, dict):
         print(f'broadcast {size:4} MiB  ours/ray rounds/s {ours["rounds_per_s"] / ray["rounds_per_s"]:.2f}',

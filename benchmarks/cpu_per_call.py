@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import psutil
 
@@ -74,6 +74,20 @@ def role_call(system: str, address: str, calls: int) -> None:
                       'wall': wall}), flush=True)
 
 
+def end_all(processes: Sequence[subprocess.Popen], timeout: float = 10.0) -> None:
+    """Ends role processes, which exit once their stdin closes; kills any that has not
+    after ``timeout`` seconds."""
+    for process in processes:
+        process.stdin.close()
+    for process in processes:
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        process.stdout.close()
+
+
 def measure(system: str, python: str, calls: int) -> Dict[str, float]:
     env = dict(os.environ)
     if system == 'dmlp':  # dm-launchpad's courier has our package's name: keep ours off its path.
@@ -107,15 +121,7 @@ def measure(system: str, python: str, calls: int) -> Dict[str, float]:
             numbers = json.loads(client.stdout.readline())
             after = served.cpu_times()
         finally:
-            for process in (client, server):
-                if process is not None:
-                    process.stdin.close()
-                    try:
-                        process.wait(timeout=10)
-                    except subprocess.TimeoutExpired:
-                        process.kill()
-                        process.wait()
-                    process.stdout.close()
+            end_all([process for process in (client, server) if process is not None])
     server_cpu = (after.user - before.user) + (after.system - before.system)
     client_cpu = numbers['user'] + numbers['system']
     return {'client_us': 1e6 * client_cpu / calls, 'server_us': 1e6 * server_cpu / calls,

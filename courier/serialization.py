@@ -108,7 +108,9 @@ def _code_keeping_pickler() -> type:
 
 def is_compressed(data: Any) -> bool:
     """Whether ``data`` (a message :func:`dumps` made) is compressed."""
-    return bytes(data[:len(COMPRESSED_PREFIX)]) == COMPRESSED_PREFIX
+    # A pickle starts with 0x80: one index answers for nearly every message.
+    return (len(data) >= len(COMPRESSED_PREFIX) and data[0] == COMPRESSED_PREFIX[0]
+            and bytes(data[:len(COMPRESSED_PREFIX)]) == COMPRESSED_PREFIX)
 
 
 def _compressed(data: bytes, buffers: List[memoryview]) -> Tuple[bytes, List[memoryview]]:

@@ -20,7 +20,9 @@ description (OFD) locks, which the kernel drops when the last holder closes or d
   left), and writes it under that lock. So a segment is never written while anyone could
   still read the buffer it holds, however a reader ends.
 - The sender's own description of a segment holds a read lock on the byte at
-  :data:`_KEPT_AT`: a receiver keeps an idle mapping only while that lock is there.
+  :data:`_KEPT_AT`: a receiver keeps an idle mapping only while that lock is there. A
+  sender that drops a segment frees its pages at once (a hole punched over all of it), so
+  an idle receiver's mapping of it holds no memory until it notices and unmaps.
 
 A value sent to many readers costs one copy:
 
@@ -242,7 +244,8 @@ class _Mappings:
 
     def _sweep(self) -> None:
         """Drops the idle mappings of segments that their sender no longer keeps, and the
-        oldest beyond :data:`_MAX_IDLE_MAPPINGS`. (The memory goes with the last array.)"""
+        oldest beyond :data:`_MAX_IDLE_MAPPINGS`. (Their pages went with the last array, or
+        when the sender dropped the segment.)"""
         idle = [key for key, mapped in self._mapped.items() if not mapped.owners]
         for count, key in enumerate(reversed(idle)):
             if count >= _MAX_IDLE_MAPPINGS or not _locked(self._mapped[key].file.fd, _KEPT_AT, 1):
@@ -291,6 +294,16 @@ class _Segment:
     def unclaim(self) -> None:
         _lock(self.file.fd, fcntl.F_UNLCK, 0, _KEPT_AT)
 
+    def free(self) -> None:
+        """Frees the claimed segment's pages now, also those that receivers' idle mappings
+        of it still map (they drop those mappings later), and closes it."""
+        try:
+            self.mapping.madvise(mmap.MADV_REMOVE)  # A hole over all of it, for every mapper.
+        except OSError:  # Not a kernel that can: the pages go once receivers unmap it.
+            pass
+        self.mapping.close()
+        self.file.close()
+
     def write(self, view: memoryview) -> Memfd:
         """Writes ``view`` at the start of the claimed segment; returns a reader's
         description, locked: the segment stays unwritten while a holder of it lives."""
@@ -331,17 +344,19 @@ class _Pool:
                 if chosen is None and capacity <= segment.capacity <= capacity + capacity // 4:
                     chosen = segment
                     continue
-                segment.unclaim()
                 kept += segment.capacity
                 if kept > KEEP_BYTES:
-                    dropped.append(segment)  # Its memory goes once receivers unmap it.
+                    dropped.append(segment)  # Claimed: it goes now, pages and all.
+                else:
+                    segment.unclaim()
             if chosen is None:
                 chosen = _Segment(capacity)
-            else:
-                dropped.append(chosen)
-            self._segments = [segment for segment in self._segments if segment not in dropped]
+            self._segments = [segment for segment in self._segments
+                              if segment is not chosen and segment not in dropped]
             chosen.writing = True
             self._segments.append(chosen)
+        for segment in dropped:
+            segment.free()
         return chosen
 
     def reset(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -101,6 +102,66 @@ def test_a_killed_reader_frees_its_segment_for_reuse(fresh_server, subprocess_en
         reader.kill()
         reader.wait()
         assert held in all_at_once(5)  # and at once after it was killed.
+    finally:
+        reader.kill()
+        reader.wait()
+        reader.stdin.close()
+        reader.stdout.close()
+
+
+def _resident(pid: int, segment: str) -> int:
+    """Bytes of the segment (by inode) that process ``pid``'s mappings of it hold in memory."""
+    total, inside = 0, False
+    with open(f'/proc/{pid}/smaps') as smaps:
+        for line in smaps:
+            fields = line.split()
+            if '-' in fields[0] and len(fields) >= 5:  # A mapping's first line.
+                inside = '/memfd:courier' in line and fields[4] == segment
+            elif inside and fields[0] == 'Rss:':
+                total += int(fields[1]) << 10
+    return total
+
+
+_IDLE = '''
+import gc, sys
+import courier
+held = courier.Client(sys.argv[1]).fresh(1.0)
+print(held.ctypes.data, held.sum(), flush=True)  # Every page read.
+sys.stdin.readline()
+del held
+gc.collect()
+print('dropped', flush=True)
+sys.stdin.read()
+'''
+
+
+def test_a_segment_its_sender_drops_leaves_an_idle_reader_at_once(fresh_server, subprocess_env,
+                                                                  monkeypatch):
+    monkeypatch.setattr(shm, '_pool', shm._Pool())  # pylint: disable=protected-access
+    monkeypatch.setattr(shm, 'KEEP_BYTES', 0)
+    fresh_server.Bind('larger', lambda: np.ones(LARGE // 4))
+    reader = subprocess.Popen([sys.executable, '-c', _IDLE, fresh_server.address],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=subprocess_env,
+                              text=True)
+    try:
+        segment = segment_of(int(reader.stdout.readline().split()[0]), reader.pid)
+        assert _resident(reader.pid, segment) == LARGE
+        reader.stdin.write('\n')
+        reader.stdin.flush()
+        assert reader.stdout.readline().strip() == 'dropped'
+        # The reader keeps its idle mapping while the sender keeps the segment for reuse.
+        assert segment in _segments(reader.pid)
+        # A send of another size: with no idle segments kept, the sender drops that one, and
+        # its pages go at once, also from the idle reader's mapping (which receives nothing).
+        # (The server's worker may hold the reader's description a moment after the answer
+        # went out: the segment is idle, and so dropped, from then on.)
+        client = courier.Client(fresh_server.address)
+        deadline = time.monotonic() + 10
+        while _resident(reader.pid, segment) and time.monotonic() < deadline:
+            larger = client.larger()
+            assert segment_of(larger) != segment
+            del larger
+        assert _resident(reader.pid, segment) == 0
     finally:
         reader.kill()
         reader.wait()
