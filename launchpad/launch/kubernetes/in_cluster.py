@@ -212,12 +212,16 @@ class InClusterRunner(Runner):
                 f'Node {executable.name} takes {len(configmaps)} ConfigMaps once pickled; a node '
                 'that the coordinator pod adds must fit in one (1 MB). Pass less data as node '
                 'arguments: build large data into the image, or load it from a volume.')
-        for document in documents:
-            document['metadata']['ownerReferences'] = self._owner_references()
         pod = documents[-1]
-        self._api.delete('ConfigMap', configmaps[0]['metadata']['name'])  # a former member's
-        self._api.create(configmaps[0])
-        recreate_pod(self._api, pod, clock=self._clock)
+        try:
+            for document in documents:
+                document['metadata']['ownerReferences'] = self._owner_references()
+            self._api.delete('ConfigMap', configmaps[0]['metadata']['name'])  # a former member's
+            self._api.create(configmaps[0])
+            recreate_pod(self._api, pod, clock=self._clock)
+        except BaseException:
+            plan.forget(executable.name)
+            raise
         self._manifests[pod_name] = pod
         self._node_pods[executable.name] = pod_name
         self._added[pod_name] = executable.name
