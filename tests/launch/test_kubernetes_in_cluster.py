@@ -346,7 +346,7 @@ def test_a_detached_program_grows_shrinks_and_stops_in_graph_order_from_its_coor
     kubelet = SimulatedKubelet({'worker': 0.3})  # workers flush something to the server
     with PodmanApiServer(kubelet, tmp_path) as server:
         api = kubernetes.KubernetesApi('default', kubeconfig=server.kubeconfig())
-        runner = pod._in_cluster_runner(settings, api=api, pods_dir=str(pods_dir))
+        runner = pod.in_cluster_runner(settings, api=api, pods_dir=str(pods_dir))
         coordinator, controller = pod.supervise(settings, runner)
         kubelet.coordinator, kubelet.controller = coordinator, controller
         kubernetes_launcher._create(api, plan, nodes_owned_by_coordinator=True)

@@ -153,7 +153,7 @@ class PodCoordinator(Coordinator):
 def run_coordinator(settings: names.CoordinatorSettings) -> None:
     """The coordinator pod's main: serves the coordinator until every node has ended."""
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
-    runner = _in_cluster_runner(settings) if settings.recreates_pods else None
+    runner = in_cluster_runner(settings) if settings.recreates_pods else None
     coordinator, controller = supervise(settings, runner)
     server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}',
                                             face=PodFace)
@@ -206,7 +206,7 @@ def supervise(settings: names.CoordinatorSettings, runner: Optional[InClusterRun
     return coordinator, controller
 
 
-def _in_cluster_runner(settings: names.CoordinatorSettings, api=None,
+def in_cluster_runner(settings: names.CoordinatorSettings, api=None,
                        pods_dir: str = names.PODS_DIR) -> Optional[InClusterRunner]:
     """The runner that lets this pod restart nodes, or None (saying why) if it cannot; `api`
     and `pods_dir`: where the API and the mounted ConfigMap RUN-pods are (default: as in a
@@ -219,14 +219,16 @@ def _in_cluster_runner(settings: names.CoordinatorSettings, api=None,
     except (ImportError, KubernetesError, OSError, ValueError) as e:
         print(f'cannot restart failed nodes, their failures are final: {e}', flush=True)
         return None
+    growth = None
     try:
         growth = read_growth(os.path.join(pods_dir, GROWTH_KEY))
     except Exception as e:  # pylint: disable=broad-except
-        print(f'cannot grow or shrink groups: unpickling the program failed: {e}', flush=True)
-        growth = None
-    if growth is None:
-        print('groups do not grow or shrink here: the program did not come with the pods\' '
-              'manifests', flush=True)
+        print(f'groups do not grow or shrink here: unpickling the program failed: {e}',
+              flush=True)
+    else:
+        if growth is None:
+            print('groups do not grow or shrink here: the program did not fit beside the pods\' '
+                  'manifests', flush=True)
     return InClusterRunner(api, settings.run, manifests, node_pods, growth=growth)
 
 
