@@ -138,10 +138,10 @@ def _member() -> lp.CourierNode:
 
 
 def resize_then_probe(members, worker) -> None:
-    """Grows group member to 3 (`lp.resize`) and shrinks it to 1, each time until exactly the
+    """Grows group member to 2 (`lp.resize`) and shrinks it to 1, each time until exactly the
     live members answer; then `failure_programs.probe(worker)`, which stops the program."""
     from tests import failure_programs  # pylint: disable=import-outside-toplevel
-    for size in (3, 1):
+    for size in (2, 1):
         lp.resize('member', size)
         deadline = time.monotonic() + 120
         while True:
@@ -163,7 +163,7 @@ def detached_program() -> lp.Program:
     program = lp.Program('detached')
     with program.group('worker', restart=lp.RestartPolicy(max_restarts=2, backoff=0.2)):
         worker = program.add_node(lp.CourierNode(failure_programs.Worker, True))
-    with program.group('member', elastic=lp.Elastic(make_node=_member, max_size=3)):
+    with program.group('member', elastic=lp.Elastic(make_node=_member, max_size=2)):
         program.add_node(_member())
     program.add_node(lp.PyNode(resize_then_probe, program.group_handle('member'), worker),
                      label='prober')
