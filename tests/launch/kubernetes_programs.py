@@ -124,3 +124,47 @@ def checksum(blob: bytes) -> lp.Program:
     program = lp.Program('checksum')
     program.add_node(lp.PyNode(print_digest, blob), label='checker')
     return program
+
+
+class Member:
+    """A member of an elastic group: says its name."""
+
+    def name(self) -> str:
+        return lp.get_context().node_name
+
+
+def _member() -> lp.CourierNode:
+    return lp.CourierNode(Member)
+
+
+def resize_then_probe(members, worker) -> None:
+    """Grows group member to 2 (`lp.resize`) and shrinks it to 1, each time until exactly the
+    live members answer; then `failure_programs.probe(worker)`, which stops the program."""
+    from tests import failure_programs  # pylint: disable=import-outside-toplevel
+    for size in (2, 1):
+        lp.resize('member', size)
+        deadline = time.monotonic() + 120
+        while True:
+            answers = members.call_all('name', return_exceptions=True, timeout=10)
+            named = sorted(value for value in answers.values() if isinstance(value, str))
+            if len(named) == size:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f'group member did not reach {size} nodes: {answers}')
+            time.sleep(0.2)
+        print(f'RESIZED {size}: {named}', flush=True)
+    failure_programs.probe(worker)
+
+
+def detached_program() -> lp.Program:
+    """`failure_programs.restart_program(crash=True)` with an elastic group, member, that its
+    prober grows and shrinks before probing worker/0."""
+    from tests import failure_programs  # pylint: disable=import-outside-toplevel
+    program = lp.Program('detached')
+    with program.group('worker', restart=lp.RestartPolicy(max_restarts=2, backoff=0.2)):
+        worker = program.add_node(lp.CourierNode(failure_programs.Worker, True))
+    with program.group('member', elastic=lp.Elastic(make_node=_member, max_size=2)):
+        program.add_node(_member())
+    program.add_node(lp.PyNode(resize_then_probe, program.group_handle('member'), worker),
+                     label='prober')
+    return program

@@ -1,6 +1,7 @@
 """A detached Kubernetes program on the podman bed, its launcher gone: the coordinator pod
-restarts a failed node through the API (`PodmanApiServer`, the real client on both sides), and
-deleting the program's root object removes everything."""
+grows and shrinks an elastic group and restarts a failed node through the API
+(`PodmanApiServer`, the real client on both sides), and deleting the program's root object
+removes everything."""
 from __future__ import annotations
 
 import re
@@ -23,16 +24,19 @@ pytestmark = pytest.mark.timeout(180)
 LAUNCH = '''
 import sys
 import launchpad as lp
-from tests import failure_programs
-lp.launch(failure_programs.restart_program(crash=True), launch_type='kubernetes', detach=True,
+from tests.launch import kubernetes_programs
+lp.launch(kubernetes_programs.detached_program(), launch_type='kubernetes', detach=True,
           create_rbac=True, image=sys.argv[1], python=sys.argv[2], kubeconfig=sys.argv[3],
           notice_period=5)
 '''
 
 
-def test_a_detached_program_restarts_a_node_from_its_coordinator_pod(podman_testbed, tmp_path):
-    """worker/0 crashes in its first attempt (after answering prober/0); the coordinator pod
-    creates its pod again, prober/0 gets answers from attempt 1 and stops the program."""
+def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(podman_testbed,
+                                                                          tmp_path):
+    """prober/0 grows group member to 2 nodes and shrinks it to 1 (lp.resize): the coordinator
+    pod creates the new member's pod and deletes it once removed. Then worker/0 crashes in its first
+    attempt (after answering prober/0); the coordinator pod creates its pod again, prober/0
+    gets answers from attempt 1 and stops the program."""
     with no_new_children(), PodmanApiServer(PodmanApi(podman_testbed, tmp_path),
                                             tmp_path) as server:
         started = time.monotonic()
@@ -55,11 +59,17 @@ def test_a_detached_program_restarts_a_node_from_its_coordinator_pod(podman_test
             log('coordinator', 'coordinator')
         print(f'launch {launched:.1f} s, launch to end {time.monotonic() - started:.1f} s')
         assert exit_codes() == {f'{run}-{name}': 0
-                                for name in ('coordinator', 'worker-0', 'prober-0')}
+                                for name in ('coordinator', 'worker-0', 'member-0', 'prober-0')}
         coordinator = log('coordinator', 'coordinator')
+        assert (f'created the pod {run}-member-1 of member/1, added to group member'
+                in coordinator), coordinator
+        assert f'deleted the pod {run}-member-1 of removed node member/1' in coordinator
+        prober = log('prober-0')
+        assert "RESIZED 2: ['member/0', 'member/1']" in prober, prober
+        assert "RESIZED 1: ['member/0']" in prober, prober
         assert 'node worker/0 failed: RuntimeError: worker crashed' in coordinator, coordinator
         assert f'created the pod {run}-worker-0 of worker/0 again' in coordinator, coordinator
-        assert 'PROBE restarted: attempt 1' in log('prober-0'), log('prober-0')
+        assert 'PROBE restarted: attempt 1' in prober, prober
         assert server.created.count(('Pod', f'{run}-worker-0')) == 2
 
         server.delete('ConfigMap', run)  # kubectl delete configmap RUN

@@ -5,8 +5,12 @@ the manifests and RBAC a detached launch creates for that, the coordinator pod's
 from __future__ import annotations
 
 import base64
+import copy
+import functools
 import json
 import logging
+import threading
+import time
 import zlib
 
 import pytest
@@ -15,8 +19,11 @@ import launchpad as lp
 from launchpad.launch import kubernetes
 from launchpad.launch.controller import Controller
 from launchpad.launch.kubernetes import in_cluster, names, pod
+from launchpad.launch.kubernetes import launcher as kubernetes_launcher
+from launchpad.launch.kubernetes.api import AlreadyExists
 from launchpad.launch.launcher import LaunchOptions
 from launchpad.policy import NodePolicy
+from tests.launch.kubernetes_api_server import PodmanApiServer
 from tests.launch.test_kubernetes_manifests import _validate
 from tests.launch.test_kubernetes_launcher import (FakeApi, _idle, _until, exited, fake,  # noqa: F401
                                                    launch, running)
@@ -33,8 +40,9 @@ def _program(max_restarts: int = 1) -> lp.Program:
     return program
 
 
-def _plan(program: lp.Program, attached: bool = False, **options) -> kubernetes.LaunchPlan:
-    options = LaunchOptions('kubernetes', {}, notice_period=0.5,
+def _plan(program: lp.Program, attached: bool = False, notice_period: float = 0.5,
+          **options) -> kubernetes.LaunchPlan:
+    options = LaunchOptions('kubernetes', {}, notice_period=notice_period,
                             extra={'image': 'i', 'name': 't1', **options})
     kubernetes.KubernetesLauncher().check(program, options)
     return kubernetes.plan_launch(program, options, attached=attached)
@@ -94,6 +102,15 @@ def test_a_detached_launch_lets_its_coordinator_pod_recreate_node_pods_and_nothi
         {'apiGroups': [''], 'resources': ['pods'], 'verbs': ['get', 'list']}]
 
 
+def test_a_detached_elastic_group_needs_a_max_size_for_the_coordinator_pods_role():
+    program = lp.Program('p')
+    with program.group('worker', elastic=lp.Elastic(make_node=lambda: lp.PyNode(_idle))):
+        program.add_node(lp.PyNode(_idle))
+    with pytest.raises(ValueError, match=r'Give it lp.Elastic\(max_size=...\)'):
+        _plan(program, create_rbac=True)
+    assert _plan(program, attached=True, create_rbac=True).added_pods == {}
+
+
 def test_without_a_service_account_a_detached_launch_says_its_nodes_will_not_restart(caplog):
     with caplog.at_level(logging.WARNING):
         plan = _plan(_program())
@@ -108,7 +125,7 @@ def test_without_a_service_account_a_detached_launch_says_its_nodes_will_not_res
 def test_the_coordinator_pod_restarts_a_node_pod_and_fails_the_program_past_its_budget(
         monkeypatch, capsys):
     """worker/0's pod is OOM-killed (no report): the controller in the coordinator pod creates
-    it again from its manifest, owned as the coordinator pod is; then it is deleted, which is
+    it again from its manifest, owned by the coordinator pod; then it is deleted, which is
     one failure too many. Pods the launcher has not created yet are no failures."""
     monkeypatch.setattr(in_cluster.InClusterRunner, 'POLL_SECONDS', 0.0)
     plan = _plan(_program(), create_rbac=True)
@@ -137,7 +154,9 @@ def test_the_coordinator_pod_restarts_a_node_pod_and_fails_the_program_past_its_
     assert [c for c in api.calls if c[:3] == ('create', 'Pod', 't1-worker-0')] == [
         ('create', 'Pod', 't1-worker-0')] * 2
     assert ('delete', 'Pod', 't1-worker-0', 0) in api.calls  # the old one, before
-    assert api.objects[('Pod', 't1-worker-0')]['metadata']['ownerReferences'] == owner
+    coordinator_uid = api.objects[('Pod', 't1-coordinator')]['metadata']['uid']
+    assert api.objects[('Pod', 't1-worker-0')]['metadata']['ownerReferences'] == [
+        {'apiVersion': 'v1', 'kind': 'Pod', 'name': 't1-coordinator', 'uid': coordinator_uid}]
     _until(lambda: api.calls[-1][0] == 'list_pods', 'not listed again')
     del api.objects[('Pod', 't1-worker-0')]  # deleted behind the program's back
     with pytest.raises(lp.NodeFailedError) as failure:
@@ -152,8 +171,20 @@ def test_the_coordinator_pod_restarts_a_node_pod_and_fails_the_program_past_its_
 
 
 def test_a_detached_launcher_follows_the_pod_its_coordinator_pod_creates_again(fake):
+    """...and leaves resizing to the coordinator pod, which owns the node pods."""
     fake.statuses['t1-worker-0'] = [running(), exited(1, 'Error')]
-    controller = launch(_program(), detach=True, create_rbac=True)
+    program = _program()
+    asked = []
+    program.set_scaling_policy(lambda *args: asked.append(args), interval=0.01)
+    controller = launch(program, detach=True, create_rbac=True)
+    for change in (lambda: controller.resize('worker', 2),
+                   lambda: controller.remove_node('other/0')):
+        with pytest.raises(RuntimeError, match='runs detached in its coordinator pod, supervised there'):
+            change()
+    coordinator = fake.objects[('Pod', 't1-coordinator')]['metadata']
+    assert fake.objects[('Pod', 't1-other-0')]['metadata']['ownerReferences'] == [
+        {'apiVersion': 'v1', 'kind': 'Pod', 'name': 't1-coordinator', 'uid': coordinator['uid']}]
+    assert coordinator['ownerReferences'][0]['kind'] == 'ConfigMap'  # the root
     _until(lambda: controller.status()['worker/0'].state is lp.NodeState.PENDING
            and controller.status()['worker/0'].restarts == 1, 'not marked restarted')
     assert [c for c in fake.calls if c[:3] == ('create', 'Pod', 't1-worker-0')] == [
@@ -165,4 +196,208 @@ def test_a_detached_launcher_follows_the_pod_its_coordinator_pod_creates_again(f
     _until(lambda: controller.status()['worker/0'].state is lp.NodeState.RUNNING, 'not seen')
     assert controller.status()['worker/0'].restarts == 1
     assert not [c for c in fake.calls if c[0] == 'delete']
+    assert asked == []  # many looks at the pods later: the coordinator pod runs the policy
 
+
+
+class Counter:
+    """What the workers of `_elastic_program` call."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def add(self) -> int:
+        self.calls += 1
+        return self.calls
+
+
+def _work(counter) -> None:
+    del counter
+    lp.stop_event().wait()
+
+
+def _size_in_file(path: str, metrics, now, sizes):
+    """A scaling policy: the size of group worker written in file `path`, if any."""
+    del metrics, now, sizes
+    try:
+        with open(path) as f:
+            return {'worker': int(f.read())}
+    except FileNotFoundError:
+        return {}
+
+
+def _elastic_program(size_file: str) -> lp.Program:
+    """server/0, called by worker/0 and worker/1, an elastic group of at most 4 nodes whose
+    size a scaling policy reads from `size_file`."""
+    program = lp.Program('grow')
+    server = program.add_node(lp.CourierNode(Counter), label='server')
+    with program.group('worker', elastic=lp.Elastic(
+            make_node=lambda: lp.PyNode(_work, server), max_size=4)):
+        for _ in range(2):
+            program.add_node(lp.PyNode(_work, server))
+    program.set_scaling_policy(functools.partial(_size_in_file, size_file), interval=0.1)
+    return program
+
+
+class SimulatedKubelet:
+    """Stands in for podman behind `PodmanApiServer`: each node pod it is given runs as a thread
+    doing what a node's worker does with the coordinator (a joining node joins; it starts, waits
+    until told to stop, takes `stop_seconds` of its group to stop, finishes, and its pod ends
+    with exit code 0); deleting the coordinator pod stops the program as its SIGTERM does,
+    waiting for it up to the grace period."""
+
+    def __init__(self, stop_seconds):
+        self.pods = {}
+        self.stop_seconds = stop_seconds  # group -> seconds its nodes take to stop
+        self.events = []   # ('told' or 'ended', node) in order
+        self.deleted = []  # (pod, whether its node still ran) in the order of deletion
+        self.coordinator = self.controller = None
+        self._killed = {}
+        self._lock = threading.Lock()
+        self._threads = []
+
+    def create(self, document):
+        document = copy.deepcopy(document)
+        kind, name = document['kind'], document['metadata']['name']
+        with self._lock:
+            document['metadata']['uid'] = f'uid-{kind}-{name}-{len(self._threads)}'
+            if kind != 'Pod':
+                return document
+            if name in self.pods:
+                raise AlreadyExists(f'Pod {name} is terminating')
+            self.pods[name] = {**document, 'status': running()}
+            if document['metadata']['labels'][names.ROLE_LABEL] == 'node':
+                self._killed[name] = threading.Event()
+                thread = threading.Thread(target=self._run_node, args=(document,), daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        return document
+
+    def _run_node(self, document) -> None:
+        name = document['metadata']['name']
+        node = document['metadata']['annotations'][names.NODE_NAME_ANNOTATION]
+        command = document['spec']['initContainers'][0]['command']
+        if '--join' in command:
+            joining = names.Joining.from_json(command[command.index('--join') + 1])
+            self.coordinator.join(joining.node, joining.policy, joining.endpoints)
+        self.coordinator.node_started(node, 1, name)
+        while not self.coordinator.wait_for_stop(0.05, node):
+            if self._killed[name].is_set():
+                return
+        self.events.append(('told', node))
+        time.sleep(self.stop_seconds.get(node.split('/')[0], 0.0))
+        self.events.append(('ended', node))
+        self.coordinator.node_finished(node)
+        with self._lock:
+            if name in self.pods:
+                self.pods[name]['status'] = exited(0)
+
+    def delete(self, kind, name, grace_period_seconds=None):
+        if kind != 'Pod':
+            return
+        if name.endswith('-coordinator'):
+            self.coordinator.request_stop('the coordinator pod was deleted')
+            self.controller.wait(timeout=grace_period_seconds, raise_error=False)
+        with self._lock:
+            pod = self.pods.pop(name)
+            ran = 'running' in pod['status']['containerStatuses'][0]['state']
+            self.deleted.append((name, ran))
+            if name in self._killed:
+                self._killed[name].set()
+
+    def list_pods(self, selector):
+        del selector
+        with self._lock:
+            return copy.deepcopy(list(self.pods.values()))
+
+    def close(self):
+        for killed in self._killed.values():
+            killed.set()
+        for thread in self._threads:
+            thread.join(5)
+
+
+def test_a_detached_program_grows_shrinks_and_stops_in_graph_order_from_its_coordinator_pod(
+        tmp_path, monkeypatch, capsys):
+    """A detached launch with create_rbac=True, through the real client against the stand-in
+    API server: the controller in the coordinator pod grows group worker 2 -> 4 and back to 2 as
+    its scaling policy says (creating and deleting pods, named as the Role allows), then to 3 as
+    a node's lp.resize asks (reusing a pod name); deleting the program stops it in graph order:
+    the workers first, the server they call once they have ended, and no pod of a running node
+    is deleted."""
+    monkeypatch.setattr(in_cluster.InClusterRunner, 'POLL_SECONDS', 0.05)
+    size_file = tmp_path / 'size'
+    plan = _plan(_elastic_program(str(size_file)), create_rbac=True, notice_period=2.0)
+    role = next(d for d in plan.documents if d['kind'] == 'Role')
+    added = [f't1-worker-{k}' for k in range(2, 6)]
+    assert role['rules'][2:] == [
+        {'apiGroups': [''], 'resources': ['pods'], 'verbs': ['delete'], 'resourceNames': [
+            't1-server-0', 't1-worker-0', 't1-worker-1', *added]},
+        {'apiGroups': [''], 'resources': ['configmaps'], 'verbs': ['create']},
+        {'apiGroups': [''], 'resources': ['configmaps'], 'verbs': ['delete'],
+         'resourceNames': [f'{pod}-spec-0' for pod in added]}]
+    settings = _settings(plan)
+    assert settings.calls == {'worker/0': ['server/0'], 'worker/1': ['server/0']}
+    pods_dir = tmp_path / 'pods'  # RUN-pods as the coordinator pod mounts it
+    pods_dir.mkdir()
+    configmap = next(d for d in plan.documents if d['metadata']['name'] == 't1-pods')
+    for key, data in configmap['binaryData'].items():
+        (pods_dir / key).write_bytes(base64.b64decode(data))
+    kubelet = SimulatedKubelet({'worker': 0.3})  # workers flush something to the server
+    with PodmanApiServer(kubelet, tmp_path) as server:
+        api = kubernetes.KubernetesApi('default', kubeconfig=server.kubeconfig())
+        runner = pod.in_cluster_runner(settings, api=api, pods_dir=str(pods_dir))
+        coordinator, controller = pod.supervise(settings, runner)
+        kubelet.coordinator, kubelet.controller = coordinator, controller
+        kubernetes_launcher._create(api, plan, nodes_owned_by_coordinator=True)
+
+        def pods():
+            return {name for kind, name in server.objects() if kind == 'Pod'}
+
+        def spec_configmaps():
+            return {name for kind, name in server.objects()
+                    if kind == 'ConfigMap' and name.startswith('t1-worker-')}
+
+        coordinator_uid = kubelet.pods['t1-coordinator']['metadata']['uid']
+        size_file.write_text('4')
+        _until(lambda: {'t1-worker-2', 't1-worker-3'} <= pods()
+               and coordinator.running() == ['server/0', 'worker/0', 'worker/1', 'worker/2',
+                                             'worker/3'], 'the group did not grow')
+        assert controller.group_size('worker') == 4
+        for name in ('t1-worker-2', 't1-worker-3', 't1-worker-0'):
+            assert kubelet.pods[name]['metadata']['ownerReferences'] == [
+                {'apiVersion': 'v1', 'kind': 'Pod', 'name': 't1-coordinator',
+                 'uid': coordinator_uid}]
+        assert {'t1-worker-2-spec-0', 't1-worker-3-spec-0'} <= spec_configmaps()
+        size_file.write_text('2')
+        _until(lambda: not {'t1-worker-2', 't1-worker-3'} & pods()
+               and not {'t1-worker-2-spec-0', 't1-worker-3-spec-0'} & spec_configmaps(),
+               'the group did not shrink')
+        assert controller.status()['worker/3'].state is lp.NodeState.REMOVED
+        assert [(d.group, d.size, d.wanted, d.target) for d in controller.scaling_log] == [
+            ('worker', 2, 4, 4), ('worker', 4, 2, 2)]
+        size_file.unlink()
+
+        with pytest.raises(ValueError, match='its lp.Elastic allows 0 to 4'):
+            coordinator.request_size('worker', 5)  # a node's lp.resize beyond the bounds
+        coordinator.request_size('worker', 3)
+        _until(lambda: coordinator.running() == ['server/0', 'worker/0', 'worker/1', 'worker/4']
+               and controller.status()['worker/4'].state is lp.NodeState.RUNNING,
+               'no node for the resize')
+        assert 't1-worker-2' in pods()  # the first free name again
+        assert kubelet.pods['t1-worker-2']['metadata']['annotations'] == {
+            names.NODE_NAME_ANNOTATION: 'worker/4'}
+
+        server.delete('ConfigMap', 't1')  # kubectl delete configmap t1
+        assert controller.done and server.objects() == []
+    told_server = kubelet.events.index(('told', 'server/0'))
+    assert all(kubelet.events.index(('ended', worker)) < told_server  # once they have ended
+               for worker in ('worker/0', 'worker/1', 'worker/4')), kubelet.events
+    assert {status.state for status in controller.status().values()} == {
+        lp.NodeState.FINISHED, lp.NodeState.REMOVED}
+    assert kubelet.deleted[kubelet.deleted.index(('t1-coordinator', True)) + 1:] and not [
+        name for name, ran in kubelet.deleted if ran and name != 't1-coordinator']
+    out = capsys.readouterr().out
+    assert 'created the pod t1-worker-3 of worker/3, added to group worker' in out
+    assert 'deleted the pod t1-worker-3 of removed node worker/3' in out
+    assert 'a node asked for group worker to have 3 nodes' in out

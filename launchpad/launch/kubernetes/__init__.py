@@ -35,7 +35,14 @@ the launch left in ConfigMap RUN-pods.
 Elastic groups. An attached launcher adds a node by creating its pod as the launch did
 (`LaunchPlan.add_node`); the pod's first init container joins it to the coordinator pod. It removes
 one through a short pod that tells the coordinator (`pod.py leave`), then deletes the node's pod; a
-node's `lp.resize` reaches it as a line of the coordinator pod's log (`names.SIZE_REQUEST`).
+node's `lp.resize` reaches it as a line of the coordinator pod's log (`names.SIZE_REQUEST`). In a
+detached program the coordinator pod's controller does all this itself, with the program and the
+launch's plan from RUN-pods (`in_cluster.Growth`), and runs the scaling policy; the pods of the
+nodes it adds take names the launch set aside (`LaunchPlan.added_pods`).
+
+The stop reaches callers before the nodes they call (`CoordinatorSettings.calls`, the coordinator
+pod's `StopOrder`). A detached launch's node pods are owned by the coordinator pod, so that
+deleting the program deletes them only once the coordinator has stopped them in that order.
 
 Executables. Kubernetes caps a ConfigMap's data at 1 MiB (1,048,576 bytes, the API server's
 validation limit, below etcd's 1.5 MiB request limit). Each executable gets ConfigMaps of its own,
@@ -47,7 +54,8 @@ from a volume inside the node.
 RBAC. Node pods use no API. The coordinator pod lists the program's pods (`get`, `list` on pods)
 to notice a pod that dies without reporting (killed for memory, evicted); without that permission it
 says so in its log and relies on an attached launcher to notice. A detached launch's coordinator
-also creates pods and deletes its node pods (by name). `create_rbac=True` creates a
+also creates pods and deletes its node pods (by name), and, for a group that grows, creates
+ConfigMaps and deletes the added nodes' spec ConfigMaps (by name). `create_rbac=True` creates a
 ServiceAccount, Role and RoleBinding granting exactly that (`coordinator_rbac_manifests`); the
 launching user needs create/get/list/delete on pods, configmaps, secrets and services (and on
 serviceaccounts, roles and rolebindings with `create_rbac=True`), get on pods/log and list on events.
@@ -64,7 +72,8 @@ Files, by where their code runs:
   * launcher.py  launching machine: `KubernetesLauncher`, `PodRunner`, `program_to_manifests`;
   * pod.py       in the pods: `python -m launchpad.launch.kubernetes.pod COMMAND ARGS` (this package
                  does not import it);
-  * in_cluster.py coordinator pod: `InClusterRunner`, restarting a detached program's nodes.
+  * in_cluster.py coordinator pod: `InClusterRunner`, restarting, adding and removing a detached
+                 program's nodes.
 """
 from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, NotFound
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources

@@ -1,13 +1,22 @@
 """The coordinator pod's `Runner` for a program that no launcher follows (a detached launch, or
 manifests applied with kubectl): the controller runs in the coordinator pod and applies the
-nodes' restart policies itself, through the API.
+nodes' restart policies itself, grows and shrinks the elastic groups and runs the scaling policy,
+through the API.
 
 `InClusterRunner` lists the program's node pods for the controller (an ended container is an exit
 code; a pod seen once and then gone, e.g. deleted or evicted, is a kill), creates a failed node's
 pod again from the manifest the launcher left in the ConfigMap RUN-pods (mounted at
-`names.PODS_DIR`), and deletes the pods of nodes still running after a stop's notice period. The
-coordinator pod's service account needs `get`, `list` and `create` on pods, and `delete` on the
-node pods by name (`manifests.coordinator_rbac_manifests`).
+`names.PODS_DIR`), and deletes the pods of nodes still running after a stop's notice period.
+With the program and the launch's plan from that ConfigMap (`Growth`), it creates the spec
+ConfigMap and pod of a node added to an elastic group, made as the launch made the group's pods
+(`LaunchPlan.add_node`), under one of the names the launch set aside for it
+(`LaunchPlan.added_pods`), and deletes a removed node's pod once it ended. Node pods are owned
+by the coordinator pod, so that deleting the program deletes them only after the coordinator
+has stopped them in graph order.
+
+The coordinator pod's service account needs `get`, `list` and `create` on pods, and `delete` on
+the node pods by name; to grow groups, also `create` on ConfigMaps and `delete` on the added
+nodes' spec ConfigMaps by name (`manifests.coordinator_rbac_manifests`).
 
 Runs in the coordinator pod (`pod.py`), on the controller's monitor thread.
 """
@@ -15,19 +24,53 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import json
 import logging
 import os
+import pickle
 import signal
 import time
 import zlib
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from courier import serialization
 
 from launchpad.launch.runner import Runner
 from launchpad.launch.kubernetes import names
 from launchpad.launch.kubernetes.api import KubernetesError, recreate_pod, terminated
 
 POD_MANIFESTS_KEY = 'pods'  # the key of RUN-pods' binaryData, and the file it is mounted as
+GROWTH_KEY = 'growth'  # the same for the pickled `Growth`
+
+
+@dataclasses.dataclass
+class Growth:
+    """What the coordinator pod grows and shrinks the program with: the program (its groups,
+    node factories and scaling policy), the launch's `LaunchPlan` (without its documents: it
+    makes a new node's pods as the launch made the others) and the groups' resources."""
+    program: Any
+    plan: Any
+    resources: Dict[str, Any]
+
+
+def pack_growth(growth: Growth) -> str:
+    """`growth` as RUN-pods holds it (zlib-compressed cloudpickle, in base64); the plan goes
+    without its documents, which the coordinator pod does not need."""
+    documents, growth.plan.documents = growth.plan.documents, []
+    try:
+        return base64.b64encode(zlib.compress(serialization.cloudpickle_dumps(growth))).decode()
+    finally:
+        growth.plan.documents = documents
+
+
+def read_growth(path: str = os.path.join(names.PODS_DIR, GROWTH_KEY)) -> Optional[Growth]:
+    """The `Growth` the launch packed, from the ConfigMap's file in this pod; None if it did
+    not fit there."""
+    if not os.path.exists(path):
+        return None
+    with open(path, 'rb') as f:
+        return pickle.loads(zlib.decompress(f.read()))
 
 
 def pack_pod_manifests(pods: Mapping[str, Mapping[str, Any]]) -> str:
@@ -59,18 +102,23 @@ class InClusterRunner(Runner):
     docstring).
 
     `api`: a `KubernetesApi` of the program's namespace; `manifests`: pod name -> its document
-    as the launch created it; `node_pods`: node name -> its pod name.
+    as the launch created it; `node_pods`: node name -> its pod name; `growth` (an attribute
+    too): what adds nodes to elastic groups (None: none can be added).
     """
 
     POLL_SECONDS = 1.0
 
     def __init__(self, api, run: str, manifests: Mapping[str, Mapping[str, Any]],
-                 node_pods: Mapping[str, str], *, clock: Callable[[], float] = time.monotonic):
+                 node_pods: Mapping[str, str], *, growth: Optional[Growth] = None,
+                 clock: Callable[[], float] = time.monotonic):
         self._api = api
         self._run = run
         self._manifests = dict(manifests)
         self._node_pods = dict(node_pods)
+        self.growth = growth
         self._clock = clock
+        self._added: Dict[str, str] = {}  # pod of a node added here -> the node, until deleted
+        self._leaving: set = set()  # removed nodes whose pods are deleted once they ended
         self._codes: Dict[str, Optional[int]] = {name: None for name in node_pods}
         self._ended: Dict[str, str] = {}  # node -> how its pod ended, for its failure message
         self._seen: set = set()  # nodes whose pod the API listed since it was (re)created
@@ -109,6 +157,8 @@ class InClusterRunner(Runner):
                 ended = terminated(pod, names.NODE_CONTAINER) or {}
                 self._ended[name] = (f'its pod {pod_name} ended ({ended.get("reason") or "Error"}'
                                      f', exit code {self._codes[name]})')
+        for name in [name for name in self._leaving if self._codes.get(name) is not None]:
+            self._forget(name)
         return dict(self._codes)
 
     def last_output(self, name: str) -> str:
@@ -134,9 +184,85 @@ class InClusterRunner(Runner):
         for name in names_:
             self._api.delete('Pod', self._node_pods[name], grace_period_seconds=0)
 
-    def _owner_references(self) -> list:
+    def check_add(self, label: str) -> None:
+        """Raises, saying why, unless a node can be added to group `label` here now."""
+        if self.growth is None:
+            raise NotImplementedError(
+                'its coordinator pod has not the program to make nodes from (it did not fit in '
+                'a ConfigMap)')
+        pods = self.growth.plan.added_pods.get(label)
+        if pods is None:
+            raise ValueError(
+                f'Group {label!r} cannot grow without a launcher: only elastic groups with a '
+                'make_node and a max_size have pod names in the coordinator pod\'s Role.')
+        self._free_pod(label)
+
+    def add_executable(self, label: str, executable, policy) -> None:
+        """Creates the spec ConfigMap and the pod of a node added to group `label`, made as the
+        launch made the group's pods, under a free name of those set aside for the group (a
+        former member's objects of that name are deleted first), owned by the coordinator
+        pod; its first init container joins it to the coordinator."""
+        pod_name = self._free_pod(label)
+        plan = self.growth.plan
+        documents = plan.add_node(label, executable, policy, pod_name=pod_name)
+        configmaps = [d for d in documents if d['kind'] == 'ConfigMap']
+        if len(configmaps) > 1:
+            plan.forget(executable.name)
+            raise ValueError(
+                f'Node {executable.name} takes {len(configmaps)} ConfigMaps once pickled; a node '
+                'that the coordinator pod adds must fit in one (1 MB). Pass less data as node '
+                'arguments: build large data into the image, or load it from a volume.')
+        pod = documents[-1]
+        try:
+            for document in documents:
+                document['metadata']['ownerReferences'] = self._owner_references()
+            self._api.delete('ConfigMap', configmaps[0]['metadata']['name'])  # a former member's
+            self._api.create(configmaps[0])
+            recreate_pod(self._api, pod, clock=self._clock)
+        except BaseException:
+            plan.forget(executable.name)
+            raise
+        self._manifests[pod_name] = pod
+        self._node_pods[executable.name] = pod_name
+        self._added[pod_name] = executable.name
+        self._codes[executable.name] = None
+        self._seen.add(executable.name)
+        print(f'created the pod {pod_name} of {executable.name}, added to group {label}',
+              flush=True)
+
+    def remove(self, name: str) -> None:
+        """Node `name` is removed (the coordinator here tells it); its pod is deleted once it
+        ended."""
+        self._leaving.add(name)
+
+    def _free_pod(self, label: str) -> str:
+        pods = self.growth.plan.added_pods[label]
+        free = [pod for pod in pods if pod not in self._added]
+        if not free:
+            raise RuntimeError(
+                f'Group {label!r} has no pod name left for another node: the {len(pods)} set '
+                'aside for it (its max_size) are taken by nodes added to it, some of them '
+                'perhaps removed but not ended yet. Try again after the notice period.')
+        return free[0]
+
+    def _forget(self, name: str) -> None:
+        """Deletes removed node `name`'s pod (and spec ConfigMap, if added here): it ended."""
+        self._leaving.discard(name)
+        pod_name = self._node_pods[name]
+        try:
+            self._api.delete('Pod', pod_name, grace_period_seconds=0)
+            if self._added.pop(pod_name, None) is not None:
+                self._api.delete('ConfigMap', f'{pod_name}-spec-0')
+                self.growth.plan.forget(name)
+        except KubernetesError as e:
+            logging.warning('Could not delete the pod of removed node %s: %s', name, e)
+        else:
+            print(f'deleted the pod {pod_name} of removed node {name}', flush=True)
+
+    def _owner_references(self) -> List[Dict[str, Any]]:
+        """The coordinator pod, as the owner of the node pods it creates."""
         if self._owners is None:
             coordinators = self._api.list_pods(names.selector(self._run, role='coordinator'))
-            self._owners = [dict(owner) for pod in coordinators[:1]
-                            for owner in pod['metadata'].get('ownerReferences') or []]
-        return self._owners
+            self._owners = [{'apiVersion': 'v1', 'kind': 'Pod', 'name': pod['metadata']['name'],
+                             'uid': pod['metadata']['uid']} for pod in coordinators[:1]]
+        return [dict(owner) for owner in self._owners]

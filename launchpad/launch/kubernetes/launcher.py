@@ -27,13 +27,13 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from launchpad.launch.controller import Controller
+from launchpad.launch.controller import Controller, SupervisedElsewhere
 from launchpad.launch.runner import Runner
 from launchpad.launch.kubernetes.api import KubernetesApi, recreate_pod, terminated
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
 from launchpad.launch.kubernetes.manifests import LaunchPlan, grace_period, plan_launch, to_yaml
 from launchpad.launch.kubernetes.names import (COORDINATOR_CONTAINER, NODE_CONTAINER,
-                                               SIZE_REQUEST)
+                                               ROLE_LABEL, SIZE_REQUEST)
 from launchpad.launch.launcher import LaunchOptions, Launcher
 from launchpad.process.coordinator import Coordinator
 from launchpad.process.output import copy_lines, prefix_for
@@ -71,7 +71,7 @@ class KubernetesLauncher(Launcher):
         api = self._api_factory(config)
         api.check_namespace()
         plan = plan_launch(program, options, attached=not config.detach)
-        _create(api, plan)
+        _create(api, plan, nodes_owned_by_coordinator=config.detach)
         mirror = Coordinator(list(plan.node_pods), policies=plan.policies)
         runner = PodRunner(api, plan, mirror, config, options.notice_period)
         if config.detach:
@@ -79,20 +79,47 @@ class KubernetesLauncher(Launcher):
             atexit.register(runner.let_go)
         # Attached, the script stays alive until the program ends (streaming logs, deleting
         # the objects at the end) and Ctrl-C stops the program; detached, it returns at once.
-        return Controller(program.name, mirror, runner, launch_type=options.launch_type,
-                          notice_period=options.notice_period, poll_interval=0.2,
-                          detached=config.detach)
+        return KubernetesController(program.name, mirror, runner,
+                                    launch_type=options.launch_type,
+                                    notice_period=options.notice_period, poll_interval=0.2,
+                                    detached=config.detach)
 
 
-def _create(api, plan: LaunchPlan) -> None:
-    """Creates the root object, then everything else owned by it; undoes it all on an error."""
+class KubernetesController(SupervisedElsewhere):
+    """The controller of a program launched on Kubernetes. Detached, its coordinator pod
+    supervises it: this one follows its pods, and neither resizes its groups nor runs its
+    scaling policy (the coordinator pod does)."""
+
+    supervisor = 'in its coordinator pod'
+
+    def attach(self, program, resources) -> None:
+        if not self.detached:
+            super().attach(program, resources)
+        program.controller = self
+
+
+def _create(api, plan: LaunchPlan, *, nodes_owned_by_coordinator: bool = False) -> None:
+    """Creates the root object, then everything else owned by it (node pods by the coordinator
+    pod if `nodes_owned_by_coordinator`: deleting the program then deletes them once the
+    coordinator has stopped them); undoes it all on an error."""
     created: List[Mapping[str, Any]] = []
     try:
         root = api.create(plan.documents[0])
         created.append(plan.documents[0])
         plan.owner = {'apiVersion': 'v1', 'kind': 'ConfigMap', 'name': plan.run,
                       'uid': root['metadata']['uid']}
-        _create_owned(api, plan, plan.documents[1:], created)
+        coordinator = None
+        for document in plan.documents[1:]:
+            is_node_pod = (document['kind'] == 'Pod'
+                           and document['metadata']['labels'].get(ROLE_LABEL) == 'node')
+            owner = coordinator if is_node_pod and coordinator is not None else plan.owner
+            document['metadata']['ownerReferences'] = [owner]
+            made = api.create(document)
+            created.append(document)
+            if nodes_owned_by_coordinator and document['metadata']['name'] == \
+                    plan.coordinator_pod and document['kind'] == 'Pod':
+                coordinator = {'apiVersion': 'v1', 'kind': 'Pod', 'name': plan.coordinator_pod,
+                               'uid': made['metadata']['uid']}
     except BaseException:
         _delete(api, created, 'after the failed launch')
         raise

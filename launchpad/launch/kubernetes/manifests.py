@@ -15,7 +15,7 @@ import logging
 import math
 import secrets
 import zlib
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import courier
 
@@ -53,6 +53,9 @@ class LaunchPlan:
       node_pods: executable name -> its pod name.
       coordinator_pod: the coordinator's pod name.
       policies: executable name -> its restart policy and progress deadline.
+      added_pods: group label -> the pod names the coordinator pod gives the nodes it adds to
+        the group (a detached launch: its Role names them, so they are as many as the group's
+        `lp.Elastic.max_size`).
     """
     run: str
     namespace: str
@@ -62,23 +65,26 @@ class LaunchPlan:
     policies: Dict[str, NodePolicy] = dataclasses.field(default_factory=dict)
     growth: Optional['_Growth'] = None
     owner: Optional[Dict[str, Any]] = None  # the root's owner reference, once it is created
+    added_pods: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
 
     def pod_document(self, pod_name: str) -> Dict[str, Any]:
         """The Pod `pod_name` as the launch creates it."""
         return next(document for document in self.documents if document['kind'] == 'Pod'
                     and document['metadata']['name'] == pod_name)
 
-    def add_node(self, label: str, executable, policy: NodePolicy) -> List[Dict[str, Any]]:
+    def add_node(self, label: str, executable, policy: NodePolicy,
+                 pod_name: Optional[str] = None) -> List[Dict[str, Any]]:
         """The spec ConfigMaps and Pod of an executable added to the running program, made as
         the launch made its pods (`plan_launch`), with the address table grown by the new pod's
         addresses; its first init container also joins it to the coordinator. They are added to
-        `documents` (the caller creates them)."""
+        `documents` (the caller creates them). `pod_name`: the pod's name (default: after the
+        node's group and index)."""
         growth = self.growth
         if growth is None:
             raise RuntimeError(f'Launch {self.run} cannot grow: it was not planned to.')
         index = runtime.label_and_index(executable.name)[1]
-        pod = _PodPlan(f'{self.run}-{growth.slug(label)}-{index}', executable.name, label,
-                       len(executable.addresses))
+        pod = _PodPlan(pod_name or f'{self.run}-{growth.slug(label)}-{index}', executable.name,
+                       label, len(executable.addresses))
         endpoints = {address.id: f'{pod.name}.{growth.domain}:{growth.port + j}'
                      for j, address in enumerate(executable.addresses)}
         growth.packer.address_table.static.update(endpoints)
@@ -232,26 +238,56 @@ def plan_launch(program: Program, options: LaunchOptions, *,
         _node_documents(builder, packer, plan, executable,
                         resources.get(label) or KubernetesResources(), coordinator_host)
         for plan, (label, executable) in zip(pods, executables)]
+    growth = _Growth(packer, builder, slugs, domain, coordinator_host, config.port, len(run),
+                     resources)
+    plan = LaunchPlan(run=run, namespace=config.namespace, documents=[],
+                      node_pods={p.node_name: p.name for p in pods},
+                      coordinator_pod=coordinator_pod, policies=policies, growth=growth,
+                      added_pods=_added_pods(program, run, growth, per_label)
+                      if recreates_pods else {})
     pod_of = {'coordinator': coordinator_pod, **{p.node_name: p.name for p in pods}}
     documents = [builder.root(pod_of), builder.secret(), builder.service()]
     if config.create_rbac:
         documents += coordinator_rbac_manifests(
-            run, config.namespace, [p.name for p in pods] if recreates_pods else None)
+            run, config.namespace, [p.name for p in pods] if recreates_pods else None,
+            [name for names_ in plan.added_pods.values() for name in names_])
     if recreates_pods:
         documents.append(builder.pod_manifests(
             [d for documents_of_node in node_documents for d in documents_of_node
-             if d['kind'] == 'Pod']))
+             if d['kind'] == 'Pod'], in_cluster.Growth(program, plan, dict(resources))))
     addresses = {node.name: [address.id for address in node.addresses]
                  for node in program.get_all_nodes()}
+    calls, group_calls = program.calls([p.node_name for p in pods])
     documents.append(builder.coordinator_pod(coordinator_pod, [p.node_name for p in pods],
-                                             policies, addresses, recreates_pods))
+                                             policies, addresses, recreates_pods,
+                                             calls=calls, group_calls=group_calls))
     for documents_of_node in node_documents:
         documents += documents_of_node
-    growth = _Growth(packer, builder, slugs, domain, coordinator_host, config.port, len(run),
-                     resources)
-    return LaunchPlan(run=run, namespace=config.namespace, documents=documents,
-                      node_pods={p.node_name: p.name for p in pods},
-                      coordinator_pod=coordinator_pod, policies=policies, growth=growth)
+    plan.documents = documents
+    return plan
+
+
+def _added_pods(program: Program, run: str, growth: '_Growth',
+                launched: Mapping[str, int]) -> Dict[str, List[str]]:
+    """Group label -> the pod names for the nodes a coordinator pod adds to it, for each group
+    that can grow by itself: as many as its `max_size`, numbered after its `launched` pods."""
+    added = {}
+    for label, elastic in program.elastic_groups.items():
+        if elastic.make_node is None:
+            continue
+        if elastic.max_size is None:
+            raise ValueError(
+                f'Group {label!r} is elastic without a max_size: the coordinator pod of a '
+                'detached Kubernetes program deletes only the pods its Role names, one for each '
+                f'node it may add. Give it lp.Elastic(max_size=...), or launch it attached.')
+        first = launched.get(label, 0)
+        added[label] = [f'{run}-{growth.slug(label)}-{first + k}'
+                        for k in range(elastic.max_size)]
+        too_long = [name for name in added[label] if len(name) > 63]
+        if too_long:
+            raise ValueError(f'Pod names of group {label!r} such as {too_long[0]!r} are too long '
+                             'for Kubernetes: choose a shorter name= or group label.')
+    return added
 
 
 def _warn_about_restarts(policies: Mapping[str, NodePolicy]) -> None:
@@ -267,19 +303,25 @@ def _warn_about_restarts(policies: Mapping[str, NodePolicy]) -> None:
 
 
 def coordinator_rbac_manifests(run: str, namespace: str,
-                               node_pods: Optional[Sequence[str]] = None
-                               ) -> List[Dict[str, Any]]:
+                               node_pods: Optional[Sequence[str]] = None,
+                               added_pods: Sequence[str] = ()) -> List[Dict[str, Any]]:
     """ServiceAccount, Role and RoleBinding that let the coordinator pod list the program's pods
     and, given the names of its `node_pods` (the coordinator restarts them: no launcher follows
-    the program), create pods and delete those. RBAC cannot limit `create` or `list` to names
-    or labels: they hold for every pod of the namespace."""
+    the program), create pods and delete those. With `added_pods` (the pods of nodes it may
+    add to elastic groups, `LaunchPlan.added_pods`) it may also delete those, and create
+    ConfigMaps and delete their spec ConfigMaps (POD-spec-0). RBAC cannot limit `create` or
+    `list` to names or labels: they hold for every pod (or ConfigMap) of the namespace."""
     labels = {names.PROGRAM_LABEL: run, **names.MANAGED_BY}
     meta = {'name': run, 'namespace': namespace, 'labels': labels}
     rules = [{'apiGroups': [''], 'resources': ['pods'], 'verbs': ['get', 'list']}]
     if node_pods is not None:
         rules += [{'apiGroups': [''], 'resources': ['pods'], 'verbs': ['create']},
                   {'apiGroups': [''], 'resources': ['pods'], 'verbs': ['delete'],
-                   'resourceNames': list(node_pods)}]
+                   'resourceNames': [*node_pods, *added_pods]}]
+    if added_pods:
+        rules += [{'apiGroups': [''], 'resources': ['configmaps'], 'verbs': ['create']},
+                  {'apiGroups': [''], 'resources': ['configmaps'], 'verbs': ['delete'],
+                   'resourceNames': [f'{pod}-spec-0' for pod in added_pods]}]
     return [
         {'apiVersion': 'v1', 'kind': 'ServiceAccount', 'metadata': dict(meta)},
         {'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'Role', 'metadata': dict(meta),
@@ -374,10 +416,22 @@ class _ManifestBuilder:
             spec['automountServiceAccountToken'] = False
         return spec
 
-    def pod_manifests(self, pods: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    def pod_manifests(self, pods: Sequence[Mapping[str, Any]],
+                      growth: in_cluster.Growth) -> Dict[str, Any]:
         """The ConfigMap RUN-pods: the node pods' manifests, from which the coordinator pod
-        creates a failed node's pod again when no launcher follows the program."""
+        creates a failed node's pod again when no launcher follows the program, and the
+        program with what makes pods (`growth`), from which it grows and shrinks its groups."""
         data = in_cluster.pack_pod_manifests({pod['metadata']['name']: pod for pod in pods})
+        binary = {in_cluster.POD_MANIFESTS_KEY: data}
+        packed = in_cluster.pack_growth(growth)
+        if len(data) + len(packed) <= SPEC_CHUNK_BYTES:
+            binary[in_cluster.GROWTH_KEY] = packed
+        else:
+            logging.warning(
+                'The program takes %.1f MiB once pickled, more than its coordinator pod\'s '
+                'ConfigMap holds beside the node pods\' manifests: without a launcher, its '
+                'groups will not grow or shrink and it runs no scaling policy. Pass less data '
+                'as node arguments, or launch it attached.', len(packed) / 2**20)
         if len(data) > SPEC_CHUNK_BYTES:
             raise ValueError(
                 f'The manifests of the {len(pods)} node pods take {len(data) / 2**20:.1f} MiB, '
@@ -386,21 +440,26 @@ class _ManifestBuilder:
                 'account for the coordinator (no create_rbac=True or service_account=): its '
                 'failures are then final.')
         return {'apiVersion': 'v1', 'kind': 'ConfigMap', 'immutable': True,
-                'metadata': self._meta(f'{self._run}-pods', 'pods'),
-                'binaryData': {in_cluster.POD_MANIFESTS_KEY: data}}
+                'metadata': self._meta(f'{self._run}-pods', 'pods'), 'binaryData': binary}
 
     def coordinator_pod(self, name: str, node_names: List[str],
                         policies: Mapping[str, NodePolicy],
                         addresses: Mapping[str, List[str]],
-                        recreates_pods: bool = False) -> Dict[str, Any]:
+                        recreates_pods: bool = False, *,
+                        calls: Mapping[str, Iterable[str]] = None,
+                        group_calls: Mapping[str, Iterable[str]] = None) -> Dict[str, Any]:
         """The pod that serves the program's coordinator (`pod.py coordinator`); with
-        `recreates_pods`, it mounts the node pods' manifests (`pod_manifests`)."""
+        `recreates_pods`, it mounts the node pods' manifests (`pod_manifests`). `calls` and
+        `group_calls` (`Program.calls`): the stop's order."""
         settings = names.CoordinatorSettings(
             run=self._run, namespace=self._config.namespace, nodes=node_names,
             port=self._config.port, notice_period=self._grace - 5,
             policies={node: policy.to_json() for node, policy in policies.items()},
             addresses={node: list(ids) for node, ids in addresses.items() if ids},
-            recreates_pods=recreates_pods)
+            recreates_pods=recreates_pods,
+            calls={node: sorted(callees) for node, callees in (calls or {}).items() if callees},
+            group_calls={node: sorted(labels) for node, labels in (group_calls or {}).items()
+                         if labels})
         command = names.pod_command(self._config.python, names.COORDINATOR_COMMAND,
                                     settings.to_json())
         container = self._container(names.COORDINATOR_CONTAINER, command, self._env({}))

@@ -82,6 +82,8 @@ class CoordinatorSettings:
       recreates_pods: the coordinator pod applies the restart policies itself, creating failed
         node pods again from the manifests at PODS_DIR (no launcher follows the program); else
         an attached launcher does.
+      calls: node name -> the nodes it calls; group_calls: node name -> the groups it calls as
+        a whole. The stop reaches callers before what they call (`StopOrder`).
     """
     run: str
     namespace: str
@@ -91,6 +93,8 @@ class CoordinatorSettings:
     policies: Dict[str, Any] = dataclasses.field(default_factory=dict)
     addresses: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
     recreates_pods: bool = False
+    calls: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
+    group_calls: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -24,8 +24,9 @@ Threads of the coordinator pod:
     pods that ended without reporting (when the pod's service account may list pods);
   * in a program no launcher follows (`CoordinatorSettings.recreates_pods`: a detached launch),
     a `Controller` over an `InClusterRunner` does that instead, on its monitor thread: it also
-    creates the pods of failed nodes again as their restart policies say, and deletes the pods
-    still running a notice period after the stop;
+    creates the pods of failed nodes again as their restart policies say, grows and shrinks
+    elastic groups (nodes' `lp.resize`, the scaling policy), and deletes the pods still running
+    a notice period after the stop;
   * courier's server threads answer the nodes (each node keeps a `wait_for_stop` call open);
   * deleting the pod sends SIGTERM; its handler raises the stop signal from a new thread rather
     than take the coordinator's lock inside a signal handler.
@@ -42,16 +43,19 @@ import socket
 import sys
 import threading
 import time
-from typing import Dict, Optional, Protocol, Sequence
+from typing import Dict, Optional, Protocol, Sequence, Tuple
 
 from launchpad.launch.controller import Controller
 from launchpad.launch.kubernetes import names
 from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, terminated
-from launchpad.launch.kubernetes.in_cluster import InClusterRunner, read_pod_manifests
+from launchpad.launch.kubernetes.in_cluster import (GROWTH_KEY, POD_MANIFESTS_KEY,
+                                                    InClusterRunner, read_growth,
+                                                    read_pod_manifests)
 from launchpad.policy import NodePolicy
 from launchpad.process import coordinator as coordination
 from launchpad.process import faces
 from launchpad.process.coordinator import Coordinator
+from launchpad.process.stop_order import StopOrder
 
 
 def wait_for(host: str, port: int, limit: float,
@@ -105,11 +109,13 @@ class PodFace(faces.NodeFace, Protocol):
 
 class PodCoordinator(Coordinator):
     """The coordinator of a program on Kubernetes (it serves `PodFace`): says in its log which
-    node failed and why. `followed`: an attached launcher reads its log (and resizes groups)."""
+    node failed and why. `followed`: an attached launcher reads its log (and resizes groups);
+    `resizes`: the controller in this pod resizes them."""
 
-    def __init__(self, *args, followed: bool = True, **kwargs):
+    def __init__(self, *args, followed: bool = True, resizes: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self._followed = followed
+        self._resizes = resizes
 
     def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
         print(f'node {name} failed: {message}', flush=True)
@@ -137,6 +143,8 @@ class PodCoordinator(Coordinator):
         super().request_size(label, size)
         if self._followed:
             print(f'{names.SIZE_REQUEST}{json.dumps([label, size])}', flush=True)
+        elif self._resizes:
+            print(f'a node asked for group {label} to have {size} nodes', flush=True)
         else:
             print(f'a node asked for group {label} to have {size} nodes: ignored, no launcher '
                   'follows this program to create or delete pods', flush=True)
@@ -145,25 +153,16 @@ class PodCoordinator(Coordinator):
 def run_coordinator(settings: names.CoordinatorSettings) -> None:
     """The coordinator pod's main: serves the coordinator until every node has ended."""
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
-    policies = {name: NodePolicy.from_json(policy) for name, policy in settings.policies.items()}
-    runner = _in_cluster_runner(settings) if settings.recreates_pods else None
-    if settings.recreates_pods and runner is None:  # nothing here can create pods
-        policies = {name: policy.without_restarts() for name, policy in policies.items()}
-    coordinator = PodCoordinator(settings.nodes, policies=policies,
-                                 followed=not settings.recreates_pods)
-    coordinator.set_node_addresses(settings.addresses)
+    runner = in_cluster_runner(settings) if settings.recreates_pods else None
+    coordinator, controller = supervise(settings, runner)
     server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}',
                                             face=PodFace)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(
         target=coordinator.request_stop, args=('the coordinator pod was deleted',)).start())
     print(f'serving the coordinator of {len(settings.nodes)} nodes on port {settings.port}',
           flush=True)
-    controller = watcher = None
-    if runner is not None:  # the controller here restarts nodes and ends stragglers
-        controller = Controller(settings.run, coordinator, runner, launch_type='kubernetes',
-                                notice_period=settings.notice_period, poll_interval=0.2)
-        print('restarting failed nodes here: no launcher follows the program', flush=True)
-    else:
+    watcher = None
+    if controller is None:
         watcher = PodWatcher(settings.run, settings.namespace, coordinator)
     announced = False
     while not controller.done if controller is not None else coordinator.running():
@@ -181,17 +180,56 @@ def run_coordinator(settings: names.CoordinatorSettings) -> None:
     print(f'the program ended{": " + str(failure).splitlines()[0] if failure else ""}', flush=True)
 
 
-def _in_cluster_runner(settings: names.CoordinatorSettings) -> Optional[InClusterRunner]:
-    """The runner that lets this pod restart nodes, or None (saying why) if it cannot."""
+def supervise(settings: names.CoordinatorSettings, runner: Optional[InClusterRunner]
+              ) -> Tuple[PodCoordinator, Optional[Controller]]:
+    """The program's coordinator (stopping it in graph order) and, with a `runner` (a program
+    no launcher follows), the controller that supervises it here: it restarts nodes, ends
+    stragglers and, with the program (`runner.growth`), resizes groups and runs the scaling
+    policy."""
+    policies = {name: NodePolicy.from_json(policy) for name, policy in settings.policies.items()}
+    if settings.recreates_pods and runner is None:  # nothing here can create pods
+        policies = {name: policy.without_restarts() for name, policy in policies.items()}
+    growth = runner.growth if runner is not None else None
+    coordinator = PodCoordinator(
+        settings.nodes, policies=policies, followed=not settings.recreates_pods,
+        resizes=growth is not None, groups=growth.program.group_limits() if growth else None,
+        stop_order=StopOrder(settings.calls, settings.notice_period / 2,
+                             group_calls=settings.group_calls))
+    coordinator.set_node_addresses(settings.addresses)
+    if runner is None:
+        return coordinator, None
+    controller = Controller(settings.run, coordinator, runner, launch_type='kubernetes',
+                            notice_period=settings.notice_period, poll_interval=0.2)
+    if growth is not None:
+        controller.attach(growth.program, growth.resources)
+    print('restarting failed nodes here: no launcher follows the program', flush=True)
+    return coordinator, controller
+
+
+def in_cluster_runner(settings: names.CoordinatorSettings, api=None,
+                       pods_dir: str = names.PODS_DIR) -> Optional[InClusterRunner]:
+    """The runner that lets this pod restart nodes, or None (saying why) if it cannot; `api`
+    and `pods_dir`: where the API and the mounted ConfigMap RUN-pods are (default: as in a
+    pod)."""
     try:
-        api = KubernetesApi(settings.namespace, in_cluster=True)
-        manifests = read_pod_manifests()
+        api = api or KubernetesApi(settings.namespace, in_cluster=True)
+        manifests = read_pod_manifests(os.path.join(pods_dir, POD_MANIFESTS_KEY))
         node_pods = {pod['metadata']['annotations'][names.NODE_NAME_ANNOTATION]: name
                      for name, pod in manifests.items()}
     except (ImportError, KubernetesError, OSError, ValueError) as e:
         print(f'cannot restart failed nodes, their failures are final: {e}', flush=True)
         return None
-    return InClusterRunner(api, settings.run, manifests, node_pods)
+    growth = None
+    try:
+        growth = read_growth(os.path.join(pods_dir, GROWTH_KEY))
+    except Exception as e:  # pylint: disable=broad-except
+        print(f'groups do not grow or shrink here: unpickling the program failed: {e}',
+              flush=True)
+    else:
+        if growth is None:
+            print('groups do not grow or shrink here: the program did not fit beside the pods\' '
+                  'manifests', flush=True)
+    return InClusterRunner(api, settings.run, manifests, node_pods, growth=growth)
 
 
 class PodWatcher:

@@ -49,7 +49,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from launchpad.launch.controller import Controller
+from launchpad.launch.controller import SupervisedElsewhere
 from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of, policies_of,
                                        stop_order_of)
 from launchpad.launch.slurm import addresses, job, script, shared
@@ -115,7 +115,7 @@ class SlurmOptions:
                              f'65535 (Slurm\'s --signal), got {value!r}.')
 
 
-class SlurmController(Controller):
+class SlurmController(SupervisedElsewhere):
     """The controller of a program launched on Slurm.
 
     Attributes:
@@ -131,23 +131,9 @@ class SlurmController(Controller):
         self.log_dir = log_dir
         super().__init__(*args, **kwargs)
 
-    def add_node(self, node, label=None):
-        self._refuse_if_detached()
-        return super().add_node(node, label)
-
-    def remove_node(self, name: str) -> None:
-        self._refuse_if_detached()
-        super().remove_node(name)
-
-    def resize(self, label: str, size: int) -> None:
-        self._refuse_if_detached()
-        super().resize(label, size)
-
-    def _refuse_if_detached(self) -> None:
-        if self.detached:
-            raise RuntimeError(f'Program {self.program_name!r} runs detached in Slurm job '
-                               f'{self.job_id}, supervised there, not by this process: a node\'s '
-                               'lp.resize or its scaling policy resizes it.')
+    @property
+    def supervisor(self) -> str:
+        return f'in Slurm job {self.job_id}'
 
 
 class SlurmLauncher(Launcher):
