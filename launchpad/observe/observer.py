@@ -431,13 +431,15 @@ def check_dashboard_option(dashboard: Union[bool, int]) -> Optional[int]:
 
 
 def observe(program: Program, controller: Controller, dashboard_port: Optional[int] = None,
-            tensorboard_dir: Optional[str] = None) -> Optional[Observer]:
-    """Registers a launched program, keeps its history in its run directory (and TensorBoard's
-    `tensorboard_dir`) and, if asked, serves its dashboard (`lp.launch` calls this); None for
-    programs that do not run from this process (detached)."""
+            tensorboard_dir: Optional[str] = None,
+            program_id: Optional[str] = None) -> Optional[Observer]:
+    """Registers a launched program (as `program_id`, default: a new id), keeps its history in
+    its run directory (and TensorBoard's `tensorboard_dir`) and, if asked, serves its dashboard
+    (`lp.launch` calls this); None for programs that do not run from this process (detached)."""
     if controller.detached:
         return None
-    observer = Observer(program, controller, tensorboard_dir=tensorboard_dir).start()
+    observer = Observer(program, controller, tensorboard_dir=tensorboard_dir,
+                        program_id=program_id).start()
     if dashboard_port is not None:
         url = observer.open_dashboard(dashboard_port)
         print(f'Dashboard of {program.name!r}: {url}', file=sys.stderr, flush=True)
