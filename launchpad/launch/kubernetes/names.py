@@ -35,6 +35,9 @@ PARTS_DIR = '/launchpad/parts'
 # Where the coordinator pod of a program no launcher follows mounts the ConfigMap RUN-pods: the
 # node pods' manifests, from which it creates a failed node's pod again.
 PODS_DIR = '/launchpad/pods'
+# Where the coordinator pod of a program no launcher follows mounts the volume named by
+# `runs_volume=` and keeps the program's run directory (`launchpad.observe.runstore`).
+RUNS_DIR = '/launchpad/runs'
 
 # The commands of the pod module (`python -m POD_MODULE COMMAND ARGS`, see `pod_command`).
 POD_MODULE = 'launchpad.launch.kubernetes.pod'
@@ -82,6 +85,10 @@ class CoordinatorSettings:
       recreates_pods: the coordinator pod applies the restart policies itself, creating failed
         node pods again from the manifests at PODS_DIR (no launcher follows the program); else
         an attached launcher does.
+      program: the program's name.
+      runs_dir: where the coordinator pod keeps the program's run directory (RUNS_DIR, for a
+        detached launch with `runs_volume=`), or None: it keeps none (an attached launcher
+        does).
     """
     run: str
     namespace: str
@@ -91,6 +98,8 @@ class CoordinatorSettings:
     policies: Dict[str, Any] = dataclasses.field(default_factory=dict)
     addresses: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
     recreates_pods: bool = False
+    program: str = ''
+    runs_dir: Optional[str] = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

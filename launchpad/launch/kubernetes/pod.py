@@ -33,16 +33,18 @@ Threads of the coordinator pod:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
 import os
+import pathlib
 import signal
 import socket
 import sys
 import threading
 import time
-from typing import Dict, Optional, Protocol, Sequence
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 from launchpad.launch.controller import Controller
 from launchpad.launch.kubernetes import names
@@ -165,6 +167,7 @@ def run_coordinator(settings: names.CoordinatorSettings) -> None:
         print('restarting failed nodes here: no launcher follows the program', flush=True)
     else:
         watcher = PodWatcher(settings.run, settings.namespace, coordinator)
+    observer = keep_run(settings, coordinator, controller)
     announced = False
     while not controller.done if controller is not None else coordinator.running():
         if coordinator.stopping and not announced:
@@ -175,10 +178,54 @@ def run_coordinator(settings: names.CoordinatorSettings) -> None:
                 break
             watcher.check()
         coordinator.wait_for_change(1.0)
+    if observer is not None:
+        observer.program_ended()  # its last sample, and the run file closed whole
     time.sleep(1.0)  # the last answers reach their nodes
     server.Stop()
     failure = coordinator.failure
     print(f'the program ended{": " + str(failure).splitlines()[0] if failure else ""}', flush=True)
+
+
+@dataclasses.dataclass
+class _Drawn:
+    """The program as the observer draws it here, from the settings: its name, no edges (the
+    graph's handles are not known in this pod)."""
+    name: str
+    edges: Tuple = ()
+
+
+class _CoordinatorView:
+    """What the observer reads of a controller, for a program whose coordinator pod has none
+    (it cannot create pods): the coordinator's status; `run_coordinator` ends the observing."""
+
+    launch_type = 'kubernetes'
+    auth_token = None
+    output = None
+    done = False
+    scaling_log: List = []
+
+    def __init__(self, coordinator: Coordinator):
+        self.coordinator = coordinator
+
+    def status(self):
+        return self.coordinator.status()
+
+
+def keep_run(settings: names.CoordinatorSettings, coordinator: Coordinator,
+             controller: Optional[Controller] = None):
+    """Starts the observer that keeps the program's run file in `settings.runs_dir` (the
+    volume `runs_volume` names), as `<launch name>/run.sqlite`; returns it, or None if the
+    launch named no such volume."""
+    if settings.runs_dir is None:
+        return None
+    from launchpad.observe.observer import Observer  # pylint: disable=import-outside-toplevel
+    observer = Observer(_Drawn(settings.program or settings.run),  # type: ignore[arg-type]
+                        controller or _CoordinatorView(coordinator), program_id=settings.run,
+                        runs_dir=pathlib.Path(settings.runs_dir)).start()
+    if controller is not None:
+        controller.observer = observer  # which tells it when the program has ended
+    print(f'keeping the run file in {observer.describe()["run_dir"]}', flush=True)
+    return observer
 
 
 def _in_cluster_runner(settings: names.CoordinatorSettings) -> Optional[InClusterRunner]:
