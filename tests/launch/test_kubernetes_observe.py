@@ -1,21 +1,30 @@
-"""Observing Kubernetes programs: a detached program's coordinator pod keeps the program's run
-file on the volume `runs_volume=` names, which `sql` and `dashboard RUN` read once copied out
-(here: the pod's side against a fake API, the volume a directory)."""
+"""Observing Kubernetes programs: `stacks` and `waits` of an attached program reach its nodes
+through the coordinator pod (the API's exec, played here by running the pod command in this
+process); a detached program's coordinator pod keeps the program's run file on the volume
+`runs_volume=` names, which `sql` and `dashboard RUN` read once copied out (here: the pod's side
+against a fake API, the volume a directory)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import logging
+import threading
 
 import pytest
 
+import launchpad as lp
+from launchpad.launch import kubernetes
 from launchpad.launch.controller import Controller
 from launchpad.launch.kubernetes import in_cluster, names, pod
-from launchpad.observe import cli, runstore
+from launchpad.launch.kubernetes import launcher as kubernetes_launcher
+from launchpad.observe import cli, inspect_cli, runstore
+from launchpad.process import probe
 from launchpad.policy import NodePolicy
 from tests.launch.test_kubernetes_in_cluster import (SelectingApi, _manifests, _plan, _program,
                                                      _settings)
-from tests.launch.test_kubernetes_launcher import _until, exited, running
+from tests.launch.test_kubernetes_launcher import FakeApi, _until, exited, launch, running
 from tests.launch.test_kubernetes_manifests import _validate
 
 pytestmark = pytest.mark.timeout(60)
@@ -103,3 +112,69 @@ def test_a_detached_programs_coordinator_pod_keeps_its_run_file_on_the_named_vol
     observer.program_ended()  # as run_coordinator does when it ends
     assert _sql(capsys, str(volume / 't2'), 'SELECT name, stop_reason FROM run') == [
         {'name': 'p', 'stop_reason': 'the coordinator pod was deleted'}]
+
+
+class ExecApi(FakeApi):
+    """The fake API, running what is exec'd in the coordinator pod (`pod.py probe`) here."""
+
+    unreachable = False
+
+    def exec(self, pod_name, container, command, timeout):
+        self.calls.append(('exec', pod_name, container, timeout))
+        if self.unreachable:
+            raise kubernetes.KubernetesError('pods "t1-coordinator" is forbidden: User "me" '
+                                             'cannot create resource "pods/exec"')
+        assert command[:3] == ['python3', '-m', names.POD_MODULE], command
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            pod.main(command[3:])
+        return printed.getvalue()
+
+
+def _answering(coordinator, name: str, stop: threading.Event) -> None:
+    """What a node's probe thread does (`probe.start_answering`), until `stop`."""
+    while not stop.is_set():
+        asked = coordinator.wait_for_probe(name, None, 0.1)
+        if asked:
+            kinds = set().union(*(kinds for _, kinds in asked))
+            coordinator.answer_probe(name, [probe_id for probe_id, _ in asked],
+                                     probe.answer(kinds))
+
+
+def test_an_attached_programs_nodes_are_probed_through_its_coordinator_pod(
+        monkeypatch, tmp_path, capsys):
+    api = ExecApi()
+    monkeypatch.setattr(kubernetes_launcher.PodRunner, 'POLL_SECONDS', 0.0)
+    lp.register_launcher('kubernetes_fake', lambda: kubernetes.KubernetesLauncher(lambda _: api))
+    monkeypatch.setattr(names, 'PROBE_SOCKET', str(tmp_path / 'probes.sock'))
+    # The coordinator pod's coordinator, worker/0's probe thread answering it; other/0 is silent.
+    coordinator = pod.PodCoordinator(['worker/0', 'other/0'])
+    server = pod.serve_probes(coordinator, names.PROBE_SOCKET)
+    stop = threading.Event()
+    answering = threading.Thread(target=_answering, args=(coordinator, 'worker/0', stop),
+                                 name='worker-probe-thread')
+    answering.start()
+    controller = launch(_program())
+    try:
+        _until(lambda: {s.state for s in controller.status().values()} == {lp.NodeState.RUNNING},
+               'the nodes did not run')
+        program_id = controller.observer.id
+        assert inspect_cli.main(['stacks', program_id, '--json']) == 0
+        probed = json.loads(capsys.readouterr().out)['nodes']
+        assert probed['worker/0']['live'] and not probed['other/0']['live']
+        threads = {thread['name'] for thread in probed['worker/0']['stacks']}
+        assert 'worker-probe-thread' in threads, threads
+        assert ('exec', 't1-coordinator', names.COORDINATOR_CONTAINER) in [
+            call[:3] for call in api.calls]
+        assert inspect_cli.main(['waits', program_id, '--json']) == 0
+        assert json.loads(capsys.readouterr().out)['silent'] == ['other/0']
+        api.unreachable = True
+        assert inspect_cli.main(['stacks', program_id]) == 1
+        assert ('the nodes cannot be asked through the coordinator pod t1-coordinator: pods '
+                '"t1-coordinator" is forbidden') in capsys.readouterr().err
+    finally:
+        stop.set()
+        answering.join()
+        server.Stop()
+        controller.stop()
+        controller.wait(timeout=20)

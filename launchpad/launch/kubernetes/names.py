@@ -45,6 +45,10 @@ COORDINATOR_COMMAND = 'coordinator'  # SETTINGS (CoordinatorSettings as JSON)
 JOIN_PARTS_COMMAND = 'join-parts'    # DIR FILE
 WAIT_FOR_COMMAND = 'wait-for'        # HOST PORT LIMIT [--join JOIN] (JOIN: `Joining` as JSON)
 LEAVE_COMMAND = 'leave'              # HOST PORT LIMIT NODE
+PROBE_COMMAND = 'probe'              # SOCKET REQUEST (JSON: names, kinds, timeout)
+# Where the coordinator pod serves its coordinator's probes of nodes to commands run in its
+# container (`kubectl exec`, the launcher's `probes`), and to nothing else.
+PROBE_SOCKET = '/tmp/launchpad-probes.sock'
 
 # What the coordinator pod prints when a node asks for a group size (`lp.resize`): the attached
 # launcher, which follows that log, reads it there and resizes the group.

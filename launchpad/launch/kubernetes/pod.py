@@ -12,7 +12,12 @@
                               gives the node the stop (the launcher cannot reach the coordinator,
                               but a pod of the program can, as the joining nodes do);
     join-parts DIR FILE       a node pod's second init container when its executable is split over
-                              several ConfigMaps: joins DIR/part-*/spec into FILE.
+                              several ConfigMaps: joins DIR/part-*/spec into FILE;
+    probe SOCKET REQUEST      run in the coordinator container by the attached launcher (through
+                              the API's exec: `probes`): asks the nodes live for their stacks,
+                              calls or numbers through the coordinator, which serves probes on
+                              the Unix socket SOCKET of its container only; prints the answers
+                              as JSON (REQUEST: {"names", "kinds", "timeout"} as JSON).
 
 `manifests.py` writes these commands (`names.pod_command`). The package does not import this
 module, so that `-m` runs it as a fresh main module.
@@ -86,6 +91,33 @@ def _coordinator(host: str, port: int):
     return courier.Client(f'{host}:{port}', call_timeout=30.0)  # COURIER_AUTH_TOKEN from the env
 
 
+def serve_probes(coordinator: Coordinator, path: str):
+    """Serves `coordinator.probe` on the Unix socket `path`, for commands run in this container
+    (`probe`); returns the started server, or None (said in the log) if it cannot."""
+    import courier  # pylint: disable=import-outside-toplevel
+    try:
+        if os.path.exists(path):
+            os.unlink(path)  # an earlier coordinator's, in a restarted container
+        server = courier.Server(address=f'unix:{path}', thread_pool_size=4)
+        server.Bind('probe', coordinator.probe)
+        server.Start()
+    except OSError as e:
+        print(f'cannot serve probes of the nodes ({e}): `stacks`, `waits` and `top` will not '
+              'reach them', flush=True)
+        return None
+    return server
+
+
+def probe(path: str, request: str) -> None:
+    """Prints, as JSON, the coordinator's live answers of the nodes to `request` ({'names',
+    'kinds', 'timeout'} as JSON), asked over its probe socket `path`."""
+    import courier  # pylint: disable=import-outside-toplevel
+    asked = json.loads(request)
+    client = courier.Client(f'unix:{path}', call_timeout=float(asked['timeout']) + 30.0)
+    print(json.dumps(client.probe(asked['names'], asked['kinds'], float(asked['timeout']))),
+          flush=True)
+
+
 def join_parts(source: str, target: str) -> None:
     """Writes the files `source`/part-*/spec, in the order of their names, into file `target`."""
     with open(target, 'wb') as out:
@@ -156,6 +188,7 @@ def run_coordinator(settings: names.CoordinatorSettings) -> None:
     coordinator.set_node_addresses(settings.addresses)
     server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}',
                                             face=PodFace)
+    probes = serve_probes(coordinator, names.PROBE_SOCKET)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(
         target=coordinator.request_stop, args=('the coordinator pod was deleted',)).start())
     print(f'serving the coordinator of {len(settings.nodes)} nodes on port {settings.port}',
@@ -182,6 +215,8 @@ def run_coordinator(settings: names.CoordinatorSettings) -> None:
         observer.program_ended()  # its last sample, and the run file closed whole
     time.sleep(1.0)  # the last answers reach their nodes
     server.Stop()
+    if probes is not None:
+        probes.Stop()
     failure = coordinator.failure
     print(f'the program ended{": " + str(failure).splitlines()[0] if failure else ""}', flush=True)
 
@@ -304,6 +339,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     command.add_argument('limit', type=float, help='seconds')
     command.add_argument('node', help='the node\'s name, group/index')
     command.set_defaults(run=lambda args: leave(args.host, args.port, args.limit, args.node))
+    command = commands.add_parser(names.PROBE_COMMAND, help='probe the nodes live (JSON out)')
+    command.add_argument('socket', help="the coordinator's probe socket")
+    command.add_argument('request', help='{"names", "kinds", "timeout"} as JSON')
+    command.set_defaults(run=lambda args: probe(args.socket, args.request))
     command = commands.add_parser(names.JOIN_PARTS_COMMAND, help='join an executable\'s parts')
     command.add_argument('source', help='the directory holding part-*/spec')
     command.add_argument('target', help='the file to write')
