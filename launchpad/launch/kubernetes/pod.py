@@ -113,7 +113,7 @@ def probe(path: str, request: str) -> None:
     'kinds', 'timeout'} as JSON), asked over its probe socket `path`."""
     import courier  # pylint: disable=import-outside-toplevel
     asked = json.loads(request)
-    client = courier.Client(f'unix:{path}', call_timeout=float(asked['timeout']) + 30.0)
+    client = courier.Client(f'unix:{path}', call_timeout=float(asked['timeout']) + 10.0)
     print(json.dumps(client.probe(asked['names'], asked['kinds'], float(asked['timeout']))),
           flush=True)
 

@@ -16,8 +16,9 @@ from launchpad.launch.kubernetes import names
 from launchpad.launch.kubernetes.api import KubernetesError
 from launchpad.process.coordinator import Coordinator
 
-# Seconds the exec itself may take beyond the probe's own timeout (the command's start included).
-EXEC_ALLOWANCE = 30.0
+# Seconds the exec itself may take beyond the probe's own timeout (the command's start included;
+# less than the 30 s the CLI waits for its answer, so that a hung exec is reported as such).
+EXEC_ALLOWANCE = 20.0
 
 
 class ProbingMirror(Coordinator):
