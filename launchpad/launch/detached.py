@@ -29,6 +29,7 @@ import courier
 from launchpad.launch.controller import Controller
 from launchpad.nodes.base import Handle, Node
 from launchpad.observe import registry
+from launchpad.observe import runstore
 from launchpad.observe import tunnel
 from launchpad.process import flags
 from launchpad.process import spec as specs
@@ -250,8 +251,8 @@ def _keeper_alive(entry: registry.Entry) -> bool:
 
 def start(program, options, grace: float) -> AttachedController:
     """Starts the supervisor of `program` as a daemon and returns once every node runs."""
-    program_id = registry.new_id(program.name)
-    log_dir = default_log_dir(program.name, program_id)
+    program_id = options.program_id or registry.new_id(program.name)
+    log_dir = default_log_dir(program_id)
     header, payload = launch_file(program, dataclasses.replace(options, settings=None), grace,
                                   program_id, log_dir, [p for p in sys.path if p])
     controller = start_from(header, payload)
@@ -269,13 +270,10 @@ def commands(program_id: str) -> str:
             f'  stop it:     python -m launchpad.launch stop {program_id}')
 
 
-def default_log_dir(program_name: str, program_id: str) -> str:
-    """Where a detached program's node logs go on this machine ($LAUNCHPAD_LOGGING_DIR, else
-    ~/launchpad_logs, then a directory of its own)."""
-    return os.path.join(
-        os.environ.get('LAUNCHPAD_LOGGING_DIR') or os.path.join(os.path.expanduser('~'),
-                                                               'launchpad_logs'),
-        f'{program_name}-{time.strftime("%Y%m%d-%H%M%S")}-{program_id}')
+def default_log_dir(program_id: str) -> str:
+    """Where a detached program's node logs go on this machine: its run directory's `logs/`, or
+    `$LAUNCHPAD_LOGGING_DIR/<program id>` (`runstore.logs_directory`)."""
+    return str(runstore.logs_directory(program_id))
 
 
 def launch_file(program, options, grace: float, program_id: str, log_dir: Optional[str],

@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import logging
 import signal
 import sys
 import threading
@@ -38,6 +39,8 @@ from launchpad.context import launch_type_of
 from launchpad.launch.controller import Controller, Controllers, LaunchSignals
 from launchpad.nodes.base import Executable, LaunchInfo
 from launchpad.observe import observer as observers
+from launchpad.observe import registry
+from launchpad.observe import runstore
 from launchpad.observe import tensorboard
 from launchpad.policy import NodePolicy
 from launchpad.process import faces
@@ -108,6 +111,8 @@ class LaunchOptions:
       tls: TLS credentials for the program's traffic between hosts (TCP), or None.
       extra: launcher-specific keyword arguments given to `lp.launch`.
       settings: `extra` as the launcher's `options` dataclass, if it declares one.
+      program_id: the program's id in the registry and its run directory (`lp.launch` chooses
+        it before the launch, so that node logs go to the run directory: `log_dir_of`).
     """
     launch_type: str
     resources: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -118,6 +123,22 @@ class LaunchOptions:
     tls: Optional[courier.TLSConfig] = None
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
     settings: Any = None
+    program_id: Optional[str] = None
+
+
+def log_dir_of(options: LaunchOptions) -> Optional[str]:
+    """Where node output goes with terminal='output_to_files': `logs/` of the program's run
+    directory (`runstore.logs_directory`); None for other terminals, or if it cannot be made
+    (said in a warning: the output then goes where `Output` puts it by default)."""
+    if options.terminal != 'output_to_files' or options.program_id is None:
+        return None
+    try:
+        return str(runstore.logs_directory(options.program_id))
+    except OSError as e:
+        logging.warning('Node logs cannot go to the run directory of %s: %s; set %s or %s to a '
+                        'directory of yours.', options.program_id, e, runstore.ENV,
+                        runstore.LOGS_ENV)
+        return None
 
 
 class Launcher(abc.ABC):
@@ -399,6 +420,8 @@ def _launch_one(program: Program, options: LaunchOptions, dashboard_port: Option
           else contextlib.nullcontext()) as signals:
         platform = _registry[str(options.launch_type)]()  # its module may load only now
         platform.check(program, options)
+        options = dataclasses.replace(options, program_id=options.program_id or
+                                      registry.new_id(program.name))
         foreground = interruptible and platform.foreground
         controller = platform.launch(program, options)
         if signals is not None:
@@ -418,7 +441,7 @@ def _launch_one(program: Program, options: LaunchOptions, dashboard_port: Option
             signal.raise_signal(signum)
     try:  # after the signal handlers: nodes already run, and Ctrl-C must stop them
         controller.observer = observers.observe(program, controller, dashboard_port,
-                                                 tensorboard_dir)
+                                                 tensorboard_dir, options.program_id)
     except BaseException:
         controller.stop()
         raise

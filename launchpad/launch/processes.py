@@ -346,7 +346,7 @@ class ProcessLauncher(launcher.Launcher):
             runner.supervision = supervision
         output = runner.output = Output(
             'output_to_files' if supervision else options.terminal, program.name, workdir,
-            log_dir=supervision.log_dir if supervision else None)
+            log_dir=supervision.log_dir if supervision else launcher.log_dir_of(options))
         fork_server = None  # a detached program's nodes must not end with a fork server
         if not output.runs_commands and supervision is None and any(forkserver.usable_for(r.env, r.interpreter)
                                             for r in groups):

@@ -308,8 +308,7 @@ def start_here() -> int:
     on this host, supervised here; prints its registry entry as JSON on stdout once every
     node runs (`launchpad.launch.ssh.detach` reads it on the launching machine)."""
     header, payload = pickle.load(sys.stdin.buffer)
-    header['log_dir'] = header['log_dir'] or detached.default_log_dir(header['name'],
-                                                                      header['program_id'])
+    header['log_dir'] = header['log_dir'] or detached.default_log_dir(header['program_id'])
     controller = detached.start_from(header, payload)
     entry = dataclasses.asdict(controller._entry)  # pylint: disable=protected-access
     try:

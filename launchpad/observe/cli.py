@@ -2,7 +2,7 @@
 
     python -m launchpad.launch list [--json]
     python -m launchpad.launch status PROGRAM [--json]
-    python -m launchpad.launch logs PROGRAM [NODE] [--follow]
+    python -m launchpad.launch logs PROGRAM [NODE] [--follow]   (or RUN: `runs_cli`)
     python -m launchpad.launch stop PROGRAM [--no-wait] [--timeout SECONDS]
     python -m launchpad.launch dashboard PROGRAM [--port PORT]
     python -m launchpad.launch metrics PROGRAM
@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument('program', help='id (or its start) or name of the program')
     status.add_argument('--json', action='store_true', help='print JSON')
     logs = commands.add_parser('logs', help="the nodes' output")
-    logs.add_argument('program', help='id (or its start) or name of the program')
+    logs.add_argument('program', help='id (or its start) or name of the program, or of an '
+                                      "ended run (`list --all`) that wrote its logs to files")
     logs.add_argument('node', nargs='?', help="one node's name (default: every node's)")
     logs.add_argument('-f', '--follow', action='store_true',
                       help='keep printing new lines until the program ends')
@@ -163,7 +164,13 @@ def _status(args) -> int:
 
 
 def _logs(args) -> int:
-    entry, client = _connect(args.program)
+    try:
+        entry, client = _connect(args.program)
+    except registry.RegistryError:
+        ended = runs_cli.kept_run(args.program)
+        if ended is None:
+            raise
+        return runs_cli.logs_of_ended(ended, args.node)
     cursor: Optional[Dict[str, int]] = None
     while True:
         try:

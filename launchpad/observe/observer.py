@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import pathlib
 import secrets
 import socket
 import sys
@@ -70,11 +71,13 @@ class Observer:
     def __init__(self, program: Program, controller: Controller, *,
                  interval: float = SAMPLE_INTERVAL, tensorboard_dir: Optional[str] = None,
                  program_id: Optional[str] = None, served: Optional[Dict[str, Any]] = None,
-                 entry_fields: Optional[Dict[str, Any]] = None):
+                 entry_fields: Optional[Dict[str, Any]] = None,
+                 runs_dir: Optional[pathlib.Path] = None):
         """`program_id`: its id in the registry (default: a new one; a detached program's
         supervisor keeps it across supervisors); `served`: more methods to serve beside
         `SERVED`, name -> callable; `entry_fields`: registry entry fields to set (a detached
-        program's control, keeper and launch time: `launchpad.launch.supervisor`)."""
+        program's control, keeper and launch time: `launchpad.launch.supervisor`); `runs_dir`:
+        where its run directory goes (default: `runstore.runs_directory()`)."""
         self.id = program_id or registry.new_id(program.name)
         self._served = {name: getattr(self, name) for name in SERVED}
         self._served.update(served or {})
@@ -102,6 +105,7 @@ class Observer:
         self._usage = usage.UsageRates()
         self._tensorboard_dir = tensorboard_dir
         self._recorder: Optional[recorder.Recorder] = None  # its run directory, once started
+        self._runs_dir = runs_dir
         self._refresh()
 
     def start(self) -> 'Observer':
@@ -111,7 +115,8 @@ class Observer:
         except (registry.RegistryError, OSError) as e:
             logging.warning('Program %r is not registered, so `python -m launchpad.launch` '
                             'cannot see it: %s', self._program, e)
-        self._recorder = recorder.Recorder(self.describe(), self._tensorboard_dir)
+        self._recorder = recorder.Recorder(self.describe(), self._tensorboard_dir,
+                                           self._runs_dir)
         threading.Thread(target=self._loop, daemon=True, name=f'lp-observe-{self.id}').start()
         return self
 
@@ -431,13 +436,15 @@ def check_dashboard_option(dashboard: Union[bool, int]) -> Optional[int]:
 
 
 def observe(program: Program, controller: Controller, dashboard_port: Optional[int] = None,
-            tensorboard_dir: Optional[str] = None) -> Optional[Observer]:
-    """Registers a launched program, keeps its history in its run directory (and TensorBoard's
-    `tensorboard_dir`) and, if asked, serves its dashboard (`lp.launch` calls this); None for
-    programs that do not run from this process (detached)."""
+            tensorboard_dir: Optional[str] = None,
+            program_id: Optional[str] = None) -> Optional[Observer]:
+    """Registers a launched program (as `program_id`, default: a new id), keeps its history in
+    its run directory (and TensorBoard's `tensorboard_dir`) and, if asked, serves its dashboard
+    (`lp.launch` calls this); None for programs that do not run from this process (detached)."""
     if controller.detached:
         return None
-    observer = Observer(program, controller, tensorboard_dir=tensorboard_dir).start()
+    observer = Observer(program, controller, tensorboard_dir=tensorboard_dir,
+                        program_id=program_id).start()
     if dashboard_port is not None:
         url = observer.open_dashboard(dashboard_port)
         print(f'Dashboard of {program.name!r}: {url}', file=sys.stderr, flush=True)

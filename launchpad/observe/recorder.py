@@ -26,11 +26,13 @@ class Recorder:
       tensorboard_dir: where its event files go (None: none are written).
     """
 
-    def __init__(self, describe: Dict[str, Any], tensorboard_dir: Optional[str] = None):
+    def __init__(self, describe: Dict[str, Any], tensorboard_dir: Optional[str] = None,
+                 runs_dir: Optional[pathlib.Path] = None):
+        """`runs_dir`: where run directories go (default: `runstore.runs_directory()`)."""
         self.run_dir: Optional[pathlib.Path] = None
         self.tensorboard_dir: Optional[str] = None
         self._writers: List[Any] = []
-        directory = runstore.runs_directory() / describe['id']
+        directory = (runs_dir or runstore.runs_directory()) / describe['id']
         try:
             self._writers.append(runstore.RunWriter(directory, describe))
             self.run_dir = directory

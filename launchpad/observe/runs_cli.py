@@ -4,6 +4,7 @@
     python -m launchpad.launch sql RUN "SELECT ..." [--json]
     python -m launchpad.launch forget RUN
     python -m launchpad.launch dashboard RUN     (of an ended run: `cli` serves a live one)
+    python -m launchpad.launch logs RUN [NODE]   (of an ended run, from its `logs/`: the same)
 
 RUN is a run's id (or its start), a program's name (its latest run) or a run directory.
 """
@@ -12,9 +13,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import pathlib
 import sqlite3
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from launchpad.observe import registry
 from launchpad.observe import runstore
@@ -102,6 +104,30 @@ def _how_ended(run: Dict[str, Any]) -> str:
     if run['ended'] is None:
         return 'launcher lost'  # its launching process died before it could say
     return run['stop_reason'] or 'every node ended'
+
+
+def kept_run(query: str) -> Optional[pathlib.Path]:
+    """The directory of the kept run `query` names (`runstore.find`), or None if there is none
+    to be read."""
+    try:
+        return runstore.find(query)
+    except (runstore.RunError, OSError):
+        return None
+
+
+def logs_of_ended(directory: pathlib.Path, node: Optional[str]) -> int:
+    """`logs RUN [NODE]` of a run no running program has (in `directory`): what its nodes wrote
+    to the files of its run directory's `logs/`, node after node."""
+    source = runstore.StoredRun(directory)
+    try:
+        result = source.logs(node)
+    except LookupError as e:
+        raise runstore.RunError(str(e)) from None
+    finally:
+        source.close()
+    for name, line in result['lines']:
+        print(line if node else f'[{name}] {line}')
+    return 0
 
 
 def dashboard_of_ended(args, dashboard) -> int:

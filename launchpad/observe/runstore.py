@@ -2,7 +2,8 @@
 
 A program's run directory is `<runs>/<program id>/`, where `<runs>` is `$LAUNCHPAD_RUNS_DIR`,
 else `$XDG_DATA_HOME/launchpad/runs`, else `~/.local/share/launchpad/runs`. It holds `run.sqlite`
-(and TensorBoard's event files, when `lp.launch(..., tensorboard_dir=...)` points there). The
+(and TensorBoard's event files, when `lp.launch(..., tensorboard_dir=...)` points there), and
+`logs/`, the node logs of `terminal='output_to_files'` (`logs_directory`). The
 observer of the program (in the launching process) hands each sample to a `RunWriter`, whose
 thread writes it, so that no disk write holds up sampling, let alone the nodes; SQLite runs in WAL
 mode, so `sql` and dashboards read while it writes. The tables (times are seconds since the
@@ -38,8 +39,13 @@ import sqlite3
 import threading
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from launchpad.process import logs
+from launchpad.process import output
+
 ENV = 'LAUNCHPAD_RUNS_DIR'
 FILE = 'run.sqlite'
+LOGS = 'logs'  # the run directory's folder of node logs
+LOGS_ENV = 'LAUNCHPAD_LOGGING_DIR'  # puts them elsewhere (`logs_directory`)
 SCHEMA_VERSION = 1
 
 SCHEMA = '''
@@ -79,6 +85,49 @@ def runs_directory() -> pathlib.Path:
     data = os.environ.get('XDG_DATA_HOME') or os.path.join(os.path.expanduser('~'), '.local',
                                                            'share')
     return pathlib.Path(data) / 'launchpad' / 'runs'
+
+
+def logs_directory(program_id: str) -> pathlib.Path:
+    """Makes and returns the directory of program `program_id`'s node logs (output to files):
+    `<its run directory>/logs`, or `$LAUNCHPAD_LOGGING_DIR/<program id>` if that is set, which
+    `<its run directory>/logs` then links to, so that `logs RUN` finds them beside the run file."""
+    run_dir = runs_directory() / program_id
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    elsewhere = os.environ.get(LOGS_ENV)
+    if not elsewhere:
+        (run_dir / LOGS).mkdir(exist_ok=True)
+        return run_dir / LOGS
+    directory = pathlib.Path(elsewhere).expanduser().resolve() / program_id
+    directory.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / LOGS).is_symlink():
+        (run_dir / LOGS).symlink_to(directory, target_is_directory=True)
+    return directory
+
+
+def read_log(run_dir: pathlib.Path, nodes: List[str], node: Optional[str] = None,
+             cursor: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
+    """The lines `nodes` (or `node`) wrote to their logs in `run_dir`, as
+    `observer.Observer.logs` answers.
+
+    Raises:
+      LookupError: no such node, or the run kept no logs (the message says why).
+    """
+    if node is not None:
+        if node not in nodes:
+            raise LookupError(f'the run has no node {node!r}; its nodes are {", ".join(nodes)}.')
+        nodes = [node]
+    if not (run_dir / LOGS).is_dir():
+        raise LookupError(f'the run kept no node logs in {run_dir / LOGS}: they are kept there '
+                          "when it is launched with terminal='output_to_files' (its failures' "
+                          'tracebacks are kept in its run file: see the failures of a node).')
+    lines: List[List[str]] = []
+    positions = dict(cursor or {})
+    for name in nodes:
+        path = run_dir / LOGS / output.log_file_name(name)
+        if path.exists():
+            read, positions[name] = logs.read_file(str(path), (cursor or {}).get(name))
+            lines.extend([name, line] for line in read)
+    return {'lines': lines, 'cursor': positions}
 
 
 def connect(path: pathlib.Path, *, write: bool = False) -> sqlite3.Connection:
@@ -335,11 +384,9 @@ class StoredRun:
         del since
         return {'next': 0, 'samples': []}  # everything is in `series`
 
-    def logs(self, node: Optional[str] = None, cursor=None) -> Dict[str, Any]:
-        del node, cursor
-        raise LookupError('node output is not kept in the run directory: launch with '
-                          "terminal='output_to_files' to keep it in files (its failures' "
-                          'tracebacks are kept: see the failures of a node).')
+    def logs(self, node: Optional[str] = None,
+             cursor: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
+        return read_log(self.directory, self._read(read_run)['nodes'] or [], node, cursor)
 
     def series(self, start: Optional[float] = None, end: Optional[float] = None,
                points: int = 600) -> Dict[str, Any]:

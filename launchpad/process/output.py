@@ -61,6 +61,11 @@ def kill_group(pid: int) -> None:
         pass
 
 
+def log_file_name(node: str) -> str:
+    """The name of node `node`'s log file (output to files)."""
+    return node.replace('/', '_') + '.log'
+
+
 class TmuxPane:
     """A node running in its own window of a tmux session (`poll` and `kill` like Popen).
 
@@ -97,9 +102,10 @@ class Output:
 
     def __init__(self, terminal: Optional[str], program_name: str, workdir: str, *,
                  log_dir: Optional[str] = None):
-        """`log_dir`: where 'output_to_files' writes (default: a new directory under
-        `$LAUNCHPAD_LOGGING_DIR` or `~/launchpad_logs`), e.g. the one of an earlier supervisor
-        of the same detached program."""
+        """`log_dir`: where 'output_to_files' writes: the launchers pass the program's run
+        directory's (`launchpad.observe.runstore.logs_directory`), a detached program's keeps it
+        across supervisors (default: a new directory under `$LAUNCHPAD_LOGGING_DIR` or
+        `~/launchpad_logs`)."""
         self.terminal = check_terminal(terminal)
         self._workdir = workdir
         self._count = 0
@@ -109,6 +115,7 @@ class Output:
         if self.terminal == 'output_to_files' and log_dir is not None:
             self.log_dir = log_dir
             os.makedirs(self.log_dir, exist_ok=True)
+            print(f'Node logs of {program_name!r} are in {self.log_dir}', flush=True)
         elif self.terminal == 'output_to_files':
             base = os.environ.get('LAUNCHPAD_LOGGING_DIR') or os.path.join(
                 os.path.expanduser('~'), 'launchpad_logs')
@@ -169,7 +176,7 @@ class Output:
         return ''.join(line + '\n' for line in lines[-TAIL_LINES:])
 
     def _file_of(self, name: str) -> str:
-        return os.path.join(self.log_dir, name.replace('/', '_') + '.log')
+        return os.path.join(self.log_dir, log_file_name(name))
 
     def start_command(self, name: str, argv: List[str], env: Dict[str, str], cwd: str) -> TmuxPane:
         """Runs `argv` in a new tmux window named after the node."""

@@ -384,13 +384,19 @@ FILES_PROGRAM = textwrap.dedent('''
 
 
 def test_output_to_files_writes_one_log_per_node(tmp_path):
-    result = run_script(FILES_PROGRAM, env={'LAUNCHPAD_LOGGING_DIR': str(tmp_path)})
+    """$LAUNCHPAD_LOGGING_DIR puts the logs of a run elsewhere, which its run directory's
+    logs/ links to (the default, logs/ itself, is tested in tests/observe/test_runs.py)."""
+    runs = tmp_path / 'runs'
+    result = run_script(FILES_PROGRAM, env={'LAUNCHPAD_LOGGING_DIR': str(tmp_path / 'logs'),
+                                            'LAUNCHPAD_RUNS_DIR': str(runs)})
     assert result.returncode == 0, result.stderr
-    (log_dir,) = list(tmp_path.iterdir())
+    (log_dir,) = list((tmp_path / 'logs').iterdir())
     assert str(log_dir) in result.stdout
     assert sorted(p.name for p in log_dir.iterdir()) == ['greeter_0.log', 'greeter_1.log']
     assert 'hello from second' in (log_dir / 'greeter_1.log').read_text()
     assert 'hello from' not in result.stdout
+    assert (runs / log_dir.name / 'logs').resolve() == log_dir  # named by the program's id
+    assert (runs / log_dir.name / 'run.sqlite').is_file()
 
 
 TMUX_PROGRAM = textwrap.dedent('''

@@ -1,9 +1,11 @@
 """A detached Kubernetes program on the podman bed, its launcher gone: the coordinator pod
 grows and shrinks an elastic group and restarts a failed node through the API
 (`PodmanApiServer`, the real client on both sides), and deleting the program's root object
-removes everything."""
+removes everything. The coordinator pod kept the program's run file on the volume
+`runs_volume=` named (a host directory here), which `sql` reads."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import pytest
 
 from launchpad.launch import kubernetes
 from launchpad.launch.kubernetes.api import terminated
+from launchpad.observe import cli
 from tests.failure_checks import wait_for
 from tests.launch.kubernetes_api_server import PodmanApiServer
 from tests.launch.test_kubernetes_podman import PodmanApi, _podman
@@ -27,12 +30,12 @@ import launchpad as lp
 from tests.launch import kubernetes_programs
 lp.launch(kubernetes_programs.detached_program(), launch_type='kubernetes', detach=True,
           create_rbac=True, image=sys.argv[1], python=sys.argv[2], kubeconfig=sys.argv[3],
-          notice_period=5)
+          notice_period=5, runs_volume={'hostPath': {'path': sys.argv[4]}})
 '''
 
 
-def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(podman_testbed,
-                                                                          tmp_path):
+def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
+        podman_testbed, tmp_path, capsys):
     """prober/0 grows group member to 2 nodes and shrinks it to 1 (lp.resize): the coordinator
     pod creates the new member's pod and deletes it once removed. Then worker/0 crashes in its first
     attempt (after answering prober/0); the coordinator pod creates its pod again, prober/0
@@ -40,9 +43,13 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(podman
     with no_new_children(), PodmanApiServer(PodmanApi(podman_testbed, tmp_path),
                                             tmp_path) as server:
         started = time.monotonic()
+        runs = tmp_path / 'runs'
+        runs.mkdir(mode=0o777)
+        runs.chmod(0o777)  # (whoever the coordinator container runs as)
         launcher = subprocess.run(
             [sys.executable, '-c', LAUNCH, podman_testbed.image, podman_testbed.python,
-             server.kubeconfig()], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+             server.kubeconfig(), str(runs)], cwd=REPO_ROOT, capture_output=True, text=True,
+            timeout=120)
         assert launcher.returncode == 0, launcher.stdout + launcher.stderr
         run = re.search(r'Launched (\S+) in namespace', launcher.stdout).group(1)
         launched = time.monotonic() - started
@@ -71,6 +78,14 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(podman
         assert f'created the pod {run}-worker-0 of worker/0 again' in coordinator, coordinator
         assert 'PROBE restarted: attempt 1' in prober, prober
         assert server.created.count(('Pod', f'{run}-worker-0')) == 2
+        assert f'keeping the run file in /launchpad/runs/{run}' in coordinator, coordinator
+        capsys.readouterr()
+        assert cli.main(['sql', str(runs / run), 'SELECT node, restart FROM restarts',
+                         '--json']) == 0, capsys.readouterr().err
+        assert json.loads(capsys.readouterr().out) == [{'node': 'worker/0', 'restart': 1}]
+        assert cli.main(['sql', str(runs / run), 'SELECT count(*) FROM run WHERE ended IS NOT '
+                                                 'NULL']) == 0
+        assert capsys.readouterr().out.splitlines()[-1] == '1'
 
         server.delete('ConfigMap', run)  # kubectl delete configmap RUN
         assert server.objects() == []

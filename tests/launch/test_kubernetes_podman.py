@@ -147,6 +147,13 @@ class PodmanApi:
     def events(self, pod):
         return []
 
+    def exec(self, pod, container, command, timeout):
+        result = subprocess.run(['podman', 'exec', f'{pod}-{container}', *command],
+                                capture_output=True, text=True, timeout=timeout, check=False)
+        if result.returncode != 0:
+            raise kubernetes.KubernetesError(f'exec in {pod} failed: {result.stderr}')
+        return result.stdout
+
     def close(self):
         """Waits for pending deletions, then removes whatever the launcher did not."""
         for thread in self._deleting:
@@ -240,7 +247,8 @@ def test_actor_learner_runs_across_pods(podman_launch, capfd):
     assert '[actor-0] actor 0:' in out and '[actor-1] actor 1:' in out
 
 
-def test_launcher_stop_reaches_the_pods_as_the_stop_signal(podman_launch):
+def test_launcher_stop_reaches_the_pods_as_the_stop_signal_and_probes_reach_a_node(
+        podman_launch):
     controller, _ = podman_launch(kubernetes_programs.actor_learner(actors=1, steps=10 ** 9),
                                   notice_period=5)
     deadline = time.monotonic() + 60
@@ -248,6 +256,9 @@ def test_launcher_stop_reaches_the_pods_as_the_stop_signal(podman_launch):
         assert time.monotonic() < deadline, controller.status()
         time.sleep(0.2)  # until its pod runs (the launcher learns it from the pod's phase)
     assert controller.status()['actor/0'].host.endswith('-actor-0')
+    # `stacks` asks the nodes through the coordinator pod (the exec of `pod.py probe` there).
+    probed = controller.observer.probe(['stacks'], 'actor/0', timeout=5.0)['nodes']['actor/0']
+    assert probed['live'] and 'kubernetes_programs.py' in json.dumps(probed['stacks']), probed
     controller.stop(timeout=60)
     # The coordinator pod turned its SIGTERM into the program's stop: every node ended by itself
     # within the notice period (exit code 0), none was killed.

@@ -1,6 +1,6 @@
 """A local_mp program's run directory, read after the program ended: `sql` shows its node states,
 a failure's traceback, restarts and metrics (CPU, memory, reported values); the dashboard of the
-ended run serves them; its TensorBoard files open with TensorBoard's own reader; `list --all`
+ended run serves them; its node logs are in its run directory, for `logs RUN`; its TensorBoard files open with TensorBoard's own reader; `list --all`
 lists it and `forget` removes it, leaving nothing behind. While it ran, Prometheus saw the
 failing node as `restarting`; at its end, as `failed`."""
 from __future__ import annotations
@@ -42,6 +42,7 @@ def flaky(marker):
     time.sleep(1.5)  # the others report meanwhile
     first = not os.path.exists(marker)
     open(marker, 'a').close()
+    print('flaky starts its ' + ('first' if first else 'second') + ' run', flush=True)
     raise RuntimeError('flaky gave up, ' + ('first run' if first else 'second run'))
 
 program = lp.Program('runs')
@@ -49,7 +50,8 @@ learner = program.add_node(lp.CourierNode(Learner), label='learner')
 program.add_node(lp.PyNode(actor, learner), label='actor')
 program.add_node(lp.PyNode(flaky, sys.argv[1]), label='flaky',
                  restart=lp.RestartPolicy(max_restarts=1, backoff=3.0))
-lp.launch(program, launch_type='local_mp', tensorboard_dir=sys.argv[2])
+lp.launch(program, launch_type='local_mp', tensorboard_dir=sys.argv[2],
+          terminal='output_to_files')
 '''
 
 
@@ -170,6 +172,17 @@ def test_an_ended_run_is_queried_served_read_by_tensorboard_and_forgotten(
     assert len(losses) > 1 and losses[-1] < losses[0]
     steps = [event.value for event in events.Scalars('steps/learner/0')]
     assert steps == sorted(steps) and steps[-1] > 1
+
+    # Its node logs, beside the run file (the restarted node's file holds both runs).
+    assert 'flaky starts its second run' in (runs / run / 'logs' / 'flaky_0.log').read_text()
+    assert cli.main(['logs', run, 'flaky/0']) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[:2] == ['flaky starts its first run', 'Traceback (most recent call last):']
+    assert 'flaky starts its second run' in printed
+    assert cli.main(['logs', run]) == 0
+    assert '[flaky/0] flaky starts its first run' in capsys.readouterr().out.splitlines()
+    assert cli.main(['logs', run, 'learner/9']) == 1
+    assert "the run has no node 'learner/9'; its nodes are" in capsys.readouterr().err
 
     assert cli.main(['sql', run, 'DELETE FROM failures']) == 1  # read-only
     assert 'the query failed: attempt to write a readonly database' in capsys.readouterr().err

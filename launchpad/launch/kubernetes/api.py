@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import threading
 import time
 from typing import Any, BinaryIO, Callable, Dict, List, Mapping, Optional
 
@@ -75,6 +76,9 @@ class KubernetesApi:
         self._core = k8s.client.CoreV1Api(self._client)
         self._rbac = k8s.client.RbacAuthorizationV1Api(self._client)
         self._host = self._client.configuration.host
+        self._configuration = configuration
+        self._exec_lock = threading.Lock()
+        self._exec_core = None  # a client of its own: `stream` swaps its transport while it runs
 
     def _call(self, action: str, method: Callable, *args, **kwargs):
         try:
@@ -146,6 +150,30 @@ class KubernetesApi:
                               _preload_content=False, _request_timeout=None)  # no read timeout
         response.auto_close = False  # EOF reads as b'' rather than a closed file
         return io.BufferedReader(response)
+
+    def exec(self, pod: str, container: str, command: List[str], timeout: float) -> str:
+        """Runs `command` in the container (as `kubectl exec` does) and returns its standard
+        output; raises KubernetesError if it cannot run or exits with an error."""
+        k8s = _import_kubernetes()
+        from kubernetes.stream import stream  # pylint: disable=import-outside-toplevel
+        with self._exec_lock:
+            if self._exec_core is None:
+                self._exec_core = k8s.client.CoreV1Api(k8s.client.ApiClient(self._configuration))
+            session = self._call(
+                f'run a command in pod {pod}', stream,
+                self._exec_core.connect_get_namespaced_pod_exec, pod, self.namespace,
+                container=container, command=command, stdin=False, stdout=True, stderr=True,
+                tty=False, _preload_content=False)
+            try:
+                session.run_forever(timeout=timeout)
+                output, errors = session.read_stdout(), session.read_stderr()
+                code = session.returncode
+            finally:
+                session.close()
+        if code != 0:
+            raise KubernetesError(f'{" ".join(command[:4])} in pod {pod} failed (exit code '
+                                  f'{code}): {errors.strip()[-500:]}')
+        return output
 
     def events(self, pod: str) -> List[Dict[str, Any]]:
         """The events about `pod` (e.g. why its image cannot be pulled)."""

@@ -80,6 +80,11 @@ class KubernetesConfig:
         {'persistentVolumeClaim': {'claimName': 'checkpoints'}}: every node pod mounts it, and
         each launch keeps its checkpoints under its launch name there (give `name=` to resume
         a program's checkpoints in a new launch). None: nodes have no checkpoint directory.
+      runs_volume: the volume where a detached program's coordinator pod keeps its run file
+        (`python -m launchpad.launch sql`, `dashboard RUN`), as a pod spec's volume source like
+        `checkpoint_volume` (the same one may serve both): under `<launch name>/run.sqlite`
+        there. None: a detached program keeps no run file (a warning says so). An attached
+        launch keeps it in the launching process's run directory and needs none.
     """
     image: str = ''
     namespace: str = 'default'
@@ -96,14 +101,17 @@ class KubernetesConfig:
     pending_timeout: float = 600.0
     coordinator_wait: float = 600.0
     checkpoint_volume: Optional[Mapping[str, Any]] = None
+    runs_volume: Optional[Mapping[str, Any]] = None
 
     def __post_init__(self):
-        volume = self.checkpoint_volume
-        if volume is not None and (not isinstance(volume, Mapping) or len(volume) != 1
-                                   or 'name' in volume):
-            raise ValueError(
-                f'checkpoint_volume must be one volume source as in a pod spec, such as '
-                f"{{'persistentVolumeClaim': {{'claimName': 'checkpoints'}}}}, got {volume!r}.")
+        for option, volume in (('checkpoint_volume', self.checkpoint_volume),
+                               ('runs_volume', self.runs_volume)):
+            if volume is not None and (not isinstance(volume, Mapping) or len(volume) != 1
+                                       or 'name' in volume):
+                raise ValueError(
+                    f'{option} must be one volume source as in a pod spec, such as '
+                    f"{{'persistentVolumeClaim': {{'claimName': 'checkpoints'}}}}, got "
+                    f'{volume!r}.')
         if not self.image:
             raise ValueError("The kubernetes launcher needs image=: a container image with Python, "
                              "launchpad and your code, e.g. lp.launch(program, "

@@ -34,6 +34,7 @@ from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResou
 from launchpad.launch.kubernetes.manifests import LaunchPlan, grace_period, plan_launch, to_yaml
 from launchpad.launch.kubernetes.names import (COORDINATOR_CONTAINER, NODE_CONTAINER,
                                                ROLE_LABEL, SIZE_REQUEST)
+from launchpad.launch.kubernetes.probes import ProbingMirror
 from launchpad.launch.launcher import LaunchOptions, Launcher
 from launchpad.process.coordinator import Coordinator
 from launchpad.process.output import copy_lines, prefix_for
@@ -72,7 +73,8 @@ class KubernetesLauncher(Launcher):
         api.check_namespace()
         plan = plan_launch(program, options, attached=not config.detach)
         _create(api, plan, nodes_owned_by_coordinator=config.detach)
-        mirror = Coordinator(list(plan.node_pods), policies=plan.policies)
+        mirror = ProbingMirror(api, plan.coordinator_pod, config.python, list(plan.node_pods),
+                               policies=plan.policies)
         runner = PodRunner(api, plan, mirror, config, options.notice_period)
         if config.detach:
             print(_detached_summary(plan), flush=True)

@@ -226,6 +226,11 @@ def plan_launch(program: Program, options: LaunchOptions, *,
         pods.append(_PodPlan(pod, executable.name, label, len(executable.addresses)))
     policies = policies_of(program, executables)
     recreates_pods = not attached and bool(config.create_rbac or config.service_account)
+    if not attached and config.runs_volume is None:
+        logging.warning('No launcher follows this program, so it keeps no run file (`python -m '
+                        'launchpad.launch sql`, `dashboard RUN` after it ends) unless its '
+                        "coordinator pod has a volume to write it to: pass runs_volume=, e.g. "
+                        "{'persistentVolumeClaim': {'claimName': 'runs'}}.")
     if not attached and not recreates_pods:
         _warn_about_restarts(policies)
         policies = {name: policy.without_restarts() for name, policy in policies.items()}
@@ -260,6 +265,7 @@ def plan_launch(program: Program, options: LaunchOptions, *,
     calls, group_calls = program.calls([p.node_name for p in pods])
     documents.append(builder.coordinator_pod(coordinator_pod, [p.node_name for p in pods],
                                              policies, addresses, recreates_pods,
+                                             not attached and config.runs_volume is not None,
                                              calls=calls, group_calls=group_calls))
     for documents_of_node in node_documents:
         documents += documents_of_node
@@ -445,18 +451,20 @@ class _ManifestBuilder:
     def coordinator_pod(self, name: str, node_names: List[str],
                         policies: Mapping[str, NodePolicy],
                         addresses: Mapping[str, List[str]],
-                        recreates_pods: bool = False, *,
+                        recreates_pods: bool = False, keeps_run: bool = False, *,
                         calls: Mapping[str, Iterable[str]] = None,
                         group_calls: Mapping[str, Iterable[str]] = None) -> Dict[str, Any]:
         """The pod that serves the program's coordinator (`pod.py coordinator`); with
-        `recreates_pods`, it mounts the node pods' manifests (`pod_manifests`). `calls` and
-        `group_calls` (`Program.calls`): the stop's order."""
+        `recreates_pods`, it mounts the node pods' manifests (`pod_manifests`); with
+        `keeps_run`, the volume `runs_volume` at RUNS_DIR, for the program's run file. `calls`
+        and `group_calls` (`Program.calls`): the stop's order."""
         settings = names.CoordinatorSettings(
             run=self._run, namespace=self._config.namespace, nodes=node_names,
             port=self._config.port, notice_period=self._grace - 5,
             policies={node: policy.to_json() for node, policy in policies.items()},
             addresses={node: list(ids) for node, ids in addresses.items() if ids},
-            recreates_pods=recreates_pods,
+            recreates_pods=recreates_pods, program=self._program.name,
+            runs_dir=names.RUNS_DIR if keeps_run else None,
             calls={node: sorted(callees) for node, callees in (calls or {}).items() if callees},
             group_calls={node: sorted(labels) for node, labels in (group_calls or {}).items()
                          if labels})
@@ -472,6 +480,10 @@ class _ManifestBuilder:
             volumes = [{'name': 'pods', 'configMap': {'name': f'{self._run}-pods'}}]
             container['volumeMounts'] = [{'name': 'pods', 'mountPath': names.PODS_DIR,
                                           'readOnly': True}]
+        if keeps_run:
+            volumes.append({'name': 'runs', **self._config.runs_volume})
+            container.setdefault('volumeMounts', []).append(
+                {'name': 'runs', 'mountPath': names.RUNS_DIR})
         spec = self._pod_spec([container], volumes=volumes,
                               service_account=self._coordinator_account)
         spec['hostname'] = name

@@ -35,6 +35,9 @@ PARTS_DIR = '/launchpad/parts'
 # Where the coordinator pod of a program no launcher follows mounts the ConfigMap RUN-pods: the
 # node pods' manifests, from which it creates a failed node's pod again.
 PODS_DIR = '/launchpad/pods'
+# Where the coordinator pod of a program no launcher follows mounts the volume named by
+# `runs_volume=` and keeps the program's run directory (`launchpad.observe.runstore`).
+RUNS_DIR = '/launchpad/runs'
 
 # The commands of the pod module (`python -m POD_MODULE COMMAND ARGS`, see `pod_command`).
 POD_MODULE = 'launchpad.launch.kubernetes.pod'
@@ -42,6 +45,10 @@ COORDINATOR_COMMAND = 'coordinator'  # SETTINGS (CoordinatorSettings as JSON)
 JOIN_PARTS_COMMAND = 'join-parts'    # DIR FILE
 WAIT_FOR_COMMAND = 'wait-for'        # HOST PORT LIMIT [--join JOIN] (JOIN: `Joining` as JSON)
 LEAVE_COMMAND = 'leave'              # HOST PORT LIMIT NODE
+PROBE_COMMAND = 'probe'              # SOCKET REQUEST (JSON: names, kinds, timeout)
+# Where the coordinator pod serves its coordinator's probes of nodes to commands run in its
+# container (`kubectl exec`, the launcher's `probes`), and to nothing else.
+PROBE_SOCKET = '/tmp/launchpad-probes.sock'
 
 # What the coordinator pod prints when a node asks for a group size (`lp.resize`): the attached
 # launcher, which follows that log, reads it there and resizes the group.
@@ -84,6 +91,10 @@ class CoordinatorSettings:
         an attached launcher does.
       calls: node name -> the nodes it calls; group_calls: node name -> the groups it calls as
         a whole. The stop reaches callers before what they call (`StopOrder`).
+      program: the program's name.
+      runs_dir: where the coordinator pod keeps the program's run directory (RUNS_DIR, for a
+        detached launch with `runs_volume=`), or None: it keeps none (an attached launcher
+        does).
     """
     run: str
     namespace: str
@@ -95,6 +106,8 @@ class CoordinatorSettings:
     recreates_pods: bool = False
     calls: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
     group_calls: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
+    program: str = ''
+    runs_dir: Optional[str] = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

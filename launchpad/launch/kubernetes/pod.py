@@ -12,7 +12,12 @@
                               gives the node the stop (the launcher cannot reach the coordinator,
                               but a pod of the program can, as the joining nodes do);
     join-parts DIR FILE       a node pod's second init container when its executable is split over
-                              several ConfigMaps: joins DIR/part-*/spec into FILE.
+                              several ConfigMaps: joins DIR/part-*/spec into FILE;
+    probe SOCKET REQUEST      run in the coordinator container by the attached launcher (through
+                              the API's exec: `probes`): asks the nodes live for their stacks,
+                              calls or numbers through the coordinator, which serves probes on
+                              the Unix socket SOCKET of its container only; prints the answers
+                              as JSON (REQUEST: {"names", "kinds", "timeout"} as JSON).
 
 `manifests.py` writes these commands (`names.pod_command`). The package does not import this
 module, so that `-m` runs it as a fresh main module.
@@ -34,16 +39,18 @@ Threads of the coordinator pod:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
 import os
+import pathlib
 import signal
 import socket
 import sys
 import threading
 import time
-from typing import Dict, Optional, Protocol, Sequence, Tuple
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 from launchpad.launch.controller import Controller
 from launchpad.launch.kubernetes import names
@@ -86,6 +93,33 @@ def leave(host: str, port: int, limit: float, node: str) -> None:
 def _coordinator(host: str, port: int):
     import courier  # pylint: disable=import-outside-toplevel
     return courier.Client(f'{host}:{port}', call_timeout=30.0)  # COURIER_AUTH_TOKEN from the env
+
+
+def serve_probes(coordinator: Coordinator, path: str):
+    """Serves `coordinator.probe` on the Unix socket `path`, for commands run in this container
+    (`probe`); returns the started server, or None (said in the log) if it cannot."""
+    import courier  # pylint: disable=import-outside-toplevel
+    try:
+        if os.path.exists(path):
+            os.unlink(path)  # an earlier coordinator's, in a restarted container
+        server = courier.Server(address=f'unix:{path}', thread_pool_size=4)
+        server.Bind('probe', coordinator.probe)
+        server.Start()
+    except OSError as e:
+        print(f'cannot serve probes of the nodes ({e}): `stacks`, `waits` and `top` will not '
+              'reach them', flush=True)
+        return None
+    return server
+
+
+def probe(path: str, request: str) -> None:
+    """Prints, as JSON, the coordinator's live answers of the nodes to `request` ({'names',
+    'kinds', 'timeout'} as JSON), asked over its probe socket `path`."""
+    import courier  # pylint: disable=import-outside-toplevel
+    asked = json.loads(request)
+    client = courier.Client(f'unix:{path}', call_timeout=float(asked['timeout']) + 10.0)
+    print(json.dumps(client.probe(asked['names'], asked['kinds'], float(asked['timeout']))),
+          flush=True)
 
 
 def join_parts(source: str, target: str) -> None:
@@ -157,6 +191,7 @@ def run_coordinator(settings: names.CoordinatorSettings) -> None:
     coordinator, controller = supervise(settings, runner)
     server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}',
                                             face=PodFace)
+    probes = serve_probes(coordinator, names.PROBE_SOCKET)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(
         target=coordinator.request_stop, args=('the coordinator pod was deleted',)).start())
     print(f'serving the coordinator of {len(settings.nodes)} nodes on port {settings.port}',
@@ -164,6 +199,7 @@ def run_coordinator(settings: names.CoordinatorSettings) -> None:
     watcher = None
     if controller is None:
         watcher = PodWatcher(settings.run, settings.namespace, coordinator)
+    observer = keep_run(settings, coordinator, controller)
     announced = False
     while not controller.done if controller is not None else coordinator.running():
         if coordinator.stopping and not announced:
@@ -174,10 +210,56 @@ def run_coordinator(settings: names.CoordinatorSettings) -> None:
                 break
             watcher.check()
         coordinator.wait_for_change(1.0)
+    if observer is not None:
+        observer.program_ended()  # its last sample, and the run file closed whole
     time.sleep(1.0)  # the last answers reach their nodes
     server.Stop()
+    if probes is not None:
+        probes.Stop()
     failure = coordinator.failure
     print(f'the program ended{": " + str(failure).splitlines()[0] if failure else ""}', flush=True)
+
+
+@dataclasses.dataclass
+class _Drawn:
+    """The program as the observer draws it here, from the settings: its name, no edges (the
+    graph's handles are not known in this pod)."""
+    name: str
+    edges: Tuple = ()
+
+
+class _CoordinatorView:
+    """What the observer reads of a controller, for a program whose coordinator pod has none
+    (it cannot create pods): the coordinator's status; `run_coordinator` ends the observing."""
+
+    launch_type = 'kubernetes'
+    auth_token = None
+    output = None
+    done = False
+    scaling_log: List = []
+
+    def __init__(self, coordinator: Coordinator):
+        self.coordinator = coordinator
+
+    def status(self):
+        return self.coordinator.status()
+
+
+def keep_run(settings: names.CoordinatorSettings, coordinator: Coordinator,
+             controller: Optional[Controller] = None):
+    """Starts the observer that keeps the program's run file in `settings.runs_dir` (the
+    volume `runs_volume` names), as `<launch name>/run.sqlite`; returns it, or None if the
+    launch named no such volume."""
+    if settings.runs_dir is None:
+        return None
+    from launchpad.observe.observer import Observer  # pylint: disable=import-outside-toplevel
+    observer = Observer(_Drawn(settings.program or settings.run),  # type: ignore[arg-type]
+                        controller or _CoordinatorView(coordinator), program_id=settings.run,
+                        runs_dir=pathlib.Path(settings.runs_dir)).start()
+    if controller is not None:
+        controller.observer = observer  # which tells it when the program has ended
+    print(f'keeping the run file in {observer.describe()["run_dir"]}', flush=True)
+    return observer
 
 
 def supervise(settings: names.CoordinatorSettings, runner: Optional[InClusterRunner]
@@ -295,6 +377,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     command.add_argument('limit', type=float, help='seconds')
     command.add_argument('node', help='the node\'s name, group/index')
     command.set_defaults(run=lambda args: leave(args.host, args.port, args.limit, args.node))
+    command = commands.add_parser(names.PROBE_COMMAND, help='probe the nodes live (JSON out)')
+    command.add_argument('socket', help="the coordinator's probe socket")
+    command.add_argument('request', help='{"names", "kinds", "timeout"} as JSON')
+    command.set_defaults(run=lambda args: probe(args.socket, args.request))
     command = commands.add_parser(names.JOIN_PARTS_COMMAND, help='join an executable\'s parts')
     command.add_argument('source', help='the directory holding part-*/spec')
     command.add_argument('target', help='the file to write')

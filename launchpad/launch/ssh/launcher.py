@@ -32,7 +32,7 @@ from launchpad import runtime
 from launchpad.address import AddressTable
 from launchpad.launch.controller import Controller
 from launchpad.launch.runner import ProcessRunner
-from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of,
+from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of, log_dir_of,
                                        launcher_context, policies_of, stop_order_of)
 from launchpad.launch.ssh import detach
 from launchpad.launch.ssh import protocol
@@ -376,7 +376,7 @@ class SshLauncher(Launcher):
         # Nodes ride out a network cut as long as their agent does (see protocol).
         runner.packer.coordinator_grace = protocol.LAUNCHER_SILENCE_TIMEOUT
         runner.output = Output(options.terminal, program.name, runner.local_dir,
-                               log_dir=runner.log_dir)
+                               log_dir=runner.log_dir or log_dir_of(options))
         for (connection, _), (_, executable) in zip(placed, executables):
             runner.publish(connection, executable)
         files: Dict[int, Dict[str, bytes]] = {id(c): {} for c in runner.connections}
