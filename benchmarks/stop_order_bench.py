@@ -57,7 +57,7 @@ def stop_order(graph: bool):
 
 def stop_once(program: lp.Program, launch_type: str, notice: float) -> Tuple[float, int, str]:
     """Launches `program`, which stops itself; (seconds from its stop to the launcher's return,
-    nodes killed, the nodes that ended neither finished nor killed, with their state)."""
+    nodes killed, the nodes that did not end finished, with their state)."""
     controller = lp.launch(program, launch_type=launch_type, notice_period=notice)
     controller.wait(raise_error=False)
     ended = time.monotonic()
@@ -65,7 +65,7 @@ def stop_once(program: lp.Program, launch_type: str, notice: float) -> Tuple[flo
     states = {name: status.state for name, status in controller.status().items()}
     killed = sum(state is lp.NodeState.KILLED for state in states.values())
     others = ', '.join(f'{name} {state.value}' for name, state in states.items()
-                       if state not in (lp.NodeState.FINISHED, lp.NodeState.KILLED))
+                       if state is not lp.NodeState.FINISHED)
     return (ended - stopped if stopped is not None else float('nan')), killed, others
 
 
