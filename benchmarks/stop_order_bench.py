@@ -69,9 +69,9 @@ def stop_once(program: lp.Program, launch_type: str, notice: float) -> Tuple[flo
     return (ended - stopped if stopped is not None else float('nan')), killed, others
 
 
-def fake_cases() -> Dict[str, Tuple[str, Callable[[], lp.Program]]]:
+def fake_cases(scratch: str) -> Dict[str, Tuple[str, Callable[[], lp.Program]]]:
     from tests import stop_programs  # pylint: disable=import-outside-toplevel
-    record = tempfile.mktemp(prefix='stop-order-bench-')
+    record = str(pathlib.Path(scratch) / 'flushed')
     return {
         'local_mp': ('local_mp', lambda: stop_programs.dqn_program(record)),
         'local_mp, learner+replay colocated': (
@@ -144,7 +144,7 @@ def main() -> None:
     args = parser.parse_args()
     orders = {'both': (True, False), 'graph': (True,), 'at-once': (False,)}[args.orders]
     with tempfile.TemporaryDirectory(prefix='stop-order-bench-') as scratch:
-        cases = (fake_cases() if args.program == 'fake'
+        cases = (fake_cases(scratch) if args.program == 'fake'
                  else acme_cases(args.acme_actors, args.acme_steps, scratch))
         print(f'{"case":38} {"order":9} {"median s":>9} {"worst s":>8} {"killed":>7}')
         for case, (launch_type, build) in cases.items():
