@@ -5,16 +5,25 @@ nodes were killed, with the stop in graph order (callers first) and with every n
          limiter that calls lp.stop; the replay is a Reverb-like server whose clients flush on
          stop and wait for a server that is gone), on local_mp and local_mt, and with the
          learner and replay colocated. Needs nothing beyond launchpad.
-  acme   Acme's distributed DQN, unchanged (acme.jax.experiments, a StepsLimiter that calls
-         lp.stop), on a small gym environment. Needs dm-acme[jax], dm-reverb, gym, which the main
-         environment has not; the Reverb environment of tests/reverb/run.sh is the place to add
-         them. Without them it says so and exits with status 2.
+  acme   Acme's distributed DQN, unchanged: dm-acme 0.4.0 (the package index's newest Acme)
+         builds it with its `DistributedLayout` and `DQNBuilder`; a StepsLimiter node logs
+         "terminating" and calls lp.stop() once the actors took --acme_steps steps, on gym's
+         CartPole. The stop is timed from the coordinator's receipt of that lp.stop(). It needs
+         dm-acme, dm-reverb 0.7, TensorFlow 2.8 and JAX, which the project never depends on:
+         `bash benchmarks/acme_env.sh VENV` builds their environment (the pins are in
+         benchmarks/acme_requirements.txt), and VENV/bin/python runs this script. Without them
+         it says so and exits with status 2.
+         (Acme 0.4.0 needs dm-reverb 0.7's trajectory_writer(get_signature_timeout_ms=...),
+         hence TensorFlow 2.8 and CPython 3.9; the oldest jaxlib served is 0.4.13, for which
+         acme_env.sh restores the two jax names that Acme 0.4.0 reads.)
 
 Each case runs --runs times per order; the table gives the median and the worst seconds and the
 nodes killed in all runs. "at once" is the stop before graph order (the coordinator given no stop
 order), measured in the same invocation.
 
   python benchmarks/stop_order_bench.py [--program fake|acme] [--runs 3] [--notice 10]
+                                        [--orders both|graph|at-once] [--acme_actors 4]
+                                        [--acme_steps 5000]
 """
 from __future__ import annotations
 
@@ -46,20 +55,23 @@ def stop_order(graph: bool):
         launcher.stop_order_of = original
 
 
-def stop_once(program: lp.Program, launch_type: str, notice: float) -> Tuple[float, int]:
+def stop_once(program: lp.Program, launch_type: str, notice: float) -> Tuple[float, int, str]:
     """Launches `program`, which stops itself; (seconds from its stop to the launcher's return,
-    nodes killed)."""
+    nodes killed, the nodes that did not end finished, with their state)."""
     controller = lp.launch(program, launch_type=launch_type, notice_period=notice)
     controller.wait(raise_error=False)
     ended = time.monotonic()
     stopped = controller.coordinator.stop_time
-    killed = sum(status.state is lp.NodeState.KILLED for status in controller.status().values())
-    return (ended - stopped if stopped is not None else float('nan')), killed
+    states = {name: status.state for name, status in controller.status().items()}
+    killed = sum(state is lp.NodeState.KILLED for state in states.values())
+    others = ', '.join(f'{name} {state.value}' for name, state in states.items()
+                       if state is not lp.NodeState.FINISHED)
+    return (ended - stopped if stopped is not None else float('nan')), killed, others
 
 
-def fake_cases() -> Dict[str, Tuple[str, Callable[[], lp.Program]]]:
+def fake_cases(scratch: str) -> Dict[str, Tuple[str, Callable[[], lp.Program]]]:
     from tests import stop_programs  # pylint: disable=import-outside-toplevel
-    record = tempfile.mktemp(prefix='stop-order-bench-')
+    record = str(pathlib.Path(scratch) / 'flushed')
     return {
         'local_mp': ('local_mp', lambda: stop_programs.dqn_program(record)),
         'local_mp, learner+replay colocated': (
@@ -68,9 +80,11 @@ def fake_cases() -> Dict[str, Tuple[str, Callable[[], lp.Program]]]:
     }
 
 
-def acme_cases() -> Dict[str, Tuple[str, Callable[[], lp.Program]]]:
-    """Acme's distributed DQN (`make_distributed_experiment`) on CartPole; written against
-    Acme's current API and not run here: Acme cannot be installed in this environment."""
+def acme_cases(actors: int, steps: int, checkpoints: str
+               ) -> Dict[str, Tuple[str, Callable[[], lp.Program]]]:
+    """Acme's distributed DQN as dm-acme 0.4.0 (the index's newest) builds it: its
+    `DistributedLayout` with `DQNBuilder`, whose program has a StepsLimiter node that logs
+    "terminating" and calls `lp.stop()` once the `actors` took `steps` steps; checkpoints under `checkpoints`."""
     try:
         # pylint: disable=import-outside-toplevel
         import gym
@@ -78,37 +92,40 @@ def acme_cases() -> Dict[str, Tuple[str, Callable[[], lp.Program]]]:
         import reverb  # pylint: disable=unused-import
         from acme import specs, wrappers
         from acme.agents.jax import dqn
-        from acme.jax import experiments
         from acme.jax import networks as networks_lib
         from acme.jax import utils
+        from acme.jax.layouts import distributed_layout
     except ImportError as e:
-        print(f'Acme\'s DQN needs dm-acme[jax], dm-reverb, dm-haiku and gym, which this '
-              f'environment has not ({e}). Build the Reverb environment (bash '
-              'tests/reverb/run.sh --build), install them there, and run this script with its '
-              'interpreter.', file=sys.stderr)
+        print(f'Acme\'s DQN needs dm-acme 0.4.0 and what benchmarks/acme_requirements.txt names, '
+              f'which this environment has not ({e}). Build their environment with bash '
+              'benchmarks/acme_env.sh VENV and run this script with VENV/bin/python.',
+              file=sys.stderr)
         sys.exit(2)
 
     def environment_factory(seed):
         del seed
         return wrappers.SinglePrecisionWrapper(wrappers.GymWrapper(gym.make('CartPole-v1')))
 
-    def network_factory(spec: specs.EnvironmentSpec):
+    def network_factory(spec: specs.EnvironmentSpec) -> networks_lib.FeedForwardNetwork:
         def q_values(observation):
             return hk.nets.MLP([64, spec.actions.num_values])(observation)
         transformed = hk.without_apply_rng(hk.transform(q_values))
         dummy = utils.add_batch_dim(utils.zeros_like(spec.observations))
-        network = networks_lib.FeedForwardNetwork(
+        return networks_lib.FeedForwardNetwork(
             lambda key: transformed.init(key, dummy), transformed.apply)
-        return dqn.DQNNetworks(
-            policy_network=networks_lib.non_stochastic_network_to_typed(network))
 
     def build(colocate: bool) -> lp.Program:
-        experiment = experiments.ExperimentConfig(
-            builder=dqn.DQNBuilder(dqn.DQNConfig(min_replay_size=100)),
-            environment_factory=environment_factory, network_factory=network_factory,
-            seed=0, max_num_actor_steps=5_000)
-        return experiments.make_distributed_experiment(
-            experiment, num_actors=4, multithreading_colocate_learner_and_reverb=colocate)
+        config = dqn.DQNConfig(min_replay_size=100, batch_size=32)
+        loss = dqn.PrioritizedDoubleQLearning(
+            discount=config.discount,
+            importance_sampling_exponent=config.importance_sampling_exponent)
+        return distributed_layout.DistributedLayout(
+            seed=0, environment_factory=environment_factory, network_factory=network_factory,
+            builder=dqn.DQNBuilder(config, loss_fn=loss), policy_network=dqn.behavior_policy,
+            num_actors=actors, max_number_of_steps=steps,
+            multithreading_colocate_learner_and_reverb=colocate,
+            checkpointing_config=distributed_layout.CheckpointingConfig(
+                directory=checkpoints, add_uid=True)).build(name='dqn')
 
     return {'local_mp': ('local_mp', lambda: build(False)),
             'local_mp, learner+replay colocated': ('local_mp', lambda: build(True)),
@@ -120,21 +137,31 @@ def main() -> None:
     parser.add_argument('--program', choices=('fake', 'acme'), default='fake')
     parser.add_argument('--runs', type=int, default=3)
     parser.add_argument('--notice', type=float, default=10.0, help='notice period, seconds')
+    parser.add_argument('--orders', choices=('both', 'graph', 'at-once'), default='both')
+    parser.add_argument('--acme_actors', type=int, default=4)
+    parser.add_argument('--acme_steps', type=int, default=5_000,
+                        help='actor steps after which Acme\'s StepsLimiter stops the program')
     args = parser.parse_args()
-    cases = fake_cases() if args.program == 'fake' else acme_cases()
-    print(f'{"case":38} {"order":9} {"median s":>9} {"worst s":>8} {"killed":>7}')
-    for case, (launch_type, build) in cases.items():
-        for graph in (True, False):
-            seconds: List[float] = []
-            killed = 0
-            with stop_order(graph):
-                for _ in range(args.runs):
-                    took, dead = stop_once(build(), launch_type, args.notice)
-                    seconds.append(took)
-                    killed += dead
-            print(f'{case:38} {"graph" if graph else "at once":9} '
-                  f'{statistics.median(seconds):9.2f} {max(seconds):8.2f} {killed:7d}',
-                  flush=True)
+    orders = {'both': (True, False), 'graph': (True,), 'at-once': (False,)}[args.orders]
+    with tempfile.TemporaryDirectory(prefix='stop-order-bench-') as scratch:
+        cases = (fake_cases(scratch) if args.program == 'fake'
+                 else acme_cases(args.acme_actors, args.acme_steps, scratch))
+        print(f'{"case":38} {"order":9} {"median s":>9} {"worst s":>8} {"killed":>7}')
+        for case, (launch_type, build) in cases.items():
+            for graph in orders:
+                seconds: List[float] = []
+                killed = 0
+                with stop_order(graph):
+                    for _ in range(args.runs):
+                        took, dead, others = stop_once(build(), launch_type, args.notice)
+                        seconds.append(took)
+                        killed += dead
+                        print(f'  {case}, {"graph" if graph else "at once"}: {took:.2f} s, '
+                              f'{dead} killed{"; " + others if others else ""}',
+                              file=sys.stderr, flush=True)
+                print(f'{case:38} {"graph" if graph else "at once":9} '
+                      f'{statistics.median(seconds):9.2f} {max(seconds):8.2f} {killed:7d}',
+                      flush=True)
 
 
 if __name__ == '__main__':

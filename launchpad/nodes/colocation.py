@@ -133,6 +133,9 @@ class ColocationNode(Node):
             error = None
             try:
                 node.run_in_context()
+            except SystemExit as e:  # it ends as a node's process would: by its exit code
+                if e.code not in (None, 0):
+                    error = e
             except BaseException as e:  # pylint: disable=broad-except
                 if not ended_by_stop(e, context):  # else it ended with the program
                     error = e

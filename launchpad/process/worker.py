@@ -8,8 +8,9 @@ stop signal (and for the launcher going away), runs the executable and reports h
 Its threads:
 
     main thread       runs the node (`run_reporting`), then ends its process tree and exits
-    lp-stop-watcher   waits for the program's stop: runs the stop handlers, then exits at once
-                      if the node does not cooperate (see `runtime`), else after the notice period
+    lp-stop-watcher   waits for the program's stop: runs the stop handlers, wakes the main
+                      thread (`_wake`), then exits at once if the node does not cooperate (see
+                      `runtime`), else after the notice period
     lp-watchdog       with a progress deadline: reports a hung node with its stacks and exits
     lp-probe          answers questions about the node's stacks and calls (`probe`)
     lp-preempted      on SIGTERM (the platform ends the node: preemption, eviction): reports a
@@ -48,6 +49,8 @@ from launchpad.process.spec import WorkerSpec
 
 _POLL = 1.0
 _REPORT_WAIT = 10.0  # seconds a detached program's node waits for a supervisor to report to
+# Sent to the main thread, whose handler does nothing, once the stop handlers ran: see `_wake`.
+_WAKE_SIGNAL = signal.SIGRTMIN + 2
 
 
 def _run_with_flags(spec: WorkerSpec) -> None:
@@ -86,6 +89,7 @@ def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
                 break
             time.sleep(0.2)
     stop.trigger()
+    _wake()
     if not stop.cooperating:  # nothing of the node waits for the stop: it ends at once
         if coordinator.failed:  # the stop may be its own failure's: its exit code says so too
             _exit_now(1, spec, launcher_lost)
@@ -114,8 +118,23 @@ def _preempted(signum: int, coordinator, stop: runtime.StopSignal, spec: WorkerS
                 f'{name}: the platform ({spec.launch_type}) ended this node: preempted, evicted, '
                 'cancelled or killed')
     stop.trigger()
+    _wake()
     done.wait(spec.notice_period if stop.cooperating else 0.0)
     _exit_now(128 + signum, spec, launcher_lost)
+
+
+def _woken(signum, frame) -> None:
+    del signum, frame
+
+
+def _wake() -> None:
+    """Interrupts the main thread's wait (a lock, a queue, a sleep, a select) once the stop
+    handlers ran, so that an exception a handler raised in it lands now: Acme's
+    `runtime_terminator` raises SystemExit in the node's thread (PyThreadState_SetAsyncExc),
+    which Python delivers only when that thread runs Python code, here `_woken`. dm-launchpad
+    runs its handlers in the main thread's signal handler, which interrupts it the same way."""
+    if signal.getsignal(_WAKE_SIGNAL) is _woken:  # else the node took the signal for itself
+        signal.pthread_kill(threading.main_thread().ident, _WAKE_SIGNAL)
 
 
 def _requeued(spec: WorkerSpec) -> bool:
@@ -350,6 +369,7 @@ def _handle_signals(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
 
     signal.signal(signal.SIGTERM, preempted)
     signal.signal(signal.SIGHUP, orphaned)
+    signal.signal(_WAKE_SIGNAL, _woken)
     if spec.stop_signal:
         signal.signal(getattr(signal, spec.stop_signal), warned)
 

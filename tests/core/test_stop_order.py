@@ -1,9 +1,14 @@
 """The stop in graph order: callers hear the stop before the nodes they call, so a stop handler
 that flushes to a server still finds it serving (the program is in tests/stop_programs.py)."""
+import ctypes
+import queue
+import threading
+
 import pytest
 
 import launchpad as lp
 from tests import stop_programs
+from tests.core.conftest import wait_until
 
 
 @pytest.mark.parametrize('launch_type, colocate', [
@@ -19,3 +24,36 @@ def test_dqn_stops_in_graph_order_and_nothing_is_killed(launch_type, colocate, t
     states = {name: status.state for name, status in controller.status().items()}
     assert set(states.values()) == {lp.NodeState.FINISHED}, states
     assert record.read_text().split() == ['0', '1', '2']  # every actor's last flush arrived
+
+
+def wait_raising_system_exit_at_stop(record: str) -> None:
+    """Acme's `runtime_terminator`: a stop handler raises SystemExit in the node's own thread
+    (PyThreadState_SetAsyncExc), here while that thread waits on a queue that nothing fills,
+    as Acme's learner waits for batches from a replay that the stopped actors no longer feed."""
+    node_thread = threading.get_ident()
+
+    def raise_system_exit_there() -> None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(node_thread),
+                                                   ctypes.py_object(SystemExit))
+
+    lp.register_stop_handler(raise_system_exit_there)
+    try:
+        queue.Queue().get()
+    except SystemExit:
+        with open(record, 'w') as f:
+            f.write('SystemExit')
+
+
+def test_a_stop_handler_s_exception_reaches_a_process_node_waiting_in_a_lock(tmp_path):
+    """A process node's main thread waiting in a lock is woken after the stop handlers ran, so
+    that the exception they raised in it lands and the node ends with the stop, not killed."""
+    record = tmp_path / 'ended.txt'
+    program = lp.Program('waiting')
+    program.add_node(lp.PyNode(wait_raising_system_exit_at_stop, str(record)), label='learner')
+    controller = lp.launch(program, launch_type='test_mp', notice_period=30)
+    assert wait_until(lambda: controller.status()['learner/0'].state is lp.NodeState.RUNNING,
+                      timeout=60)
+    controller.stop()
+    assert controller.wait(timeout=60)
+    assert controller.status()['learner/0'].state is lp.NodeState.FINISHED
+    assert record.read_text() == 'SystemExit'

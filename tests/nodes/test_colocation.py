@@ -1,5 +1,6 @@
 """Colocation nodes: inner nodes run as threads or sub-processes of one executable."""
 import os
+import sys
 import time
 
 import pytest
@@ -88,6 +89,30 @@ def test_an_inner_failure_fails_the_colocation_naming_the_inner_node(mode, launc
     assert failure.value.node_name == 'colo/0'
     assert 'colo/0/1' in failure.value.message
     assert 'ValueError: inner node gave up' in str(failure.value)
+
+
+def exit_cleanly(counter):
+    del counter
+    sys.exit()
+
+
+def exit_with_code(counter):
+    del counter
+    sys.exit(3)
+
+
+@pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
+def test_an_inner_thread_that_exits_ends_as_a_process_that_exits(launch_type):
+    """SystemExit with no code (or 0) in an inner thread finishes it, as it finishes a node's
+    process (Acme's stop handlers raise SystemExit in the node's thread); another code fails it."""
+    program = colocated_program('threads', exit_cleanly, return_on_first_completed=True)
+    controller = launch_and_wait(program, launch_type)
+    assert controller.status()['colo/0'].state is lp.NodeState.FINISHED
+    with pytest.raises(lp.NodeFailedError) as failure:
+        launch_and_wait(colocated_program('threads', exit_with_code,
+                                          return_on_first_completed=True), launch_type)
+    assert 'colo/0/1' in failure.value.message
+    assert 'SystemExit: 3' in str(failure.value)
 
 
 def fail_twice(counter, attempts_file):
