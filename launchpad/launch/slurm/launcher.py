@@ -26,7 +26,7 @@ A program launched in the foreground lives in these threads of the launching pro
     courier threads      the program's coordinator, which every step calls
     controller thread    StepRunner (steps.py): reads the steps' exit code files, and squeue;
                          submits and cancels additional jobs (_GrowingStepRunner)
-    lp-slurm-logs        _LogFollower: copies the steps' output files to stdout
+    lp-slurm-logs        LogFollower (log_follower.py): copies the steps' output files to stdout
 
 A detached program (detach=True) has the same coordinator, step runner and controller inside the
 job, in the driver (driver.py), made from the `JobSupervision` the launcher writes to the run
@@ -45,14 +45,14 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from launchpad.launch.controller import Controller
 from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of, policies_of,
                                        stop_order_of)
 from launchpad.launch.slurm import addresses, job, script, shared
+from launchpad.launch.slurm.log_follower import LogFollower
 from launchpad.launch.slurm.resources import SlurmResources
 from launchpad.resources import Resources
 from launchpad.launch.slurm.steps import StepRunner
@@ -60,7 +60,6 @@ from launchpad.observe import registry
 from launchpad.policy import NodePolicy
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import Coordinator, serve_coordinator
-from launchpad.process.output import prefix_for
 from launchpad.process.stop_order import StopOrder
 from launchpad.program import Program
 
@@ -262,8 +261,8 @@ class SlurmLauncher(Launcher):
             raise
         closing = [server.Stop]
         if terminal == 'current_terminal':
-            follower = _LogFollower([('slurm', batch_log)] + [(s.executable.name, s.log)
-                                                              for s in steps])
+            follower = LogFollower([('slurm', batch_log)] + [(s.executable.name, s.log)
+                                                             for s in steps])
             closing = [follower.close, server.Stop]
         return supervision.controller(job_id, coordinator, watch_job=True, closing=closing)
 
@@ -601,49 +600,3 @@ def _job_environment(token: str) -> Dict[str, str]:
     ours = {key: value for key, value in os.environ.items()
             if not key.startswith('SLURM_') or key == 'SLURM_CONF'}
     return specs.node_environment(token, base=ours, extra={specs.SUPERVISE_ENV: '1'})
-
-
-class _LogFollower:
-    """Copies new lines of the nodes' output files to our stdout, each behind its node's name."""
-
-    def __init__(self, files: Sequence[Tuple[str, str]], interval: float = 0.2):
-        color = sys.stdout.isatty()
-        self._files = [[prefix_for(name, i, color=color).encode(), path, 0, b'']
-                       for i, (name, path) in enumerate(files)]
-        self._interval = interval
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name='lp-slurm-logs')
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._closed.wait(self._interval):
-            self._copy(final=False)
-
-    def _copy(self, final: bool) -> None:
-        out = getattr(sys.stdout, 'buffer', None)
-        for entry in self._files:
-            prefix, path, offset, partial = entry
-            try:
-                with open(path, 'rb') as f:
-                    f.seek(offset)
-                    data = f.read()
-            except OSError:
-                continue
-            entry[2] = offset + len(data)
-            lines = (partial + data).split(b'\n')
-            entry[3] = lines.pop()
-            if final and entry[3]:
-                lines.append(entry[3])
-            for line in lines:
-                text = prefix + line + b'\n'
-                if out is not None:
-                    out.write(text)
-                else:
-                    sys.stdout.write(text.decode(errors='replace'))
-        sys.stdout.flush()
-
-    def close(self) -> None:
-        """Stops following and copies what is left, the last unfinished lines included."""
-        self._closed.set()
-        self._thread.join()
-        self._copy(final=True)
