@@ -244,7 +244,7 @@ class FakeSlurm:
 
     def __init__(self, tmp_path, monkeypatch):
         # pylint: disable=import-outside-toplevel,protected-access
-        from launchpad.launch.slurm import addresses, job, launcher
+        from launchpad.launch.slurm import addresses, growing, job
         from launchpad.process import spec as specs
         from launchpad.process.coordinator import Coordinator
         self.submitted, self.cancelled, self.states = [], [], {}
@@ -262,7 +262,7 @@ class FakeSlurm:
         packer = specs.Packer('actor-learner', 'slurm', addresses.NodeAddressTable(
             published={}, coordinator='127.0.0.1:1'), '127.0.0.1:1')
         self.coordinator = Coordinator([e.name for _, e in self.executables])
-        self.runner = launcher._GrowingStepRunner(
+        self.runner = growing.GrowingStepRunner(
             '100', str(self.run_dir), [step.watched() for step in components[0].steps],
             self.coordinator, watch_job=False, packer=packer, components=components,
             resources={}, log_dir=str(tmp_path), first_index=2, program_name='actor-learner',
