@@ -9,7 +9,8 @@ as `python -m launchpad.launch.slurm.driver RUN_DIR` (see `shared.driver_argv`):
                    │     courier server threads: the program's coordinator
                    │     controller thread: the step runner (exit code files; nodes added in
                    │       the allocation or in additional jobs), elastic groups, scaling policy
-                   │     lp-observe-<id>: the program's registry entry and its run file
+                   │     lp-observe-<id>: the program's registry entry and its run file;
+                   │       its observer serves `lp.attach`'s calls too (`detached.CONTROL`)
                    └── srun step ... (one per node, once RUN_DIR/coordinator exists)
 
 The launcher wrote what supervises the program (`launcher.JobSupervision`) to RUN_DIR; the driver
@@ -18,6 +19,11 @@ program in the foreground, and writes the coordinator's endpoint there, where th
 the steps read it. The program's history goes to its run file under RUNS (docs/runs.md), on the
 filesystem the launching host shares. The driver's output, with the failure that ended the program
 if any, goes to the job's job.out, and its exit code becomes the job's.
+
+Its registry entry is in a registry of the job's own on the batch host (`reach.runtime_dir`,
+given by the batch script), and published to RUN_DIR for the launcher, which registers the
+program on the launching machine: every command there reaches the driver through a step of the
+job (`reach`).
 """
 from __future__ import annotations
 
@@ -26,8 +32,9 @@ import os
 import sys
 from typing import Sequence
 
-from launchpad.launch.slurm import job, shared
+from launchpad.launch.slurm import job, reach, shared
 from launchpad.launch.slurm.launcher import JobSupervision
+from launchpad.launch.supervisor import _Control as Control  # what lp.attach calls
 from launchpad.observe.observer import Observer
 from launchpad.process.coordinator import NodeFailedError, serve_coordinator
 
@@ -46,8 +53,13 @@ def main(argv: Sequence[str]) -> None:
                                         watch_job=False, closing=[server.Stop])
     controller.attach(program, supervision.resources)
     controller.handle_signals()  # scancel: the program stops as a stop from its launcher would
-    controller.observer = Observer(program, controller,
-                                   program_id=supervision.program_id).start()
+    controller.observer = Observer(
+        program, controller, program_id=supervision.program_id,
+        served=Control(controller).methods(),
+        # The batch script is its keeper: it cleans up after the driver (docs/slurm.md).
+        entry_fields={'keeper_pid': os.getppid()}).start()
+    if controller.observer.entry is not None:
+        reach.publish(run_dir, controller.observer.entry)
     # The steps start once the endpoint is there, when the runner already says it is alive.
     shared.write_coordinator_endpoint(run_dir, server.address)
     try:

@@ -30,7 +30,9 @@ A program launched in the foreground lives in these threads of the launching pro
 
 A detached program (detach=True) has the same coordinator, step runner and controller inside the
 job, in the driver (driver.py), made from the `JobSupervision` the launcher writes to the run
-directory; lp.launch returns once the job is submitted, and no thread of ours follows it.
+directory. lp.launch returns once the driver serves it and every node runs, with a controller
+that reaches the driver through a step of the job (`reach`), as `lp.attach` and the commands of
+`python -m launchpad.launch` do; no thread of ours follows it.
 """
 from __future__ import annotations
 
@@ -39,25 +41,25 @@ import functools
 import os
 import pickle
 import secrets
-import shlex
 import shutil
 import sys
 import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from launchpad.launch import detached
 from launchpad.launch.controller import Controller
 from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of, policies_of,
                                        stop_order_of)
-from launchpad.launch.slurm import addresses, growing, job, script, shared
+from launchpad.launch.slurm import addresses, growing, job, reach, script, shared
 from launchpad.launch.slurm.log_follower import LogFollower
 from launchpad.launch.slurm.resources import SlurmResources
 from launchpad.resources import Resources
-from launchpad.launch.slurm.steps import StepRunner
 from launchpad.observe import registry
 from launchpad.policy import NodePolicy
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import Coordinator, serve_coordinator
+from launchpad.process.states import NodeState
 from launchpad.process.stop_order import StopOrder
 from launchpad.program import Program
 
@@ -113,38 +115,17 @@ class SlurmOptions:
 
 
 class SlurmController(Controller):
-    """The controller of a program launched on Slurm.
+    """The controller of a program launched on Slurm in the foreground.
 
     Attributes:
       job_id: the Slurm job that runs the program.
       log_dir: where each node's output file (and the batch script's, job.out) is.
-      detached: True if the job runs on its own (lp.launch(..., detach=True)); this controller
-        then only describes it: `wait()` returns at once, `stop()` does nothing (use
-        `scancel job_id`) and it cannot add or remove nodes (the job's driver does).
     """
 
     def __init__(self, *args, job_id: str, log_dir: str, **kwargs):
         self.job_id = job_id
         self.log_dir = log_dir
         super().__init__(*args, **kwargs)
-
-    def add_node(self, node, label=None):
-        self._refuse_if_detached()
-        return super().add_node(node, label)
-
-    def remove_node(self, name: str) -> None:
-        self._refuse_if_detached()
-        super().remove_node(name)
-
-    def resize(self, label: str, size: int) -> None:
-        self._refuse_if_detached()
-        super().resize(label, size)
-
-    def _refuse_if_detached(self) -> None:
-        if self.detached:
-            raise RuntimeError(f'Program {self.program_name!r} runs detached in Slurm job '
-                               f'{self.job_id}, supervised there, not by this process: a node\'s '
-                               'lp.resize or its scaling policy resizes it.')
 
 
 class SlurmLauncher(Launcher):
@@ -233,26 +214,12 @@ class SlurmLauncher(Launcher):
             if server is not None:
                 server.Stop()
             raise
-        follow = f'tail -f {shlex.quote(log_dir)}/*.out'
         if settings.detach:
-            print(f'Program {program.name!r} runs detached as Slurm job {job_id} '
-                  f'({len(steps)} nodes), supervised in the job; its id is '
-                  f'{supervision.program_id}.\n  Follow it: {follow}\n'
-                  f'  Its state: squeue -j {job_id}\n'
-                  f'  Its history: python -m launchpad.launch sql {supervision.program_id} '
-                  f'(or dashboard {supervision.program_id})\n  Cancel it: scancel {job_id}',
-                  flush=True)
-            nothing = Coordinator([])  # the job's own coordinator follows its nodes
-            runner = StepRunner(job_id, None, [], nothing, watch_job=False)
-            return SlurmController(program.name, nothing, runner,
-                                   launch_type=options.launch_type, job_id=job_id, log_dir=log_dir,
-                                   detached=True)
+            return _detached(job_id, supervision, len(steps), settings.start_timeout)
         print(f'Program {program.name!r} is Slurm job {job_id} ({len(steps)} nodes); node logs in '
               f'{log_dir}; cancel with scancel {job_id}.', file=sys.stderr, flush=True)
         try:  # lp.launch turns Ctrl-C and SIGTERM into KeyboardInterrupt while this waits
-            job.wait_for_start(job_id, settings.start_timeout, ran=lambda: any(
-                name.endswith(shared.EXIT_SUFFIX) for name in os.listdir(run_dir)),
-                waiting=lambda: growing.adding_alive(run_dir))  # until the runner touches it
+            _wait_for_start(job_id, run_dir, settings.start_timeout)
         except BaseException:
             job.cancel(job_id)
             server.Stop()
@@ -342,6 +309,46 @@ class JobSupervision:
             if entry not in sys.path:
                 sys.path.insert(0, entry)
         return pickle.loads(payload)
+
+
+def _wait_for_start(job_id: str, run_dir: str, timeout: Optional[float]) -> None:
+    """Waits until job `job_id` runs, keeping its added steps' loop alive meanwhile."""
+    job.wait_for_start(job_id, timeout, ran=lambda: any(
+        name.endswith(shared.EXIT_SUFFIX) for name in os.listdir(run_dir)),
+        waiting=lambda: growing.adding_alive(run_dir))  # until the runner touches it
+
+
+def _detached(job_id: str, supervision: JobSupervision, nodes: int,
+              timeout: Optional[float]) -> detached.AttachedController:
+    """The controller of a detached program, once its driver serves it and every node runs
+    (within `timeout` seconds, else the job is cancelled): it reaches the driver through a step
+    of the job (`reach`), as `lp.attach` does."""
+    run_dir, program = supervision.run_dir, supervision.program
+    deadline = None if timeout is None else time.monotonic() + timeout
+    entry = None
+    try:  # lp.launch turns Ctrl-C and SIGTERM into KeyboardInterrupt while this waits
+        _wait_for_start(job_id, run_dir, timeout)
+        left = 60.0 if deadline is None else max(1.0, deadline - time.monotonic())
+        entry = reach.adopt(run_dir, job_id, supervision.batch_log, left)
+        controller = detached.AttachedController(entry)
+        while any(status.state == NodeState.PENDING for status in controller.status().values()):
+            if any(status.state == NodeState.FAILED for status in controller.status().values()):
+                controller.wait()  # raises the node's failure
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f'The nodes of Slurm job {job_id} did not all start within '
+                                   f'{timeout:g} s; see {supervision.log_dir}.')
+            time.sleep(0.1)
+    except BaseException:
+        job.cancel(job_id)
+        if entry is not None:
+            registry.unregister(entry.id)
+        raise
+    print(f'Program {program.name!r} runs detached as Slurm job {job_id} ({nodes} nodes), '
+          f'supervised in the job by pid {entry.pid} on {entry.host}; its id is {entry.id}; node '
+          f'logs are in {supervision.log_dir}.\n{detached.commands(entry.id)}\n'
+          f'  its history: python -m launchpad.launch sql {entry.id}\n'
+          f'  or cancel:   scancel {job_id}', file=sys.stderr, flush=True)
+    return controller
 
 
 def _spare_tasks(max_size: Optional[int], size: int, cap: Optional[int]) -> int:

@@ -13,9 +13,10 @@ import shlex
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from launchpad.launch.slurm import shared
+from launchpad.launch.slurm import reach, shared
 from launchpad.launch.slurm.resources import SlurmResources
 from launchpad.nodes.base import Executable
+from launchpad.observe import registry
 from launchpad.process import spec as specs
 
 # What Slurm sends the steps before the time limit (`--signal`), and the worker turns into a stop.
@@ -171,7 +172,8 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
         ]
     if detached:
         lines += [
-            f'{shlex.join(shared.driver_argv(run_dir))} &',
+            f'runtime={reach.runtime_dir()}  # the driver\'s registry, this job\'s own',
+            f'{registry.ENV}="$runtime" {shlex.join(shared.driver_argv(run_dir))} &',
             'driver=$!',
             f'until [ -s "$run/{shared.COORDINATOR_FILE}" ]; do',
             '  kill -0 "$driver" 2>/dev/null || { echo "launchpad: the coordinator did not start" >&2; '
@@ -199,7 +201,7 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
             'done &',
         ]
     if detached:
-        lines += ['wait "$driver"', 'status=$?', 'wait', 'exit "$status"']
+        lines += ['wait "$driver"', 'status=$?', 'wait', 'rm -rf "$runtime"', 'exit "$status"']
     elif requeue:
         lines.append('until wait; do :; done  # a trapped signal interrupts `wait`')
     else:
