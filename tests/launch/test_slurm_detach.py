@@ -163,3 +163,25 @@ def test_the_login_side_attaches_resizes_follows_and_stops_a_detached_program(
     assert not our_processes('launchpad-relay') and not our_processes('observe/relay.py')
     assert os.listdir(runtime_dir) == []  # the entry, and every tunnel's socket
     assert not glob.glob(f'/tmp/launchpad-slurm-{os.getuid()}-{job_id}')  # the driver's registry
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_driver_ends_the_program_and_leaves_nothing(slurm_multi, tmp_path, runtime_dir):
+    """Nothing replaces a SIGKILLed driver (docs/slurm.md): its nodes stop without their
+    coordinator, the job ends, and the batch script removes what the driver would have; the
+    next command here says the program has ended and forgets it."""
+    env, program_id, job_id, _ = launch(tmp_path)
+    env[registry.ENV] = runtime_dir
+    [entry] = registry.entries()
+    os.kill(entry.pid, signal.SIGKILL)  # (the bed's nodes share this machine's processes)
+    assert wait_until(lambda: queue() == '', timeout=60), queue()
+    job_dir = tmp_path / 'jobs' / os.listdir(tmp_path / 'jobs')[0]
+    assert os.listdir(job_dir) == ['logs']
+    assert 'Killed' in (job_dir / 'logs' / 'job.out').read_text()
+    assert not glob.glob(f'/tmp/launchpad-slurm-{os.getuid()}-{job_id}')
+    assert wait_until(lambda: not our_processes(str(job_dir)), timeout=10), \
+        our_processes(str(job_dir))
+    done = subprocess.run([*PYTHON, 'status', program_id], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 1 and 'has ended' in done.stderr, done.stderr
+    assert os.listdir(runtime_dir) == []

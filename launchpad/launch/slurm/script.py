@@ -115,7 +115,8 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
     `warning_seconds` asks Slurm to send the steps SIGUSR1 that long before the time limit. A
     `detached` program's script first starts the in-job driver (driver.py), which serves the
     program's coordinator, and waits until it has written its address; the job then ends with the
-    driver's exit code. A `growing` program's script also runs the steps of nodes added while it
+    driver's exit code, once every step ended, removing the run directory and the driver's
+    registry (`reach.runtime_dir`) even if the driver was killed. A `growing` program's script also runs the steps of nodes added while it
     runs: the step runner writes each one's `step` line to `INDEX.add` in the run directory
     (`shared.add_file`), until it writes `shared.ADDING_ENDS` or stops touching
     `shared.ADDING_ALIVE` (the launcher died). A `requeue` job may be requeued (`--requeue`);
@@ -201,7 +202,16 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
             'done &',
         ]
     if detached:
-        lines += ['wait "$driver"', 'status=$?', 'wait', 'rm -rf "$runtime"', 'exit "$status"']
+        lines += [
+            'wait "$driver"',
+            'status=$?',
+            '# A killed driver neither ended the added steps\' loop nor removed the run directory;',
+            '# the nodes stop without their coordinator.',
+            f'touch "$run/{shared.ADDING_ENDS}" 2>/dev/null',
+            'wait',
+            'rm -rf "$runtime" "$run"',
+            'exit "$status"',
+        ]
     elif requeue:
         lines.append('until wait; do :; done  # a trapped signal interrupts `wait`')
     else:
