@@ -109,7 +109,8 @@ def run(command: str, body: Callable[[], int]) -> int:
 def _connect(query: str):
     """(registry entry, courier client of its observer) of the program `query` names."""
     entry = registry.find(query)
-    return entry, tunnel.client_of(entry, _CALL_TIMEOUT)
+    client = tunnel.client_of(entry, _CALL_TIMEOUT)
+    return tunnel.current(entry), client  # (a new supervisor's, if its tunnel found one)
 
 
 def _call(entry: registry.Entry, call: Callable[[], Any]) -> Any:

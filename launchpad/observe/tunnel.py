@@ -22,6 +22,8 @@ carry the entry's token.
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import json
 import os
 import secrets
 import select
@@ -92,6 +94,7 @@ class Tunnel:
 
     def __init__(self, entry: registry.Entry):
         self.path = _local_path(entry)
+        self.entry = entry
         remote = entry.address.split(':', 1)[1]
         *ssh, host = entry.ssh
         # The remote shell says whether the supervisor still runs, then holds the session
@@ -150,7 +153,7 @@ class RelayTunnel:
 
     def __init__(self, entry: registry.Entry):
         self.path = _local_path(entry)
-        self._entry = entry
+        self.entry = entry  # as its supervisor now is
         self._lock = threading.Lock()
         self._processes: List[subprocess.Popen] = []
         self._closed = False
@@ -170,19 +173,32 @@ class RelayTunnel:
     def _relay(self) -> subprocess.Popen:
         """A relay process that said `up`; raises if the supervisor is gone or unreachable."""
         process = subprocess.Popen(
-            self._entry.relay, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            self.entry.relay, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, bufsize=0,
             start_new_session=True)  # Ctrl-C here ends it through its input, not a signal
         with self._lock:
             self._processes.append(process)
         answer = _read_line(process.stdout.fileno(), time.monotonic() + _ANSWER_TIMEOUT)
-        if answer == 'up':
+        if answer.split(' ', 1)[0] == 'up':
+            self._adopt(answer[2:])
             return process
         errors = ' '.join(self._end(process).split())
         if answer == 'gone':
             self._gone = True
-            raise _gone(self._entry)
-        raise _unreachable(self._entry, self._entry.relay, errors)
+            raise _gone(self.entry)
+        raise _unreachable(self.entry, self.entry.relay, errors)
+
+    def _adopt(self, supervisor: str) -> None:
+        """Takes the supervisor's pid and token from its `up` line: a new supervisor replaced a
+        dead one (`launchpad.observe.relay`) if they changed; its entry here says so."""
+        try:
+            fields = {key: value for key, value in json.loads(supervisor).items()
+                      if value is not None}
+        except ValueError:
+            return
+        if any(getattr(self.entry, key) != value for key, value in fields.items()):
+            self.entry = dataclasses.replace(self.entry, **fields)
+            registry.register(self.entry)
 
     def _accept(self) -> None:
         while True:
@@ -230,6 +246,10 @@ class RelayTunnel:
         except (OSError, ValueError):
             pass
         finally:
+            try:  # (wakes the upstream thread's recv; a close alone would not end it)
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             connection.close()
             self._end(process)
 
@@ -304,9 +324,19 @@ def address_of(entry: registry.Entry, fresh: bool = False) -> str:
 
 
 def client_of(entry: registry.Entry, call_timeout: float, fresh: bool = False) -> courier.Client:
-    """A courier client of `entry`'s observer, carrying its token (see `address_of`)."""
-    return courier.Client(address_of(entry, fresh), auth_token=entry.token,
-                          call_timeout=call_timeout, wait_for_ready=False)
+    """A courier client of `entry`'s observer, carrying its token (see `address_of`; a new
+    supervisor's, if its tunnel found one, see `current`)."""
+    address = address_of(entry, fresh)
+    return courier.Client(address, auth_token=current(entry).token, call_timeout=call_timeout,
+                          wait_for_ready=False)
+
+
+def current(entry: registry.Entry) -> registry.Entry:
+    """`entry` as this process's tunnel to it found its supervisor (the pid and token of a new
+    one that replaced a dead one); `entry` itself if none is open."""
+    with _lock:
+        tunnel = _tunnels.get(entry.id)
+    return entry if tunnel is None else tunnel.entry
 
 
 def running(entry: registry.Entry) -> bool:

@@ -624,7 +624,7 @@ def test_detached_program_outlives_the_launching_process(slurm_multi, tmp_path):
                           capture_output=True, text=True, timeout=60, env=env_for(tmp_path))
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.split('launched job ')[1].split()[0]
-    assert f'scancel {job_id}' in done.stdout and 'tail -f' in done.stdout
+    assert f'scancel {job_id}' in done.stderr and 'launchpad.launch attach' in done.stderr
     assert wait_until(results.exists, timeout=60)
     assert eval(results.read_text())[1][0] == 4  # pylint: disable=eval-used
     assert wait_until(lambda: queue() == '', timeout=30)

@@ -16,8 +16,16 @@ import pytest
 
 from launchpad.observe import registry
 from tests.core.conftest import wait_until
+from tests.launch.detached_program import Counter
 from tests.launch.test_slurm import additional_jobs, env_for, our_processes, queue
 
+READOPT = '''
+import sys
+import launchpad as lp
+from tests.launch.detached_program import make_program
+controller = lp.launch(make_program(sys.argv[1]), launch_type='slurm', detach=True)
+print('LAUNCHED', controller.id, flush=True)
+'''
 SCRIPT = '''
 import sys
 import launchpad as lp
@@ -39,14 +47,14 @@ def runtime_dir(monkeypatch):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def launch(tmp_path, *sizes):
-    """Runs SCRIPT, which launches the program detached and ends; returns (its environment, the
-    program's id, its job id, what the launch printed)."""
+def launch(tmp_path, text, *args):
+    """Runs the script `text`, which launches a program detached and ends; returns (its
+    environment, the program's id, its job id, what the launch printed)."""
     script = tmp_path / 'detach.py'
-    script.write_text(SCRIPT)
+    script.write_text(text)
     env = env_for(tmp_path)
     env['LAUNCHPAD_RUNS_DIR'] = str(tmp_path / 'runs')
-    launched = subprocess.run([sys.executable, str(script), *map(str, sizes)],
+    launched = subprocess.run([sys.executable, str(script), *map(str, args)],
                               capture_output=True, text=True, timeout=90, env=env)
     assert launched.returncode == 0, launched.stderr
     program_id = launched.stdout.split('LAUNCHED ')[1].split()[0]
@@ -67,7 +75,7 @@ def test_a_detached_elastic_program_grows_and_shrinks_without_its_launcher(slurm
     script has ended: actor/2 runs in the job's one spare task, actor/3 in an additional job;
     the learner hears exactly the live actors throughout. The program's run file says how it
     went, and nothing is left once it ended."""
-    env, program_id, job_id, printed = launch(tmp_path, 4, 1)
+    env, program_id, job_id, printed = launch(tmp_path, SCRIPT, 4, 1)
     for how in (f'sql {program_id}', f'scancel {job_id}', f'attach {program_id}'):
         assert how in printed, printed
     seen = set()  # the additional jobs seen while the program ran
@@ -108,7 +116,7 @@ def test_the_login_side_attaches_resizes_follows_and_stops_a_detached_program(
     names the driver, `logs` reads the nodes' output, `attach` follows it until Ctrl-C, which
     leaves it running, and `stop` ends it; nothing is left on any node or here."""
     import launchpad as lp  # pylint: disable=import-outside-toplevel
-    env, program_id, job_id, _ = launch(tmp_path)
+    env, program_id, job_id, _ = launch(tmp_path, SCRIPT)
     env[registry.ENV] = runtime_dir
 
     def cli(*args):
@@ -155,7 +163,7 @@ def test_the_login_side_attaches_resizes_follows_and_stops_a_detached_program(
 
     assert f'Stopped elastic ({program_id})' in cli('stop', program_id)
     assert controller.wait(timeout=30)
-    assert queue() == ''
+    assert wait_until(lambda: queue() == '', timeout=30), queue()
     job_dir = tmp_path / 'jobs' / os.listdir(tmp_path / 'jobs')[0]
     assert wait_until(lambda: os.listdir(job_dir) == ['logs'], timeout=10)
     assert wait_until(lambda: not our_processes(str(job_dir)), timeout=10), \
@@ -165,23 +173,42 @@ def test_the_login_side_attaches_resizes_follows_and_stops_a_detached_program(
     assert not glob.glob(f'/tmp/launchpad-slurm-{os.getuid()}-{job_id}')  # the driver's registry
 
 
-@pytest.mark.timeout(120)
-def test_a_killed_driver_ends_the_program_and_leaves_nothing(slurm_multi, tmp_path, runtime_dir):
-    """Nothing replaces a SIGKILLed driver (docs/slurm.md): its nodes stop without their
-    coordinator, the job ends, and the batch script removes what the driver would have; the
-    next command here says the program has ended and forgets it."""
-    env, program_id, job_id, _ = launch(tmp_path)
+@pytest.mark.timeout(150)
+def test_a_killed_driver_is_replaced_by_one_that_readopts_the_running_steps(
+        slurm_multi, tmp_path, runtime_dir):
+    """SIGKILL the driver: the nodes keep serving each other (the counter's calls go on), the
+    batch script starts a new driver, which re-adopts every step with 0 restarts; `lp.attach`'s
+    controller and `status --json` name it, it resizes a group, and `stop` leaves nothing."""
+    import launchpad as lp  # pylint: disable=import-outside-toplevel
+    counter = str(tmp_path / 'counter.json')
+    env, program_id, job_id, _ = launch(tmp_path, READOPT, counter)
     env[registry.ENV] = runtime_dir
-    [entry] = registry.entries()
-    os.kill(entry.pid, signal.SIGKILL)  # (the bed's nodes share this machine's processes)
-    assert wait_until(lambda: queue() == '', timeout=60), queue()
+    controller = lp.attach(program_id)
+    killed = controller.supervisor['pid']
+    assert wait_until(lambda: Counter.read(counter)['calls'] > 0, timeout=30)
+    os.kill(killed, signal.SIGKILL)  # (the bed's nodes share this machine's processes)
+    calls = Counter.read(counter)['calls']
+    assert wait_until(lambda: Counter.read(counter)['calls'] > calls + 100, timeout=10)
+
+    statuses = controller.status()  # through a new relay, once the new driver serves
+    assert {name: (s.state.value, s.restarts) for name, s in statuses.items()} == {
+        name: ('running', 0) for name in ('counter/0', 'caller/0', 'worker/0')}, statuses
+    driver = controller.supervisor['pid']
+    assert driver != killed
+    assert 'launchpad.launch.slurm.driver' in ' '.join(psutil.Process(driver).cmdline())
+    done = subprocess.run([*PYTHON, 'status', program_id, '--json'], capture_output=True,
+                          text=True, timeout=60, env=env, check=True)
+    assert json.loads(done.stdout)['controller']['pid'] == driver
+    controller.resize('worker', 2)
+    assert wait_until(lambda: controller.status()['worker/1'].state.value == 'running',
+                      timeout=30), controller.status()
+
+    controller.stop()
+    assert wait_until(lambda: queue() == '', timeout=30), queue()
     job_dir = tmp_path / 'jobs' / os.listdir(tmp_path / 'jobs')[0]
-    assert os.listdir(job_dir) == ['logs']
-    assert 'Killed' in (job_dir / 'logs' / 'job.out').read_text()
-    assert not glob.glob(f'/tmp/launchpad-slurm-{os.getuid()}-{job_id}')
+    assert 'was killed' in (job_dir / 'logs' / 'job.out').read_text()
+    assert wait_until(lambda: os.listdir(job_dir) == ['logs'], timeout=10)
     assert wait_until(lambda: not our_processes(str(job_dir)), timeout=10), \
         our_processes(str(job_dir))
-    done = subprocess.run([*PYTHON, 'status', program_id], capture_output=True, text=True,
-                          timeout=60, env=env)
-    assert done.returncode == 1 and 'has ended' in done.stderr, done.stderr
+    assert not glob.glob(f'/tmp/launchpad-slurm-{os.getuid()}-{job_id}')
     assert os.listdir(runtime_dir) == []

@@ -2,12 +2,13 @@
 the job's allocation or in additional jobs, and the spec files every node is started from."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
 import signal
 import time
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from launchpad.launch.slurm import job, script, shared
 from launchpad.launch.slurm.resources import SlurmResources
@@ -59,6 +60,23 @@ class GrowingStepRunner(StepRunner):
         self._checked_additional = time.monotonic()
         self._touched = 0.0
         self._touch()
+
+    # What a new driver's runner takes over from a dead one's (`state`, `restore`).
+    _PERSISTED = ('_steps', '_codes', '_next_index', '_component_of', '_additional',
+                  '_added_lines', '_removed')
+
+    def state(self) -> Dict[str, Any]:
+        """The steps it follows and how they went, for a new driver to re-adopt them."""
+        state = {name: copy.copy(getattr(self, name)) for name in self._PERSISTED}
+        state['published'] = dict(self._packer.address_table.published)
+        return state
+
+    def restore(self, state: Dict[str, Any]) -> None:
+        """Follows the steps a dead driver's runner followed (its `state`)."""
+        state = dict(state)
+        self._packer.address_table.published.update(state.pop('published'))
+        for name, value in state.items():
+            setattr(self, name, value)
 
     def _touch(self) -> None:
         self._touched = time.monotonic()

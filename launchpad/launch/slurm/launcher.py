@@ -73,7 +73,8 @@ class SlurmOptions:
     """The slurm launcher's keyword arguments of `lp.launch`.
 
     Attributes:
-      detach: submit the job and return; it runs on its own.
+      detach: the job runs on its own, supervised by its driver; lp.launch returns once every
+        node runs, with a controller that reaches the driver (`SlurmAttachedController`).
       job_dir: where the job's files go, on a filesystem the compute nodes share.
       start_timeout: seconds to wait for the job to start; None waits for ever.
       coordinator_host: the address compute nodes reach this host at.
@@ -126,6 +127,21 @@ class SlurmController(Controller):
         self.job_id = job_id
         self.log_dir = log_dir
         super().__init__(*args, **kwargs)
+
+
+class SlurmAttachedController(detached.AttachedController):
+    """The controller `lp.launch(..., detach=True)` returns: an `lp.AttachedController`, which
+    reaches the program's driver in its job as `lp.attach` does.
+
+    Attributes:
+      job_id: the Slurm job that runs the program.
+      log_dir: where each node's output file (and the batch script's, job.out) is.
+    """
+
+    def __init__(self, entry, log_dir: str):
+        super().__init__(entry)
+        self.job_id = entry.job
+        self.log_dir = log_dir
 
 
 class SlurmLauncher(Launcher):
@@ -195,7 +211,9 @@ class SlurmLauncher(Launcher):
                 stop_signal=script.WARNING_SIGNAL if (settings.stop_before_time_limit
                                                       and not settings.requeue) else None,
                 checkpoint_root=os.path.join(run_dir, 'checkpoints'),
-                requeue_check=shared.job_requeuing if settings.requeue else None)
+                requeue_check=shared.job_requeuing if settings.requeue else None,
+                # A detached program's nodes wait that long for a new driver (driver.py).
+                coordinator_grace=shared.DRIVER_GRACE if settings.detach else None)
             warning = settings.stop_before_time_limit or (
                 _REQUEUE_WARNING if settings.requeue else None)
             spec_paths = {step.index: growing.write_spec(supervision.packer, run_dir, step)
@@ -278,15 +296,19 @@ class JobSupervision:
                            groups=self.program.group_limits(), stop_order=self.stop_order)
 
     def controller(self, job_id: str, coordinator: Coordinator, *, watch_job: bool,
-                   closing: Sequence[Callable[[], None]]) -> SlurmController:
+                   closing: Sequence[Callable[[], None]],
+                   runner_state: Optional[Dict[str, Any]] = None) -> SlurmController:
         """The controller of job `job_id`, with a step runner that can add nodes (see
-        `StepRunner` for `watch_job` and `closing`)."""
+        `StepRunner` for `watch_job` and `closing`), which takes over the steps of a dead
+        driver's (its `runner_state`) if given."""
         runner = growing.GrowingStepRunner(
             job_id, self.run_dir, self.steps, coordinator, watch_job=watch_job, closing=closing,
             batch_log=self.batch_log, packer=self.packer, components=self.components,
             resources=self.resources, log_dir=self.log_dir, first_index=len(self.steps),
             program_name=self.program.name, environment=self.environment,
             warning_seconds=self.warning_seconds, requeue=self.requeue)
+        if runner_state is not None:
+            runner.restore(runner_state)
         return SlurmController(self.program.name, coordinator, runner,
                                launch_type=self.launch_type, notice_period=self.notice_period,
                                job_id=job_id, log_dir=self.log_dir, auth_token=self.auth_token)
@@ -319,7 +341,7 @@ def _wait_for_start(job_id: str, run_dir: str, timeout: Optional[float]) -> None
 
 
 def _detached(job_id: str, supervision: JobSupervision, nodes: int,
-              timeout: Optional[float]) -> detached.AttachedController:
+              timeout: Optional[float]) -> SlurmAttachedController:
     """The controller of a detached program, once its driver serves it and every node runs
     (within `timeout` seconds, else the job is cancelled): it reaches the driver through a step
     of the job (`reach`), as `lp.attach` does."""
@@ -330,10 +352,8 @@ def _detached(job_id: str, supervision: JobSupervision, nodes: int,
         _wait_for_start(job_id, run_dir, timeout)
         left = 60.0 if deadline is None else max(1.0, deadline - time.monotonic())
         entry = reach.adopt(run_dir, job_id, supervision.batch_log, left)
-        controller = detached.AttachedController(entry)
-        while any(status.state == NodeState.PENDING for status in controller.status().values()):
-            if any(status.state == NodeState.FAILED for status in controller.status().values()):
-                controller.wait()  # raises the node's failure
+        controller = SlurmAttachedController(entry, supervision.log_dir)
+        while not _all_started(controller):
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f'The nodes of Slurm job {job_id} did not all start within '
                                    f'{timeout:g} s; see {supervision.log_dir}.')
@@ -349,6 +369,18 @@ def _detached(job_id: str, supervision: JobSupervision, nodes: int,
           f'  its history: python -m launchpad.launch sql {entry.id}\n'
           f'  or cancel:   scancel {job_id}', file=sys.stderr, flush=True)
     return controller
+
+
+def _all_started(controller: SlurmAttachedController) -> bool:
+    """Whether every node of the program has started (or the program has already ended);
+    raises a node's failure."""
+    try:
+        states = {status.state for status in controller.status().values()}
+    except detached.ProgramEndedError:
+        return True  # (as quick a program as that ended well: a failure fails the job)
+    if NodeState.FAILED in states:
+        controller.wait()  # raises the node's failure
+    return NodeState.PENDING not in states
 
 
 def _spare_tasks(max_size: Optional[int], size: int, cap: Optional[int]) -> int:

@@ -8,7 +8,7 @@ directory (`publish`); the launcher waits for it and registers the program on th
 machine (`adopt`), with a relay command (`relay_command`) by which `launchpad.observe.tunnel`
 reaches that socket: a step of the program's own job on its batch host,
 
-    srun --jobid=JOB --overlap --nodelist=BATCHHOST ... python relay.py SOCKET PID
+    srun --jobid=JOB --overlap --nodelist=BATCHHOST ... python relay.py SOCKET
 
 whose stdin and stdout `launchpad.observe.relay` joins to the socket. Why a step rather than
 ssh: compute nodes often refuse ssh, or accept it only into a node where the user has a job
@@ -27,6 +27,7 @@ from typing import List
 from launchpad.launch.slurm import job
 from launchpad.observe import registry
 from launchpad.observe import relay
+from launchpad.process import logs
 
 # The driver's entry, as the launching machine registers it, in the run directory.
 SUPERVISOR_FILE = 'supervisor.json'
@@ -50,11 +51,11 @@ def runtime_dir() -> str:
     return '"${TMPDIR:-/tmp}/launchpad-slurm-$(id -u)-$SLURM_JOB_ID"'
 
 
-def relay_command(job_id: str, node: str, socket_path: str, pid: int) -> List[str]:
-    """The command that relays its stdin and stdout to the observer socket `socket_path` of
-    process `pid` on `node`, through a step of job `job_id` (see the module docstring)."""
+def relay_command(job_id: str, node: str, socket_path: str) -> List[str]:
+    """The command that relays its stdin and stdout to the observer socket `socket_path` on
+    `node`, through a step of job `job_id` (see the module docstring)."""
     return ['sh', '-c', _RELAY_SCRIPT, 'launchpad-relay', job_id, node,
-            sys.executable, relay.__file__, socket_path, str(pid)]
+            sys.executable, relay.__file__, socket_path]
 
 
 def publish(run_dir: str, entry: registry.Entry) -> None:
@@ -87,20 +88,14 @@ def adopt(run_dir: str, job_id: str, batch_log: str, timeout: float) -> registry
             checked = time.monotonic()
             if job.ended(job.states(job_id)):
                 raise RuntimeError(f'Slurm job {job_id} ended before its driver served the '
-                                   f'program; its output ({batch_log}):\n{_tail(batch_log)}')
+                                   f'program; its output ({batch_log}):\n'
+                                   + '\n'.join(logs.read_file(batch_log)[0]))
         time.sleep(0.05)
     with open(path) as f:
         fields = json.load(f)
     socket_path = fields['address'].split(':', 1)[1]
     entry = registry.Entry(**{**fields, 'job': job_id, 'relay': relay_command(
-        job_id, fields['host'], socket_path, fields['pid'])})
+        job_id, fields['host'], socket_path)})
     registry.register(entry)
     return entry
 
-
-def _tail(path: str, lines: int = 25) -> str:
-    try:
-        with open(path, errors='replace') as f:
-            return ''.join(f.readlines()[-lines:])
-    except OSError:
-        return '(none)'

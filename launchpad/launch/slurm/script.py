@@ -116,8 +116,9 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
     `detached` program's script first starts the in-job driver (driver.py), which serves the
     program's coordinator, and waits until it has written its address; the job then ends with the
     driver's exit code, once every step ended, removing the run directory and the driver's
-    registry (`reach.runtime_dir`) even if the driver was killed. A `growing` program's script also runs the steps of nodes added while it
-    runs: the step runner writes each one's `step` line to `INDEX.add` in the run directory
+    registry (`reach.runtime_dir`). A driver killed by a signal is replaced, at most
+    `shared.DRIVER_RESTARTS` times, by one that re-adopts the steps (driver.py). A `growing`
+    program's script also runs the steps of nodes added while it runs: the step runner writes each one's `step` line to `INDEX.add` in the run directory
     (`shared.add_file`), until it writes `shared.ADDING_ENDS` or stops touching
     `shared.ADDING_ALIVE` (the launcher died). A `requeue` job may be requeued (`--requeue`);
     its warning, `warning_seconds` before the time limit, goes to this script, which requeues the
@@ -174,8 +175,11 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
     if detached:
         lines += [
             f'runtime={reach.runtime_dir()}  # the driver\'s registry, this job\'s own',
-            f'{registry.ENV}="$runtime" {shlex.join(shared.driver_argv(run_dir))} &',
-            'driver=$!',
+            'start_driver() {',
+            f'  {registry.ENV}="$runtime" {shlex.join(shared.driver_argv(run_dir))} &',
+            '  driver=$!',
+            '}',
+            'start_driver',
             f'until [ -s "$run/{shared.COORDINATOR_FILE}" ]; do',
             '  kill -0 "$driver" 2>/dev/null || { echo "launchpad: the coordinator did not start" >&2; '
             'exit 1; }',
@@ -203,8 +207,15 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
         ]
     if detached:
         lines += [
-            'wait "$driver"',
-            'status=$?',
+            '# A driver killed by a signal is replaced: the new one re-adopts the running steps.',
+            'replaced=0',
+            'while wait "$driver"; status=$?; [ "$status" -gt 128 ] && '
+            f'[ "$replaced" -lt {shared.DRIVER_RESTARTS} ] && [ -e "$run/{shared.STATE_FILE}" ]; do',
+            '  echo "launchpad: the driver (pid $driver) was killed (exit status $status); '
+            'starting another" >&2',
+            '  replaced=$((replaced + 1))',
+            '  start_driver',
+            'done',
             '# A killed driver neither ended the added steps\' loop nor removed the run directory;',
             '# the nodes stop without their coordinator.',
             f'touch "$run/{shared.ADDING_ENDS}" 2>/dev/null',
