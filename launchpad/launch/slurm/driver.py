@@ -33,6 +33,7 @@ job (`reach`).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -47,6 +48,7 @@ from courier import serialization
 from launchpad.launch.slurm import job, reach, shared
 from launchpad.launch.slurm.launcher import JobSupervision
 from launchpad.launch.supervisor import _Control as Control  # what lp.attach calls
+from launchpad.observe import registry
 from launchpad.observe.observer import Observer
 from launchpad.process.coordinator import NodeFailedError, serve_coordinator
 
@@ -94,6 +96,9 @@ def main(argv: Sequence[str]) -> None:
     except NodeFailedError as e:
         print(f'Program {program.name!r} failed. {e}', flush=True)
         sys.exit(1)
+    finally:  # its registry, emptied by the observer (the batch script may not outlive a scancel)
+        with contextlib.suppress(OSError, KeyError):
+            os.rmdir(os.environ[registry.ENV])
     states = {name: status.state.value for name, status in controller.status().items()}
     print(f'Program {program.name!r} ended: {states}', flush=True)
 
