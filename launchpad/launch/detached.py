@@ -198,6 +198,7 @@ class AttachedController(Controller):
             except courier.ServerUnavailableError:
                 if tunnel.is_remote(self._entry):
                     self._client = self._reconnect(method)
+                    self._entry = tunnel.current(self._entry)  # a new supervisor's, if one is
                     continue
                 if not _keeper_alive(self._entry):
                     if not run_directories(self.id):

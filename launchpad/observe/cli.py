@@ -110,7 +110,8 @@ def run(command: str, body: Callable[[], int]) -> int:
 def _connect(query: str):
     """(registry entry, courier client of its observer) of the program `query` names."""
     entry = registry.find(query)
-    return entry, tunnel.client_of(entry, _CALL_TIMEOUT)
+    client = tunnel.client_of(entry, _CALL_TIMEOUT)
+    return tunnel.current(entry), client  # (a new supervisor's, if its tunnel found one)
 
 
 def _call(entry: registry.Entry, call: Callable[[], Any]) -> Any:
@@ -136,9 +137,16 @@ def _list(args) -> int:
     now = time.time()
     _table(['PROGRAM', 'ID', 'TYPE', 'NODES', 'UP', 'PID', 'DASHBOARD'],
            [[e.name, e.id, e.launch_type, e.nodes, _duration(now - e.started),
-             f'{e.pid} on {e.host}' if tunnel.is_remote(e) else e.pid, e.dashboard or '']
+             _where(e), e.dashboard or '']
             for e in entries])
     return 0
+
+
+def _where(entry: registry.Entry) -> str:
+    """The PID column of `list`: a remote supervisor's host (and Slurm job) too."""
+    if not tunnel.is_remote(entry):
+        return str(entry.pid)
+    return f'{entry.pid} on {entry.host}' + (f' (job {entry.job})' if entry.job else '')
 
 
 def _status(args) -> int:
@@ -146,7 +154,8 @@ def _status(args) -> int:
     view = _call(entry, client.view)
     if args.json:
         print(json.dumps({'id': entry.id, 'name': entry.name, 'launch_type': entry.launch_type,
-                          'controller': {'host': entry.host, 'pid': entry.pid}, **view},
+                          'controller': {'host': entry.host, 'pid': entry.pid,
+                                         **({'job': entry.job} if entry.job else {})}, **view},
                          indent=1))
         return 0
     ended = f', ended ({view["stop_reason"]})' if view.get('ended') else ''

@@ -18,10 +18,14 @@ refused otherwise. In it, per program:
                 supervisor when this one dies; null for others), "ssh" (null, or for a
                 program supervised on another host, a detached SSH program: the ssh command
                 that reaches that host, its name last; "address", "host", "pid" and
-                "keeper_pid" are then the supervisor's there, see `tunnel`)}
+                "keeper_pid" are then the supervisor's there, see `tunnel`), "relay" (null,
+                or for a program supervised on another host that ssh does not reach, a
+                detached Slurm program: the command that, run here, relays its stdin and
+                stdout to the observer's socket there, see `tunnel`), "job" (null, or the
+                Slurm job that runs a detached Slurm program)}
     <id>.sock   the observer's Unix socket (`launchpad.observe.observer`; none for a program
                 supervised on another host)
-    <id>.<pid>.<random>.fwd  the local end of process <pid>'s ssh tunnel to a program
+    <id>.<pid>.<random>.fwd  the local end of process <pid>'s tunnel to a program
                 supervised on another host (`launchpad.observe.tunnel`)
 
 Another user can neither list the directory, read an entry, nor connect to the socket, and a
@@ -67,6 +71,8 @@ class Entry:
     dashboard: Optional[str] = None
     keeper_pid: Optional[int] = None
     ssh: Optional[List[str]] = None
+    relay: Optional[List[str]] = None
+    job: Optional[str] = None
     version: int = VERSION
 
 
@@ -125,10 +131,15 @@ def socket_path(program_id: str) -> pathlib.Path:
     return directory() / f'{program_id}.sock'
 
 
+def is_remote(entry: Entry) -> bool:
+    """True if `entry`'s program is supervised on another host (reached through `tunnel`)."""
+    return entry.ssh is not None or entry.relay is not None
+
+
 def register(entry: Entry) -> None:
     """Writes (or rewrites) `entry`, atomically and readable by this user only."""
     path = directory() / f'{entry.id}.json'
-    if not entry.pid_started and entry.ssh is None:
+    if not entry.pid_started and not is_remote(entry):
         entry.pid_started = _process_started(entry.pid) or 0.0
     temporary = path.with_suffix('.tmp')
     with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 'w') as f:
@@ -161,7 +172,7 @@ def entries() -> List[Entry]:
             entry = Entry(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             continue  # being written, or not ours to read
-        if entry.ssh is not None:
+        if is_remote(entry):
             found.append(entry)
         elif not _alive(entry):
             unregister(entry.id)

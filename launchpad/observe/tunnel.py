@@ -1,31 +1,45 @@
-"""Reaching the observer of a program that is supervised on another host, through ssh.
+"""Reaching the observer of a program that is supervised on another host.
 
-A detached SSH program's supervisor runs on one of its hosts. The launching machine's registry
-entry of it (`registry.Entry.ssh`) holds the ssh command that reaches that host, and `address`
-is the observer's Unix socket there. A process that calls it opens a `Tunnel`: one ssh session
-that first checks that the supervisor still runs, then forwards a private local socket to that
-one. The session ends with the process that opened it (its input closes), so nothing lingers;
-a laptop that lost the network and got it back simply opens a new one. Calls still carry the
-entry's token.
+A detached SSH or Slurm program's supervisor runs on another host than the launching machine,
+whose registry entry of it (`registry.Entry`) says how to reach it; `address` is the observer's
+Unix socket there. A process that calls it opens a `Tunnel`, which first checks that the
+supervisor still runs and then serves a private local socket whose connections reach that one:
+
+- `Entry.ssh`, an SSH program: one ssh session forwards the local socket (`ssh -L`). ssh is
+  how the launcher reached the host in the first place, so it works wherever the program does.
+- `Entry.relay`, a Slurm program: each connection runs the relay command, whose stdin and
+  stdout a small process on the supervisor's host (`launchpad.observe.relay`) joins to the
+  observer's socket. On Slurm that command is a step of the program's own job on its batch
+  host (`srun --jobid=JOB --overlap -w HOST`, see `launchpad.launch.slurm.reach`): a
+  cluster's compute nodes often refuse ssh, or allow it only with a site's pam_slurm_adopt,
+  while a step in the user's own running job is always allowed, and goes through Slurm's
+  authentication (munge) rather than keys.
+
+A tunnel ends with the process that opened it (its relay processes' input closes), so nothing
+lingers; a laptop that lost the network and got it back simply opens a new one. Calls still
+carry the entry's token.
 """
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import json
 import os
 import secrets
 import select
 import shlex
+import socket
 import subprocess
 import threading
 import time
-from typing import Dict, Optional
+from typing import Dict, List, Union
 
 import courier
 
 from launchpad.observe import registry
 
 _ANSWER_TIMEOUT = 30.0  # seconds beyond ssh's own connect timeout for the host to answer
-_tunnels: Dict[str, 'Tunnel'] = {}  # program id -> this process's tunnel to it
+_tunnels: Dict[str, Union['Tunnel', 'RelayTunnel']] = {}  # program id -> this process's tunnel to it
 _lock = threading.Lock()
 
 
@@ -39,16 +53,48 @@ class HostUnreachableError(registry.RegistryError):
 
 
 def is_remote(entry: registry.Entry) -> bool:
-    """True if `entry`'s supervisor runs on another host (reached through ssh)."""
-    return entry.ssh is not None
+    """True if `entry`'s supervisor runs on another host (reached through a tunnel)."""
+    return registry.is_remote(entry)
+
+
+def _local_path(entry: registry.Entry) -> str:
+    """A new private socket path of this process's tunnel to `entry`."""
+    return str(registry.directory() / f'{entry.id}.{os.getpid()}.{secrets.token_hex(3)}.fwd')
+
+
+def _gone(entry: registry.Entry) -> ProgramGoneError:
+    """Removes `entry` here, and says the program has ended."""
+    registry.unregister(entry.id)
+    return ProgramGoneError(f'program {entry.name} ({entry.id}) has ended: its supervisor on '
+                            f'{entry.host} is gone.')
+
+
+def _unreachable(entry: registry.Entry, how: List[str], errors: str) -> HostUnreachableError:
+    return HostUnreachableError(
+        f'cannot reach host {entry.host}, where program {entry.name} ({entry.id}) is '
+        f'supervised (`{shlex.join(how)}`): {errors or "no answer"}. The program runs on there '
+        'without this machine; try again once the host is reachable.')
+
+
+def _read_line(fd: int, deadline: float) -> str:
+    """One line from `fd`, read a byte at a time (what follows it is not ours), by `deadline`."""
+    line = b''
+    while not line.endswith(b'\n') and time.monotonic() < deadline:
+        if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            break
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        line += byte
+    return line.decode(errors='replace').strip()
 
 
 class Tunnel:
     """One ssh session forwarding a private local socket to a remote observer's socket."""
 
     def __init__(self, entry: registry.Entry):
-        self.path = str(registry.directory() / f'{entry.id}.{os.getpid()}.'
-                                                f'{secrets.token_hex(3)}.fwd')
+        self.path = _local_path(entry)
+        self.entry = entry
         remote = entry.address.split(':', 1)[1]
         *ssh, host = entry.ssh
         # The remote shell says whether the supervisor still runs, then holds the session
@@ -65,29 +111,16 @@ class Tunnel:
             return
         errors = self._close_and_read_errors()
         if answer == 'gone':
-            registry.unregister(entry.id)
-            raise ProgramGoneError(f'program {entry.name} ({entry.id}) has ended: its '
-                                   f'supervisor on {entry.host} is gone.')
-        raise HostUnreachableError(
-            f'cannot reach host {entry.host}, where program {entry.name} ({entry.id}) is '
-            f'supervised (`{shlex.join(entry.ssh)}`): {errors or "no answer"}. The program '
-            'runs on there without this machine; try again once the host is reachable.')
+            raise _gone(entry)
+        raise _unreachable(entry, entry.ssh, errors)
 
     def _first_line(self) -> str:
         deadline = time.monotonic() + _ANSWER_TIMEOUT
-        line = b''
-        stdout = self._process.stdout.fileno()
-        while not line.endswith(b'\n') and time.monotonic() < deadline:
-            if not select.select([stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
-                break
-            chunk = os.read(stdout, 64)
-            if not chunk:
-                break
-            line += chunk
-        if line.strip() == b'up':  # the forward is set up before the command runs
+        line = _read_line(self._process.stdout.fileno(), deadline)
+        if line == 'up':  # the forward is set up before the command runs
             while not os.path.exists(self.path) and time.monotonic() < deadline:
                 time.sleep(0.01)
-        return line.decode(errors='replace').strip()
+        return line
 
     def _close_and_read_errors(self) -> str:
         self.close()
@@ -113,6 +146,164 @@ class Tunnel:
             pass
 
 
+class RelayTunnel:
+    """A private local socket each of whose connections runs the entry's relay command, joined
+    to the connection: the command's far end (`launchpad.observe.relay`) says `up` and then
+    carries the bytes to the remote observer's socket, or says `gone`."""
+
+    def __init__(self, entry: registry.Entry):
+        self.path = _local_path(entry)
+        self.entry = entry  # as its supervisor now is
+        self._lock = threading.Lock()
+        self._processes: List[subprocess.Popen] = []
+        self._closed = False
+        self._gone = False
+        # The check's relay serves the first connection (most users open one).
+        self._spare = self._relay()
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._listener.bind(self.path)  # in the private registry directory
+            self._listener.listen(8)
+        except BaseException:
+            self.close()
+            raise
+        threading.Thread(target=self._accept, daemon=True,
+                         name=f'lp-relay-{entry.id}').start()
+
+    def _relay(self) -> subprocess.Popen:
+        """A relay process that said `up`; raises if the supervisor is gone or unreachable."""
+        process = subprocess.Popen(
+            self.entry.relay, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, bufsize=0,
+            start_new_session=True)  # Ctrl-C here ends it through its input, not a signal
+        with self._lock:
+            self._processes.append(process)
+        answer = _read_line(process.stdout.fileno(), time.monotonic() + _ANSWER_TIMEOUT)
+        if answer.split(' ', 1)[0] == 'up':
+            self._adopt(answer[2:])
+            return process
+        errors = ' '.join(self._end(process).split())
+        if answer == 'gone':
+            self._gone = True
+            raise _gone(self.entry)
+        raise _unreachable(self.entry, self.entry.relay, errors)
+
+    def _adopt(self, supervisor: str) -> None:
+        """Takes the supervisor's pid and token from its `up` line: a new supervisor replaced a
+        dead one (`launchpad.observe.relay`) if they changed; its entry here says so."""
+        try:
+            fields = {key: value for key, value in json.loads(supervisor).items()
+                      if value is not None}
+        except ValueError:
+            return
+        if any(getattr(self.entry, key) != value for key, value in fields.items()):
+            self.entry = dataclasses.replace(self.entry, **fields)
+            registry.register(self.entry)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                process, self._spare = self._spare, None
+            try:
+                process = process or self._relay()
+            except registry.RegistryError:
+                connection.close()
+                continue
+            threading.Thread(target=self._downstream, args=(connection, process),
+                             daemon=True).start()
+            threading.Thread(target=self._upstream, args=(connection, process),
+                             daemon=True).start()
+
+    @staticmethod
+    def _upstream(connection: socket.socket, process: subprocess.Popen) -> None:
+        """Copies the connection to the relay's input, whose end ends its half remotely."""
+        try:
+            while True:
+                data = connection.recv(65536)
+                if not data:
+                    break
+                process.stdin.write(data)
+        except (OSError, ValueError):  # (ValueError: closed meanwhile)
+            pass
+        finally:
+            try:
+                process.stdin.close()
+            except OSError:
+                pass
+
+    def _downstream(self, connection: socket.socket, process: subprocess.Popen) -> None:
+        """Copies the relay's output to the connection; its end ends the connection."""
+        try:
+            while True:
+                data = os.read(process.stdout.fileno(), 65536)
+                if not data:
+                    break
+                connection.sendall(data)
+        except (OSError, ValueError):
+            pass
+        finally:
+            try:  # (wakes the upstream thread's recv; a close alone would not end it)
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            connection.close()
+            self._end(process)
+
+    def _end(self, process: subprocess.Popen) -> str:
+        """Ends a relay process (its input closes; if it lingers, a signal) and returns what it
+        wrote to stderr."""
+        try:
+            process.stdin.close()
+        except OSError:
+            pass
+        try:
+            process.wait(5.0)
+        except subprocess.TimeoutExpired:
+            process.terminate()  # (srun passes it on to the step)
+            try:
+                process.wait(5.0)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        with self._lock:
+            if process in self._processes:
+                self._processes.remove(process)
+        try:
+            return process.stderr.read().decode(errors='replace')
+        except (OSError, ValueError):
+            return ''
+
+    def alive(self) -> bool:
+        return not (self._closed or self._gone)
+
+    def close(self) -> None:
+        """Stops listening, ends every relay process and removes the socket."""
+        self._closed = True
+        listener = getattr(self, '_listener', None)
+        if listener is not None:
+            try:
+                listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            listener.close()
+        with self._lock:
+            processes = list(self._processes)
+        for process in processes:
+            self._end(process)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def _open(entry: registry.Entry) -> Union[Tunnel, RelayTunnel]:
+    return RelayTunnel(entry) if entry.relay is not None else Tunnel(entry)
+
+
 def address_of(entry: registry.Entry, fresh: bool = False) -> str:
     """The courier address at which this process reaches `entry`'s observer: its own for a
     local program, else a tunnel's (`fresh`: a new tunnel, as after a lost connection).
@@ -128,14 +319,24 @@ def address_of(entry: registry.Entry, fresh: bool = False) -> str:
             tunnel.close()
             tunnel = None
         if tunnel is None:
-            tunnel = _tunnels[entry.id] = Tunnel(entry)
+            tunnel = _tunnels[entry.id] = _open(entry)
         return f'unix:{tunnel.path}'
 
 
 def client_of(entry: registry.Entry, call_timeout: float, fresh: bool = False) -> courier.Client:
-    """A courier client of `entry`'s observer, carrying its token (see `address_of`)."""
-    return courier.Client(address_of(entry, fresh), auth_token=entry.token,
-                          call_timeout=call_timeout, wait_for_ready=False)
+    """A courier client of `entry`'s observer, carrying its token (see `address_of`; a new
+    supervisor's, if its tunnel found one, see `current`)."""
+    address = address_of(entry, fresh)
+    return courier.Client(address, auth_token=current(entry).token, call_timeout=call_timeout,
+                          wait_for_ready=False)
+
+
+def current(entry: registry.Entry) -> registry.Entry:
+    """`entry` as this process's tunnel to it found its supervisor (the pid and token of a new
+    one that replaced a dead one); `entry` itself if none is open."""
+    with _lock:
+        tunnel = _tunnels.get(entry.id)
+    return entry if tunnel is None else tunnel.entry
 
 
 def running(entry: registry.Entry) -> bool:
@@ -144,7 +345,7 @@ def running(entry: registry.Entry) -> bool:
     if not is_remote(entry):
         return any(e.id == entry.id for e in registry.entries())
     try:
-        Tunnel(entry).close()
+        _open(entry).close()
     except ProgramGoneError:
         return False
     except HostUnreachableError:

@@ -244,7 +244,7 @@ class FakeSlurm:
 
     def __init__(self, tmp_path, monkeypatch):
         # pylint: disable=import-outside-toplevel,protected-access
-        from launchpad.launch.slurm import addresses, job, launcher
+        from launchpad.launch.slurm import addresses, growing, job
         from launchpad.process import spec as specs
         from launchpad.process.coordinator import Coordinator
         self.submitted, self.cancelled, self.states = [], [], {}
@@ -262,7 +262,7 @@ class FakeSlurm:
         packer = specs.Packer('actor-learner', 'slurm', addresses.NodeAddressTable(
             published={}, coordinator='127.0.0.1:1'), '127.0.0.1:1')
         self.coordinator = Coordinator([e.name for _, e in self.executables])
-        self.runner = launcher._GrowingStepRunner(
+        self.runner = growing.GrowingStepRunner(
             '100', str(self.run_dir), [step.watched() for step in components[0].steps],
             self.coordinator, watch_job=False, packer=packer, components=components,
             resources={}, log_dir=str(tmp_path), first_index=2, program_name='actor-learner',
@@ -624,7 +624,7 @@ def test_detached_program_outlives_the_launching_process(slurm_multi, tmp_path):
                           capture_output=True, text=True, timeout=60, env=env_for(tmp_path))
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.split('launched job ')[1].split()[0]
-    assert f'scancel {job_id}' in done.stdout and 'tail -f' in done.stdout
+    assert f'scancel {job_id}' in done.stderr and 'launchpad.launch attach' in done.stderr
     assert wait_until(results.exists, timeout=60)
     assert eval(results.read_text())[1][0] == 4  # pylint: disable=eval-used
     assert wait_until(lambda: queue() == '', timeout=30)

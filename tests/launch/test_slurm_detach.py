@@ -1,24 +1,69 @@
 """A detached Slurm program is supervised inside its job as a foreground one is by its launcher:
 it grows (in its allocation, and beyond it through additional jobs) and shrinks with the launching
-process gone, and keeps its run file (docs/detach.md, docs/slurm.md). Needs the Slurm test bed
-(`slurm_multi`, tests/conftest.py)."""
+process gone, and keeps its run file; the login side reaches its driver through a step of the job
+(docs/detach.md, docs/slurm.md). Needs the Slurm test bed (`slurm_multi`, tests/conftest.py)."""
+import glob
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 
+import psutil
 import pytest
 
+from launchpad.observe import registry
 from tests.core.conftest import wait_until
+from tests.launch.detached_program import Counter
 from tests.launch.test_slurm import additional_jobs, env_for, our_processes, queue
 
+READOPT = '''
+import sys
+import launchpad as lp
+from tests.launch.detached_program import make_program
+controller = lp.launch(make_program(sys.argv[1]), launch_type='slurm', detach=True)
+print('LAUNCHED', controller.id, flush=True)
+'''
 SCRIPT = '''
+import sys
 import launchpad as lp
 from tests import elastic_program
-controller = lp.launch(elastic_program.build(sizes=(4, 1)), launch_type='slurm', detach=True,
-                       spare_tasks=1)
-print('launched job', controller.job_id, flush=True)
+sizes = tuple(int(size) for size in sys.argv[1:])
+controller = lp.launch(elastic_program.build(sizes=sizes, driver=bool(sizes)),
+                       launch_type='slurm', detach=True, spare_tasks=1)
+print('LAUNCHED', controller.id, flush=True)
 '''
+PYTHON = [sys.executable, '-m', 'launchpad.launch']
+
+
+@pytest.fixture
+def runtime_dir(monkeypatch):
+    """This side's registry, private to the test, in a short path (its tunnels' sockets); a
+    job the test launched and left (it failed) is cancelled, so that the next test finds none."""
+    path = tempfile.mkdtemp(prefix='lp-rt-')
+    monkeypatch.setenv(registry.ENV, path)
+    yield path
+    if queue():
+        subprocess.run(['scancel', '--full', f'--user={os.getuid()}'], check=False)
+        wait_until(lambda: queue() == '', timeout=60)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def launch(tmp_path, text, *args):
+    """Runs the script `text`, which launches a program detached and ends; returns (its
+    environment, the program's id, its job id, what the launch printed)."""
+    script = tmp_path / 'detach.py'
+    script.write_text(text)
+    env = env_for(tmp_path)
+    env['LAUNCHPAD_RUNS_DIR'] = str(tmp_path / 'runs')
+    launched = subprocess.run([sys.executable, str(script), *map(str, args)],
+                              capture_output=True, text=True, timeout=90, env=env)
+    assert launched.returncode == 0, launched.stderr
+    program_id = launched.stdout.split('LAUNCHED ')[1].split()[0]
+    job_id = launched.stderr.split('as Slurm job ')[1].split()[0]
+    return env, program_id, job_id, launched.stderr
 
 
 def sql(env, run, query):
@@ -28,22 +73,15 @@ def sql(env, run, query):
 
 
 @pytest.mark.timeout(240)
-def test_a_detached_elastic_program_grows_and_shrinks_without_its_launcher(slurm_multi, tmp_path):
+def test_a_detached_elastic_program_grows_and_shrinks_without_its_launcher(slurm_multi, tmp_path,
+                                                                          runtime_dir):
     """tests/elastic_program.py grows the actors 2 -> 4 -> 1 from a node, after the launching
     script has ended: actor/2 runs in the job's one spare task, actor/3 in an additional job;
     the learner hears exactly the live actors throughout. The program's run file says how it
     went, and nothing is left once it ended."""
-    script = tmp_path / 'detach.py'
-    script.write_text(SCRIPT)
-    env = env_for(tmp_path)
-    env['LAUNCHPAD_RUNS_DIR'] = str(tmp_path / 'runs')
-    launched = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                              timeout=60, env=env)
-    assert launched.returncode == 0, launched.stderr
-    job_id = launched.stdout.split('launched job ')[1].split()[0]
-    program_id = launched.stdout.split('its id is ')[1].split('.\n')[0]
-    for how in (f'sql {program_id}', f'scancel {job_id}', 'tail -f'):
-        assert how in launched.stdout, launched.stdout
+    env, program_id, job_id, printed = launch(tmp_path, SCRIPT, 4, 1)
+    for how in (f'sql {program_id}', f'scancel {job_id}', f'attach {program_id}'):
+        assert how in printed, printed
     seen = set()  # the additional jobs seen while the program ran
 
     def ended():
@@ -74,21 +112,107 @@ def test_a_detached_elastic_program_grows_and_shrinks_without_its_launcher(slurm
         our_processes(str(job_dir))
 
 
-def test_the_controller_of_a_detached_job_refuses_to_resize_it_saying_why(tmp_path):
-    """Its supervisor runs in the job, not in this process: growing it from here would fail
-    with a misleading 'the program has ended'."""
-    # pylint: disable=import-outside-toplevel
-    import launchpad as lp
-    from launchpad.launch.slurm.launcher import SlurmController
-    from launchpad.launch.slurm.steps import StepRunner
-    from launchpad.process.coordinator import Coordinator
-    nothing = Coordinator([])
-    controller = SlurmController('elastic', nothing, StepRunner('7', None, [], nothing,
-                                                                watch_job=False),
-                                 launch_type='slurm', job_id='7', log_dir=str(tmp_path),
-                                 detached=True)
-    controller.attach(lp.Program('elastic'), {})
-    for call in (lambda: controller.add_node(lp.PyNode(print), 'actor'),
-                 lambda: controller.remove_node('actor/0'), lambda: controller.resize('actor', 3)):
-        with pytest.raises(RuntimeError, match=r"runs detached in Slurm job 7.*lp\.resize"):
-            call()
+@pytest.mark.timeout(180)
+def test_the_login_side_attaches_resizes_follows_and_stops_a_detached_program(
+        slurm_multi, tmp_path, runtime_dir):
+    """From this side (the login node): `list` shows the program with its job and batch host,
+    `lp.attach` resizes its group (the driver in the job runs the new node), `status --json`
+    names the driver, `logs` reads the nodes' output, `attach` follows it until Ctrl-C, which
+    leaves it running, and `stop` ends it; nothing is left on any node or here."""
+    import launchpad as lp  # pylint: disable=import-outside-toplevel
+    env, program_id, job_id, _ = launch(tmp_path, SCRIPT)
+    env[registry.ENV] = runtime_dir
+
+    def cli(*args):
+        done = subprocess.run([*PYTHON, *args], capture_output=True, text=True, timeout=60,
+                              env=env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    [listed] = json.loads(cli('list', '--json'))
+    assert (listed['id'], listed['job'], listed['launch_type']) == (program_id, job_id, 'slurm')
+    assert listed['host'] in ('lp-h1', 'lp-h2', 'lp-h3'), listed
+    assert f'on {listed["host"]} (job {job_id})' in cli('list')
+
+    controller = lp.attach(program_id)
+    assert {name: s.state.value for name, s in controller.status().items()} == {
+        'learner/0': 'running', 'actor/0': 'running', 'actor/1': 'running'}
+    controller.resize('actor', 3)
+    assert controller.group_size('actor') == 3
+    assert wait_until(lambda: controller.status()['actor/2'].state.value == 'running',
+                      timeout=30), controller.status()
+
+    status = json.loads(cli('status', program_id, '--json'))
+    assert status['controller'] == {'host': listed['host'], 'pid': listed['pid'], 'job': job_id}
+    driver = psutil.Process(listed['pid'])  # (the bed's nodes share this machine's processes)
+    assert 'launchpad.launch.slurm.driver' in ' '.join(driver.cmdline())
+    started = {'actor/0', 'actor/1', 'learner/0'}  # (and actor/2 from the next sample on)
+    assert started <= {row['name'] for row in status['nodes']} <= started | {'actor/2'}
+    cli('logs', program_id)  # the steps' output files, read by the driver
+
+    errors = tmp_path / 'attach.err'
+    with open(errors, 'w') as err:
+        follower = subprocess.Popen([*PYTHON, 'attach', program_id], stdout=subprocess.DEVNULL,
+                                    stderr=err, env=env)
+    try:
+        assert wait_until(lambda: 'Ctrl-C detaches' in errors.read_text(), timeout=30), \
+            errors.read_text()
+        follower.send_signal(signal.SIGINT)
+        follower.wait(timeout=30)
+    finally:
+        follower.kill()
+    err = errors.read_text()
+    assert follower.returncode == 0 and 'it keeps running' in err, err
+    assert controller.status()['learner/0'].state.value == 'running'
+
+    assert f'Stopped elastic ({program_id})' in cli('stop', program_id)
+    assert controller.wait(timeout=30)
+    assert wait_until(lambda: queue() == '', timeout=30), queue()
+    job_dir = tmp_path / 'jobs' / os.listdir(tmp_path / 'jobs')[0]
+    assert wait_until(lambda: os.listdir(job_dir) == ['logs'], timeout=10)
+    assert wait_until(lambda: not our_processes(str(job_dir)), timeout=10), \
+        our_processes(str(job_dir))
+    assert not our_processes('launchpad-relay') and not our_processes('observe/relay.py')
+    assert os.listdir(runtime_dir) == []  # the entry, and every tunnel's socket
+    assert not glob.glob(f'/tmp/launchpad-slurm-{os.getuid()}-{job_id}')  # the driver's registry
+
+
+@pytest.mark.timeout(150)
+def test_a_killed_driver_is_replaced_by_one_that_readopts_the_running_steps(
+        slurm_multi, tmp_path, runtime_dir):
+    """SIGKILL the driver: the nodes keep serving each other (the counter's calls go on), the
+    batch script starts a new driver, which re-adopts every step with 0 restarts; `lp.attach`'s
+    controller and `status --json` name it, it resizes a group, and `stop` leaves nothing."""
+    import launchpad as lp  # pylint: disable=import-outside-toplevel
+    counter = str(tmp_path / 'counter.json')
+    env, program_id, job_id, _ = launch(tmp_path, READOPT, counter)
+    env[registry.ENV] = runtime_dir
+    controller = lp.attach(program_id)
+    killed = controller.supervisor['pid']
+    assert wait_until(lambda: Counter.read(counter)['calls'] > 0, timeout=30)
+    os.kill(killed, signal.SIGKILL)  # (the bed's nodes share this machine's processes)
+    calls = Counter.read(counter)['calls']
+    assert wait_until(lambda: Counter.read(counter)['calls'] > calls + 100, timeout=10)
+
+    statuses = controller.status()  # through a new relay, once the new driver serves
+    assert {name: (s.state.value, s.restarts) for name, s in statuses.items()} == {
+        name: ('running', 0) for name in ('counter/0', 'caller/0', 'worker/0')}, statuses
+    driver = controller.supervisor['pid']
+    assert driver != killed
+    assert 'launchpad.launch.slurm.driver' in ' '.join(psutil.Process(driver).cmdline())
+    done = subprocess.run([*PYTHON, 'status', program_id, '--json'], capture_output=True,
+                          text=True, timeout=60, env=env, check=True)
+    assert json.loads(done.stdout)['controller']['pid'] == driver
+    controller.resize('worker', 2)
+    assert wait_until(lambda: controller.status()['worker/1'].state.value == 'running',
+                      timeout=30), controller.status()
+
+    controller.stop()
+    assert wait_until(lambda: queue() == '', timeout=30), queue()
+    job_dir = tmp_path / 'jobs' / os.listdir(tmp_path / 'jobs')[0]
+    assert 'was killed' in (job_dir / 'logs' / 'job.out').read_text()
+    assert wait_until(lambda: os.listdir(job_dir) == ['logs'], timeout=10)
+    assert wait_until(lambda: not our_processes(str(job_dir)), timeout=10), \
+        our_processes(str(job_dir))
+    assert not glob.glob(f'/tmp/launchpad-slurm-{os.getuid()}-{job_id}')
+    assert os.listdir(runtime_dir) == []

@@ -2,14 +2,16 @@
 
 One module per place the code runs (docs/slurm.md shows how they work together):
 
-    launcher.py   the launching machine: SlurmLauncher, SlurmOptions, SlurmController, the log
-                  follower; and wherever the coordinator runs: JobSupervision, the growing
-                  step runner
+    launcher.py   the launching machine: SlurmLauncher, SlurmOptions, SlurmController; and
+                  wherever the coordinator runs: JobSupervision
+    log_follower.py  the launching machine: copies the steps' output to its stdout
+    growing.py    wherever the coordinator runs: the step runner of nodes added while it runs
     resources.py  the launching machine: SlurmResources, as sbatch and srun options
     script.py     the launching machine: the job's plan and the batch script (which runs in the job)
     job.py        where the job is watched: sbatch, squeue, scancel, scontrol; SlurmError
     steps.py      where the coordinator runs (launching machine, or the driver): StepRunner
     driver.py     inside a detached job: `python -m launchpad.launch.slurm.driver RUN_DIR`
+    reach.py      both: how the login node reaches a detached job's driver (a relay step)
     addresses.py  in every job step, and where the coordinator starts: the node address table
     shared.py     everywhere: the run directory's files and the names both sides share
 

@@ -4,12 +4,14 @@ supervises a program launched in the foreground.
 Runs inside the Slurm job, on the node that runs the batch script, which starts it before the steps
 as `python -m launchpad.launch.slurm.driver RUN_DIR` (see `shared.driver_argv`):
 
-    batch script ──┬── driver (this module, in the background)
+    batch script ──┬── driver (this module, in the background; a new one if it is killed)
                    │     main thread: waits for the program to end, then exits 0 or 1
                    │     courier server threads: the program's coordinator
                    │     controller thread: the step runner (exit code files; nodes added in
                    │       the allocation or in additional jobs), elastic groups, scaling policy
-                   │     lp-observe-<id>: the program's registry entry and its run file
+                   │     lp-observe-<id>: the program's registry entry and its run file;
+                   │       its observer serves `lp.attach`'s calls too (`detached.CONTROL`)
+                   │     lp-slurm-persist: writes RUN_DIR/state.pkl when the program changed
                    └── srun step ... (one per node, once RUN_DIR/coordinator exists)
 
 The launcher wrote what supervises the program (`launcher.JobSupervision`) to RUN_DIR; the driver
@@ -18,45 +20,136 @@ program in the foreground, and writes the coordinator's endpoint there, where th
 the steps read it. The program's history goes to its run file under RUNS (docs/runs.md), on the
 filesystem the launching host shares. The driver's output, with the failure that ended the program
 if any, goes to the job's job.out, and its exit code becomes the job's.
+
+When the driver is killed (SIGKILL, the OOM killer), the batch script starts a new one, which
+re-adopts the running steps from RUN_DIR/state.pkl: it serves the same coordinator state at the
+same endpoint, and the nodes, which wait `shared.DRIVER_GRACE` seconds for it, report to it
+again; no step is restarted.
+
+Its registry entry is in a registry of the job's own on the batch host (`reach.runtime_dir`,
+given by the batch script), and published to RUN_DIR for the launcher, which registers the
+program on the launching machine: every command there reaches the driver through a step of the
+job (`reach`).
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
 import os
+import pickle
 import sys
-from typing import Sequence
+import threading
+import time
+from typing import Any, Dict, Optional, Sequence
 
-from launchpad.launch.slurm import job, shared
+from courier import serialization
+
+from launchpad.launch.slurm import job, reach, shared
 from launchpad.launch.slurm.launcher import JobSupervision
+from launchpad.launch.supervisor import _Control as Control  # what lp.attach calls
+from launchpad.observe import registry
 from launchpad.observe.observer import Observer
 from launchpad.process.coordinator import NodeFailedError, serve_coordinator
 
+PERSIST_INTERVAL = 0.2  # seconds
+
 
 def main(argv: Sequence[str]) -> None:
-    """Supervises the program whose run directory is the last of `argv` until it ends; exits
-    with 1 if a node failed."""
+    """Supervises the program whose run directory is the last of `argv` until it ends, or takes
+    it over from a killed driver; exits with 1 if a node failed."""
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
     run_dir = argv[-1]
     supervision = JobSupervision.read(run_dir)
+    state = _read_state(run_dir)
+    if state is None:
+        coordinator = supervision.coordinator()
+        endpoint = job.coordinator_bind_endpoint()
+    else:  # the program as it grew, the nodes' states and the endpoint they know
+        supervision.program, coordinator = state['program'], state['coordinator']
+        endpoint = shared.read_coordinator_endpoint(run_dir)
     program = supervision.program
-    coordinator = supervision.coordinator()
-    server = serve_coordinator(coordinator, job.coordinator_bind_endpoint(),
-                               auth_token=supervision.auth_token, tls=supervision.packer.tls)
+    server = serve_coordinator(coordinator, endpoint, auth_token=supervision.auth_token,
+                               tls=supervision.packer.tls)
     controller = supervision.controller(os.environ['SLURM_JOB_ID'], coordinator,
-                                        watch_job=False, closing=[server.Stop])
+                                        watch_job=False, closing=[server.Stop],
+                                        runner_state=state and state['runner'])
     controller.attach(program, supervision.resources)
+    if state is not None and state['scaler'] is not None:
+        controller._elastic._scaler = state['scaler']  # pylint: disable=protected-access
     controller.handle_signals()  # scancel: the program stops as a stop from its launcher would
-    controller.observer = Observer(program, controller,
-                                   program_id=supervision.program_id).start()
-    # The steps start once the endpoint is there, when the runner already says it is alive.
-    shared.write_coordinator_endpoint(run_dir, server.address)
+    controller.observer = Observer(
+        program, controller, program_id=supervision.program_id,
+        served=Control(controller).methods(),
+        entry_fields={'keeper_pid': os.getppid()}).start()  # the batch script (see script.py)
+    if controller.observer.entry is not None:
+        reach.publish(run_dir, controller.observer.entry)
+    if state is None:  # the steps start once the endpoint is there
+        shared.write_coordinator_endpoint(run_dir, server.address)
+    else:
+        print(f'Driver pid {os.getpid()} re-adopted program {program.name!r} '
+              f'({len(coordinator.status())} nodes).', flush=True)
+    threading.Thread(target=_persist, args=(run_dir, controller, program), daemon=True,
+                     name='lp-slurm-persist').start()
     try:
         controller.wait()
     except NodeFailedError as e:
         print(f'Program {program.name!r} failed. {e}', flush=True)
         sys.exit(1)
+    finally:  # its registry, emptied by the observer (the batch script may not outlive a scancel)
+        with contextlib.suppress(OSError, KeyError):
+            os.rmdir(os.environ[registry.ENV])
     states = {name: status.state.value for name, status in controller.status().items()}
     print(f'Program {program.name!r} ended: {states}', flush=True)
+
+
+def _without_controller(program):
+    """A shallow copy of `program` without its controller (this process's), to pickle."""
+    program = copy.copy(program)
+    program.controller = None
+    return program
+
+
+def _read_state(run_dir: str) -> Optional[Dict[str, Any]]:
+    """What a killed driver persisted (`_persist`), or None at the program's start."""
+    try:
+        with open(os.path.join(run_dir, shared.STATE_FILE), 'rb') as f:
+            return pickle.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def _persist(run_dir: str, controller, program) -> None:
+    """Writes what a new driver re-adopts the program from, whenever it changed (at most every
+    PERSIST_INTERVAL seconds), until the program ends: the coordinator (the nodes' states,
+    addresses and restart budgets, the groups), the step runner's steps, the program as it
+    grew and its scaling policy's state."""
+    runner = controller._runner  # pylint: disable=protected-access
+    path = os.path.join(run_dir, shared.STATE_FILE)
+    last = failure = None
+    while not controller.done:
+        try:
+            data = serialization.cloudpickle_dumps({
+                'coordinator': controller.coordinator, 'runner': runner.state(),
+                'program': _without_controller(program),
+                'scaler': controller._elastic._scaler})  # pylint: disable=protected-access
+        except Exception as e:  # pylint: disable=broad-except  (changed while pickled, say)
+            if failure != repr(e):  # the next look may do; a lasting failure is told once
+                failure = repr(e)
+                logging.warning('The state a new driver would re-adopt the program from could '
+                                'not be written: %s', failure)
+            data = last
+        if data != last and os.path.isdir(run_dir):
+            partial = path + '.tmp'
+            try:
+                with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                          'wb') as f:
+                    f.write(data)
+                os.replace(partial, path)
+                last = data
+            except FileNotFoundError:
+                return  # the program ended: its run directory is gone
+        time.sleep(PERSIST_INTERVAL)
 
 
 if __name__ == '__main__':

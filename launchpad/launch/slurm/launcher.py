@@ -12,7 +12,7 @@ Slurm controller; a node's servers bind the address its host uses to reach the c
 port the kernel picks, and publish the endpoint to the coordinator, so ports never collide. The
 program's auth token reaches the steps through the job's environment, never a command line.
 Nodes added to a running program run as new steps in the job's allocation while their group has a
-free task there, and beyond it each in an additional job of its own (`_GrowingStepRunner`).
+free task there, and beyond it each in an additional job of its own (`growing.GrowingStepRunner`).
 
 The launching host and the compute nodes must share a filesystem, as the home directories of most
 clusters are: the job directory (`job_dir=`, or $LAUNCHPAD_SLURM_DIR, default ~/launchpad_slurm)
@@ -25,42 +25,41 @@ A program launched in the foreground lives in these threads of the launching pro
                          job, waits until it starts, returns the SlurmController
     courier threads      the program's coordinator, which every step calls
     controller thread    StepRunner (steps.py): reads the steps' exit code files, and squeue;
-                         submits and cancels additional jobs (_GrowingStepRunner)
-    lp-slurm-logs        _LogFollower: copies the steps' output files to stdout
+                         submits and cancels additional jobs (growing.py)
+    lp-slurm-logs        LogFollower (log_follower.py): copies the steps' output files to stdout
 
 A detached program (detach=True) has the same coordinator, step runner and controller inside the
 job, in the driver (driver.py), made from the `JobSupervision` the launcher writes to the run
-directory; lp.launch returns once the job is submitted, and no thread of ours follows it.
+directory. lp.launch returns once the driver serves it and every node runs, with a controller
+that reaches the driver through a step of the job (`reach`), as `lp.attach` and the commands of
+`python -m launchpad.launch` do; no thread of ours follows it.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import os
 import pickle
 import secrets
-import shlex
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from launchpad.launch.controller import SupervisedElsewhere
+from launchpad.launch import detached
+from launchpad.launch.controller import Controller
 from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of, policies_of,
                                        stop_order_of)
-from launchpad.launch.slurm import addresses, job, script, shared
+from launchpad.launch.slurm import addresses, growing, job, reach, script, shared
+from launchpad.launch.slurm.log_follower import LogFollower
 from launchpad.launch.slurm.resources import SlurmResources
 from launchpad.resources import Resources
-from launchpad.launch.slurm.steps import StepRunner
 from launchpad.observe import registry
 from launchpad.policy import NodePolicy
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import Coordinator, serve_coordinator
-from launchpad.process.output import prefix_for
+from launchpad.process.states import NodeState
 from launchpad.process.stop_order import StopOrder
 from launchpad.program import Program
 
@@ -74,7 +73,8 @@ class SlurmOptions:
     """The slurm launcher's keyword arguments of `lp.launch`.
 
     Attributes:
-      detach: submit the job and return; it runs on its own.
+      detach: the job runs on its own, supervised by its driver; lp.launch returns once every
+        node runs, with a controller that reaches the driver (`SlurmAttachedController`).
       job_dir: where the job's files go, on a filesystem the compute nodes share.
       start_timeout: seconds to wait for the job to start; None waits for ever.
       coordinator_host: the address compute nodes reach this host at.
@@ -115,15 +115,12 @@ class SlurmOptions:
                              f'65535 (Slurm\'s --signal), got {value!r}.')
 
 
-class SlurmController(SupervisedElsewhere):
-    """The controller of a program launched on Slurm.
+class SlurmController(Controller):
+    """The controller of a program launched on Slurm in the foreground.
 
     Attributes:
       job_id: the Slurm job that runs the program.
       log_dir: where each node's output file (and the batch script's, job.out) is.
-      detached: True if the job runs on its own (lp.launch(..., detach=True)); this controller
-        then only describes it: `wait()` returns at once, `stop()` does nothing (use
-        `scancel job_id`) and it cannot add or remove nodes (the job's driver does).
     """
 
     def __init__(self, *args, job_id: str, log_dir: str, **kwargs):
@@ -131,9 +128,20 @@ class SlurmController(SupervisedElsewhere):
         self.log_dir = log_dir
         super().__init__(*args, **kwargs)
 
-    @property
-    def supervisor(self) -> str:
-        return f'in Slurm job {self.job_id}'
+
+class SlurmAttachedController(detached.AttachedController):
+    """The controller `lp.launch(..., detach=True)` returns: an `lp.AttachedController`, which
+    reaches the program's driver in its job as `lp.attach` does.
+
+    Attributes:
+      job_id: the Slurm job that runs the program.
+      log_dir: where each node's output file (and the batch script's, job.out) is.
+    """
+
+    def __init__(self, entry, log_dir: str):
+        super().__init__(entry)
+        self.job_id = entry.job
+        self.log_dir = log_dir
 
 
 class SlurmLauncher(Launcher):
@@ -203,53 +211,41 @@ class SlurmLauncher(Launcher):
                 stop_signal=script.WARNING_SIGNAL if (settings.stop_before_time_limit
                                                       and not settings.requeue) else None,
                 checkpoint_root=os.path.join(run_dir, 'checkpoints'),
-                requeue_check=shared.job_requeuing if settings.requeue else None)
+                requeue_check=shared.job_requeuing if settings.requeue else None,
+                # A detached program's nodes wait that long for a new driver (driver.py).
+                coordinator_grace=shared.DRIVER_GRACE if settings.detach else None)
             warning = settings.stop_before_time_limit or (
                 _REQUEUE_WARNING if settings.requeue else None)
-            spec_paths = {step.index: _write_spec(supervision.packer, run_dir, step)
+            spec_paths = {step.index: growing.write_spec(supervision.packer, run_dir, step)
                           for step in steps}
             script_path = os.path.join(run_dir, 'job.sh')
             with open(script_path, 'w') as f:
                 f.write(script.batch_script(
                     program.name, components, run_dir, spec_paths, detached=settings.detach,
-                    restart_waits=_restart_waits(steps, policies),
+                    restart_waits=growing.restart_waits(steps, policies),
                     warning_seconds=warning, growing=True, requeue=settings.requeue))
             if settings.detach:
                 supervision.write()
-            _adding_alive(run_dir)  # the job runs added nodes' steps while this is touched
+            growing.adding_alive(run_dir)  # the job runs added nodes' steps while this is touched
             job_id = job.submit(script_path, program.name, batch_log, supervision.environment)
         except BaseException:
             if server is not None:
                 server.Stop()
             raise
-        follow = f'tail -f {shlex.quote(log_dir)}/*.out'
         if settings.detach:
-            print(f'Program {program.name!r} runs detached as Slurm job {job_id} '
-                  f'({len(steps)} nodes), supervised in the job; its id is '
-                  f'{supervision.program_id}.\n  Follow it: {follow}\n'
-                  f'  Its state: squeue -j {job_id}\n'
-                  f'  Its history: python -m launchpad.launch sql {supervision.program_id} '
-                  f'(or dashboard {supervision.program_id})\n  Cancel it: scancel {job_id}',
-                  flush=True)
-            nothing = Coordinator([])  # the job's own coordinator follows its nodes
-            runner = StepRunner(job_id, None, [], nothing, watch_job=False)
-            return SlurmController(program.name, nothing, runner,
-                                   launch_type=options.launch_type, job_id=job_id, log_dir=log_dir,
-                                   detached=True)
+            return _detached(job_id, supervision, len(steps), settings.start_timeout)
         print(f'Program {program.name!r} is Slurm job {job_id} ({len(steps)} nodes); node logs in '
               f'{log_dir}; cancel with scancel {job_id}.', file=sys.stderr, flush=True)
         try:  # lp.launch turns Ctrl-C and SIGTERM into KeyboardInterrupt while this waits
-            job.wait_for_start(job_id, settings.start_timeout, ran=lambda: any(
-                name.endswith(shared.EXIT_SUFFIX) for name in os.listdir(run_dir)),
-                waiting=lambda: _adding_alive(run_dir))  # until the runner touches it
+            _wait_for_start(job_id, run_dir, settings.start_timeout)
         except BaseException:
             job.cancel(job_id)
             server.Stop()
             raise
         closing = [server.Stop]
         if terminal == 'current_terminal':
-            follower = _LogFollower([('slurm', batch_log)] + [(s.executable.name, s.log)
-                                                              for s in steps])
+            follower = LogFollower([('slurm', batch_log)] + [(s.executable.name, s.log)
+                                                             for s in steps])
             closing = [follower.close, server.Stop]
         return supervision.controller(job_id, coordinator, watch_job=True, closing=closing)
 
@@ -300,15 +296,19 @@ class JobSupervision:
                            groups=self.program.group_limits(), stop_order=self.stop_order)
 
     def controller(self, job_id: str, coordinator: Coordinator, *, watch_job: bool,
-                   closing: Sequence[Callable[[], None]]) -> SlurmController:
+                   closing: Sequence[Callable[[], None]],
+                   runner_state: Optional[Dict[str, Any]] = None) -> SlurmController:
         """The controller of job `job_id`, with a step runner that can add nodes (see
-        `StepRunner` for `watch_job` and `closing`)."""
-        runner = _GrowingStepRunner(
+        `StepRunner` for `watch_job` and `closing`), which takes over the steps of a dead
+        driver's (its `runner_state`) if given."""
+        runner = growing.GrowingStepRunner(
             job_id, self.run_dir, self.steps, coordinator, watch_job=watch_job, closing=closing,
             batch_log=self.batch_log, packer=self.packer, components=self.components,
             resources=self.resources, log_dir=self.log_dir, first_index=len(self.steps),
             program_name=self.program.name, environment=self.environment,
             warning_seconds=self.warning_seconds, requeue=self.requeue)
+        if runner_state is not None:
+            runner.restore(runner_state)
         return SlurmController(self.program.name, coordinator, runner,
                                launch_type=self.launch_type, notice_period=self.notice_period,
                                job_id=job_id, log_dir=self.log_dir, auth_token=self.auth_token)
@@ -333,229 +333,54 @@ class JobSupervision:
         return pickle.loads(payload)
 
 
-def _write_spec(packer: specs.Packer, run_dir: str, step: script.Step, policy=None) -> str:
-    """Writes the spec file of `step`'s node (`policy`: an added node's) into the run directory
-    and returns its path: every node's one packing step, at launch or added later."""
-    path = os.path.join(run_dir, f'{step.index}.spec')
-    specs.write(packer.admit(step.executable, policy, args=step.resources.args,
-                             env=step.resources.env), path)
-    return path
+def _wait_for_start(job_id: str, run_dir: str, timeout: Optional[float]) -> None:
+    """Waits until job `job_id` runs, keeping its added steps' loop alive meanwhile."""
+    job.wait_for_start(job_id, timeout, ran=lambda: any(
+        name.endswith(shared.EXIT_SUFFIX) for name in os.listdir(run_dir)),
+        waiting=lambda: growing.adding_alive(run_dir))  # until the runner touches it
 
 
-class _GrowingStepRunner(StepRunner):
-    """The step runner of a program launched in the foreground, which can also add nodes.
-
-    An added node runs as a new job step in the job's allocation while its group's component has
-    a free task (its spare tasks, or those of nodes that ended), started by the batch script
-    (`script.batch_script(growing=True)`). Beyond that it runs in an additional job of its own:
-    the node's step alone, with its group's resources, its partition and account, and the job's
-    environment (the program's token); its step joins the program's coordinator as any other.
-    Such a job is cancelled once its node was removed and its step ended, or ended well, and
-    every one of them on release.
-    """
-
-    def __init__(self, *args, packer: specs.Packer, components, resources, log_dir: str,
-                 first_index: int, program_name: str, environment: Dict[str, str],
-                 warning_seconds: Optional[int], **kwargs):
-        super().__init__(*args, **kwargs)
-        self._packer = packer
-        self._components = components
-        self._resources = resources
-        self._log_dir = log_dir
-        self._next_index = first_index
-        self._program_name = program_name
-        self._environment = environment
-        self._warning_seconds = warning_seconds
-        # Node name -> the number of its component, for the steps in the job's allocation.
-        self._component_of = {step.executable.name: number
-                              for number, component in enumerate(components)
-                              for step in component.steps}
-        self._additional: Dict[str, str] = {}  # node name -> the additional job that runs it
-        self._added_lines: Dict[int, str] = {}  # step index -> the batch script's line of a
-        # node added in the allocation, written again when the job is requeued
-        self._removed: set = set()
-        self._checked_additional = time.monotonic()
-        self._touched = 0.0
-        self._touch()
-
-    def _touch(self) -> None:
-        self._touched = time.monotonic()
-        _adding_alive(self._run_dir)
-
-    def poll(self):
-        if time.monotonic() - self._touched > 1.0:
-            self._touch()
-        super().poll()
-        if self._additional:
-            self._follow_additional_jobs()
-        return dict(self._codes)
-
-    def check_add(self, label: str) -> None:
-        """Only groups the job was planned with can grow."""
-        self._component_number(label)
-
-    def _component_number(self, label: str) -> int:
-        group = self._resources.get(label) or SlurmResources()
-        key = script.component_key(label, group)
-        numbers = [n for n, c in enumerate(self._components)
-                   if script.component_key(label, c.resources) == key]
-        if not numbers:
-            raise ValueError(f'Group {label!r} was not in the program when it was launched, so '
-                             'the Slurm job has no room for it; add nodes to groups it had.')
-        return numbers[0]
-
-    def add_executable(self, label: str, executable, policy) -> None:
-        """Runs the node as a new step: in the allocation if its component has a free task, in
-        an additional job otherwise."""
-        group = self._resources.get(label) or SlurmResources()
-        number = self._component_number(label)
-        component = self._components[number]
-        busy = sum(1 for name, n in self._component_of.items()
-                   if n == number and self._codes.get(name) is None)
-        index = self._next_index
-        self._next_index += 1
-        log = os.path.join(self._log_dir, f'{script.log_stem(executable.name)}-{index}.out')
-        step = script.Step(index, executable, group, log)
-        self._packer.address_table.published.update(
-            {address.id: '<node address>:0' for address in executable.addresses})
-        spec_path = _write_spec(self._packer, self._run_dir, step, policy)
-        waits = _restart_waits([step], {executable.name: policy})
-        if busy >= len(component.steps) + component.spare:
-            self._submit_additional(step, spec_path, waits)
-        else:
-            line = script.step_line(step, spec_path, number if len(self._components) > 1 else None,
-                                    waits.get(index, 0))
-            shared.write_whole(shared.add_file(self._run_dir, index), line)
-            self._added_lines[index] = line
-            self._component_of[executable.name] = number
-        self._steps.append(step.watched())
-        self._codes[executable.name] = None
-
-    def _in_job(self, name: str) -> bool:
-        return name not in self._additional
-
-    def _requeued(self, states) -> None:
-        """The job's next run starts the nodes added in its allocation again too."""
-        super()._requeued(states)
-        for index, name, _ in self._steps:
-            if index in self._added_lines and self._codes.get(name) is None:
-                shared.write_whole(shared.add_file(self._run_dir, index), self._added_lines[index])
-
-    def _submit_additional(self, step: script.Step, spec_path: str, waits) -> None:
-        """Submits a job that runs `step` alone, as the program's job runs its steps."""
-        path = os.path.join(self._run_dir, f'{step.index}.sh')
-        with open(path, 'w') as f:
-            f.write(script.batch_script(
-                self._program_name,  # one task on one machine: the group's `nodes` does not apply
-                [script.Component(dataclasses.replace(step.resources, nodes=None), [step])],
-                self._run_dir,
-                {step.index: spec_path}, restart_waits=waits,
-                warning_seconds=self._warning_seconds))
-        name = step.executable.name
-        job_id = job.submit(path, f'{self._program_name}:{name}',
-                            os.path.join(self._log_dir, f'job-{step.index}.out'),
-                            self._environment)
-        self._additional[name] = job_id
-        logging.info('%s runs in additional Slurm job %s (its group has no free task in job %s).',
-                     name, job_id, self._job_id)
-
-    def remove(self, name: str) -> None:
-        """Notes that `name` leaves: its additional job, if any, is cancelled once its step
-        ended (the node itself learns it from the coordinator)."""
-        self._removed.add(name)
-
-    def _follow_additional_jobs(self) -> None:
-        """Cancels the additional jobs whose node is done; fails the nodes whose job ended or
-        cannot start while they should run."""
-        for name, job_id in list(self._additional.items()):
-            code = self._codes.get(name)
-            if code is not None and (name in self._removed or code == 0):
-                job.cancel(job_id)
-                del self._additional[name]
-        if not self._additional or time.monotonic() - self._checked_additional < 1.0:
-            return
-        self._checked_additional = time.monotonic()
-        for name, job_id in list(self._additional.items()):
-            if self._codes.get(name) is not None:
-                continue
-            try:
-                states = job.states(job_id)
-            except job.SlurmError as e:
-                logging.warning('%s', e)
-                continue
-            why = None
-            if job.ended(states):
-                self._read_exit_codes()  # its batch script writes the code before it ends
-                if self._codes.get(name) is None:
-                    why = f'its Slurm job {job_id} ended while it ran: {job.describe(states)}'
-            elif job.hopeless(states):
-                job.cancel(job_id)
-                why = (f'its Slurm job {job_id} cannot start: {job.describe(states)}; the '
-                       "group's resources do not fit the partition or account. Cancelled it")
-            if why is not None:
-                if not self._coordinator.stopping and name not in self._removed:
-                    self._coordinator.node_failed(name, f'{why}. Its log: {self._log_of(name)}')
-                self._codes[name] = -signal.SIGKILL
-
-    def _log_of(self, name: str) -> str:
-        return next(step.log for step in self._steps if step.name == name)
-
-    def kill(self, names: Sequence[str]) -> None:
-        """Cancels the additional jobs of `names` (their steps count as ended once squeue says
-        so) and the steps of removed nodes (the program runs on); the others end with the
-        program's job."""
-        rest, removed = [], []
-        for name in names:
-            if name in self._additional:
-                job.cancel(self._additional[name])
-            elif name in self._removed:
-                removed.append(name)
-            else:
-                rest.append(name)
-        if removed:
-            try:
-                job.cancel_steps(self._job_id, removed)
-            except job.SlurmError as e:
-                logging.warning('Could not cancel the steps of removed nodes %s (%s); cancelling '
-                                'the job.', ', '.join(removed), e)
-                rest += removed
-        if rest or not names:
-            super().kill(rest)
-
-    def release(self) -> None:
-        try:
-            with open(os.path.join(self._run_dir, shared.ADDING_ENDS), 'w'):
-                pass  # the batch script starts no more steps: the job can end
-        except FileNotFoundError:
-            pass  # a detached program's kill removed the run directory: it starts none
-        try:
-            for job_id in self._additional.values():
-                job.cancel(job_id)
-            for job_id in self._additional.values():
-                if not job.wait_for_end(job_id, timeout=60.0):
-                    logging.error('Slurm job %s is still running 60 s after scancel; check it '
-                                  'with `squeue -j %s`.', job_id, job_id)
-        finally:
-            super().release()
+def _detached(job_id: str, supervision: JobSupervision, nodes: int,
+              timeout: Optional[float]) -> SlurmAttachedController:
+    """The controller of a detached program, once its driver serves it and every node runs
+    (within `timeout` seconds, else the job is cancelled): it reaches the driver through a step
+    of the job (`reach`), as `lp.attach` does."""
+    run_dir, program = supervision.run_dir, supervision.program
+    deadline = None if timeout is None else time.monotonic() + timeout
+    entry = None
+    try:  # lp.launch turns Ctrl-C and SIGTERM into KeyboardInterrupt while this waits
+        _wait_for_start(job_id, run_dir, timeout)
+        left = 60.0 if deadline is None else max(1.0, deadline - time.monotonic())
+        entry = reach.adopt(run_dir, job_id, supervision.batch_log, left)
+        controller = SlurmAttachedController(entry, supervision.log_dir)
+        while not _all_started(controller):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f'The nodes of Slurm job {job_id} did not all start within '
+                                   f'{timeout:g} s; see {supervision.log_dir}.')
+            time.sleep(0.1)
+    except BaseException:
+        job.cancel(job_id)
+        if entry is not None:
+            registry.unregister(entry.id)
+        raise
+    print(f'Program {program.name!r} runs detached as Slurm job {job_id} ({nodes} nodes), '
+          f'supervised in the job by pid {entry.pid} on {entry.host}; its id is {entry.id}; node '
+          f'logs are in {supervision.log_dir}.\n{detached.commands(entry.id)}\n'
+          f'  its history: python -m launchpad.launch sql {entry.id}\n'
+          f'  or cancel:   scancel {job_id}', file=sys.stderr, flush=True)
+    return controller
 
 
-def _adding_alive(run_dir: str) -> None:
-    """Touches the file whose freshness keeps the batch script starting added nodes' steps
-    (`shared.ADDING_ALIVE`): while the job waits in the queue, then while the runner runs."""
-    path = os.path.join(run_dir, shared.ADDING_ALIVE)
-    with open(path, 'a'):
-        os.utime(path)
-
-
-def _restart_waits(steps, policies) -> Dict[int, float]:
-    """Step index -> how long its failed step waits to be restarted: the longest backoff of its
-    policy and a minute for the runner to notice (steps without restarts do not wait)."""
-    waits = {}
-    for step in steps:
-        policy = policies.get(step.executable.name)
-        if policy is not None and policy.restart is not None and policy.restart.max_restarts:
-            waits[step.index] = policy.restart.max_backoff + 60.0
-    return waits
+def _all_started(controller: SlurmAttachedController) -> bool:
+    """Whether every node of the program has started (or the program has already ended);
+    raises a node's failure."""
+    try:
+        states = {status.state for status in controller.status().values()}
+    except detached.ProgramEndedError:
+        return True  # (as quick a program as that ended well: a failure fails the job)
+    if NodeState.FAILED in states:
+        controller.wait()  # raises the node's failure
+    return NodeState.PENDING not in states
 
 
 def _spare_tasks(max_size: Optional[int], size: int, cap: Optional[int]) -> int:
@@ -587,49 +412,3 @@ def _job_environment(token: str) -> Dict[str, str]:
     ours = {key: value for key, value in os.environ.items()
             if not key.startswith('SLURM_') or key == 'SLURM_CONF'}
     return specs.node_environment(token, base=ours, extra={specs.SUPERVISE_ENV: '1'})
-
-
-class _LogFollower:
-    """Copies new lines of the nodes' output files to our stdout, each behind its node's name."""
-
-    def __init__(self, files: Sequence[Tuple[str, str]], interval: float = 0.2):
-        color = sys.stdout.isatty()
-        self._files = [[prefix_for(name, i, color=color).encode(), path, 0, b'']
-                       for i, (name, path) in enumerate(files)]
-        self._interval = interval
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name='lp-slurm-logs')
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._closed.wait(self._interval):
-            self._copy(final=False)
-
-    def _copy(self, final: bool) -> None:
-        out = getattr(sys.stdout, 'buffer', None)
-        for entry in self._files:
-            prefix, path, offset, partial = entry
-            try:
-                with open(path, 'rb') as f:
-                    f.seek(offset)
-                    data = f.read()
-            except OSError:
-                continue
-            entry[2] = offset + len(data)
-            lines = (partial + data).split(b'\n')
-            entry[3] = lines.pop()
-            if final and entry[3]:
-                lines.append(entry[3])
-            for line in lines:
-                text = prefix + line + b'\n'
-                if out is not None:
-                    out.write(text)
-                else:
-                    sys.stdout.write(text.decode(errors='replace'))
-        sys.stdout.flush()
-
-    def close(self) -> None:
-        """Stops following and copies what is left, the last unfinished lines included."""
-        self._closed.set()
-        self._thread.join()
-        self._copy(final=True)

@@ -13,9 +13,10 @@ import shlex
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from launchpad.launch.slurm import shared
+from launchpad.launch.slurm import reach, shared
 from launchpad.launch.slurm.resources import SlurmResources
 from launchpad.nodes.base import Executable
+from launchpad.observe import registry
 from launchpad.process import spec as specs
 
 # What Slurm sends the steps before the time limit (`--signal`), and the worker turns into a stop.
@@ -114,8 +115,10 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
     `warning_seconds` asks Slurm to send the steps SIGUSR1 that long before the time limit. A
     `detached` program's script first starts the in-job driver (driver.py), which serves the
     program's coordinator, and waits until it has written its address; the job then ends with the
-    driver's exit code. A `growing` program's script also runs the steps of nodes added while it
-    runs: the step runner writes each one's `step` line to `INDEX.add` in the run directory
+    driver's exit code, once every step ended, removing the run directory and the driver's
+    registry (`reach.runtime_dir`). A driver killed by a signal is replaced, at most
+    `shared.DRIVER_RESTARTS` times, by one that re-adopts the steps (driver.py). A `growing`
+    program's script also runs the steps of nodes added while it runs: the step runner writes each one's `step` line to `INDEX.add` in the run directory
     (`shared.add_file`), until it writes `shared.ADDING_ENDS` or stops touching
     `shared.ADDING_ALIVE` (the launcher died). A `requeue` job may be requeued (`--requeue`);
     its warning, `warning_seconds` before the time limit, goes to this script, which requeues the
@@ -171,8 +174,12 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
         ]
     if detached:
         lines += [
-            f'{shlex.join(shared.driver_argv(run_dir))} &',
-            'driver=$!',
+            f'runtime={reach.runtime_dir()}  # the driver\'s registry, this job\'s own',
+            'start_driver() {',
+            f'  {registry.ENV}="$runtime" {shlex.join(shared.driver_argv(run_dir))} &',
+            '  driver=$!',
+            '}',
+            'start_driver',
             f'until [ -s "$run/{shared.COORDINATOR_FILE}" ]; do',
             '  kill -0 "$driver" 2>/dev/null || { echo "launchpad: the coordinator did not start" >&2; '
             'exit 1; }',
@@ -199,7 +206,23 @@ def batch_script(program_name: str, components: Sequence[Component], run_dir: st
             'done &',
         ]
     if detached:
-        lines += ['wait "$driver"', 'status=$?', 'wait', 'exit "$status"']
+        lines += [
+            '# A driver killed by a signal is replaced: the new one re-adopts the running steps.',
+            'replaced=0',
+            'while wait "$driver"; status=$?; [ "$status" -gt 128 ] && '
+            f'[ "$replaced" -lt {shared.DRIVER_RESTARTS} ] && [ -e "$run/{shared.STATE_FILE}" ]; do',
+            '  echo "launchpad: the driver (pid $driver) was killed (exit status $status); '
+            'starting another" >&2',
+            '  replaced=$((replaced + 1))',
+            '  start_driver',
+            'done',
+            '# A killed driver neither ended the added steps\' loop nor removed the run directory;',
+            '# the nodes stop without their coordinator.',
+            f'touch "$run/{shared.ADDING_ENDS}" 2>/dev/null',
+            'wait',
+            'rm -rf "$runtime" "$run"',
+            'exit "$status"',
+        ]
     elif requeue:
         lines.append('until wait; do :; done  # a trapped signal interrupts `wait`')
     else:

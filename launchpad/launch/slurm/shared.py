@@ -38,6 +38,14 @@ ADDING_SILENCE = 10  # (nodes give up on a lost coordinator after 5 s: a job end
 SUPERVISION_FILE = 'supervision.pkl'
 
 
+# A detached program's driver writes what a new one re-adopts the program from to STATE_FILE;
+# the batch script starts a new one when it is killed (at most DRIVER_RESTARTS times), and the
+# nodes run on DRIVER_GRACE seconds without a driver.
+STATE_FILE = 'state.pkl'
+DRIVER_RESTARTS = 5
+DRIVER_GRACE = 60.0
+
+
 def driver_argv(run_dir: str) -> List[str]:
     """The command line that runs the in-job driver of the program whose run directory is
     `run_dir`, with our Python."""

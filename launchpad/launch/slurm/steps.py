@@ -11,10 +11,11 @@ import os
 import shutil
 import signal
 import time
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from launchpad.launch.runner import Runner
 from launchpad.launch.slurm import job, shared
+from launchpad.process import logs
 from launchpad.process.coordinator import Coordinator
 
 _JOB_POLL = 1.0  # seconds between squeue calls while the program runs
@@ -63,6 +64,19 @@ class StepRunner(Runner):
         self.requeues = 0  # how many times the job was requeued
         self._waiting_again = False  # it was requeued and has not run again yet
         self._left_checked = (float('-inf'), False)  # (when, whether the job was leaving)
+
+    @property
+    def output(self) -> StepRunner:
+        """Where node output goes: each step's output file (`read_log`, for the observer)."""
+        return self
+
+    def read_log(self, name: str, cursor: Optional[int] = None) -> Tuple[List[str], int]:
+        """Lines node `name`'s step wrote after byte `cursor` (None: its last lines), and the
+        next cursor."""
+        for step in self._steps:
+            if step.name == name:
+                return logs.read_file(step.log, cursor)
+        raise LookupError(f'node {name!r} has no step in Slurm job {self._job_id}.')
 
     def poll(self) -> Dict[str, Optional[int]]:
         """Node name -> its step's exit code, or None while it runs."""

@@ -1,0 +1,66 @@
+"""A relay tunnel (`launchpad.observe.tunnel.RelayTunnel`, `launchpad.observe.relay`) reaches a
+supervisor's observer through a command's stdin and stdout, as a detached Slurm program's login
+node does through a step of its job; here the command runs the relay on this machine, against a
+detached local_mp program whose registry is another directory, so no test bed is needed."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import sys
+import tempfile
+
+import pytest
+
+import launchpad as lp
+from launchpad.observe import registry, relay, tunnel
+from tests.launch.detached_program import make_program
+
+
+@pytest.fixture
+def two_registries(monkeypatch):
+    """(the supervisor's registry, this side's), both private and in short paths."""
+    paths = [tempfile.mkdtemp(prefix='lp-rt-') for _ in range(2)]
+    yield paths
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.timeout(120)
+def test_a_relay_tunnel_reaches_the_supervisor_and_follows_a_new_one(
+        tmp_path, monkeypatch, two_registries):
+    """lp.attach reaches the program through the relay; when its supervisor is SIGKILLed, the
+    relay waits for the new one, whose pid and token this side's entry then takes; the stop
+    leaves neither entry nor tunnel socket here."""
+    there, here = two_registries
+    monkeypatch.setenv('LAUNCHPAD_LOGGING_DIR', str(tmp_path / 'logs'))
+    monkeypatch.setenv(registry.ENV, there)
+    launched = lp.launch(make_program(str(tmp_path / 'counter.json')), launch_type='local_mp',
+                         detach=True, supervisor_grace=60)
+    try:
+        entry = registry.find(launched.id)
+        monkeypatch.setenv(registry.ENV, here)
+        socket_path = entry.address.split(':', 1)[1]
+        registry.register(dataclasses.replace(
+            entry, relay=[sys.executable, relay.__file__, socket_path]))
+        [listed] = registry.entries()
+        assert tunnel.is_remote(listed)
+
+        controller = lp.attach(launched.id)
+        assert {s.state.value for s in controller.status().values()} == {'running'}
+        killed = controller.supervisor['pid']
+        os.kill(killed, signal.SIGKILL)  # its keeper starts a new one
+        assert {s.restarts for s in controller.status().values()} == {0}
+        assert controller.supervisor['pid'] != killed
+        [listed] = registry.entries()
+        assert (listed.pid, listed.token) != (killed, entry.token)
+        controller.resize('worker', 2)
+        assert controller.group_size('worker') == 2
+        controller.stop()
+        assert controller.done
+        assert os.listdir(here) == []
+    finally:
+        monkeypatch.setenv(registry.ENV, there)
+        if not launched.done:
+            launched.stop()
