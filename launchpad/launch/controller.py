@@ -335,32 +335,6 @@ class Controller:
             self._restore_signals = None
 
 
-class SupervisedElsewhere(Controller):
-    """The controller of a program that, detached, is supervised elsewhere (a Slurm job's
-    driver, a Kubernetes coordinator pod): its groups are resized there, so `add_node`,
-    `remove_node` and `resize` here raise, saying where (`supervisor`)."""
-
-    supervisor = 'elsewhere'  # where a detached program is supervised, e.g. 'in Slurm job 7'
-
-    def add_node(self, node: Node, label: Optional[str] = None) -> Handle:
-        self._refuse_if_detached()
-        return super().add_node(node, label)
-
-    def remove_node(self, name: str) -> None:
-        self._refuse_if_detached()
-        super().remove_node(name)
-
-    def resize(self, label: str, size: int) -> None:
-        self._refuse_if_detached()
-        super().resize(label, size)
-
-    def _refuse_if_detached(self) -> None:
-        if self.detached:
-            raise RuntimeError(f'Program {self.program_name!r} runs detached {self.supervisor}, '
-                               'supervised there, not by this process: a node\'s lp.resize or its '
-                               'scaling policy resizes it.')
-
-
 class LaunchSignals:
     """Ctrl-C and SIGTERM while a program launches (a context manager).
 

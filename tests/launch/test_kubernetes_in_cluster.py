@@ -179,7 +179,7 @@ def test_a_detached_launcher_follows_the_pod_its_coordinator_pod_creates_again(f
     controller = launch(program, detach=True, create_rbac=True)
     for change in (lambda: controller.resize('worker', 2),
                    lambda: controller.remove_node('other/0')):
-        with pytest.raises(RuntimeError, match='runs detached in its coordinator pod, supervised there'):
+        with pytest.raises(RuntimeError, match='runs detached, supervised by its coordinator pod'):
             change()
     coordinator = fake.objects[('Pod', 't1-coordinator')]['metadata']
     assert fake.objects[('Pod', 't1-other-0')]['metadata']['ownerReferences'] == [

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from launchpad.launch.controller import Controller, SupervisedElsewhere
+from launchpad.launch.controller import Controller
 from launchpad.launch.runner import Runner
 from launchpad.launch.kubernetes.api import KubernetesApi, recreate_pod, terminated
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
@@ -87,17 +87,33 @@ class KubernetesLauncher(Launcher):
                                     detached=config.detach)
 
 
-class KubernetesController(SupervisedElsewhere):
+class KubernetesController(Controller):
     """The controller of a program launched on Kubernetes. Detached, its coordinator pod
     supervises it: this one follows its pods, and neither resizes its groups nor runs its
     scaling policy (the coordinator pod does)."""
-
-    supervisor = 'in its coordinator pod'
 
     def attach(self, program, resources) -> None:
         if not self.detached:
             super().attach(program, resources)
         program.controller = self
+
+    def add_node(self, node, label: Optional[str] = None):
+        self._refuse_if_detached()
+        return super().add_node(node, label)
+
+    def remove_node(self, name: str) -> None:
+        self._refuse_if_detached()
+        super().remove_node(name)
+
+    def resize(self, label: str, size: int) -> None:
+        self._refuse_if_detached()
+        super().resize(label, size)
+
+    def _refuse_if_detached(self) -> None:
+        if self.detached:
+            raise RuntimeError(f'Program {self.program_name!r} runs detached, supervised by its '
+                               'coordinator pod, not by this process: a node\'s lp.resize or its '
+                               'scaling policy resizes it.')
 
 
 def _create(api, plan: LaunchPlan, *, nodes_owned_by_coordinator: bool = False) -> None:
