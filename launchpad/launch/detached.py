@@ -190,8 +190,14 @@ class AttachedController(Controller):
                 self._failed_calls = 0
                 return result
             except courier.PermissionDeniedError:
-                entry = next((e for e in registry.entries() if e.id == self.id), self._entry)
-                if entry.token == self._entry.token:
+                token = self._entry.token
+                if tunnel.is_remote(self._entry):  # a new tunnel brings the host's entry
+                    self._client = self._reconnect(method)
+                    entry = self._entry
+                else:
+                    entry = next((e for e in registry.entries() if e.id == self.id),
+                                 self._entry)
+                if entry.token == token:
                     raise
                 self._entry, self._client = entry, _client_of(entry)  # a new supervisor's
             except courier.ServerUnavailableError:
@@ -311,8 +317,7 @@ def start_from(header: Dict[str, Any], payload: bytes) -> AttachedController:
 
 def read_header(run_dir: str) -> Dict[str, Any]:
     """What the launch file of `run_dir` says without unpickling the program: `sys_path`,
-    `program_id`, `name`, `log_dir`, `started` (the launch's time), and `readopt` (False: a
-    new supervisor cannot re-adopt its nodes, see `launchpad.launch.ssh.detach`)."""
+    `program_id`, `name`, `log_dir` and `started` (the launch's time)."""
     with open(os.path.join(run_dir, LAUNCH_FILE), 'rb') as f:
         return pickle.load(f)[0]
 

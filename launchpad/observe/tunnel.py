@@ -7,10 +7,16 @@ that first checks that the supervisor still runs, then forwards a private local 
 one. The session ends with the process that opened it (its input closes), so nothing lingers;
 a laptop that lost the network and got it back simply opens a new one. Calls still carry the
 entry's token.
+
+A supervisor that died is replaced by its keeper there, whose new supervisor registers anew
+(another pid and token): the check waits for it while the keeper lives, and sends the host's
+entry, which `Tunnel` copies to this machine's.
 """
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import json
 import os
 import secrets
 import select
@@ -25,6 +31,7 @@ import courier
 from launchpad.observe import registry
 
 _ANSWER_TIMEOUT = 30.0  # seconds beyond ssh's own connect timeout for the host to answer
+_NEW_SUPERVISOR_WAIT = 100  # tenths of a second the check waits for a keeper's new supervisor
 _tunnels: Dict[str, 'Tunnel'] = {}  # program id -> this process's tunnel to it
 _lock = threading.Lock()
 
@@ -51,19 +58,32 @@ class Tunnel:
                                                 f'{secrets.token_hex(3)}.fwd')
         remote = entry.address.split(':', 1)[1]
         *ssh, host = entry.ssh
-        # The remote shell says whether the supervisor still runs, then holds the session
-        # open until this process closes its input (or ends).
-        check = (f'if test -S {shlex.quote(remote)} && kill -0 {int(entry.pid)} 2>/dev/null; '
-                 'then echo up; else echo gone; fi; exec cat >/dev/null')
+        # The remote shell says whether the supervisor still runs (waiting while its keeper
+        # starts a new one), with the host's entry of it, then holds the session open until
+        # this process closes its input (or ends).
+        pid = r's/^ *"%s": \([0-9]*\).*/\1/p'
+        check = (f'e={shlex.quote(remote[:-len(".sock")] + ".json")}; '
+                 f'a=starting; for i in $(seq {_NEW_SUPERVISOR_WAIT}); do '
+                 f'p=$(sed -n {shlex.quote(pid % "pid")} "$e" 2>/dev/null); '
+                 f'k=$(sed -n {shlex.quote(pid % "keeper_pid")} "$e" 2>/dev/null); '
+                 f'if test -S {shlex.quote(remote)} && kill -0 "$p" 2>/dev/null; '
+                 'then a="up $(tr -d \'\\n\' < "$e")"; break; fi; '
+                 'if ! kill -0 "$k" 2>/dev/null; then a=gone; break; fi; sleep 0.1; done; '
+                 'echo "$a"; exec cat >/dev/null')
         self._process = subprocess.Popen(
             [*ssh, '-o', 'ExitOnForwardFailure=yes', '-o', 'ControlPath=none',
              '-L', f'{self.path}:{remote}', host, check],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)  # Ctrl-C here ends it through its input, not a signal
         answer = self._first_line()
-        if answer == 'up':
+        if answer.startswith('up '):
+            _refresh(entry, json.loads(answer[3:]))
             return
         errors = self._close_and_read_errors()
+        if answer == 'starting':
+            raise registry.RegistryError(
+                f'the supervisor of program {entry.name} ({entry.id}) on {entry.host} is gone '
+                'and its keeper has not started a new one yet; try again in a while.')
         if answer == 'gone':
             registry.unregister(entry.id)
             raise ProgramGoneError(f'program {entry.name} ({entry.id}) has ended: its '
@@ -84,7 +104,7 @@ class Tunnel:
             if not chunk:
                 break
             line += chunk
-        if line.strip() == b'up':  # the forward is set up before the command runs
+        if line.startswith(b'up '):  # the forward is set up before the command runs
             while not os.path.exists(self.path) and time.monotonic() < deadline:
                 time.sleep(0.01)
         return line.decode(errors='replace').strip()
@@ -111,6 +131,16 @@ class Tunnel:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def _refresh(entry: registry.Entry, there: dict) -> None:
+    """Copies the host's entry of a remote program (a new supervisor's pid and token) to
+    `entry` and to this machine's registry, if they differ."""
+    fresh = registry.Entry(**{**there, 'ssh': entry.ssh})
+    if fresh != entry:
+        for field in dataclasses.fields(registry.Entry):
+            setattr(entry, field.name, getattr(fresh, field.name))
+        registry.register(entry)
 
 
 def address_of(entry: registry.Entry, fresh: bool = False) -> str:
