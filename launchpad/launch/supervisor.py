@@ -171,7 +171,7 @@ def supervise(run_dir: str) -> int:
                                         persist)
     with LaunchSignals(f'program {program.name!r}') as signals:
         if options.launch_type == 'ssh' and state is None:
-            controller = ssh.launch_supervised(program, options, supervision)
+            controller = ssh.launch_supervised(program, options, supervision, run_dir)
         elif options.launch_type == 'ssh':
             controller = ssh.readopt(program, options, supervision, state)
         elif state is None:
@@ -311,6 +311,7 @@ def start_here() -> int:
     header['log_dir'] = header['log_dir'] or detached.default_log_dir(header['name'],
                                                                       header['program_id'])
     controller = detached.start_from(header, payload)
+    detached.write_recover_script(header['program_id'])
     entry = dataclasses.asdict(controller._entry)  # pylint: disable=protected-access
     try:
         print(json.dumps({'entry': entry, 'log_dir': header['log_dir']}), flush=True)
@@ -324,8 +325,12 @@ def main(argv: List[str]) -> int:
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(message)s')
     if argv == ['start']:
         return start_here()
+    if len(argv) == 2 and argv[0] == 'recover':  # (`detached.write_recover_script`)
+        print(json.dumps(dataclasses.asdict(detached.recover_here(argv[1]))), flush=True)
+        return 0
     if len(argv) != 2 or argv[0] != 'keep':
-        sys.exit(f'usage: python -m {__name__} keep RUN_DIR | start (a launch file on stdin)')
+        sys.exit(f'usage: python -m {__name__} keep RUN_DIR | start (a launch file on stdin) '
+                 '| recover PROGRAM_ID')
     keep(argv[1])
     return 0
 

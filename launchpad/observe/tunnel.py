@@ -32,6 +32,14 @@ from launchpad.observe import registry
 
 _ANSWER_TIMEOUT = 30.0  # seconds beyond ssh's own connect timeout for the host to answer
 _NEW_SUPERVISOR_WAIT = 100  # tenths of a second the check waits for a keeper's new supervisor
+# On a supervisor's host, the script that starts a new keeper of program {id} (written by
+# `launchpad.launch.detached.write_recover_script` in the program's run directory there).
+RECOVER_SCRIPTS = '"${{TMPDIR:-/tmp}}"/launchpad-detached-{id}-*/recover'
+
+
+class NoSupervisorError(registry.RegistryError):
+    """The remote program's supervisor and keeper are gone, but its nodes may run on for the
+    supervisor grace: `attach --recover` starts a new supervisor."""
 _tunnels: Dict[str, 'Tunnel'] = {}  # program id -> this process's tunnel to it
 _lock = threading.Lock()
 
@@ -62,13 +70,17 @@ class Tunnel:
         # starts a new one), with the host's entry of it, then holds the session open until
         # this process closes its input (or ends).
         pid = r's/^ *"%s": \([0-9]*\).*/\1/p'
-        check = (f'e={shlex.quote(remote[:-len(".sock")] + ".json")}; '
+        check = ('alive() { kill -0 "$1" 2>/dev/null && '  # (a zombie is not)
+                 '! grep -qs "^[0-9]* (.*) Z" /proc/"$1"/stat; }; '
+                 f'e={shlex.quote(remote[:-len(".sock")] + ".json")}; '
                  f'a=starting; for i in $(seq {_NEW_SUPERVISOR_WAIT}); do '
                  f'p=$(sed -n {shlex.quote(pid % "pid")} "$e" 2>/dev/null); '
                  f'k=$(sed -n {shlex.quote(pid % "keeper_pid")} "$e" 2>/dev/null); '
-                 f'if test -S {shlex.quote(remote)} && kill -0 "$p" 2>/dev/null; '
+                 f'if test -S {shlex.quote(remote)} && alive "$p"; '
                  'then a="up $(tr -d \'\\n\' < "$e")"; break; fi; '
-                 'if ! kill -0 "$k" 2>/dev/null; then a=gone; break; fi; sleep 0.1; done; '
+                 'if ! alive "$k"; then a=gone; '
+                 f'for r in {RECOVER_SCRIPTS.format(id=entry.id)}; do '
+                 'test -f "$r" && a=orphaned; done; break; fi; sleep 0.1; done; '
                  'echo "$a"; exec cat >/dev/null')
         self._process = subprocess.Popen(
             [*ssh, '-o', 'ExitOnForwardFailure=yes', '-o', 'ControlPath=none',
@@ -84,6 +96,11 @@ class Tunnel:
             raise registry.RegistryError(
                 f'the supervisor of program {entry.name} ({entry.id}) on {entry.host} is gone '
                 'and its keeper has not started a new one yet; try again in a while.')
+        if answer == 'orphaned':
+            raise NoSupervisorError(
+                f'the supervisor of program {entry.name} ({entry.id}) on {entry.host} and its '
+                'keeper are gone; its nodes stop after the supervisor grace unless `python -m '
+                f'launchpad.launch attach --recover {entry.id}` starts a new one.')
         if answer == 'gone':
             registry.unregister(entry.id)
             raise ProgramGoneError(f'program {entry.name} ({entry.id}) has ended: its '
@@ -177,7 +194,7 @@ def running(entry: registry.Entry) -> bool:
         Tunnel(entry).close()
     except ProgramGoneError:
         return False
-    except HostUnreachableError:
+    except (HostUnreachableError, NoSupervisorError):
         return True
     return True
 

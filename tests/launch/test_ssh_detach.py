@@ -139,6 +139,23 @@ def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
         assert status['controller'] == {'host': 'lp-h2', 'pid': new_supervisor}
         assert f'{new_supervisor} on lp-h2' in _cli('list').stdout
 
+        # Its keeper dies too: commands say so, and `attach --recover` starts a new keeper on
+        # lp-h2 through ssh, whose supervisor re-adopts the nodes.
+        for pid in (json.loads(there.read_text())['keeper_pid'], new_supervisor):
+            os.kill(pid, signal.SIGKILL)
+        orphaned = _cli('status', program_id, check=False)
+        assert 'attach --recover' in orphaned.stderr, orphaned.stderr
+        follower = subprocess.Popen([*PYTHON, 'attach', '--recover', program_id],
+                                    stderr=subprocess.PIPE, text=True)
+        try:
+            assert 'Attached to detached' in follower.stderr.readline()
+            assert {name: (s.state.value, s.host, s.pid, s.restarts)
+                    for name, s in controller.status().items()} == after
+            assert controller.supervisor['pid'] not in (supervisor, new_supervisor)
+        finally:
+            follower.send_signal(signal.SIGINT)
+            follower.wait(60)
+
         stopped = _cli('stop', program_id)
         assert 'Stopped' in stopped.stdout
         assert controller.wait(timeout=30)

@@ -132,6 +132,7 @@ class _HostAgent:
         self._nodes: Dict[int, _Child] = {}  # by index
         self._grace = 0.0
         self._supervisor_grace = 0.0  # set by a detached program's `files` command
+        self._run_dir = ''  # and its supervisor's files, which go when no supervisor came
         self._preloaded = False
 
     def announce(self, data: bytes = b'', **message: Any) -> None:
@@ -167,6 +168,7 @@ class _HostAgent:
                 self._preloaded = True
             if self._in < 0:  # a detached program between supervisors
                 if time.monotonic() - heard > self._supervisor_grace:
+                    shutil.rmtree(self._run_dir, ignore_errors=True)  # (if on this host)
                     return
                 if self._listener.fileno() in self._pump(0.1 if self._nodes else 1.0,
                                                          self._listener.fileno()):
@@ -223,6 +225,7 @@ class _HostAgent:
                     f.write(data)
             self._grace = body['grace']
             self._supervisor_grace = body.get('supervisor_grace', 0.0)
+            self._run_dir = body.get('run_dir', '')
             for index in body['start']:
                 self._start(index)
             self.announce(event='ready')

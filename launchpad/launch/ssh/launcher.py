@@ -81,6 +81,7 @@ class _SshRunner(ProcessRunner):
         # and how long the agents keep the nodes running without it.
         self.persist: Optional[Callable[[Callable[[], dict]], None]] = None
         self.supervisor_grace = 0.0
+        self.run_dir = ''  # its files on its host, which the agents remove if none comes back
         self.bind_host = ''  # where the coordinator is served
         self.context: Optional[runtime.NodeContext] = None  # the launching process's
         self._restarts: Dict[str, int] = {}
@@ -119,7 +120,7 @@ class _SshRunner(ProcessRunner):
             'packer': self.packer, 'token': self.token, 'port': self.port,
             'bind_host': self.bind_host, 'hosts': self.hosts, 'turn': self.turn,
             'next_index': self.next_index, 'requested': self.requested,
-            'devices': self.devices, 'restarts': self._restarts}}
+            'devices': self.devices, 'restarts': self._restarts, 'run_dir': self.run_dir}}
 
     def readopt(self, state: dict) -> None:
         """Reaches again the agents of the nodes in `state` (`supervised_state`) and takes over
@@ -129,6 +130,7 @@ class _SshRunner(ProcessRunner):
         self.bind_host, self.hosts, self.turn = saved['bind_host'], saved['hosts'], saved['turn']
         self.next_index, self.requested = saved['next_index'], saved['requested']
         self.devices, self._restarts = saved['devices'], saved['restarts']
+        self.run_dir = saved['run_dir']
         for i, (host, nodes, hello) in enumerate(saved['connections']):
             connection = Connection(host, os.path.join(self.local_dir, f'c{i}'), reattach=hello)
             connection.nodes = nodes
@@ -232,6 +234,7 @@ class _SshRunner(ProcessRunner):
         connection is gone."""
         return connection.send('files', {
             'files': files, 'start': list(start), 'supervisor_grace': self.supervisor_grace,
+            'run_dir': self.run_dir,
             'grace': COORDINATOR_LOSS_TIMEOUT + self.options.notice_period})
 
     def check_add(self, label: str) -> None:
@@ -459,17 +462,17 @@ class SshLauncher(Launcher):
 
 
 def launch_supervised(program: Program, options: LaunchOptions,
-                      supervision=None) -> Controller:
+                      supervision=None, run_dir: str = '') -> Controller:
     """Launches `program` from this process: attached to it, or, on one of the program's hosts,
     as the supervisor of a detached program (`launchpad.launch.supervisor`) with `supervision`
     (`processes.Supervision`: its nodes' output goes to files, its state is persisted and its
-    nodes outlive it for the supervisor grace)."""
+    nodes outlive it for the supervisor grace, after which the agents remove its `run_dir`)."""
     hosts = {label: hosts_of(label, resources) for label, resources in options.resources.items()}
     executables = executables_of(program, options)
     runner = _SshRunner([], tempfile.mkdtemp(prefix=protocol.DIR_PREFIX))
     if supervision is not None:
         runner.log_dir, runner.persist = supervision.log_dir, supervision.persist
-        runner.supervisor_grace = supervision.grace
+        runner.supervisor_grace, runner.run_dir = supervision.grace, run_dir
     try:
         return SshLauncher()._launch(  # pylint: disable=protected-access
             program, options, executables, hosts, runner)
