@@ -17,6 +17,17 @@ One single-threaded process per connection, and one forked child per node:
 The agent's loop `select`s on its stdin and the nodes' pipes: it forwards output as it comes,
 reports a node's exit code once its last output is forwarded, and handles a command whenever a
 complete one has arrived.
+
+A detached program's agent (`--detached`) must outlive its supervisor, so it does not live in
+the ssh session: it forks away in a session of its own, listening on a socket in its private
+directory, and the process ssh started relays between the session and that socket (`relay`):
+
+    supervisor ==ssh==> relay <==socket==> agent (protocol.SOCKET_NAME) --fork--> nodes
+    new supervisor ==ssh==> relay.py SOCKET <==socket==^
+
+When the supervisor's session ends the agent keeps the nodes running, and what they print and
+how they end, until a new supervisor connects (it says hello again with the state of every
+node, and sends what it kept on `resume`) or the supervisor grace has passed.
 """
 from __future__ import annotations
 
