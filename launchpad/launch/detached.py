@@ -444,9 +444,6 @@ def _recover(query: str) -> None:
 def recover_here(query: str) -> registry.Entry:
     """Starts a keeper for the detached program `query` of this machine unless its keeper
     lives; returns its registry entry once its supervisor registered."""
-    running = [e for e in registry.entries() if query in (e.id, e.name) or e.id.startswith(query)]
-    if running and _keeper_alive(running[0]):
-        return running[0]  # it has a supervisor
     runs = run_directories(query)
     if len(runs) != 1:
         raise RuntimeError(f'{len(runs)} detached programs whose id starts with {query!r} have '
@@ -454,7 +451,13 @@ def recover_here(query: str) -> registry.Entry:
                            f'no detached program with id {query!r} has a run directory here '
                            '(its nodes may have stopped after the supervisor grace).')
     program_id = read_header(runs[0])['program_id']
-    spawn_keeper(runs[0])
+    try:  # (read as it is: `registry.entries` drops it while its keeper starts a supervisor)
+        keeper = json.loads((registry.directory() / f'{program_id}.json').read_text())[
+            'keeper_pid']
+    except (OSError, ValueError, KeyError):
+        keeper = None
+    if keeper is None or not _alive(keeper):
+        spawn_keeper(runs[0])
     deadline = time.monotonic() + 60.0
     while True:
         entry = next((e for e in registry.entries() if e.id == program_id), None)

@@ -140,6 +140,7 @@ class _HostAgent:
         else:
             self._in = self._out = -1  # until a supervisor connects
         self._pending = bytearray()  # events while no supervisor is connected, for the next
+        self._holding = False  # a new supervisor is connected but not ready for them yet
         self._nodes: Dict[int, _Child] = {}  # by index
         self._grace = 0.0
         self._supervisor_grace = 0.0  # set by a detached program's `files` command
@@ -150,17 +151,24 @@ class _HostAgent:
         """Sends `message` to the launcher, followed by `data` if the message gives its size;
         keeps it for the next supervisor of a detached program while none is connected."""
         packed = protocol.pack_event(message, data)
-        if self._out < 0:
+        if self._out < 0 or self._holding:
             if len(self._pending) < protocol.PENDING_LIMIT or message['event'] != 'output':
                 self._pending += packed
-            return
+        elif not self._send(packed) and self._listener is not None:
+            self._pending += packed  # (the next supervisor may get it twice, never half)
+
+    def _send(self, data: bytes) -> bool:
+        """Writes `data` to the launcher; False if it is gone (a detached program's agent then
+        waits for the next)."""
         try:
-            view = memoryview(packed)
+            view = memoryview(data)
             while view:
                 view = view[os.write(self._out, view):]
+            return True
         except OSError:  # the launcher is gone; nobody is listening
             if self._listener is not None:
                 self._disconnect()
+            return False
 
     def serve(self) -> None:
         """Handles the launcher's messages until its input ends or stays silent (a detached
@@ -170,7 +178,7 @@ class _HostAgent:
         if self._listener is None:
             self.announce(event='hello', **self.facts)
         elif select.select([self._listener], [], [], protocol.AGENT_START_TIMEOUT)[0]:
-            self._accept()  # the relay of the session that started this agent
+            self._accept(first=True)  # the relay of the session that started this agent
         else:
             return
         while True:
@@ -220,13 +228,16 @@ class _HostAgent:
             self._connection = None
         self._in = self._out = -1
 
-    def _accept(self) -> None:
+    def _accept(self, first: bool = False) -> None:
         """Takes a supervisor's connection: says hello with the state of every node (their
-        exit codes, None while running); what happened meanwhile follows on `resume`."""
+        exit codes, None while running); what happened meanwhile, and until it is ready,
+        follows on `resume`."""
         self._connection = self._listener.accept()[0]
         self._in = self._out = self._connection.fileno()
         nodes = {index: node.poll() for index, node in self._nodes.items()}
+        self._holding = False
         self.announce(event='hello', nodes=nodes, **self.facts)
+        self._holding = not first
 
     def _handle(self, kind: str, body: Any) -> None:
         if kind == 'files':
@@ -240,15 +251,10 @@ class _HostAgent:
             for index in body['start']:
                 self._start(index)
             self.announce(event='ready')
-        elif kind == 'resume':  # a new supervisor: what it missed
-            pending, self._pending = bytes(self._pending), bytearray()
-            view = memoryview(pending)
-            try:
-                while view:
-                    view = view[os.write(self._out, view):]
-            except OSError:
-                self._pending = bytearray(view)
-                self._disconnect()
+        elif kind == 'resume':  # a new supervisor is ready for what it missed
+            self._holding = False
+            if self._send(bytes(self._pending)):
+                self._pending.clear()
         elif kind == 'kill':
             self._kill(body)
             self.announce(event='killed')
