@@ -14,24 +14,28 @@ all the time, and an idle worker), detached, --rounds times, and each time
   longest gap  the longest time between two calls the counter served, before the kill and over
                the kill and the re-adoption (the caller calls every 10 ms).
 
-With --ssh it measures, on the SSH test bed (as root; see benchmarks/ssh_bench.py), what
-detaching costs at launch on three hosts (the supervisor on the first): a detached SSH program's
-supervisor is not re-adopted yet, so there is no re-adoption to time. Slurm and Kubernetes are
-not measured here.
+With --ssh it measures the same on the SSH test bed (as root; see benchmarks/ssh_bench.py), on
+three hosts, the supervisor on the first: re-adoption until the new supervisor answers on its
+host (its keeper started it there; its agents on the three hosts were reached again through
+ssh), and until `status` answers on this machine (`lp.attach`'s controller, which opens a new
+ssh tunnel to it). Slurm and Kubernetes are not measured here.
 
   python benchmarks/recover_bench.py [--rounds 3] [--ssh]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import pathlib
+import shutil
 import signal
 import statistics
 import sys
 import tempfile
 import time
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -57,12 +61,19 @@ def attached_launch(directory: str) -> float:
     return took
 
 
-def readoption(program_id: str, old_pid: int) -> float:
-    """SIGKILLs supervisor `old_pid`; seconds until a new one answers."""
+def readoption(program_id: str, old_pid: int, runtime_dir: str = '') -> float:
+    """SIGKILLs supervisor `old_pid`; seconds until a new one answers (registered in
+    `runtime_dir`, a host's registry, default this machine's)."""
     killed = time.monotonic()
     os.kill(old_pid, signal.SIGKILL)
     while True:
         entry = next((e for e in registry.entries() if e.id == program_id), None)
+        if runtime_dir:
+            try:
+                with open(os.path.join(runtime_dir, f'{program_id}.json')) as f:
+                    entry = registry.Entry(**json.load(f))
+            except (OSError, ValueError):
+                entry = None
         if entry is not None and entry.pid != old_pid:
             try:
                 courier.Client(entry.address, auth_token=entry.token, call_timeout=5,
@@ -73,6 +84,21 @@ def readoption(program_id: str, old_pid: int) -> float:
         time.sleep(0.005)
 
 
+def served_over_readoption(controller, counter: str, runtime_dir: str = '') -> Dict[str, float]:
+    """Kills the supervisor of `controller`'s program once its counter served two seconds of
+    calls; the re-adoption's times, node restarts and the longest gaps in served calls."""
+    while Counter.read(counter)['calls'] < 200:  # two seconds of calls
+        time.sleep(0.05)
+    before = Counter.read(counter)['longest_gap']
+    killed = time.monotonic()
+    took = readoption(controller.id, controller.supervisor['pid'], runtime_dir)
+    restarts = sum(s.restarts for s in controller.status().values())
+    answered = time.monotonic() - killed  # (this machine's `status`)
+    time.sleep(1.0)  # calls go on; the counter writes every 50 ms
+    return {'readoption': took, 'status': answered, 'gap_before': before,
+            'gap_through': Counter.read(counter)['longest_gap'], 'restarts': restarts}
+
+
 def round_(directory: str, index: int) -> Dict[str, float]:
     counter = os.path.join(directory, f'counter{index}.json')
     started = time.monotonic()
@@ -80,39 +106,44 @@ def round_(directory: str, index: int) -> Dict[str, float]:
                            detach=True)
     launch = time.monotonic() - started
     try:
-        while Counter.read(counter)['calls'] < 200:  # two seconds of calls
-            time.sleep(0.05)
-        before = Counter.read(counter)['longest_gap']
-        took = readoption(controller.id, controller.supervisor['pid'])
-        restarts = sum(s.restarts for s in controller.status().values())
-        time.sleep(1.0)  # calls go on; the counter writes every 50 ms
-        through = Counter.read(counter)['longest_gap']
+        return {'launch': launch, **served_over_readoption(controller, counter)}
     finally:
         controller.stop()
-    return {'launch': launch, 'readoption': took, 'gap_before': before,
-            'gap_through': through, 'restarts': restarts}
 
 
-def ssh_launches(directory: str, rounds: int) -> None:
-    """Prints the launch time of the program on the bed's three hosts, detached and attached."""
+def ssh_rounds(directory: str, rounds: int) -> Tuple[List[Dict[str, float]], List[float]]:
+    """The rounds on the bed's three hosts (their registry in a directory of `directory`, which
+    they share with this machine), and the attached launches."""
     from benchmarks.ssh_bench import bed_hosts  # pylint: disable=import-outside-toplevel
-    times: Dict[str, List[float]] = {'detached': [], 'attached': []}
-    with bed_hosts(argparse.Namespace(hosts=None)) as hosts:
-        resources = {'counter': hosts[0], 'caller': hosts[1], 'worker': hosts[2]}
-        for index in range(rounds):
-            for how in times:
-                program = make_program(os.path.join(directory, f'{how}{index}.json'), how)
-                started = time.monotonic()
-                controller = lp.launch(program, launch_type='ssh', resources=resources,
-                                       terminal='output_to_files', detach=how == 'detached')
-                while not _all_running(controller):
-                    time.sleep(0.01)
-                times[how].append(time.monotonic() - started)
-                controller.stop()
-    detached, attached = (statistics.median(times[how]) for how in times)
-    print(f'ssh, 3 hosts, {rounds} rounds: launch until every node runs: detached '
-          f'{detached:.2f} s (worst {max(times["detached"]):.2f} s), attached {attached:.2f} s '
-          f'(worst {max(times["attached"]):.2f} s), ratio {detached / attached:.2f}')
+    runtime_dir = tempfile.mkdtemp(prefix='lpb-')  # (a short path: the sockets' are limited)
+    rows: List[Dict[str, float]] = []
+    attached: List[float] = []
+    try:
+        with bed_hosts(argparse.Namespace(hosts=None)) as hosts:
+            hosts = [dataclasses.replace(host, env={**host.env, registry.ENV: runtime_dir})
+                     for host in hosts]
+            resources = {'counter': hosts[0], 'caller': hosts[1], 'worker': hosts[2]}
+            for index in range(rounds):
+                for how in ('attached', 'detached'):
+                    counter = os.path.join(directory, f'{how}{index}.json')
+                    started = time.monotonic()
+                    controller = lp.launch(make_program(counter, how), launch_type='ssh',
+                                           resources=resources, terminal='output_to_files',
+                                           detach=how == 'detached')
+                    while not _all_running(controller):
+                        time.sleep(0.01)
+                    launch = time.monotonic() - started
+                    try:
+                        if how == 'attached':
+                            attached.append(launch)
+                        else:
+                            rows.append({'launch': launch, **served_over_readoption(
+                                controller, counter, runtime_dir)})
+                    finally:
+                        controller.stop()
+    finally:
+        shutil.rmtree(runtime_dir, ignore_errors=True)
+    return rows, attached
 
 
 def main() -> None:
@@ -120,23 +151,23 @@ def main() -> None:
     parser.add_argument('--rounds', type=int, default=3)
     parser.add_argument('--ssh', action='store_true', help='measure ssh launches on the bed')
     args = parser.parse_args()
-    if args.ssh:
-        with tempfile.TemporaryDirectory() as directory:
-            os.environ.setdefault('LAUNCHPAD_LOGGING_DIR', os.path.join(directory, 'logs'))
-            ssh_launches(directory, args.rounds)
-        return
     with tempfile.TemporaryDirectory() as directory:
         os.environ.setdefault('LAUNCHPAD_LOGGING_DIR', os.path.join(directory, 'logs'))
-        rows: List[Dict[str, float]] = []
-        attached: List[float] = []
-        for index in range(args.rounds):
-            attached.append(attached_launch(directory))
-            rows.append(round_(directory, index))
+        if args.ssh:
+            rows, attached = ssh_rounds(directory, args.rounds)
+        else:
+            rows, attached = [], []
+            for index in range(args.rounds):
+                attached.append(attached_launch(directory))
+                rows.append(round_(directory, index))
     median = lambda key: statistics.median(row[key] for row in rows)  # noqa: E731
     worst = lambda key: max(row[key] for row in rows)  # noqa: E731
-    print(f'local_mp, {args.rounds} rounds (median / worst):')
+    print(f'{"ssh, 3 hosts" if args.ssh else "local_mp"}, {args.rounds} rounds '
+          '(median / worst):')
     print(f'  re-adoption after SIGKILL of the supervisor: {median("readoption"):.2f} s / '
-          f'{worst("readoption"):.2f} s; node restarts: {sum(r["restarts"] for r in rows):g}')
+          f'{worst("readoption"):.2f} s until the new one answered; `status` here answered '
+          f'after {median("status"):.2f} s / {worst("status"):.2f} s; node restarts: '
+          f'{sum(r["restarts"] for r in rows):g}')
     print(f'  longest gap in served calls: {median("gap_before") * 1e3:.0f} ms / '
           f'{worst("gap_before") * 1e3:.0f} ms before the kill, '
           f'{median("gap_through") * 1e3:.0f} ms / {worst("gap_through") * 1e3:.0f} ms over '

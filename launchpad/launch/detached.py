@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
+import json
 import os
 import pickle
+import shlex
 import shutil
 import signal
 import subprocess
@@ -41,6 +43,7 @@ SUPERVISOR_GRACE = 180.0  # default seconds nodes run on without a supervisor
 SUPERVISOR_MODULE = 'launchpad.launch.supervisor'
 LAUNCH_FILE = 'launch.pkl'  # in the run directory: the program and how to launch it
 RUN_PREFIX = 'launchpad-detached-'  # run directories: <tmp>/<RUN_PREFIX><id>-<random>
+RECOVER_SCRIPT = 'recover'  # in an SSH program's run directory (`tunnel.RECOVER_SCRIPTS`)
 # What a supervisor serves beside the observer's methods (`launchpad.launch.supervisor`).
 CONTROL = ('node_status', 'outcome', 'add_node', 'remove_node', 'resize', 'group_size',
            'scaling_log', 'scale_up_times')
@@ -191,8 +194,14 @@ class AttachedController(Controller):
                 self._failed_calls = 0
                 return result
             except courier.PermissionDeniedError:
-                entry = next((e for e in registry.entries() if e.id == self.id), self._entry)
-                if entry.token == self._entry.token:
+                token = self._entry.token
+                if tunnel.is_remote(self._entry):  # a new tunnel brings the host's entry
+                    self._client = self._reconnect(method)
+                    entry = self._entry
+                else:
+                    entry = next((e for e in registry.entries() if e.id == self.id),
+                                 self._entry)
+                if entry.token == token:
                     raise
                 self._entry, self._client = entry, _client_of(entry)  # a new supervisor's
             except courier.ServerUnavailableError:
@@ -310,8 +319,7 @@ def start_from(header: Dict[str, Any], payload: bytes) -> AttachedController:
 
 def read_header(run_dir: str) -> Dict[str, Any]:
     """What the launch file of `run_dir` says without unpickling the program: `sys_path`,
-    `program_id`, `name`, `log_dir`, `started` (the launch's time), and `readopt` (False: a
-    new supervisor cannot re-adopt its nodes, see `launchpad.launch.ssh.detach`)."""
+    `program_id`, `name`, `log_dir` and `started` (the launch's time)."""
     with open(os.path.join(run_dir, LAUNCH_FILE), 'rb') as f:
         return pickle.load(f)[0]
 
@@ -424,14 +432,17 @@ def main(argv: Sequence[str]) -> int:
 
 def _recover(query: str) -> None:
     """Starts a keeper (and so a supervisor) for the detached program `query` whose supervisor
-    and keeper are gone."""
+    and keeper are gone: here, or on its supervisor's host (through ssh)."""
     running = [e for e in registry.entries() if query in (e.id, e.name) or e.id.startswith(query)]
     if running and tunnel.is_remote(running[0]):
-        raise RuntimeError(f'program {running[0].name} ({running[0].id}) is supervised on '
-                           f'{running[0].host}: a new supervisor there cannot re-adopt its nodes '
-                           'yet (see docs/detach.md).')
-    if running and _keeper_alive(running[0]):
-        return  # it has a supervisor
+        _recover_remote(running[0])
+    else:
+        recover_here(query)
+
+
+def recover_here(query: str) -> registry.Entry:
+    """Starts a keeper for the detached program `query` of this machine unless its keeper
+    lives; returns its registry entry once its supervisor registered."""
     runs = run_directories(query)
     if len(runs) != 1:
         raise RuntimeError(f'{len(runs)} detached programs whose id starts with {query!r} have '
@@ -439,9 +450,49 @@ def _recover(query: str) -> None:
                            f'no detached program with id {query!r} has a run directory here '
                            '(its nodes may have stopped after the supervisor grace).')
     program_id = read_header(runs[0])['program_id']
-    spawn_keeper(runs[0])
+    try:  # (read as it is: `registry.entries` drops it while its keeper starts a supervisor)
+        keeper = json.loads((registry.directory() / f'{program_id}.json').read_text())[
+            'keeper_pid']
+    except (OSError, ValueError, KeyError):
+        keeper = None
+    if keeper is None or not _alive(keeper):
+        spawn_keeper(runs[0])
     deadline = time.monotonic() + 60.0
-    while not any(e.id == program_id for e in registry.entries()):
+    while True:
+        entry = next((e for e in registry.entries() if e.id == program_id), None)
+        if entry is not None:
+            return entry
         if time.monotonic() > deadline:
             raise RuntimeError(f'no supervisor of {program_id} registered within 60 s.')
         time.sleep(0.1)
+
+
+def write_recover_script(program_id: str) -> None:
+    """Writes RECOVER_SCRIPT to the run directory of `program_id` (a detached SSH program,
+    supervised on this host): `recover_here` with this process's interpreter and
+    environment, for `attach --recover` on the launching machine to run through ssh."""
+    run_dir, = run_directories(program_id)
+    env = [f'{k}={v}' for k, v in os.environ.items() if not k.startswith('SSH_')]
+    command = shlex.join(['exec', 'env', '-i', *env, sys.executable, '-m', SUPERVISOR_MODULE,
+                          'recover', program_id])
+    path = os.path.join(run_dir, RECOVER_SCRIPT)
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 'w') as f:
+        f.write(command + '\n')
+
+
+def _recover_remote(entry: registry.Entry) -> None:
+    """Has the host of `entry` (a detached SSH program's supervisor's) run its program's
+    RECOVER_SCRIPT, and registers the new supervisor's entry here."""
+    command = (f'for r in {tunnel.RECOVER_SCRIPTS.format(id=entry.id)}; do '
+               'test -f "$r" && exec sh "$r"; done; '
+               f'echo "no run directory of {entry.id} is left there" >&2; exit 3')
+    try:
+        done = subprocess.run([*entry.ssh, command], capture_output=True, timeout=90.0)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f'{entry.host} did not answer within 90 s.') from None
+    if done.returncode != 0:
+        errors = done.stderr.decode(errors='replace').strip().splitlines()[-5:]
+        raise RuntimeError(f'no new supervisor of {entry.name} ({entry.id}) could be started on '
+                           f'{entry.host} (exit {done.returncode}): ' + ' '.join(errors))
+    there = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    registry.register(registry.Entry(**{**there, 'ssh': entry.ssh}))

@@ -19,12 +19,12 @@
 A detached ssh program's supervisor runs on one of its hosts, started there by
 `launchpad.launch.ssh.detach` with `python -m launchpad.launch.supervisor start` (`start_here`:
 the launch file comes on stdin, its registry entry goes back on stdout); it launches the
-program with the ssh launcher and is not started again when it dies (its run is not
-re-adoptable: the keeper then removes its run directory and registry entry).
+program with the ssh launcher, whose host agents outlive it, and a new one re-adopts the nodes
+through them (`ssh.launcher.readopt`).
 
-Nodes of a detached local_mp program outlive a dead supervisor: calls between nodes go on,
-their metrics wait for the next supervisor, and they stop by themselves if none comes within
-the supervisor grace (`lp.launch(..., supervisor_grace=...)`).
+Nodes of a detached program outlive a dead supervisor: calls between nodes go on, their
+metrics wait for the next supervisor, and they stop by themselves if none comes within the
+supervisor grace (`lp.launch(..., supervisor_grace=...)`).
 """
 from __future__ import annotations
 
@@ -170,14 +170,17 @@ def supervise(run_dir: str) -> int:
     supervision = processes.Supervision(launch['grace'], header['log_dir'], launch['flags'],
                                         persist)
     with LaunchSignals(f'program {program.name!r}') as signals:
-        if options.launch_type == 'ssh':  # (its runner persists nothing: see ssh.detach)
-            controller = ssh.launch_supervised(program, options, header['log_dir'])
+        if options.launch_type == 'ssh' and state is None:
+            controller = ssh.launch_supervised(program, options, supervision, run_dir)
+        elif options.launch_type == 'ssh':
+            controller = ssh.readopt(program, options, supervision, state)
         elif state is None:
             controller = processes.launch_supervised(program, options, run_dir, supervision)
         else:
             controller = processes.readopt(program, options, run_dir, supervision, state)
+        if state is not None:
             logging.warning('Supervisor pid %d re-adopted program %s (%d nodes).', os.getpid(),
-                            header['program_id'], len(state['commands']))
+                            header['program_id'], len(state['coordinator'].status()))
         signals.started()
     holder['controller'] = controller
     controller.attach(program, options.resources)
@@ -189,7 +192,7 @@ def supervise(run_dir: str) -> int:
         served=_Control(controller).methods(),
         entry_fields={'keeper_pid': os.getppid(), 'started': header['started']}).start()
     controller.wait(raise_error=False)
-    if not header.get('readopt', True):
+    if options.launch_type == 'ssh':  # (a local_mp program's nodes remove theirs)
         shutil.rmtree(run_dir, ignore_errors=True)
     return 0
 
@@ -213,9 +216,6 @@ def keep(run_dir: str) -> None:
     code = 1
     try:
         _keep(run_dir)
-        if not header.get('readopt', True):  # its supervisor died: the program ended with it
-            registry.unregister(header['program_id'])
-            shutil.rmtree(run_dir, ignore_errors=True)
         code = 0
     finally:
         os._exit(code)  # pylint: disable=protected-access
@@ -310,6 +310,7 @@ def start_here() -> int:
     header, payload = pickle.load(sys.stdin.buffer)
     header['log_dir'] = header['log_dir'] or detached.default_log_dir(header['program_id'])
     controller = detached.start_from(header, payload)
+    detached.write_recover_script(header['program_id'])
     entry = dataclasses.asdict(controller._entry)  # pylint: disable=protected-access
     try:
         print(json.dumps({'entry': entry, 'log_dir': header['log_dir']}), flush=True)
@@ -323,8 +324,12 @@ def main(argv: List[str]) -> int:
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(message)s')
     if argv == ['start']:
         return start_here()
+    if len(argv) == 2 and argv[0] == 'recover':  # (`detached.write_recover_script`)
+        print(json.dumps(dataclasses.asdict(detached.recover_here(argv[1]))), flush=True)
+        return 0
     if len(argv) != 2 or argv[0] != 'keep':
-        sys.exit(f'usage: python -m {__name__} keep RUN_DIR | start (a launch file on stdin)')
+        sys.exit(f'usage: python -m {__name__} keep RUN_DIR | start (a launch file on stdin) '
+                 '| recover PROGRAM_ID')
     keep(argv[1])
     return 0
 

@@ -18,6 +18,10 @@ supervisor still runs and then serves a private local socket whose connections r
 A tunnel ends with the process that opened it (its relay processes' input closes), so nothing
 lingers; a laptop that lost the network and got it back simply opens a new one. Calls still
 carry the entry's token.
+
+A dead SSH supervisor is replaced by its keeper there, whose new supervisor registers anew
+(another pid and token): the check waits for it while the keeper lives and sends the host's
+entry, which `Tunnel` copies to this machine's; a Slurm relay's `up` line does the same.
 """
 from __future__ import annotations
 
@@ -39,7 +43,19 @@ import courier
 from launchpad.observe import registry
 
 _ANSWER_TIMEOUT = 30.0  # seconds beyond ssh's own connect timeout for the host to answer
-_tunnels: Dict[str, Union['Tunnel', 'RelayTunnel']] = {}  # program id -> this process's tunnel to it
+_NEW_SUPERVISOR_WAIT = 100  # tenths of a second the check waits for a keeper's new supervisor
+# On a supervisor's host, the script that starts a new keeper of program {id} (written by
+# `launchpad.launch.detached.write_recover_script` in the program's run directory there).
+RECOVER_SCRIPTS = '"${{TMPDIR:-/tmp}}"/launchpad-detached-{id}-*/recover'
+
+
+class NoSupervisorError(registry.RegistryError):
+    """The remote program's supervisor and keeper are gone, but its nodes may run on for the
+    supervisor grace: `attach --recover` starts a new supervisor."""
+
+
+# program id -> this process's tunnel to it
+_tunnels: Dict[str, Union['Tunnel', 'RelayTunnel']] = {}
 _lock = threading.Lock()
 
 
@@ -97,19 +113,42 @@ class Tunnel:
         self.entry = entry
         remote = entry.address.split(':', 1)[1]
         *ssh, host = entry.ssh
-        # The remote shell says whether the supervisor still runs, then holds the session
-        # open until this process closes its input (or ends).
-        check = (f'if test -S {shlex.quote(remote)} && kill -0 {int(entry.pid)} 2>/dev/null; '
-                 'then echo up; else echo gone; fi; exec cat >/dev/null')
+        # The remote shell says whether the supervisor still runs (waiting while its keeper
+        # starts a new one), with the host's entry of it, then holds the session open until
+        # this process closes its input (or ends).
+        pid = r's/^ *"%s": \([0-9]*\).*/\1/p'
+        check = ('alive() { kill -0 "$1" 2>/dev/null && '  # (a zombie is not)
+                 '! grep -qs "^[0-9]* (.*) Z" /proc/"$1"/stat; }; '
+                 f'e={shlex.quote(remote[:-len(".sock")] + ".json")}; '
+                 f'a=starting; for i in $(seq {_NEW_SUPERVISOR_WAIT}); do '
+                 f'p=$(sed -n {shlex.quote(pid % "pid")} "$e" 2>/dev/null); '
+                 f'k=$(sed -n {shlex.quote(pid % "keeper_pid")} "$e" 2>/dev/null); '
+                 f'if test -S {shlex.quote(remote)} && alive "$p"; '
+                 'then a="up $(tr -d \'\\n\' < "$e")"; break; fi; '
+                 'if ! alive "$k"; then a=gone; '
+                 f'for r in {RECOVER_SCRIPTS.format(id=entry.id)}; do '
+                 'test -f "$r" && a=orphaned; done; break; fi; sleep 0.1; done; '
+                 'echo "$a"; exec cat >/dev/null')
         self._process = subprocess.Popen(
             [*ssh, '-o', 'ExitOnForwardFailure=yes', '-o', 'ControlPath=none',
              '-L', f'{self.path}:{remote}', host, check],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)  # Ctrl-C here ends it through its input, not a signal
         answer = self._first_line()
-        if answer == 'up':
+        if answer.startswith('up '):
+            there = json.loads(answer[3:])
+            _refresh(entry, {key: value for key, value in there.items() if key != 'ssh'})
             return
         errors = self._close_and_read_errors()
+        if answer == 'starting':
+            raise registry.RegistryError(
+                f'the supervisor of program {entry.name} ({entry.id}) on {entry.host} is gone '
+                'and its keeper has not started a new one yet; try again in a while.')
+        if answer == 'orphaned':
+            raise NoSupervisorError(
+                f'the supervisor of program {entry.name} ({entry.id}) on {entry.host} and its '
+                'keeper are gone; its nodes stop after the supervisor grace unless `python -m '
+                f'launchpad.launch attach --recover {entry.id}` starts a new one.')
         if answer == 'gone':
             raise _gone(entry)
         raise _unreachable(entry, entry.ssh, errors)
@@ -117,7 +156,7 @@ class Tunnel:
     def _first_line(self) -> str:
         deadline = time.monotonic() + _ANSWER_TIMEOUT
         line = _read_line(self._process.stdout.fileno(), deadline)
-        if line == 'up':  # the forward is set up before the command runs
+        if line.startswith('up '):  # the forward is set up before the command runs
             while not os.path.exists(self.path) and time.monotonic() < deadline:
                 time.sleep(0.01)
         return line
@@ -189,16 +228,14 @@ class RelayTunnel:
         raise _unreachable(self.entry, self.entry.relay, errors)
 
     def _adopt(self, supervisor: str) -> None:
-        """Takes the supervisor's pid and token from its `up` line: a new supervisor replaced a
-        dead one (`launchpad.observe.relay`) if they changed; its entry here says so."""
+        """Takes the supervisor's pid and token from its `up` line (`launchpad.observe.relay`):
+        a new supervisor replaced a dead one if they changed."""
         try:
             fields = {key: value for key, value in json.loads(supervisor).items()
                       if value is not None}
         except ValueError:
             return
-        if any(getattr(self.entry, key) != value for key, value in fields.items()):
-            self.entry = dataclasses.replace(self.entry, **fields)
-            registry.register(self.entry)
+        _refresh(self.entry, fields)
 
     def _accept(self) -> None:
         while True:
@@ -304,6 +341,16 @@ def _open(entry: registry.Entry) -> Union[Tunnel, RelayTunnel]:
     return RelayTunnel(entry) if entry.relay is not None else Tunnel(entry)
 
 
+def _refresh(entry: registry.Entry, fields: dict) -> None:
+    """Copies what the supervisor's host says of a remote program (a new supervisor's pid and
+    token) to `entry` and to this machine's registry, if anything differs."""
+    changed = {key: value for key, value in fields.items() if getattr(entry, key) != value}
+    if changed:
+        for key, value in changed.items():
+            setattr(entry, key, value)
+        registry.register(entry)
+
+
 def address_of(entry: registry.Entry, fresh: bool = False) -> str:
     """The courier address at which this process reaches `entry`'s observer: its own for a
     local program, else a tunnel's (`fresh`: a new tunnel, as after a lost connection).
@@ -348,7 +395,7 @@ def running(entry: registry.Entry) -> bool:
         _open(entry).close()
     except ProgramGoneError:
         return False
-    except HostUnreachableError:
+    except (HostUnreachableError, NoSupervisorError):
         return True
     return True
 

@@ -50,6 +50,21 @@ def short_tmp_path():
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _new_supervisor(entry: pathlib.Path, old: int) -> int:
+    """The pid of the supervisor that replaced `old`, once it serves (from its host's registry
+    `entry`)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            pid = json.loads(entry.read_text())['pid']
+        except (OSError, ValueError):
+            pid = old
+        if pid != old and entry.with_suffix('.sock').exists():
+            return pid
+        assert time.monotonic() < deadline, 'no new supervisor registered'
+        time.sleep(0.05)
+
+
 def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run([*PYTHON, *args], capture_output=True, text=True, timeout=60,
                           check=check)
@@ -94,21 +109,52 @@ def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
         listed = _cli('list').stdout
         assert program_id in listed and f'{status["controller"]["pid"]} on lp-h2' in listed
 
-        # This machine loses the hosts' network: the program runs on; commands say why they
-        # cannot reach it, and work again once the network is back.
+        # This machine loses the hosts' network for 30 s: the program runs on; commands say
+        # why they cannot reach it. Meanwhile its supervisor is SIGKILLed: the nodes serve on,
+        # and the keeper on lp-h2 starts a new supervisor, which re-adopts them through their
+        # hosts' agents (seen here in lp-h2's registry: the hosts share this file system).
+        there = remote / 'runtime' / f'{program_id}.json'
+        supervisor = status['controller']['pid']
         subprocess.run(['ip', 'addr', 'del', LAUNCHER_ADDRESS, 'dev', BRIDGE], check=True)
+        cut = time.monotonic()
         try:
             before = Counter.read(counter)['calls']
             cut_off = _cli('status', program_id, check=False)
             assert cut_off.returncode == 1
             assert 'cannot reach host lp-h2' in cut_off.stderr, cut_off.stderr
-            assert _calls(counter, before) > before
+            before = _calls(counter, before)
+            os.kill(supervisor, signal.SIGKILL)
+            new_supervisor = _new_supervisor(there, supervisor)
+            assert _calls(counter, _calls(counter, before)) > before
+            time.sleep(max(0.0, 30.0 - (time.monotonic() - cut)))
         finally:
             subprocess.run(['ip', 'addr', 'add', LAUNCHER_ADDRESS, 'dev', BRIDGE], check=True)
         controller = lp.attach(program_id)
         assert controller.supervisor['host'] == 'lp-h2'
-        assert {name: (s.state.value, s.host, s.pid) for name, s in controller.status().items()
-                } == nodes  # no node was restarted
+        after = {name: (s.state.value, s.host, s.pid, s.restarts)
+                 for name, s in controller.status().items()}
+        assert after == {name: (*node, 0) for name, node in nodes.items()}  # none restarted
+        assert controller.supervisor['pid'] == new_supervisor
+        status = json.loads(_cli('status', program_id, '--json').stdout)
+        assert status['controller'] == {'host': 'lp-h2', 'pid': new_supervisor}
+        assert f'{new_supervisor} on lp-h2' in _cli('list').stdout
+
+        # Its keeper dies too: commands say so, and `attach --recover` starts a new keeper on
+        # lp-h2 through ssh, whose supervisor re-adopts the nodes.
+        for pid in (json.loads(there.read_text())['keeper_pid'], new_supervisor):
+            os.kill(pid, signal.SIGKILL)
+        orphaned = _cli('status', program_id, check=False)
+        assert 'attach --recover' in orphaned.stderr, orphaned.stderr
+        follower = subprocess.Popen([*PYTHON, 'attach', '--recover', program_id],
+                                    stderr=subprocess.PIPE, text=True)
+        try:
+            assert 'Attached to detached' in follower.stderr.readline()
+            assert {name: (s.state.value, s.host, s.pid, s.restarts)
+                    for name, s in controller.status().items()} == after
+            assert controller.supervisor['pid'] not in (supervisor, new_supervisor)
+        finally:
+            follower.send_signal(signal.SIGINT)
+            follower.wait(60)
 
         stopped = _cli('stop', program_id)
         assert 'Stopped' in stopped.stdout
@@ -131,7 +177,7 @@ def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
                                         r"program's hosts \(lp-h1, lp-h2\)"),
     (dict(supervisor_host=lp.SshHost('lp-h1', port=2222)), 'is not one of the program'),
     (dict(detach=False, supervisor_host='lp-h1'), 'applies to detached programs only'),
-    (dict(supervisor_grace=60), 'supervisor_grace= is not supported by the ssh launcher yet'),
+    (dict(supervisor_grace=-1), 'supervisor_grace=-1 must be a positive number of seconds'),
     (dict(terminal='tmux_session'), "terminal='tmux_session' cannot be detached"),
 ])
 def test_a_detached_ssh_launch_refuses_what_it_cannot_do(options, error):

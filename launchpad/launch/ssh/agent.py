@@ -17,6 +17,17 @@ One single-threaded process per connection, and one forked child per node:
 The agent's loop `select`s on its stdin and the nodes' pipes: it forwards output as it comes,
 reports a node's exit code once its last output is forwarded, and handles a command whenever a
 complete one has arrived.
+
+A detached program's agent (`--detached`) must outlive its supervisor, so it does not live in
+the ssh session: it forks away in a session of its own, listening on a socket in its private
+directory, and the process ssh started relays between the session and that socket (`relay`):
+
+    supervisor ==ssh==> relay <==socket==> agent (protocol.SOCKET_NAME) --fork--> nodes
+    new supervisor ==ssh==> relay.py SOCKET <==socket==^
+
+When the supervisor's session ends the agent keeps the nodes running, and what they print and
+how they end, until a new supervisor connects (it says hello again with the state of every
+node, and sends what it kept on `resume`) or the supervisor grace has passed.
 """
 from __future__ import annotations
 
@@ -31,6 +42,7 @@ import time
 from typing import Any, Dict, Optional, Sequence
 
 from launchpad.launch.ssh import protocol
+from launchpad.launch.ssh import relay
 from launchpad.process import forkserver
 from launchpad.process import spec as specs
 from launchpad.process import tree
@@ -45,6 +57,11 @@ def main() -> None:
     request. When its input ends or falls silent (the launcher is done or dead, or the network
     is gone) it gives the nodes still running a grace period to notice and stop, kills the rest
     and removes the directory.
+
+    With `--detached` (a detached program's supervisor started it) the agent leaves the ssh
+    session, which then only relays to it (`relay`), and listens on SOCKET_NAME in its
+    directory: when its supervisor is gone it keeps the nodes running, for the supervisor
+    grace the `files` command gave, until a new supervisor connects there.
     """
     import cloudpickle  # pylint: disable=import-outside-toplevel,unused-import
     import psutil  # pylint: disable=import-outside-toplevel,unused-import
@@ -53,19 +70,46 @@ def main() -> None:
         del frame
         sys.exit(128 + signum)
 
+    args = sys.argv[1:]
+    detached = args[:1] == ['--detached']
+    workdir = args[detached] if len(args) > detached else ''
+    directory = tempfile.mkdtemp(prefix=protocol.DIR_PREFIX)
+    listener = _listen(directory) if detached else None
+    if listener is not None and os.fork():
+        listener.close()  # this process is the session's relay from now on
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(os.path.join(directory, protocol.SOCKET_NAME))
+        relay.relay(connection)
+        return
+    if listener is not None:  # the agent, in a session of its own, apart from ssh's
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.close(devnull)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, end)
-    workdir = sys.argv[1] if len(sys.argv) > 1 else ''
-    agent = _HostAgent(tempfile.mkdtemp(prefix=protocol.DIR_PREFIX), workdir or os.getcwd())
+    agent = _HostAgent(directory, workdir or os.getcwd(), listener)
     try:
-        agent.announce(event='hello', hostname=socket.gethostname(), python=sys.version_info[:2],
-                       spec_fields=protocol.spec_fields(), launchpad=_launchpad_directory(),
-                       directory=agent.directory, workdir_ok=not workdir or os.path.isdir(workdir),
-                       ssh_connection=os.environ.get('SSH_CONNECTION', ''),
-                       devices=Inventory.discover(socket.gethostname()).to_json())
+        agent.facts = dict(
+            hostname=socket.gethostname(), python=sys.version_info[:2],
+            spec_fields=protocol.spec_fields(), launchpad=_launchpad_directory(),
+            directory=agent.directory, workdir_ok=not workdir or os.path.isdir(workdir),
+            ssh_connection=os.environ.get('SSH_CONNECTION', ''),
+            devices=Inventory.discover(socket.gethostname()).to_json())
         agent.serve()
     finally:
         agent.close()
+
+
+def _listen(directory: str) -> socket.socket:
+    """The socket a detached program's supervisors reach the agent at: this user's only."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = os.path.join(directory, protocol.SOCKET_NAME)
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(4)
+    return listener
 
 
 def _launchpad_directory() -> str:
@@ -82,44 +126,118 @@ class _HostAgent:
     forwards to the launcher.
     """
 
-    def __init__(self, directory: str, workdir: str):
+    def __init__(self, directory: str, workdir: str,
+                 listener: Optional[socket.socket] = None):
         self.directory = directory
         self.workdir = workdir
-        # Our stdout carries the protocol; anything else printed here goes to stderr instead.
-        self._out = os.fdopen(os.dup(1), 'wb')
-        os.dup2(2, 1)
+        self.facts: Dict[str, Any] = {}  # what the hello says
+        self._listener = listener  # a detached program's (see `main`)
+        self._connection: Optional[socket.socket] = None
+        if listener is None:
+            # Our stdout carries the protocol; anything else printed here goes to stderr instead.
+            self._in, self._out = sys.stdin.fileno(), os.dup(1)
+            os.dup2(2, 1)
+        else:
+            self._in = self._out = -1  # until a supervisor connects
+        self._pending = bytearray()  # events while no supervisor is connected, for the next
+        self._holding = False  # a new supervisor is connected but not ready for them yet
         self._nodes: Dict[int, _Child] = {}  # by index
         self._grace = 0.0
+        self._supervisor_grace = 0.0  # set by a detached program's `files` command
+        self._run_dir = ''  # and its supervisor's files, which go when no supervisor came
         self._preloaded = False
 
     def announce(self, data: bytes = b'', **message: Any) -> None:
-        """Sends `message` to the launcher, followed by `data` if the message gives its size."""
+        """Sends `message` to the launcher, followed by `data` if the message gives its size;
+        keeps it for the next supervisor of a detached program while none is connected."""
+        packed = protocol.pack_event(message, data)
+        if self._out < 0 or self._holding:
+            if len(self._pending) < protocol.PENDING_LIMIT or message['event'] != 'output':
+                self._pending += packed
+        elif not self._send(packed) and self._listener is not None:
+            self._pending += packed  # (the next supervisor may get it twice, never half)
+
+    def _send(self, data: bytes) -> bool:
+        """Writes `data` to the launcher; False if it is gone (a detached program's agent then
+        waits for the next)."""
         try:
-            self._out.write(protocol.pack_event(message, data))
-            self._out.flush()
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._out, view):]
+            return True
         except OSError:  # the launcher is gone; nobody is listening
-            pass
+            if self._listener is not None:
+                self._disconnect()
+            return False
 
     def serve(self) -> None:
-        """Handles the launcher's messages until its input ends or stays silent."""
-        stdin = sys.stdin.fileno()
+        """Handles the launcher's messages until its input ends or stays silent (a detached
+        program's agent then waits up to the supervisor grace for a new supervisor)."""
         buffer = bytearray()
         heard = time.monotonic()
+        if self._listener is None:
+            self.announce(event='hello', **self.facts)
+        elif select.select([self._listener], [], [], protocol.AGENT_START_TIMEOUT)[0]:
+            self._accept(first=True)  # the relay of the session that started this agent
+        else:
+            return
         while True:
             if not self._preloaded:  # while the launcher packs the program
                 forkserver.preload()
                 self._preloaded = True
-            if stdin not in self._pump(0.1 if self._nodes else 1.0, stdin):
+            if self._in < 0:  # a detached program between supervisors
+                if time.monotonic() - heard > self._supervisor_grace:
+                    shutil.rmtree(self._run_dir, ignore_errors=True)  # (if on this host)
+                    return
+                if self._listener.fileno() in self._pump(0.1 if self._nodes else 1.0,
+                                                         self._listener.fileno()):
+                    self._accept()
+                    buffer.clear()
+                    heard = time.monotonic()
+                continue
+            if self._in not in self._pump(0.1 if self._nodes else 1.0, self._in):
                 if time.monotonic() - heard > protocol.LAUNCHER_SILENCE_TIMEOUT:
+                    if not self._lost():
+                        return
+                continue
+            try:
+                chunk = os.read(self._in, 1 << 20)
+            except OSError:
+                chunk = b''
+            if not chunk:
+                if not self._lost():
                     return
                 continue
-            chunk = os.read(stdin, 1 << 20)
-            if not chunk:
-                return
             heard = time.monotonic()
             buffer += chunk
             for kind, body in protocol.unpack_commands(buffer):
+                if kind == 'close':  # the supervisor is done with the program
+                    return
                 self._handle(kind, body)
+
+    def _lost(self) -> bool:
+        """The launcher is gone: True if a new supervisor may come (a detached program's)."""
+        if self._listener is None or not self._supervisor_grace:
+            return False
+        self._disconnect()
+        return True
+
+    def _disconnect(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        self._in = self._out = -1
+
+    def _accept(self, first: bool = False) -> None:
+        """Takes a supervisor's connection: says hello with the state of every node (their
+        exit codes, None while running); what happened meanwhile, and until it is ready,
+        follows on `resume`."""
+        self._connection = self._listener.accept()[0]
+        self._in = self._out = self._connection.fileno()
+        nodes = {index: node.poll() for index, node in self._nodes.items()}
+        self._holding = False
+        self.announce(event='hello', nodes=nodes, **self.facts)
+        self._holding = not first
 
     def _handle(self, kind: str, body: Any) -> None:
         if kind == 'files':
@@ -128,9 +246,15 @@ class _HostAgent:
                 with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 'wb') as f:
                     f.write(data)
             self._grace = body['grace']
+            self._supervisor_grace = body.get('supervisor_grace', 0.0)
+            self._run_dir = body.get('run_dir', '')
             for index in body['start']:
                 self._start(index)
             self.announce(event='ready')
+        elif kind == 'resume':  # a new supervisor is ready for what it missed
+            self._holding = False
+            if self._send(bytes(self._pending)):
+                self._pending.clear()
         elif kind == 'kill':
             self._kill(body)
             self.announce(event='killed')
@@ -144,10 +268,12 @@ class _HostAgent:
         env = {**env, specs.CHECKPOINT_ROOT_ENV: os.path.join(self.directory, 'checkpoints')}
         request = {'argv': argv[1:], 'cwd': self.workdir, 'env': env}
         read_fd, write_fd = os.pipe()
-        ours = [self._out.fileno(), sys.stdin.fileno(), read_fd] + [
-            node.pipe for node in self._nodes.values() if node.pipe is not None]
+        ours = {fd for fd in (self._out, self._in) if fd >= 0} | {read_fd} | {
+            node.pipe for node in self._nodes.values() if node.pipe is not None}
+        if self._listener is not None:
+            ours.add(self._listener.fileno())
         try:
-            pid = forkserver.fork_worker(request, write_fd, ours)
+            pid = forkserver.fork_worker(request, write_fd, sorted(ours))
         except BaseException:
             os.close(read_fd)
             raise
@@ -214,6 +340,8 @@ class _HostAgent:
             node.wait()
             node.close_pipe()
         shutil.rmtree(self.directory, ignore_errors=True)
+        if self._listener is not None:
+            self._listener.close()
         self.announce(event='closed')
 
 

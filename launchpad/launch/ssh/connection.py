@@ -44,7 +44,11 @@ class Connection:
         diagnoses a host from it).
     """
 
-    def __init__(self, host: SshHost, control_path: str):
+    def __init__(self, host: SshHost, control_path: str, detached: bool = False,
+                 reattach: Optional[dict] = None):
+        """`detached`: its agent outlives the connection (a detached program's supervisor
+        opens it); `reattach`: the hello of such an agent, which this connection reaches again
+        (a new supervisor's), instead of starting one."""
         self.host = host
         self.control_path = control_path
         self.nodes: List[int] = []
@@ -53,8 +57,11 @@ class Connection:
         self.stderr_lines: List[str] = []
         self.forked: Dict[int, ForkedNode] = {}
         self._send_lock = threading.Lock()
-        command = (f'{host.command(protocol.agent_argv(host.python))} '
-                   f'{shlex.quote(host.workdir or "")}')
+        if reattach is not None:
+            command = host.command(protocol.relay_argv(host.python, reattach))
+        else:
+            command = (f'{host.command(protocol.agent_argv(host.python, detached))} '
+                       f'{shlex.quote(host.workdir or "")}')
         argv = host.ssh_argv() + [
             '-M', '-S', control_path, '-o', 'ControlPersist=no',
             '-o', f'ServerAliveInterval={protocol.SERVER_ALIVE_INTERVAL}', '-o',
@@ -150,6 +157,7 @@ class Connection:
 
     def close(self, timeout: float = 10.0) -> None:
         """Ends the agent's session: it ends the rest of the program there and removes its files."""
+        self.send('close', None)
         try:
             self.process.stdin.close()
         except OSError:

@@ -13,8 +13,11 @@ which `start` registers on this machine with the ssh command that reaches it
 through an ssh tunnel (`launchpad.observe.tunnel`), so this machine may sleep, lose the network
 or end the launching process meanwhile.
 
-Not yet: a supervisor that dies is not replaced by one that re-adopts the nodes (it is for
-local_mp); its nodes stop as those of a dead launcher do, and its keeper removes its files.
+The hosts' agents of a detached program outlive their supervisor's ssh sessions (`agent`,
+`--detached`): when the supervisor dies, the keeper on its host starts a new one, which reaches
+them again and re-adopts the nodes from the state its predecessor persisted
+(`launcher.readopt`); `python -m launchpad.launch attach --recover` starts one there when the
+keeper is gone too (`recover`).
 """
 from __future__ import annotations
 
@@ -44,10 +47,9 @@ def supervisor_host_of(program, hosts: Dict[str, List[SshHost]], settings,
         given = 'supervisor_host' if settings.supervisor_host is not None else 'supervisor_grace'
         raise ValueError(f'{given}= applies to detached programs only; pass detach=True too, '
                          'or leave it out.')
-    if settings.supervisor_grace is not None:
-        raise ValueError('supervisor_grace= is not supported by the ssh launcher yet: a '
-                         'detached SSH program is not re-adopted by a new supervisor, its nodes '
-                         'stop as those of a dead launcher do; leave it out.')
+    grace = settings.supervisor_grace
+    if grace is not None and not (isinstance(grace, (int, float)) and grace > 0):
+        raise ValueError(f'supervisor_grace={grace!r} must be a positive number of seconds.')
     if terminal == 'tmux_session':
         raise ValueError("terminal='tmux_session' cannot be detached: the output of a detached "
                          "program goes to files on its supervisor's host; leave terminal= out.")
@@ -71,9 +73,8 @@ def start(program, options, host: SshHost) -> detached.AttachedController:
     remote_options = dataclasses.replace(
         options, terminal='output_to_files',
         settings=dataclasses.replace(options.settings, detach=False, supervisor_host=None))
-    # No supervisor grace: its nodes watch the coordinator as an attached program's do.
-    header, payload = detached.launch_file(program, remote_options, 0.0, program_id, None, [])
-    header['readopt'] = False
+    grace = options.settings.supervisor_grace or detached.SUPERVISOR_GRACE
+    header, payload = detached.launch_file(program, remote_options, grace, program_id, None, [])
     launch = pickle.dumps((header, payload), protocol=pickle.HIGHEST_PROTOCOL)
     command = host.command([host.python, '-m', detached.SUPERVISOR_MODULE, 'start'])
     try:

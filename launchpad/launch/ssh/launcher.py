@@ -77,6 +77,12 @@ class _SshRunner(ProcessRunner):
         self.requested: Dict[str, Resources] = {}
         self.coordinator: Optional[Coordinator] = None
         self.log_dir: Optional[str] = None  # where a detached program's node output goes
+        # A detached program's supervisor: how it persists the program (`supervised_state`),
+        # and how long the agents keep the nodes running without it.
+        self.persist: Optional[Callable[[Callable[[], dict]], None]] = None
+        self.supervisor_grace = 0.0
+        self.run_dir = ''  # its files on its host, which the agents remove if none comes back
+        self.bind_host = ''  # where the coordinator is served
         self.context: Optional[runtime.NodeContext] = None  # the launching process's
         self._restarts: Dict[str, int] = {}
         # What nodes are packed with, set by the launch: the packer, the program's token, the
@@ -95,6 +101,55 @@ class _SshRunner(ProcessRunner):
         while not self._released.wait(protocol.HEARTBEAT_INTERVAL):
             for connection in list(self.connections):
                 connection.send('ping', None)
+
+    def poll(self) -> Dict[str, Optional[int]]:
+        codes = super().poll()
+        if self.persist is not None:
+            self.persist(self.supervised_state)
+        return codes
+
+    def supervised_state(self) -> dict:
+        """What a new supervisor of a detached program needs to re-adopt its running nodes
+        (`readopt`): the coordinator (node states, restart budgets, groups), the packer (the
+        addresses), where each node runs, and what reaches each host's agent again."""
+        number = {id(connection): i for i, connection in enumerate(self.connections)}
+        return {'coordinator': self.coordinator, 'commands': {}, 'ssh': {
+            'connections': [(c.host, list(c.nodes), c.hello) for c in self.connections],
+            'placement': {name: (number[id(connection)], index)
+                          for name, (connection, index) in self.placement.items()},
+            'packer': self.packer, 'token': self.token, 'port': self.port,
+            'bind_host': self.bind_host, 'hosts': self.hosts, 'turn': self.turn,
+            'next_index': self.next_index, 'requested': self.requested,
+            'devices': self.devices, 'restarts': self._restarts, 'run_dir': self.run_dir}}
+
+    def readopt(self, state: dict) -> None:
+        """Reaches again the agents of the nodes in `state` (`supervised_state`) and takes over
+        those nodes, restarting none; a node whose agent is gone counts as ended with 255."""
+        saved = state['ssh']
+        self.packer, self.token, self.port = saved['packer'], saved['token'], saved['port']
+        self.bind_host, self.hosts, self.turn = saved['bind_host'], saved['hosts'], saved['turn']
+        self.next_index, self.requested = saved['next_index'], saved['requested']
+        self.devices, self._restarts = saved['devices'], saved['restarts']
+        self.run_dir = saved['run_dir']
+        for i, (host, nodes, hello) in enumerate(saved['connections']):
+            connection = Connection(host, os.path.join(self.local_dir, f'c{i}'), reattach=hello)
+            connection.nodes = nodes
+            self.connections.append(connection)
+        answers = {}
+        _in_parallel([lambda c=c: answers.__setitem__(
+            id(c), c.expect('hello', protocol.AGENT_START_TIMEOUT)) for c in self.connections])
+        for name, (number, index) in saved['placement'].items():
+            connection = self.connections[number]
+            self.placement[name] = (connection, index)
+            self.expect_fork(name, connection, index)
+            hello = answers[id(connection)]
+            code = 255 if hello is None else hello['nodes'].get(str(index), 255)
+            if code is not None:
+                connection.forked[index].end(code)
+        for connection in self.connections:
+            if answers[id(connection)] is not None:
+                connection.hello = answers[id(connection)]
+                connection.send('resume', None)
 
     def expect_fork(self, name: str, connection: Connection, index: int) -> None:
         """Gets ready for a node that the agent forks, its output going to the terminal."""
@@ -178,7 +233,8 @@ class _SshRunner(ProcessRunner):
         """Ships spec files to `connection`'s agent, which forks nodes `start`; False if the
         connection is gone."""
         return connection.send('files', {
-            'files': files, 'start': list(start),
+            'files': files, 'start': list(start), 'supervisor_grace': self.supervisor_grace,
+            'run_dir': self.run_dir,
             'grace': COORDINATOR_LOSS_TIMEOUT + self.options.notice_period})
 
     def check_add(self, label: str) -> None:
@@ -208,7 +264,8 @@ class _SshRunner(ProcessRunner):
         host = self.next_host(label)
         connection = self.connection_to(host)
         if connection is None:
-            connection = Connection(host, os.path.join(self.local_dir, f'c{len(self.connections)}'))
+            connection = Connection(host, os.path.join(self.local_dir, f'c{len(self.connections)}'),
+                                    detached=bool(self.supervisor_grace))
             self.connections.append(connection)
             preflight([connection])
         index = self.next_index
@@ -283,8 +340,9 @@ class SshOptions:
       supervisor_host: with `detach`, the host the supervisor runs on: one of the program's
         hosts, by name (`SshHost.host`) or as an `lp.SshHost` (default: the first host of the
         program's first group).
-      supervisor_grace: refused: a detached SSH program's nodes are not re-adopted by a new
-        supervisor yet (they stop as those of a dead launcher do).
+      supervisor_grace: with `detach`, seconds the nodes run on without a supervisor (the
+        keeper on its host starts a new one at once, which re-adopts them) before they stop
+        (default `detached.SUPERVISOR_GRACE`, 180 s).
     """
     coordinator_host: Optional[str] = None
     detach: bool = False
@@ -345,7 +403,8 @@ class SshLauncher(Launcher):
             pool = connections.setdefault(connection_key(host), [])
             if not pool or len(pool[-1].nodes) >= per_connection:
                 pool.append(Connection(host, os.path.join(runner.local_dir,
-                                                          f'c{len(runner.connections)}')))
+                                                          f'c{len(runner.connections)}'),
+                                       detached=bool(runner.supervisor_grace)))
                 runner.connections.append(pool[-1])
             pool[-1].nodes.append(i)
             placed.append((pool[-1], i))
@@ -361,7 +420,8 @@ class SshLauncher(Launcher):
             [executable.name for _, executable in executables], policies=policies,
             groups=program.group_limits(),
             stop_order=stop_order_of(program, executables, options.notice_period))
-        bind_host = options.settings.coordinator_host or _coordinator_host(runner.connections)
+        bind_host = runner.bind_host = (options.settings.coordinator_host
+                                        or _coordinator_host(runner.connections))
         try:
             runner.server = serve_coordinator(coordinator, tcp_address(bind_host, 0),
                                                auth_token=runner.token, tls=options.tls)
@@ -373,8 +433,10 @@ class SshLauncher(Launcher):
         runner.packer = specs.Packer(program.name, options.launch_type, AddressTable(), '',
                                      notice_period=options.notice_period, tls=options.tls,
                                      policies=policies)
-        # Nodes ride out a network cut as long as their agent does (see protocol).
-        runner.packer.coordinator_grace = protocol.LAUNCHER_SILENCE_TIMEOUT
+        # Nodes ride out a network cut as long as their agent does (see protocol), and a
+        # detached program's nodes the loss of their supervisor.
+        runner.packer.coordinator_grace = max(protocol.LAUNCHER_SILENCE_TIMEOUT,
+                                              runner.supervisor_grace)
         runner.output = Output(options.terminal, program.name, runner.local_dir,
                                log_dir=runner.log_dir or log_dir_of(options))
         for (connection, _), (_, executable) in zip(placed, executables):
@@ -400,14 +462,17 @@ class SshLauncher(Launcher):
 
 
 def launch_supervised(program: Program, options: LaunchOptions,
-                      log_dir: Optional[str] = None) -> Controller:
+                      supervision=None, run_dir: str = '') -> Controller:
     """Launches `program` from this process: attached to it, or, on one of the program's hosts,
-    as the supervisor of a detached program (`launchpad.launch.supervisor`), its nodes' output
-    going to files in `log_dir`."""
+    as the supervisor of a detached program (`launchpad.launch.supervisor`) with `supervision`
+    (`processes.Supervision`: its nodes' output goes to files, its state is persisted and its
+    nodes outlive it for the supervisor grace, after which the agents remove its `run_dir`)."""
     hosts = {label: hosts_of(label, resources) for label, resources in options.resources.items()}
     executables = executables_of(program, options)
     runner = _SshRunner([], tempfile.mkdtemp(prefix=protocol.DIR_PREFIX))
-    runner.log_dir = log_dir
+    if supervision is not None:
+        runner.log_dir, runner.persist = supervision.log_dir, supervision.persist
+        runner.supervisor_grace, runner.run_dir = supervision.grace, run_dir
     try:
         return SshLauncher()._launch(  # pylint: disable=protected-access
             program, options, executables, hosts, runner)
@@ -424,3 +489,26 @@ def _coordinator_host(connections: List[Connection]) -> str:
     if len(seen) == 1:
         return seen.pop()
     return '::' if any(':' in address for address in seen) else '0.0.0.0'
+
+
+def readopt(program: Program, options: LaunchOptions, supervision, state: dict) -> Controller:
+    """Takes over the running nodes of a detached program whose supervisor died, from what it
+    persisted (`_SshRunner.supervised_state`), through their hosts' agents; restarts none."""
+    runner = _SshRunner([], tempfile.mkdtemp(prefix=protocol.DIR_PREFIX))
+    runner.log_dir, runner.persist = supervision.log_dir, supervision.persist
+    runner.supervisor_grace, runner.options = supervision.grace, options
+    coordinator = runner.coordinator = state['coordinator']
+    try:
+        runner.output = Output('output_to_files', program.name, runner.local_dir,
+                               log_dir=supervision.log_dir)
+        runner.readopt(state)
+        runner.server = serve_coordinator(coordinator, tcp_address(runner.bind_host, runner.port),
+                                          auth_token=runner.token, tls=options.tls)
+    except BaseException:  # (no `release`: it would end the nodes; a next supervisor may do)
+        runner._released.set()  # pylint: disable=protected-access
+        shutil.rmtree(runner.local_dir, ignore_errors=True)
+        raise
+    runner.context = launcher_context(program.name, options, runner.packer.address_table,
+                                      coordinator, runner.token, runner._released)  # pylint: disable=protected-access
+    return Controller(program.name, coordinator, runner, launch_type=options.launch_type,
+                      notice_period=options.notice_period, auth_token=runner.token)

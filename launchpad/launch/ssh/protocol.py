@@ -10,12 +10,19 @@ over that session's standard streams:
   of `(kind, body)`: `('files', {'files': {name: bytes}, 'start': [index, ...], 'grace': s})`
   writes the node specs and forks the nodes listed in `start`; `('kill', [index, ...] or None)`
   kills nodes; `('start', [index, ...])` forks ended nodes again (restarts, after killing what is
-  left of them); `('ping', None)` is the heartbeat.
+  left of them); `('ping', None)` is the heartbeat; `('close', None)`: the launcher is done
+  (the agent ends what is left and removes its directory); `('resume', None)`: a new
+  supervisor of a detached program is ready for the events it missed.
 - agent -> launcher (the agent's stdout): events, each a line `AGENT_LINE + json`, followed by
   `size` bytes of node output for an `output` event. Events: `hello` (the preflight facts, see
   `agent.main`), `ready` (specs written and nodes forked), `output` (`node`, `size`), `exited`
   (`node`, `code`), `killed` and `closed` (the agent is done and removed its directory). Lines
   without the prefix are not ours (e.g. printed by a login script) and are only logged.
+
+A detached program's agent (`--detached`) outlives its supervisor's session: the session only
+relays to the agent's socket (`relay`), and a new supervisor reaches it there with
+`relay_argv`. It then says hello again, with `nodes` (index -> exit code, or None while the
+node runs), and after `resume` sends the events it kept meanwhile.
 """
 from __future__ import annotations
 
@@ -43,6 +50,9 @@ HEARTBEAT_INTERVAL = 2.0
 LAUNCHER_SILENCE_TIMEOUT = 30.0
 SERVER_ALIVE_INTERVAL = 5  # ssh's keepalive: it gives up after LAUNCHER_SILENCE_TIMEOUT
 
+SOCKET_NAME = 'agent.sock'  # a detached program's agent listens here, in its private directory
+PENDING_LIMIT = 16 << 20  # bytes of node output an agent keeps for a supervisor to come
+
 AGENT_LINE = b'LPAGENT '
 NODE_ENV = 'LAUNCHPAD_SSH_NODE'  # marks every process of a node (and its children) on a host
 DIR_PREFIX = 'launchpad-ssh-'  # of the private directory on each host and the launcher's own
@@ -50,9 +60,16 @@ DIR_PREFIX = 'launchpad-ssh-'  # of the private directory on each host and the l
 _LENGTH = struct.Struct('>Q')
 
 
-def agent_argv(python: str) -> List[str]:
-    """The command line that starts the agent with `python` (the working directory follows)."""
-    return [python, '-m', AGENT_MODULE]
+def agent_argv(python: str, detached: bool = False) -> List[str]:
+    """The command line that starts the agent with `python` (the working directory follows);
+    `detached`: one that outlives its session (a detached program's)."""
+    return [python, '-m', AGENT_MODULE] + (['--detached'] if detached else [])
+
+
+def relay_argv(python: str, hello: Mapping[str, Any]) -> List[str]:
+    """The command line that reaches again the detached agent that said `hello`."""
+    return [python, f'{hello["launchpad"]}/launch/ssh/relay.py',
+            f'{hello["directory"]}/{SOCKET_NAME}']
 
 
 def spec_name(index: int) -> str:
