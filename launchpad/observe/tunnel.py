@@ -26,7 +26,6 @@ entry, which `Tunnel` copies to this machine's; a Slurm relay's `up` line does t
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import json
 import os
 import secrets
