@@ -19,9 +19,24 @@ from courier import wire
 _get_ident = threading.get_ident  # (read once: it runs on every call)
 
 
-# Failures of one call known not to have sent it (see ServerUnavailableError.unsent) that
-# resend() is not told of: a restarting server's dying socket may take a connection or two.
-_UNSENT_FORGIVEN = 3
+class _Sends:
+    """How many times one call may have reached its server, as ``AddressResolver.resend`` is
+    told: a failure known not to have sent it (``ServerUnavailableError.unsent``) counts only
+    past the first three, since a restarting server's dying socket may take a connection or two."""
+
+    __slots__ = ('sent', '_unsent')
+    _FORGIVEN = 3
+
+    def __init__(self):
+        self.sent = self._unsent = 0
+
+    def lost(self, error: errors.ServerUnavailableError) -> int:
+        """Counts the failure ``error`` of the call; returns how often it may have been sent."""
+        if error.unsent and self._unsent < self._FORGIVEN:
+            self._unsent += 1
+        else:
+            self.sent += 1
+        return self.sent
 
 
 class AddressResolver:
@@ -267,7 +282,7 @@ class Client:
         never reached its server goes again while an AddressResolver says so, and one that may
         have reached it (call ``method``) is sent again where the resolver's ``resend`` says so."""
         started = None
-        sent = unsent = 0
+        sends = _Sends()
         while True:
             fresh = self._fresh
             transport = self._connection()
@@ -278,10 +293,7 @@ class Client:
                 started = started or time.monotonic()
                 address = self._address
                 if isinstance(address, AddressResolver):
-                    if error.unsent and unsent < _UNSENT_FORGIVEN:
-                        unsent += 1  # e.g. the dying instance's socket took the connection
-                    else:
-                        sent += 1
+                    sent = sends.lost(error)
                     resend = None if method is None else address.resend(method, sent)
                     if resend or (resend is None and fresh
                                   and address.retry(time.monotonic() - started)):
@@ -445,8 +457,7 @@ class _ResentAsyncMethod(_Method):
 
     def __call__(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
         from courier import resent  # pylint: disable=import-outside-toplevel
-        return resent.ResentFuture(self._client, self._name, args, kwargs,
-                                   _UNSENT_FORGIVEN).send()
+        return resent.ResentFuture(self._client, self._name, args, kwargs, _Sends()).send()
 
 
 def _resends(client: Client, method: str) -> bool:

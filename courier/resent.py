@@ -30,15 +30,13 @@ class ResentFuture(_base.CallFuture):
     Cancelling it cancels the call it is waiting for, and sends no other.
     """
 
-    def __init__(self, client, method: str, args: tuple, kwargs: dict, forgiven: int):
-        """``forgiven``: how many failures known not to have sent the call do not count."""
+    def __init__(self, client, method: str, args: tuple, kwargs: dict, sends):
+        """``sends``: counts the failures of the call as sends (the client's ``_Sends``)."""
         super().__init__()
-        self._forgiven = forgiven
+        self._sends = sends
         self._client = client
         self._method = method
         self._call = (args, kwargs)
-        self._sent = 0
-        self._unsent = 0
         self._current: Optional[concurrent.futures.Future] = None
         self.explain = client._address.explain  # pylint: disable=protected-access
         self.track(self._cancel_current)
@@ -79,15 +77,12 @@ class ResentFuture(_base.CallFuture):
     def lost(self, error: errors.ServerUnavailableError) -> None:
         """The call lost its server with ``error`` (in the resender's thread): sends it again
         where the resolver says so, else fails with ``error``."""
-        if error.unsent and self._unsent < self._forgiven:
-            self._unsent += 1
-        else:
-            self._sent += 1
+        sent = self._sends.lost(error)
         client = self._client
         if self.cancelled():
             return
         try:  # what the resolver raises, as a blocking call would, the future raises
-            if not client._address.resend(self._method, self._sent):  # pylint: disable=protected-access
+            if not client._address.resend(self._method, sent):  # pylint: disable=protected-access
                 self.fail(error)
                 return
             client._connection()  # pylint: disable=protected-access  (waits for the server)
