@@ -355,11 +355,13 @@ def _wait_until_running(program_id: str, keeper: int, log_dir: str) -> AttachedC
 
 
 def _alive(pid: int) -> bool:
+    """True if process `pid` runs and is ours: not one killed that init has not reaped yet (a
+    container's init may take a second or more), nor another user's that took its pid."""
     try:
         os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):  # (another user's process has the pid now)
+    except (ProcessLookupError, PermissionError):
         return False
-    return True
+    return registry.process_started(pid) is not None
 
 
 def _end_keeper(keeper: int) -> None:

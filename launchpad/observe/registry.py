@@ -140,7 +140,7 @@ def register(entry: Entry) -> None:
     """Writes (or rewrites) `entry`, atomically and readable by this user only."""
     path = directory() / f'{entry.id}.json'
     if not entry.pid_started and not is_remote(entry):
-        entry.pid_started = _process_started(entry.pid) or 0.0
+        entry.pid_started = process_started(entry.pid) or 0.0
     temporary = path.with_suffix('.tmp')
     with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 'w') as f:
         json.dump(dataclasses.asdict(entry), f, indent=1)
@@ -187,7 +187,7 @@ def _remove_orphan_sockets(folder: pathlib.Path) -> None:
     while it unregistered), and the tunnels' sockets of processes that are gone (`tunnel`)."""
     for path in folder.glob('*.fwd'):
         pid = path.name.rsplit('.', 3)[1]
-        if not pid.isdigit() or _process_started(int(pid)) is None:
+        if not pid.isdigit() or process_started(int(pid)) is None:
             try:
                 os.unlink(path)
             except OSError:
@@ -225,13 +225,13 @@ def find(query: str) -> Entry:
 
 def _alive(entry: Entry) -> bool:
     """True if the entry's launching process still runs (and is not another with its pid)."""
-    started = _process_started(entry.pid)
+    started = process_started(entry.pid)
     if started is None:
         return False
     return not (started and entry.pid_started) or abs(started - entry.pid_started) < 1.0
 
 
-def _process_started(pid: int) -> Optional[float]:
+def process_started(pid: int) -> Optional[float]:
     """When process `pid` started; None if there is none, 0.0 if that cannot be read."""
     import psutil  # pylint: disable=import-outside-toplevel
     try:

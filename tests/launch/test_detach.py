@@ -162,3 +162,21 @@ def test_without_a_supervisor_the_nodes_wait_for_recover_then_stop_after_the_gra
                                       f'{detached.RUN_PREFIX}{program_id}*'))
     assert program_id not in [entry.id for entry in registry.entries()]
     assert not glob.glob(str(registry.directory() / f'{program_id}.*'))
+
+
+def test_a_killed_keeper_that_init_has_not_reaped_is_gone():
+    """`attach --recover` starts a new keeper when the old one is dead, also while it is a
+    zombie that init has not reaped yet (a container's init may take a second or more): the
+    old check, `kill -0`, said such a keeper lived, so recover waited 60 s for nothing."""
+    keeper = subprocess.Popen(['sleep', '60'])  # not waited for: a zombie once killed
+    try:
+        assert detached._alive(keeper.pid)  # pylint: disable=protected-access
+        keeper.kill()
+        deadline = time.monotonic() + 10
+        while psutil.Process(keeper.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not detached._alive(keeper.pid)  # pylint: disable=protected-access
+    finally:
+        keeper.kill()
+        keeper.wait()
