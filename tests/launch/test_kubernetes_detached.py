@@ -1,8 +1,10 @@
 """A detached Kubernetes program on the podman bed, its launcher gone: the coordinator pod
 grows and shrinks an elastic group and restarts a failed node through the API
-(`PodmanApiServer`, the real client on both sides), and deleting the program's root object
-removes everything. The coordinator pod kept the program's run file on the volume
-`runs_volume=` named (a host directory here), which `sql` reads."""
+(`PodmanApiServer`, the real client on both sides); the launching machine reaches it through
+an exec in the coordinator container (`podman exec -i` standing in for `kubectl exec -i`):
+`status`, `lp.attach` and `stop`; and deleting the program's root object removes everything.
+The coordinator pod kept the program's run file on the volume `runs_volume=` named (a host
+directory here), which `sql` reads."""
 from __future__ import annotations
 
 import json
@@ -13,9 +15,10 @@ import time
 
 import pytest
 
+import launchpad as lp
 from launchpad.launch import kubernetes
 from launchpad.launch.kubernetes.api import terminated
-from launchpad.observe import cli
+from launchpad.observe import cli, registry
 from tests.failure_checks import wait_for
 from tests.launch.kubernetes_api_server import PodmanApiServer
 from tests.launch.test_kubernetes_podman import PodmanApi, _podman
@@ -27,10 +30,19 @@ pytestmark = pytest.mark.timeout(180)
 LAUNCH = '''
 import sys
 import launchpad as lp
+from launchpad.launch.kubernetes.api import KubernetesApi
 from tests.launch import kubernetes_programs
-lp.launch(kubernetes_programs.detached_program(), launch_type='kubernetes', detach=True,
-          create_rbac=True, image=sys.argv[1], python=sys.argv[2], kubeconfig=sys.argv[3],
-          notice_period=5, runs_volume={'hostPath': {'path': sys.argv[4]}})
+from tests.launch.test_kubernetes_podman import PodmanApi
+
+# The bed's API server runs no exec: podman's stands in for the API's and for kubectl's.
+KubernetesApi.exec = lambda self, *args: PodmanApi.exec(None, *args)
+KubernetesApi.exec_command = lambda self, pod, container, command: [
+    'podman', 'exec', '-i', f'{pod}-{container}', *command]
+controller = lp.launch(kubernetes_programs.detached_program(), launch_type='kubernetes',
+                       detach=True, create_rbac=True, image=sys.argv[1], python=sys.argv[2],
+                       kubeconfig=sys.argv[3], notice_period=5,
+                       runs_volume={'hostPath': {'path': sys.argv[4]}})
+print(f'RETURNED {type(controller).__name__} {controller.id}', flush=True)
 '''
 
 
@@ -38,8 +50,9 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
         podman_testbed, tmp_path, capsys):
     """prober/0 grows group member to 2 nodes and shrinks it to 1 (lp.resize): the coordinator
     pod creates the new member's pod and deletes it once removed. Then worker/0 crashes in its first
-    attempt (after answering prober/0); the coordinator pod creates its pod again, prober/0
-    gets answers from attempt 1 and stops the program."""
+    attempt (after answering prober/0); the coordinator pod creates its pod again, and prober/0
+    gets answers from attempt 1. From the launching machine, `status --json` and `lp.attach`
+    see the program, and `stop` ends it."""
     with no_new_children(), PodmanApiServer(PodmanApi(podman_testbed, tmp_path),
                                             tmp_path) as server:
         started = time.monotonic()
@@ -52,6 +65,8 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
             timeout=120)
         assert launcher.returncode == 0, launcher.stdout + launcher.stderr
         run = re.search(r'Launched (\S+) in namespace', launcher.stdout).group(1)
+        assert f'RETURNED KubernetesAttachedController {run}' in launcher.stdout, \
+            launcher.stdout + launcher.stderr
         launched = time.monotonic() - started
 
         def log(pod, container='node'):
@@ -62,8 +77,20 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
                                               or {}).get('exitCode')
                     for pod in server.list_pods(f'{kubernetes.PROGRAM_LABEL}={run}')}
 
-        assert wait_for(lambda: None not in exit_codes().values(), 120), \
+        assert wait_for(lambda: 'PROBE restarted' in log('prober-0'), 120), \
             log('coordinator', 'coordinator')
+        capsys.readouterr()
+        assert cli.main(['status', run, '--json']) == 0, capsys.readouterr().err
+        status = json.loads(capsys.readouterr().out)
+        assert status['controller']['host'] == f'{run}-coordinator', status
+        assert {node['name'] for node in status['nodes']} >= {
+            'worker/0', 'member/0', 'prober/0'}, status
+        attached = lp.attach(run)
+        assert attached.status()['worker/0'].restarts == 1
+        assert cli.main(['stop', run]) == 0, capsys.readouterr().err
+        assert wait_for(lambda: None not in exit_codes().values(), 60), \
+            log('coordinator', 'coordinator')
+        assert wait_for(lambda: run not in {e.id for e in registry.entries()}, 30)
         print(f'launch {launched:.1f} s, launch to end {time.monotonic() - started:.1f} s')
         assert exit_codes() == {f'{run}-{name}': 0
                                 for name in ('coordinator', 'worker-0', 'member-0', 'prober-0')}

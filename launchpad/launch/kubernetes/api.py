@@ -71,6 +71,7 @@ class KubernetesApi:
                 'KUBECONFIG or kubeconfig= to your cluster\'s kubeconfig file (and choose its '
                 'context with `kubectl config use-context NAME` or context=).') from e
         self.namespace = namespace
+        self._kubeconfig, self._context = kubeconfig, context
         self._exception = k8s.client.exceptions.ApiException
         self._client = k8s.client.ApiClient(configuration)
         self._core = k8s.client.CoreV1Api(self._client)
@@ -174,6 +175,15 @@ class KubernetesApi:
             raise KubernetesError(f'{" ".join(command[:4])} in pod {pod} failed (exit code '
                                   f'{code}): {errors.strip()[-500:]}')
         return output
+
+    def exec_command(self, pod: str, container: str, command: List[str]) -> List[str]:
+        """The `kubectl exec -i` command line that runs `command` in the container with this
+        machine's stdin and stdout joined to it (the user needs `create` on `pods/exec`)."""
+        where = ['--kubeconfig', os.path.expanduser(self._kubeconfig)]
+        if self._context:
+            where += ['--context', self._context]
+        return ['kubectl', *where, 'exec', '-i', '-n', self.namespace, pod, '-c', container,
+                '--', *command]
 
     def events(self, pod: str) -> List[Dict[str, Any]]:
         """The events about `pod` (e.g. why its image cannot be pulled)."""

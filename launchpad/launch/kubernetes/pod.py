@@ -247,18 +247,31 @@ class _CoordinatorView:
 
 def keep_run(settings: names.CoordinatorSettings, coordinator: Coordinator,
              controller: Optional[Controller] = None):
-    """Starts the observer that keeps the program's run file in `settings.runs_dir` (the
-    volume `runs_volume` names), as `<launch name>/run.sqlite`; returns it, or None if the
-    launch named no such volume."""
-    if settings.runs_dir is None:
+    """Starts the program's observer; returns it, or None if nothing asks for one.
+
+    It keeps the program's run file in `settings.runs_dir` (the volume `runs_volume` names), as
+    `<launch name>/run.sqlite`. In a detached launch it also serves the program (with the
+    `controller`, the control `lp.attach` calls) on its socket in this container's registry
+    (`names.OBSERVER_DIR`), which the launching machine reaches through the API's exec
+    (`reach`); its run file then goes to `names.UNKEPT_RUNS_DIR` if no volume was named."""
+    if settings.runs_dir is None and not settings.recreates_pods:
         return None
-    from launchpad.observe.observer import Observer  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from launchpad.launch.supervisor import _Control as Control  # what lp.attach calls
+    from launchpad.observe import registry
+    from launchpad.observe.observer import Observer
+    if settings.recreates_pods:
+        os.environ[registry.ENV] = names.OBSERVER_DIR
     observer = Observer(_Drawn(settings.program or settings.run),  # type: ignore[arg-type]
                         controller or _CoordinatorView(coordinator), program_id=settings.run,
-                        runs_dir=pathlib.Path(settings.runs_dir)).start()
+                        served=Control(controller).methods() if controller else None,
+                        runs_dir=pathlib.Path(settings.runs_dir or names.UNKEPT_RUNS_DIR)).start()
     if controller is not None:
         controller.observer = observer  # which tells it when the program has ended
     print(f'keeping the run file in {observer.describe()["run_dir"]}', flush=True)
+    if observer.entry is not None and settings.recreates_pods:
+        print(f'serving the program to `python -m launchpad.launch` on '
+              f'{observer.entry.address}', flush=True)
     return observer
 
 
