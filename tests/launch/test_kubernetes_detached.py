@@ -8,6 +8,7 @@ directory here), which `sql` reads."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -17,10 +18,13 @@ import pytest
 
 import launchpad as lp
 from launchpad.launch import kubernetes
-from launchpad.launch.kubernetes.api import terminated
+from launchpad.launch.kubernetes import in_cluster, names, pod, reach
+from launchpad.launch.kubernetes.api import KubernetesError, terminated
 from launchpad.observe import cli, registry
 from tests.failure_checks import wait_for
 from tests.launch.kubernetes_api_server import PodmanApiServer
+from tests.launch.test_kubernetes_in_cluster import SelectingApi, _manifests, _plan, _program, _settings
+from tests.launch.test_kubernetes_launcher import _until
 from tests.launch.test_kubernetes_podman import PodmanApi, _podman
 from tests.leftovers import no_new_children
 from tests.testbeds import REPO_ROOT
@@ -44,6 +48,70 @@ controller = lp.launch(kubernetes_programs.detached_program(), launch_type='kube
                        runs_volume={'hostPath': {'path': sys.argv[4]}})
 print(f'RETURNED {type(controller).__name__} {controller.id}', flush=True)
 '''
+
+
+class LocalExecApi(SelectingApi):
+    """The fake API, whose exec (the API's, and `kubectl exec -i`'s) runs the command on this
+    machine, as if in the coordinator container."""
+
+    def exec(self, pod_name, container, command, timeout):
+        self.calls.append(('exec', pod_name, container))
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                                check=False)
+        if result.returncode != 0:
+            raise KubernetesError(result.stderr)
+        return result.stdout
+
+    def exec_command(self, pod_name, container, command):
+        return list(command)
+
+
+def test_a_detached_program_is_reached_through_an_exec_in_its_coordinator_pod(
+        monkeypatch, tmp_path, capsys):
+    """The coordinator pod's side against a fake API, the launching machine's registry another
+    directory than the pod's: the launcher reads the pod's entry, and `status --json`,
+    `lp.attach` and `stop` reach the program through the relay."""
+    monkeypatch.setattr(in_cluster.InClusterRunner, 'POLL_SECONDS', 0.0)
+    monkeypatch.setattr(names, 'OBSERVER_DIR', str(tmp_path / 'pod'))
+    monkeypatch.setattr(names, 'UNKEPT_RUNS_DIR', str(tmp_path / 'runs'))
+    here = str(tmp_path / 'here')
+    monkeypatch.setenv(registry.ENV, here)
+    plan = _plan(_program(), create_rbac=True)
+    settings = _settings(plan)
+    api = LocalExecApi()
+    for name in (plan.coordinator_pod, 't1-worker-0', 't1-other-0'):
+        api.create(plan.pod_document(name))
+    with pytest.raises(TimeoutError, match='did not serve program .t1. within 0.1 s'):
+        reach.adopt(api, plan.coordinator_pod, 't1', sys.executable, 0.1)
+    runner = in_cluster.InClusterRunner(api, 't1', _manifests(plan), plan.node_pods)
+    coordinator, controller = pod.supervise(settings, runner)
+    observer = pod.keep_run(settings, coordinator, controller)
+    assert os.environ[registry.ENV] == names.OBSERVER_DIR  # (the pod's own registry)
+    monkeypatch.setenv(registry.ENV, here)  # back on the launching machine
+    with no_new_children():  # the relays end with the program
+        _reach_and_stop(api, plan, coordinator, controller, observer, capsys)
+
+
+def _reach_and_stop(api, plan, coordinator, controller, observer, capsys) -> None:
+    try:
+        entry = reach.adopt(api, plan.coordinator_pod, 't1', sys.executable, 10)
+        assert entry.relay == [sys.executable, '-m', 'launchpad.observe.relay',
+                               reach.socket_path('t1')]
+        assert [e.id for e in registry.entries()] == ['t1']
+        capsys.readouterr()
+        assert cli.main(['status', 't1', '--json']) == 0, capsys.readouterr().err
+        status = json.loads(capsys.readouterr().out)
+        assert status['controller'] == {'host': 't1-coordinator', 'pid': os.getpid()}
+        assert {node['name'] for node in status['nodes']} == {'worker/0', 'other/0'}
+        attached = lp.attach('t1')
+        assert attached.supervisor == {'host': 't1-coordinator', 'pid': os.getpid()}
+        assert set(attached.status()) == {'worker/0', 'other/0'}
+        assert cli.main(['stop', 't1']) == 0, capsys.readouterr().err
+        _until(lambda: controller.done, 'the program did not stop')
+        assert coordinator.stop_reason.startswith('stopped'), coordinator.stop_reason
+    finally:
+        controller.stop()
+        observer.program_ended()
 
 
 def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(

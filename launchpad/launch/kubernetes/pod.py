@@ -265,6 +265,9 @@ def keep_run(settings: names.CoordinatorSettings, coordinator: Coordinator,
     observer = Observer(_Drawn(settings.program or settings.run),  # type: ignore[arg-type]
                         controller or _CoordinatorView(coordinator), program_id=settings.run,
                         served=Control(controller).methods() if controller else None,
+                        # marks it detached (`lp.attach`); nothing replaces this process
+                        entry_fields={'keeper_pid': os.getppid()} if settings.recreates_pods
+                        else None,
                         runs_dir=pathlib.Path(settings.runs_dir or names.UNKEPT_RUNS_DIR)).start()
     if controller is not None:
         controller.observer = observer  # which tells it when the program has ended
