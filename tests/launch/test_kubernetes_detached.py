@@ -85,8 +85,8 @@ def test_a_detached_program_is_reached_through_an_exec_in_its_coordinator_pod(
         reach.adopt(api, plan.coordinator_pod, 't1', sys.executable, 0.1)
     runner = in_cluster.InClusterRunner(api, 't1', _manifests(plan), plan.node_pods)
     coordinator, controller = pod.supervise(settings, runner)
+    monkeypatch.setenv(registry.ENV, names.OBSERVER_DIR)  # the pod's own (`run_coordinator`)
     observer = pod.keep_run(settings, coordinator, controller)
-    assert os.environ[registry.ENV] == names.OBSERVER_DIR  # (the pod's own registry)
     monkeypatch.setenv(registry.ENV, here)  # back on the launching machine
     with no_new_children():  # the relays end with the program
         _reach_and_stop(api, plan, coordinator, controller, observer, capsys)

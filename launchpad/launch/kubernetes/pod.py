@@ -58,6 +58,7 @@ from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, term
 from launchpad.launch.kubernetes.in_cluster import (GROWTH_KEY, POD_MANIFESTS_KEY,
                                                     InClusterRunner, read_growth,
                                                     read_pod_manifests)
+from launchpad.observe import registry
 from launchpad.policy import NodePolicy
 from launchpad.process import coordinator as coordination
 from launchpad.process import faces
@@ -187,6 +188,7 @@ class PodCoordinator(Coordinator):
 def run_coordinator(settings: names.CoordinatorSettings) -> None:
     """The coordinator pod's main: serves the coordinator until every node has ended."""
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
+    os.environ[registry.ENV] = names.OBSERVER_DIR  # this container's, for `keep_run`
     runner = in_cluster_runner(settings) if settings.recreates_pods else None
     coordinator, controller = supervise(settings, runner)
     server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}',
@@ -250,21 +252,20 @@ def keep_run(settings: names.CoordinatorSettings, coordinator: Coordinator,
     """Starts the program's observer; returns it, or None if nothing asks for one.
 
     It keeps the program's run file in `settings.runs_dir` (the volume `runs_volume` names), as
-    `<launch name>/run.sqlite`. In a detached launch it also serves the program (with the
-    `controller`, the control `lp.attach` calls) on its socket in this container's registry
-    (`names.OBSERVER_DIR`), which the launching machine reaches through the API's exec
+    `<launch name>/run.sqlite`. In a detached launch it also serves the program, with the
+    control `lp.attach` calls (without a `controller`: status and stop only), on its socket in
+    the registry (`names.OBSERVER_DIR` in the pod: `run_coordinator`), which the launching machine reaches through the API's exec
     (`reach`); its run file then goes to `names.UNKEPT_RUNS_DIR` if no volume was named."""
     if settings.runs_dir is None and not settings.recreates_pods:
         return None
     # pylint: disable=import-outside-toplevel
     from launchpad.launch.supervisor import _Control as Control  # what lp.attach calls
-    from launchpad.observe import registry
     from launchpad.observe.observer import Observer
-    if settings.recreates_pods:
-        os.environ[registry.ENV] = names.OBSERVER_DIR
+    supervisor = controller or _CoordinatorView(coordinator)
     observer = Observer(_Drawn(settings.program or settings.run),  # type: ignore[arg-type]
-                        controller or _CoordinatorView(coordinator), program_id=settings.run,
-                        served=Control(controller).methods() if controller else None,
+                        supervisor, program_id=settings.run,  # type: ignore[arg-type]
+                        served=Control(supervisor).methods() if settings.recreates_pods
+                        else None,
                         # marks it detached (`lp.attach`); nothing replaces this process
                         entry_fields={'keeper_pid': os.getppid()} if settings.recreates_pods
                         else None,
