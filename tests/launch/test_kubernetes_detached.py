@@ -23,7 +23,8 @@ from launchpad.launch.kubernetes.api import KubernetesError, terminated
 from launchpad.observe import cli, registry
 from tests.failure_checks import wait_for
 from tests.launch.kubernetes_api_server import PodmanApiServer
-from tests.launch.test_kubernetes_in_cluster import SelectingApi, _manifests, _plan, _program, _settings
+from tests.launch.test_kubernetes_in_cluster import (SelectingApi, _manifests, _plan, _program,
+                                                     _settings)
 from tests.launch.test_kubernetes_launcher import _until
 from tests.launch.test_kubernetes_podman import PodmanApi, _podman
 from tests.leftovers import no_new_children

@@ -14,7 +14,9 @@ docstring). Threads, in an attached launch:
     nodes ask for (`lp.resize`) to the controller, which adds and removes pods on its monitor
     thread (`add_executable`, `remove`).
 
-A detached launch starts no log thread and deletes nothing when the launcher ends.
+A detached launch starts no log thread and deletes nothing when the launcher ends; it returns a
+controller that reaches the coordinator pod through the API's exec (`reach`), or, if it cannot,
+one that follows the pods.
 """
 from __future__ import annotations
 

@@ -254,8 +254,9 @@ def keep_run(settings: names.CoordinatorSettings, coordinator: Coordinator,
     It keeps the program's run file in `settings.runs_dir` (the volume `runs_volume` names), as
     `<launch name>/run.sqlite`. In a detached launch it also serves the program, with the
     control `lp.attach` calls (without a `controller`: status and stop only), on its socket in
-    the registry (`names.OBSERVER_DIR` in the pod: `run_coordinator`), which the launching machine reaches through the API's exec
-    (`reach`); its run file then goes to `names.UNKEPT_RUNS_DIR` if no volume was named."""
+    the registry (`names.OBSERVER_DIR` in the pod: `run_coordinator`), which the launching
+    machine reaches through the API's exec (`reach`); its run file then goes to
+    `names.UNKEPT_RUNS_DIR` if no volume was named."""
     if settings.runs_dir is None and not settings.recreates_pods:
         return None
     # pylint: disable=import-outside-toplevel
