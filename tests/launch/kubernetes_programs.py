@@ -159,7 +159,7 @@ def resize_then_probe(members, worker) -> None:
 
 def detached_program() -> lp.Program:
     """`failure_programs.restart_program(crash=True)` with an elastic group, member, that its
-    prober grows and shrinks before probing worker/0."""
+    prober grows and shrinks before probing worker/0; it runs until stopped."""
     from tests import failure_programs  # pylint: disable=import-outside-toplevel
     program = lp.Program('detached')
     with program.group('worker', restart=lp.RestartPolicy(max_restarts=2, backoff=0.2)):
