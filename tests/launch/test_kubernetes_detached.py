@@ -19,9 +19,10 @@ import pytest
 import launchpad as lp
 from launchpad.launch import kubernetes
 from launchpad.launch.kubernetes import in_cluster, names, pod, reach
-from launchpad.launch.kubernetes.api import KubernetesError, terminated
+from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, terminated
 from launchpad.observe import cli, registry
 from tests.failure_checks import wait_for
+from tests.launch import kubernetes_kubectl as kubectl
 from tests.launch.kubernetes_api_server import PodmanApiServer
 from tests.launch.test_kubernetes_in_cluster import (SelectingApi, _manifests, _plan, _program,
                                                      _settings)
@@ -39,10 +40,9 @@ from launchpad.launch.kubernetes.api import KubernetesApi
 from tests.launch import kubernetes_programs
 from tests.launch.test_kubernetes_podman import PodmanApi
 
-# The bed's API server runs no exec: podman's stands in for the API's and for kubectl's.
+# The bed's API server runs no exec: podman's stands in for the API's (and, on the PATH the
+# test sets, `kubernetes_kubectl` for kubectl).
 KubernetesApi.exec = lambda self, *args: PodmanApi.exec(None, *args)
-KubernetesApi.exec_command = lambda self, pod, container, command: [
-    'podman', 'exec', '-i', f'{pod}-{container}', *command]
 controller = lp.launch(kubernetes_programs.detached_program(), launch_type='kubernetes',
                        detach=True, create_rbac=True, image=sys.argv[1], python=sys.argv[2],
                        kubeconfig=sys.argv[3], notice_period=5,
@@ -115,13 +115,41 @@ def _reach_and_stop(api, plan, coordinator, controller, observer, capsys) -> Non
         observer.program_ended()
 
 
+FAKE_KUBECTL = '''#!/bin/sh
+case $5 in get) [ "$PHASE" = gone ] && { echo 'Error from server (NotFound): pods "p" not found' >&2; exit 1; }
+                printf %s "$PHASE";;
+           *) echo "kubectl $*";; esac
+'''
+
+
+def test_the_relay_command_says_gone_once_the_coordinator_pod_has_ended(tmp_path, monkeypatch):
+    """`kubectl get pod` first: an ended or deleted pod is `gone` (the tunnel forgets the
+    program), a running one is exec'd into."""
+    (tmp_path / 'kubectl').write_text(FAKE_KUBECTL)
+    (tmp_path / 'kubectl').chmod(0o700)
+    monkeypatch.setenv('PATH', f'{tmp_path}{os.pathsep}{os.environ["PATH"]}')
+    api = object.__new__(KubernetesApi)  # (its client is not needed here)
+    api.namespace, api._kubeconfig, api._context = 'ns', '/k', 'c'  # pylint: disable=protected-access
+    command = api.exec_command('p-coordinator', 'coordinator', ['python3', '-m', 'relay', 'S'])
+
+    def run(phase):
+        return subprocess.run(command, capture_output=True, text=True, check=True,
+                              env={**os.environ, 'PHASE': phase}).stdout
+    assert run('Succeeded') == run('Failed') == run('gone') == 'gone\n'
+    assert run('Running') == ('kubectl --kubeconfig /k --context c exec -i -n ns p-coordinator '
+                              '-c coordinator -- python3 -m relay S\n')
+
+
 def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
-        podman_testbed, tmp_path, capsys):
+        podman_testbed, tmp_path, capsys, monkeypatch):
     """prober/0 grows group member to 2 nodes and shrinks it to 1 (lp.resize): the coordinator
     pod creates the new member's pod and deletes it once removed. Then worker/0 crashes in its first
     attempt (after answering prober/0); the coordinator pod creates its pod again, and prober/0
     gets answers from attempt 1. From the launching machine, `status --json` and `lp.attach`
     see the program, and `stop` ends it."""
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    monkeypatch.setenv('PATH', f'{kubectl.install(str(bin_dir))}{os.pathsep}{os.environ["PATH"]}')
     with no_new_children(), PodmanApiServer(PodmanApi(podman_testbed, tmp_path),
                                             tmp_path) as server:
         started = time.monotonic()
