@@ -55,8 +55,13 @@ class LocalExecApi(SelectingApi):
     """The fake API, whose exec (the API's, and `kubectl exec -i`'s) runs the command on this
     machine, as if in the coordinator container."""
 
+    forbidden = False
+
     def exec(self, pod_name, container, command, timeout):
         self.calls.append(('exec', pod_name, container))
+        if self.forbidden:
+            raise KubernetesError(f'pods "{pod_name}" is forbidden: User "me" cannot create '
+                                  'resource "pods/exec"')
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                                 check=False)
         if result.returncode != 0:
@@ -84,6 +89,10 @@ def test_a_detached_program_is_reached_through_an_exec_in_its_coordinator_pod(
         api.create(plan.pod_document(name))
     with pytest.raises(TimeoutError, match='did not serve program .t1. within 0.1 s'):
         reach.adopt(api, plan.coordinator_pod, 't1', sys.executable, 0.1)
+    api.forbidden = True  # said at once, not after the timeout
+    with pytest.raises(PermissionError, match='needs `create` on `pods/exec`'):
+        reach.adopt(api, plan.coordinator_pod, 't1', sys.executable, 60)
+    api.forbidden = False
     runner = in_cluster.InClusterRunner(api, 't1', _manifests(plan), plan.node_pods)
     coordinator, controller = pod.supervise(settings, runner)
     monkeypatch.setenv(registry.ENV, names.OBSERVER_DIR)  # the pod's own (`run_coordinator`)

@@ -119,7 +119,7 @@ def _reach(api, plan: LaunchPlan, config: KubernetesConfig
         return None
     try:
         entry = reach.adopt(api, plan.coordinator_pod, plan.run, config.python, REACH_TIMEOUT)
-    except (TimeoutError, ValueError, TypeError) as e:
+    except (TimeoutError, PermissionError, ValueError, TypeError) as e:
         logging.warning('`python -m launchpad.launch` and lp.attach cannot reach program %s '
                         'from this machine: %s', plan.run, e)
         return None

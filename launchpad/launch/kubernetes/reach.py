@@ -37,7 +37,8 @@ def adopt(api: Any, pod: str, run: str, python: str, timeout: float) -> registry
     entry names the pod as the supervisor's host.
 
     Raises:
-      TimeoutError: it did not within `timeout` (the message says what was last seen).
+      TimeoutError: it did not within `timeout` (the message says what was last seen);
+      PermissionError: the API refuses the exec.
     """
     path = posixpath.join(names.OBSERVER_DIR, f'{run}.json')
     deadline = time.monotonic() + timeout
@@ -50,6 +51,9 @@ def adopt(api: Any, pod: str, run: str, python: str, timeout: float) -> registry
                 break
         except KubernetesError as e:  # the pod is not running yet, say
             problem = str(e)
+            if 'forbidden' in problem.lower():
+                raise PermissionError(f'cannot exec in the coordinator pod {pod}: {problem}; '
+                                      'the user needs `create` on `pods/exec`') from None
         if time.monotonic() > deadline:
             raise TimeoutError(f'The coordinator pod {pod} did not serve program {run!r} within '
                                f'{timeout:g} s: {problem}')
