@@ -109,6 +109,8 @@ def _reach_and_stop(api, plan, coordinator, controller, observer, capsys) -> Non
                                reach.socket_path('t1')]
         assert [e.id for e in registry.entries()] == ['t1']
         capsys.readouterr()
+        assert cli.main(['list']) == 0
+        assert f'{os.getpid()} on t1-coordinator' in capsys.readouterr().out
         assert cli.main(['status', 't1', '--json']) == 0, capsys.readouterr().err
         status = json.loads(capsys.readouterr().out)
         assert status['controller'] == {'host': 't1-coordinator', 'pid': os.getpid()}
