@@ -36,9 +36,9 @@ class Worker:
                 raise RuntimeError('worker crashed')
 
 
-def probe(worker, limit: float = 120.0) -> None:
+def probe(worker, limit: float = 120.0, stop: bool = True) -> None:
     """Calls `worker` until it answers from its second attempt (the test kills the first), then
-    stops the program. Calls in flight at the crash may fail; later ones must reach the new one."""
+    stops the program (unless not `stop`: then the test does). Calls in flight at the crash may fail; later ones must reach the new one."""
     first = worker.whoami()
     print(f'PROBE first answer {first}', flush=True)
     failed = 0
@@ -54,7 +54,8 @@ def probe(worker, limit: float = 120.0) -> None:
         if attempt == 1:
             print(f'PROBE restarted: attempt {attempt}, pid {pid} on {host}, '
                   f'{failed} failed calls', flush=True)
-            lp.stop()
+            if stop:
+                lp.stop()
             return
         time.sleep(0.02)
     raise TimeoutError(f'worker/0 did not come back within {limit:g} s')

@@ -139,7 +139,8 @@ def _member() -> lp.CourierNode:
 
 def resize_then_probe(members, worker) -> None:
     """Grows group member to 2 (`lp.resize`) and shrinks it to 1, each time until exactly the
-    live members answer; then `failure_programs.probe(worker)`, which stops the program."""
+    live members answer; then `failure_programs.probe(worker)`, and ends, leaving the program
+    running for the test to stop."""
     from tests import failure_programs  # pylint: disable=import-outside-toplevel
     for size in (2, 1):
         lp.resize('member', size)
@@ -153,12 +154,12 @@ def resize_then_probe(members, worker) -> None:
                 raise TimeoutError(f'group member did not reach {size} nodes: {answers}')
             time.sleep(0.2)
         print(f'RESIZED {size}: {named}', flush=True)
-    failure_programs.probe(worker)
+    failure_programs.probe(worker, stop=False)
 
 
 def detached_program() -> lp.Program:
     """`failure_programs.restart_program(crash=True)` with an elastic group, member, that its
-    prober grows and shrinks before probing worker/0."""
+    prober grows and shrinks before probing worker/0; it runs until stopped."""
     from tests import failure_programs  # pylint: disable=import-outside-toplevel
     program = lp.Program('detached')
     with program.group('worker', restart=lp.RestartPolicy(max_restarts=2, backoff=0.2)):

@@ -1,11 +1,14 @@
 """A detached Kubernetes program on the podman bed, its launcher gone: the coordinator pod
 grows and shrinks an elastic group and restarts a failed node through the API
-(`PodmanApiServer`, the real client on both sides), and deleting the program's root object
-removes everything. The coordinator pod kept the program's run file on the volume
-`runs_volume=` named (a host directory here), which `sql` reads."""
+(`PodmanApiServer`, the real client on both sides); the launching machine reaches it through
+an exec in the coordinator container (`podman exec -i` standing in for `kubectl exec -i`):
+`status`, `lp.attach` and `stop`; and deleting the program's root object removes everything.
+The coordinator pod kept the program's run file on the volume `runs_volume=` named (a host
+directory here), which `sql` reads."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -13,11 +16,17 @@ import time
 
 import pytest
 
+import launchpad as lp
 from launchpad.launch import kubernetes
-from launchpad.launch.kubernetes.api import terminated
-from launchpad.observe import cli
+from launchpad.launch.kubernetes import in_cluster, names, pod, reach
+from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, terminated
+from launchpad.observe import cli, registry
 from tests.failure_checks import wait_for
+from tests.launch import kubernetes_kubectl as kubectl
 from tests.launch.kubernetes_api_server import PodmanApiServer
+from tests.launch.test_kubernetes_in_cluster import (SelectingApi, _manifests, _plan, _program,
+                                                     _settings)
+from tests.launch.test_kubernetes_launcher import _until
 from tests.launch.test_kubernetes_podman import PodmanApi, _podman
 from tests.leftovers import no_new_children
 from tests.testbeds import REPO_ROOT
@@ -27,19 +36,131 @@ pytestmark = pytest.mark.timeout(180)
 LAUNCH = '''
 import sys
 import launchpad as lp
+from launchpad.launch.kubernetes.api import KubernetesApi
 from tests.launch import kubernetes_programs
-lp.launch(kubernetes_programs.detached_program(), launch_type='kubernetes', detach=True,
-          create_rbac=True, image=sys.argv[1], python=sys.argv[2], kubeconfig=sys.argv[3],
-          notice_period=5, runs_volume={'hostPath': {'path': sys.argv[4]}})
+from tests.launch.test_kubernetes_podman import PodmanApi
+
+# The bed's API server runs no exec: podman's stands in for the API's (and, on the PATH the
+# test sets, `kubernetes_kubectl` for kubectl).
+KubernetesApi.exec = lambda self, *args: PodmanApi.exec(None, *args)
+controller = lp.launch(kubernetes_programs.detached_program(), launch_type='kubernetes',
+                       detach=True, create_rbac=True, image=sys.argv[1], python=sys.argv[2],
+                       kubeconfig=sys.argv[3], notice_period=5,
+                       runs_volume={'hostPath': {'path': sys.argv[4]}})
+print(f'RETURNED {type(controller).__name__} {controller.id}', flush=True)
 '''
 
 
+class LocalExecApi(SelectingApi):
+    """The fake API, whose exec (the API's, and `kubectl exec -i`'s) runs the command on this
+    machine, as if in the coordinator container."""
+
+    forbidden = False
+
+    def exec(self, pod_name, container, command, timeout):
+        self.calls.append(('exec', pod_name, container))
+        if self.forbidden:
+            raise KubernetesError(f'pods "{pod_name}" is forbidden: User "me" cannot create '
+                                  'resource "pods/exec"')
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                                check=False)
+        if result.returncode != 0:
+            raise KubernetesError(result.stderr)
+        return result.stdout
+
+    def exec_command(self, pod_name, container, command):
+        return list(command)
+
+
+def test_a_detached_program_is_reached_through_an_exec_in_its_coordinator_pod(
+        monkeypatch, tmp_path, capsys):
+    """The coordinator pod's side against a fake API, the launching machine's registry another
+    directory than the pod's: the launcher reads the pod's entry, and `status --json`,
+    `lp.attach` and `stop` reach the program through the relay."""
+    monkeypatch.setattr(in_cluster.InClusterRunner, 'POLL_SECONDS', 0.0)
+    monkeypatch.setattr(names, 'OBSERVER_DIR', str(tmp_path / 'pod'))
+    monkeypatch.setattr(names, 'UNKEPT_RUNS_DIR', str(tmp_path / 'runs'))
+    here = str(tmp_path / 'here')
+    monkeypatch.setenv(registry.ENV, here)
+    plan = _plan(_program(), create_rbac=True)
+    settings = _settings(plan)
+    api = LocalExecApi()
+    for name in (plan.coordinator_pod, 't1-worker-0', 't1-other-0'):
+        api.create(plan.pod_document(name))
+    with pytest.raises(TimeoutError, match='did not serve program .t1. within 0.1 s'):
+        reach.adopt(api, plan.coordinator_pod, 't1', sys.executable, 0.1)
+    api.forbidden = True  # said at once, not after the timeout
+    with pytest.raises(PermissionError, match='needs `create` on `pods/exec`'):
+        reach.adopt(api, plan.coordinator_pod, 't1', sys.executable, 60)
+    api.forbidden = False
+    runner = in_cluster.InClusterRunner(api, 't1', _manifests(plan), plan.node_pods)
+    coordinator, controller = pod.supervise(settings, runner)
+    monkeypatch.setenv(registry.ENV, names.OBSERVER_DIR)  # the pod's own (`run_coordinator`)
+    observer = pod.keep_run(settings, coordinator, controller)
+    monkeypatch.setenv(registry.ENV, here)  # back on the launching machine
+    with no_new_children():  # the relays end with the program
+        _reach_and_stop(api, plan, coordinator, controller, observer, capsys)
+
+
+def _reach_and_stop(api, plan, coordinator, controller, observer, capsys) -> None:
+    try:
+        entry = reach.adopt(api, plan.coordinator_pod, 't1', sys.executable, 10)
+        assert entry.relay == [sys.executable, '-m', 'launchpad.observe.relay',
+                               reach.socket_path('t1')]
+        assert [e.id for e in registry.entries()] == ['t1']
+        capsys.readouterr()
+        assert cli.main(['list']) == 0
+        assert f'{os.getpid()} on t1-coordinator' in capsys.readouterr().out
+        assert cli.main(['status', 't1', '--json']) == 0, capsys.readouterr().err
+        status = json.loads(capsys.readouterr().out)
+        assert status['controller'] == {'host': 't1-coordinator', 'pid': os.getpid()}
+        assert {node['name'] for node in status['nodes']} == {'worker/0', 'other/0'}
+        attached = lp.attach('t1')
+        assert attached.supervisor == {'host': 't1-coordinator', 'pid': os.getpid()}
+        assert set(attached.status()) == {'worker/0', 'other/0'}
+        assert cli.main(['stop', 't1']) == 0, capsys.readouterr().err
+        _until(lambda: controller.done, 'the program did not stop')
+        assert coordinator.stop_reason.startswith('stopped'), coordinator.stop_reason
+    finally:
+        controller.stop()
+        observer.program_ended()
+
+
+FAKE_KUBECTL = '''#!/bin/sh
+case $5 in get) [ "$PHASE" = gone ] && { echo 'Error from server (NotFound): pods "p" not found' >&2; exit 1; }
+                printf %s "$PHASE";;
+           *) echo "kubectl $*";; esac
+'''
+
+
+def test_the_relay_command_says_gone_once_the_coordinator_pod_has_ended(tmp_path, monkeypatch):
+    """`kubectl get pod` first: an ended or deleted pod is `gone` (the tunnel forgets the
+    program), a running one is exec'd into."""
+    (tmp_path / 'kubectl').write_text(FAKE_KUBECTL)
+    (tmp_path / 'kubectl').chmod(0o700)
+    monkeypatch.setenv('PATH', f'{tmp_path}{os.pathsep}{os.environ["PATH"]}')
+    api = object.__new__(KubernetesApi)  # (its client is not needed here)
+    api.namespace, api._kubeconfig, api._context = 'ns', '/k', 'c'  # pylint: disable=protected-access
+    command = api.exec_command('p-coordinator', 'coordinator', ['python3', '-m', 'relay', 'S'])
+
+    def run(phase):
+        return subprocess.run(command, capture_output=True, text=True, check=True,
+                              env={**os.environ, 'PHASE': phase}).stdout
+    assert run('Succeeded') == run('Failed') == run('gone') == 'gone\n'
+    assert run('Running') == ('kubectl --kubeconfig /k --context c exec -i -n ns p-coordinator '
+                              '-c coordinator -- python3 -m relay S\n')
+
+
 def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
-        podman_testbed, tmp_path, capsys):
+        podman_testbed, tmp_path, capsys, monkeypatch):
     """prober/0 grows group member to 2 nodes and shrinks it to 1 (lp.resize): the coordinator
     pod creates the new member's pod and deletes it once removed. Then worker/0 crashes in its first
-    attempt (after answering prober/0); the coordinator pod creates its pod again, prober/0
-    gets answers from attempt 1 and stops the program."""
+    attempt (after answering prober/0); the coordinator pod creates its pod again, and prober/0
+    gets answers from attempt 1. From the launching machine, `status --json` and `lp.attach`
+    see the program, and `stop` ends it."""
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    monkeypatch.setenv('PATH', f'{kubectl.install(str(bin_dir))}{os.pathsep}{os.environ["PATH"]}')
     with no_new_children(), PodmanApiServer(PodmanApi(podman_testbed, tmp_path),
                                             tmp_path) as server:
         started = time.monotonic()
@@ -52,6 +173,8 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
             timeout=120)
         assert launcher.returncode == 0, launcher.stdout + launcher.stderr
         run = re.search(r'Launched (\S+) in namespace', launcher.stdout).group(1)
+        assert f'RETURNED KubernetesAttachedController {run}' in launcher.stdout, \
+            launcher.stdout + launcher.stderr
         launched = time.monotonic() - started
 
         def log(pod, container='node'):
@@ -62,8 +185,20 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
                                               or {}).get('exitCode')
                     for pod in server.list_pods(f'{kubernetes.PROGRAM_LABEL}={run}')}
 
-        assert wait_for(lambda: None not in exit_codes().values(), 120), \
+        assert wait_for(lambda: 'PROBE restarted' in log('prober-0'), 120), \
             log('coordinator', 'coordinator')
+        capsys.readouterr()
+        assert cli.main(['status', run, '--json']) == 0, capsys.readouterr().err
+        status = json.loads(capsys.readouterr().out)
+        assert status['controller']['host'] == f'{run}-coordinator', status
+        assert {node['name'] for node in status['nodes']} >= {
+            'worker/0', 'member/0', 'prober/0'}, status
+        attached = lp.attach(run)
+        assert attached.status()['worker/0'].restarts == 1
+        assert cli.main(['stop', run]) == 0, capsys.readouterr().err
+        assert wait_for(lambda: None not in exit_codes().values(), 60), \
+            log('coordinator', 'coordinator')
+        assert wait_for(lambda: run not in {e.id for e in registry.entries()}, 30)
         print(f'launch {launched:.1f} s, launch to end {time.monotonic() - started:.1f} s')
         assert exit_codes() == {f'{run}-{name}': 0
                                 for name in ('coordinator', 'worker-0', 'member-0', 'prober-0')}

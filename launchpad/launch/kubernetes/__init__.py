@@ -73,11 +73,14 @@ Files, by where their code runs:
   * pod.py       in the pods: `python -m launchpad.launch.kubernetes.pod COMMAND ARGS` (this package
                  does not import it);
   * in_cluster.py coordinator pod: `InClusterRunner`, restarting, adding and removing a detached
-                 program's nodes.
+                 program's nodes;
+  * reach.py     launching machine: a detached program registered there, reached through
+                 `kubectl exec -i` into its coordinator pod (`KubernetesAttachedController`).
 """
 from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, NotFound
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
-from launchpad.launch.kubernetes.launcher import KubernetesLauncher, program_to_manifests
+from launchpad.launch.kubernetes.launcher import (KubernetesAttachedController,
+                                                  KubernetesLauncher, program_to_manifests)
 from launchpad.launch.kubernetes.manifests import (MAX_SPEC_CHUNKS, SPEC_CHUNK_BYTES, LaunchPlan,
                                                    coordinator_rbac_manifests, plan_launch,
                                                    to_yaml)
@@ -88,7 +91,7 @@ from launchpad.launch.kubernetes.names import (COORDINATOR_CONTAINER, INSTALL_HI
 
 __all__ = [
     'COORDINATOR_CONTAINER', 'INSTALL_HINT', 'KubernetesApi', 'KubernetesConfig',
-    'KubernetesError', 'KubernetesLauncher', 'KubernetesResources', 'LaunchPlan',
+    'KubernetesAttachedController', 'KubernetesError', 'KubernetesLauncher', 'KubernetesResources', 'LaunchPlan',
     'MAX_SPEC_CHUNKS', 'NODE_CONTAINER', 'NODE_LABEL', 'NODE_NAME_ANNOTATION', 'NotFound',
     'PARTS_DIR', 'PROGRAM_LABEL', 'ROLE_LABEL', 'SPEC_CHUNK_BYTES', 'SPEC_DIR',
     'coordinator_rbac_manifests', 'plan_launch', 'program_to_manifests', 'to_yaml',

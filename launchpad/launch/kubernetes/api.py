@@ -39,6 +39,22 @@ def _import_kubernetes():
     return kubernetes
 
 
+# Arguments: KUBECONFIG CONTEXT NAMESPACE POD CONTAINER COMMAND...: says `gone` (for the relay
+# tunnel) if POD has ended or is deleted, else runs COMMAND in its CONTAINER through kubectl.
+_EXEC_SCRIPT = '''kubeconfig=$1 context=$2 namespace=$3 pod=$4 container=$5
+shift 5
+k() {
+  if [ -n "$context" ]; then kubectl --kubeconfig "$kubeconfig" --context "$context" "$@"
+  else kubectl --kubeconfig "$kubeconfig" "$@"; fi
+}
+phase=$(k get pod -n "$namespace" "$pod" -o 'jsonpath={.status.phase}' 2>&1) || case $phase in
+  *NotFound*|*"not found"*) echo gone; exit 0;;
+  *) echo "$phase" >&2; exit 1;;
+esac
+case $phase in Succeeded|Failed) echo gone; exit 0;; esac
+k exec -i -n "$namespace" "$pod" -c "$container" -- "$@"'''
+
+
 class KubernetesApi:
     """The calls the launcher makes (create, list pods, logs, events, delete), in one namespace.
 
@@ -71,6 +87,7 @@ class KubernetesApi:
                 'KUBECONFIG or kubeconfig= to your cluster\'s kubeconfig file (and choose its '
                 'context with `kubectl config use-context NAME` or context=).') from e
         self.namespace = namespace
+        self._kubeconfig, self._context = kubeconfig, context
         self._exception = k8s.client.exceptions.ApiException
         self._client = k8s.client.ApiClient(configuration)
         self._core = k8s.client.CoreV1Api(self._client)
@@ -174,6 +191,13 @@ class KubernetesApi:
             raise KubernetesError(f'{" ".join(command[:4])} in pod {pod} failed (exit code '
                                   f'{code}): {errors.strip()[-500:]}')
         return output
+
+    def exec_command(self, pod: str, container: str, command: List[str]) -> List[str]:
+        """The command line that runs `command` in the container with this machine's stdin and
+        stdout joined to it, `kubectl exec -i` (the user needs `create` on `pods/exec`); it
+        says `gone` instead, as `launchpad.observe.relay` does, once the pod has ended."""
+        return ['sh', '-c', _EXEC_SCRIPT, 'launchpad-exec', os.path.expanduser(self._kubeconfig),
+                self._context or '', self.namespace, pod, container, *command]
 
     def events(self, pod: str) -> List[Dict[str, Any]]:
         """The events about `pod` (e.g. why its image cannot be pulled)."""

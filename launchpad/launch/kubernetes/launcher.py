@@ -14,7 +14,9 @@ docstring). Threads, in an attached launch:
     nodes ask for (`lp.resize`) to the controller, which adds and removes pods on its monitor
     thread (`add_executable`, `remove`).
 
-A detached launch starts no log thread and deletes nothing when the launcher ends.
+A detached launch starts no log thread and deletes nothing when the launcher ends; it returns a
+controller that reaches the coordinator pod through the API's exec (`reach`), or, if it cannot,
+one that follows the pods.
 """
 from __future__ import annotations
 
@@ -27,7 +29,9 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
+from launchpad.launch import detached
 from launchpad.launch.controller import Controller
+from launchpad.launch.kubernetes import reach
 from launchpad.launch.runner import Runner
 from launchpad.launch.kubernetes.api import KubernetesApi, recreate_pod, terminated
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
@@ -43,6 +47,8 @@ from launchpad.resources import Resources
 
 _IMAGE_PULL_FAILURES = ('ErrImagePull', 'ImagePullBackOff', 'InvalidImageName',
                         'ErrImageNeverPull')
+# Seconds a detached launch waits for its coordinator pod to serve the program (`reach`).
+REACH_TIMEOUT = 120.0
 _CONFIG_FAILURES = ('CreateContainerConfigError', 'CreateContainerError', 'RunContainerError')
 
 
@@ -78,6 +84,9 @@ class KubernetesLauncher(Launcher):
         runner = PodRunner(api, plan, mirror, config, options.notice_period)
         if config.detach:
             print(_detached_summary(plan), flush=True)
+            attached = _reach(api, plan, config)
+            if attached is not None:
+                return attached
             atexit.register(runner.let_go)
         # Attached, the script stays alive until the program ends (streaming logs, deleting
         # the objects at the end) and Ctrl-C stops the program; detached, it returns at once.
@@ -85,6 +94,39 @@ class KubernetesLauncher(Launcher):
                                     launch_type=options.launch_type,
                                     notice_period=options.notice_period, poll_interval=0.2,
                                     detached=config.detach)
+
+
+class KubernetesAttachedController(detached.AttachedController):
+    """The controller `lp.launch(..., detach=True)` returns: an `lp.AttachedController`, which
+    reaches the program's coordinator pod through the API's exec, as `lp.attach` does (`reach`).
+
+    Attributes:
+      namespace: the program's namespace.
+      run: the launch's name, which labels its objects (`kubectl delete configmap RUN`).
+    """
+
+    def __init__(self, entry, namespace: str, run: str):
+        super().__init__(entry)
+        self.namespace = namespace
+        self.run = run
+
+
+def _reach(api, plan: LaunchPlan, config: KubernetesConfig
+           ) -> Optional[KubernetesAttachedController]:
+    """The detached program's controller through its coordinator pod, registered on this
+    machine; None (said in a warning) if the pod cannot be reached from here."""
+    if getattr(api, 'exec_command', None) is None:
+        return None
+    try:
+        entry = reach.adopt(api, plan.coordinator_pod, plan.run, config.python, REACH_TIMEOUT)
+    except (TimeoutError, PermissionError, ValueError, TypeError) as e:
+        logging.warning('`python -m launchpad.launch` and lp.attach cannot reach program %s '
+                        'from this machine: %s', plan.run, e)
+        return None
+    controller = KubernetesAttachedController(entry, plan.namespace, plan.run)
+    print(f'Supervised in its coordinator pod {plan.coordinator_pod}; its id is {entry.id}.\n'
+          f'{detached.commands(entry.id)}', file=sys.stderr, flush=True)
+    return controller
 
 
 class KubernetesController(Controller):

@@ -49,6 +49,12 @@ PROBE_COMMAND = 'probe'              # SOCKET REQUEST (JSON: names, kinds, timeo
 # Where the coordinator pod serves its coordinator's probes of nodes to commands run in its
 # container (`kubectl exec`, the launcher's `probes`), and to nothing else.
 PROBE_SOCKET = '/tmp/launchpad-probes.sock'
+# In a detached launch, the coordinator pod's private registry (`launchpad.observe.registry`):
+# its observer, with the control `lp.attach` calls, serves `<run>.sock` there, which the
+# launching machine reaches through the API's exec (`reach`). UNKEPT_RUNS_DIR: where its run
+# file goes when no `runs_volume` is named (lost with the container).
+OBSERVER_DIR = '/tmp/launchpad-observer'
+UNKEPT_RUNS_DIR = '/tmp/launchpad-runs'
 
 # What the coordinator pod prints when a node asks for a group size (`lp.resize`): the attached
 # launcher, which follows that log, reads it there and resizes the group.

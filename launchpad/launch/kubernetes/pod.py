@@ -58,6 +58,7 @@ from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, term
 from launchpad.launch.kubernetes.in_cluster import (GROWTH_KEY, POD_MANIFESTS_KEY,
                                                     InClusterRunner, read_growth,
                                                     read_pod_manifests)
+from launchpad.observe import registry
 from launchpad.policy import NodePolicy
 from launchpad.process import coordinator as coordination
 from launchpad.process import faces
@@ -187,6 +188,7 @@ class PodCoordinator(Coordinator):
 def run_coordinator(settings: names.CoordinatorSettings) -> None:
     """The coordinator pod's main: serves the coordinator until every node has ended."""
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
+    os.environ[registry.ENV] = names.OBSERVER_DIR  # this container's, for `keep_run`
     runner = in_cluster_runner(settings) if settings.recreates_pods else None
     coordinator, controller = supervise(settings, runner)
     server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}',
@@ -247,18 +249,34 @@ class _CoordinatorView:
 
 def keep_run(settings: names.CoordinatorSettings, coordinator: Coordinator,
              controller: Optional[Controller] = None):
-    """Starts the observer that keeps the program's run file in `settings.runs_dir` (the
-    volume `runs_volume` names), as `<launch name>/run.sqlite`; returns it, or None if the
-    launch named no such volume."""
-    if settings.runs_dir is None:
+    """Starts the program's observer; returns it, or None if nothing asks for one.
+
+    It keeps the program's run file in `settings.runs_dir` (the volume `runs_volume` names), as
+    `<launch name>/run.sqlite`. In a detached launch it also serves the program, with the
+    control `lp.attach` calls (without a `controller`: status and stop only), on its socket in
+    the registry (`names.OBSERVER_DIR` in the pod: `run_coordinator`), which the launching
+    machine reaches through the API's exec (`reach`); its run file then goes to
+    `names.UNKEPT_RUNS_DIR` if no volume was named."""
+    if settings.runs_dir is None and not settings.recreates_pods:
         return None
-    from launchpad.observe.observer import Observer  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from launchpad.launch.supervisor import _Control as Control  # what lp.attach calls
+    from launchpad.observe.observer import Observer
+    supervisor = controller or _CoordinatorView(coordinator)
     observer = Observer(_Drawn(settings.program or settings.run),  # type: ignore[arg-type]
-                        controller or _CoordinatorView(coordinator), program_id=settings.run,
-                        runs_dir=pathlib.Path(settings.runs_dir)).start()
+                        supervisor, program_id=settings.run,  # type: ignore[arg-type]
+                        served=Control(supervisor).methods() if settings.recreates_pods
+                        else None,
+                        # marks it detached (`lp.attach`); nothing replaces this process
+                        entry_fields={'keeper_pid': os.getppid()} if settings.recreates_pods
+                        else None,
+                        runs_dir=pathlib.Path(settings.runs_dir or names.UNKEPT_RUNS_DIR)).start()
     if controller is not None:
         controller.observer = observer  # which tells it when the program has ended
     print(f'keeping the run file in {observer.describe()["run_dir"]}', flush=True)
+    if observer.entry is not None and settings.recreates_pods:
+        print(f'serving the program to `python -m launchpad.launch` on '
+              f'{observer.entry.address}', flush=True)
     return observer
 
 
