@@ -256,9 +256,15 @@ def test_launcher_stop_reaches_the_pods_as_the_stop_signal_and_probes_reach_a_no
         assert time.monotonic() < deadline, controller.status()
         time.sleep(0.2)  # until its pod runs (the launcher learns it from the pod's phase)
     assert controller.status()['actor/0'].host.endswith('-actor-0')
-    # `stacks` asks the nodes through the coordinator pod (the exec of `pod.py probe` there).
-    probed = controller.observer.probe(['stacks'], 'actor/0', timeout=5.0)['nodes']['actor/0']
-    assert probed['live'] and 'kubernetes_programs.py' in json.dumps(probed['stacks']), probed
+    # `stacks` asks the nodes through the coordinator pod (the exec of `pod.py probe` there);
+    # a pod that runs may still be connecting to the coordinator, before the actor's own code.
+    while True:
+        probed = controller.observer.probe(['stacks'], 'actor/0', timeout=5.0)['nodes'][
+            'actor/0']
+        if probed['live'] and 'kubernetes_programs.py' in json.dumps(probed['stacks']):
+            break
+        assert time.monotonic() < deadline, probed
+        time.sleep(0.5)
     controller.stop(timeout=60)
     # The coordinator pod turned its SIGTERM into the program's stop: every node ended by itself
     # within the notice period (exit code 0), none was killed.
