@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 
+import psutil
 import pytest
 
 import launchpad as lp
@@ -141,8 +142,10 @@ def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
 
         # Its keeper dies too: commands say so, and `attach --recover` starts a new keeper on
         # lp-h2 through ssh, whose supervisor re-adopts the nodes.
-        for pid in (json.loads(there.read_text())['keeper_pid'], new_supervisor):
+        killed = (json.loads(there.read_text())['keeper_pid'], new_supervisor)
+        for pid in killed:
             os.kill(pid, signal.SIGKILL)
+        _wait_until_dead(killed)  # (a SIGKILL is delivered after kill() returns)
         orphaned = _cli('status', program_id, check=False)
         assert 'attach --recover' in orphaned.stderr, orphaned.stderr
         follower = subprocess.Popen([*PYTHON, 'attach', '--recover', program_id],
@@ -187,3 +190,17 @@ def test_a_detached_ssh_launch_refuses_what_it_cannot_do(options, error):
     with pytest.raises(ValueError, match=error):
         lp.launch(program, launch_type='ssh', resources={'a': 'lp-h1', 'b': ['lp-h2', 'lp-h1']},
                   **{'detach': True, **options})
+
+
+def _wait_until_dead(pids, timeout: float = 10.0) -> None:
+    """Waits until each process of `pids` has ended (a zombie not yet reaped has)."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while True:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            assert time.monotonic() < deadline, f'process {pid} outlived its SIGKILL'
+            time.sleep(0.01)
