@@ -385,6 +385,18 @@ def _tail(path: str, lines: int = 40) -> str:
 
 # `python -m launchpad.launch attach [--recover] PROGRAM`.
 
+class _Detached(KeyboardInterrupt):
+    """Ctrl-C while `attach` follows a program. Not KeyboardInterrupt itself: CPython takes a
+    KeyboardInterrupt that ends code `exec` runs from a string (a dataclass or namedtuple being
+    made by a module imported meanwhile) for one that ended the program, and ends the process
+    by SIGINT at exit, whatever it returns."""
+
+
+def _detach(signum, frame) -> None:
+    del signum, frame
+    raise _Detached
+
+
 def main(argv: Sequence[str]) -> int:
     """Follows a detached program: its nodes' output, prefixed by node, and at its end the
     failure with its traceback; returns the program's exit status (0, or 1 if a node failed).
@@ -405,6 +417,7 @@ def main(argv: Sequence[str]) -> int:
         print(f'python -m launchpad.launch attach: {e}', file=sys.stderr)
         return 1
     cursor = None
+    signal.signal(signal.SIGINT, _detach)
     try:
         print(f'Attached to {controller.program_name} ({controller.id}); Ctrl-C detaches and '
               'leaves it running.', file=sys.stderr, flush=True)

@@ -142,8 +142,8 @@ def test_without_a_supervisor_the_nodes_wait_for_recover_then_stop_after_the_gra
             (lp.NodeState.RUNNING, 0)}
         # Ctrl-C detaches the follower and leaves the program running.
         follower.send_signal(signal.SIGINT)
-        assert follower.wait(60) == 0
-        assert 'it keeps running' in follower.stderr.read()
+        code, said = follower.wait(60), follower.stderr.read()
+        assert code == 0 and 'it keeps running' in said, (code, said)
         assert controller.status()
         # Killed again, no supervisor comes back within the grace: the nodes stop by themselves.
         kill_supervision()
