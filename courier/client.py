@@ -281,8 +281,7 @@ class Client:
         """Returns the transport and what ``attempt(transport)`` returned; a blocking call that
         never reached its server goes again while an AddressResolver says so, and one that may
         have reached it (call ``method``) is sent again where the resolver's ``resend`` says so."""
-        started = None
-        sends = _Sends()
+        started = sends = None
         while True:
             fresh = self._fresh
             transport = self._connection()
@@ -293,6 +292,7 @@ class Client:
                 started = started or time.monotonic()
                 address = self._address
                 if isinstance(address, AddressResolver):
+                    sends = sends or _Sends()  # (made on a failure only: not per call)
                     sent = sends.lost(error)
                     resend = None if method is None else address.resend(method, sent)
                     if resend or (resend is None and fresh
