@@ -20,8 +20,8 @@ refused otherwise. In it, per program:
                 that reaches that host, its name last; "address", "host", "pid" and
                 "keeper_pid" are then the supervisor's there, see `tunnel`), "relay" (null,
                 or for a program supervised on another host that ssh does not reach, a
-                detached Slurm program: the command that, run here, relays its stdin and
-                stdout to the observer's socket there, see `tunnel`), "job" (null, or the
+                detached Slurm or Kubernetes program: the command that, run here, relays its
+                stdin and stdout to the observer's socket there, see `tunnel`), "job" (null, or the
                 Slurm job that runs a detached Slurm program)}
     <id>.sock   the observer's Unix socket (`launchpad.observe.observer`; none for a program
                 supervised on another host)

@@ -1,16 +1,19 @@
 """Reaching the observer of a program that is supervised on another host.
 
-A detached SSH or Slurm program's supervisor runs on another host than the launching machine,
-whose registry entry of it (`registry.Entry`) says how to reach it; `address` is the observer's
-Unix socket there. A process that calls it opens a `Tunnel`, which first checks that the
-supervisor still runs and then serves a private local socket whose connections reach that one:
+A detached SSH, Slurm or Kubernetes program's supervisor runs on another host than the
+launching machine, whose registry entry of it (`registry.Entry`) says how to reach it;
+`address` is the observer's Unix socket there. A process that calls it opens a `Tunnel`, which
+first checks that the supervisor still runs and then serves a private local socket whose
+connections reach that one:
 
 - `Entry.ssh`, an SSH program: one ssh session forwards the local socket (`ssh -L`). ssh is
   how the launcher reached the host in the first place, so it works wherever the program does.
-- `Entry.relay`, a Slurm program: each connection runs the relay command, whose stdin and
-  stdout a small process on the supervisor's host (`launchpad.observe.relay`) joins to the
-  observer's socket. On Slurm that command is a step of the program's own job on its batch
-  host (`srun --jobid=JOB --overlap -w HOST`, see `launchpad.launch.slurm.reach`): a
+- `Entry.relay`, a Slurm or Kubernetes program: each connection runs the relay command, whose
+  stdin and stdout a small process on the supervisor's host (`launchpad.observe.relay`) joins
+  to the observer's socket. On Kubernetes that command is `kubectl exec -i` into the
+  coordinator pod (`launchpad.launch.kubernetes.reach`). On Slurm it is a step of the
+  program's own job on its batch host (`srun --jobid=JOB --overlap -w HOST`, see
+  `launchpad.launch.slurm.reach`): a
   cluster's compute nodes often refuse ssh, or allow it only with a site's pam_slurm_adopt,
   while a step in the user's own running job is always allowed, and goes through Slurm's
   authentication (munge) rather than keys.
