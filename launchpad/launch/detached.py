@@ -138,7 +138,7 @@ class AttachedController(Controller):
                 return True
             if outcome['ended']:
                 self._ended = True
-                if tunnel.is_remote(self._entry):  # (its supervisor there ends now)
+                if registry.is_remote(self._entry):  # (its supervisor there ends now)
                     tunnel.forget(self._entry)
                 if raise_error and outcome['failure'] is not None:
                     raise NodeFailedError(*outcome['failure'])
@@ -195,7 +195,7 @@ class AttachedController(Controller):
                 return result
             except courier.PermissionDeniedError:
                 token = self._entry.token
-                if tunnel.is_remote(self._entry):  # a new tunnel brings the host's entry
+                if registry.is_remote(self._entry):  # a new tunnel brings the host's entry
                     self._client = self._reconnect(method)
                     entry = self._entry
                 else:
@@ -205,7 +205,7 @@ class AttachedController(Controller):
                     raise
                 self._entry, self._client = entry, _client_of(entry)  # a new supervisor's
             except courier.ServerUnavailableError:
-                if tunnel.is_remote(self._entry):
+                if registry.is_remote(self._entry):
                     self._client = self._reconnect(method)
                     self._entry = tunnel.current(self._entry)  # a new supervisor's, if one is
                     continue
@@ -449,7 +449,7 @@ def _recover(query: str) -> None:
     """Starts a keeper (and so a supervisor) for the detached program `query` whose supervisor
     and keeper are gone: here, or on its supervisor's host (through ssh)."""
     running = [e for e in registry.entries() if query in (e.id, e.name) or e.id.startswith(query)]
-    if running and tunnel.is_remote(running[0]):
+    if running and registry.is_remote(running[0]):
         _recover_remote(running[0])
     else:
         recover_here(query)

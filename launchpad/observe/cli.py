@@ -144,7 +144,7 @@ def _list(args) -> int:
 
 def _where(entry: registry.Entry) -> str:
     """The PID column of `list`: a remote supervisor's host (and Slurm job) too."""
-    if not tunnel.is_remote(entry):
+    if not registry.is_remote(entry):
         return str(entry.pid)
     return f'{entry.pid} on {entry.host}' + (f' (job {entry.job})' if entry.job else '')
 

@@ -70,11 +70,6 @@ class HostUnreachableError(registry.RegistryError):
     """The host of a remote program's supervisor cannot be reached from here now."""
 
 
-def is_remote(entry: registry.Entry) -> bool:
-    """True if `entry`'s supervisor runs on another host (reached through a tunnel)."""
-    return registry.is_remote(entry)
-
-
 def _local_path(entry: registry.Entry) -> str:
     """A new private socket path of this process's tunnel to `entry`."""
     return str(registry.directory() / f'{entry.id}.{os.getpid()}.{secrets.token_hex(3)}.fwd')
@@ -360,7 +355,7 @@ def address_of(entry: registry.Entry, fresh: bool = False) -> str:
     Raises:
       ProgramGoneError, HostUnreachableError: for a remote program.
     """
-    if not is_remote(entry):
+    if not registry.is_remote(entry):
         return entry.address
     with _lock:
         tunnel = _tunnels.get(entry.id)
@@ -391,7 +386,7 @@ def current(entry: registry.Entry) -> registry.Entry:
 def running(entry: registry.Entry) -> bool:
     """Whether `entry`'s program still runs; a remote one that cannot be reached counts as
     running (it runs on without this machine)."""
-    if not is_remote(entry):
+    if not registry.is_remote(entry):
         return any(e.id == entry.id for e in registry.entries())
     try:
         _open(entry).close()
@@ -409,7 +404,7 @@ def forget(entry: registry.Entry) -> None:
         tunnel = _tunnels.pop(entry.id, None)
     if tunnel is not None:
         tunnel.close()
-    if is_remote(entry):
+    if registry.is_remote(entry):
         registry.unregister(entry.id)
 
 

@@ -45,7 +45,7 @@ def test_a_relay_tunnel_reaches_the_supervisor_and_follows_a_new_one(
         registry.register(dataclasses.replace(
             entry, relay=[sys.executable, relay.__file__, socket_path]))
         [listed] = registry.entries()
-        assert tunnel.is_remote(listed)
+        assert registry.is_remote(listed)
 
         controller = lp.attach(launched.id)
         assert {s.state.value for s in controller.status().values()} == {'running'}
