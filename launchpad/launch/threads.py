@@ -3,6 +3,8 @@
 Threads cannot be killed. Ending one at once (a node that does not cooperate with a stop, a hung
 node) raises `NodeStopped` inside it, which ends Python code at its next line but not a call
 blocked in C; a thread still alive after that is abandoned (it is a daemon) and counts as killed.
+A node's thread waiting in a queue when it is told to stop is woken once its stop handlers ran,
+so that an exception they raised in it lands (`launchpad.process.interrupt`).
 A restarted node runs in a new thread.
 
     lp-NODE threads      the nodes (a new one per restart, and one per node added while it runs)
@@ -14,7 +16,6 @@ A restarted node runs in a new thread.
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 import os
@@ -31,6 +32,7 @@ from launchpad.launch import launcher
 from launchpad.launch.controller import Controller
 from launchpad.launch.runner import Runner
 from launchpad.process import faces
+from launchpad.process import interrupt
 from launchpad.process.coordinator import Coordinator, NodeStopped, run_reporting
 from launchpad.process.output import TERMINALS
 from launchpad.process.spec import pickle_node
@@ -95,7 +97,7 @@ class _ThreadRunner(Runner):
                     if since is not None and now - since > _ABANDON_AFTER / 2 and (
                             name not in self._raised_twice):
                         self._raised_twice.add(name)  # the first may have landed where it
-                        _raise_in(thread, NodeStopped)  # is ignored (a __del__, say)
+                        interrupt.raise_in(thread, NodeStopped)  # is ignored (a __del__, say)
                     codes[name] = None
             return codes
 
@@ -106,7 +108,7 @@ class _ThreadRunner(Runner):
                 thread = self.threads[name]
                 if thread.is_alive() and name not in self._abandoned:
                     self._abandoned[name] = time.monotonic()
-                    _raise_in(thread, NodeStopped)
+                    interrupt.raise_in(thread, NodeStopped)
 
     def kill(self, names: Sequence[str]) -> None:
         self.end(names)
@@ -153,13 +155,20 @@ class _ThreadRunner(Runner):
 
     def stop_nodes(self, names: Sequence[str]) -> None:
         """Nodes `names` are told that the program stops: their stop handlers run, then those
-        that do not cooperate are ended."""
+        that do not cooperate are ended, and those that do are woken from a wait, so that an
+        exception their handlers raised in them lands (`interrupt.wake`)."""
         contexts = {name: self.contexts[name] for name in names if name in self.contexts}
         for context in contexts.values():  # each of them sees the stop before any handler runs
             context.stop.event.set()
         for context in contexts.values():
             context.stop.trigger()
         self.end([name for name, context in contexts.items() if not context.stop.cooperating])
+        with self._lock:
+            threads = [self.threads[name] for name, context in contexts.items()
+                       if context.stop.cooperating and name in self.threads]
+        for thread in threads:
+            if thread.is_alive():
+                interrupt.wake(thread)
 
     def stop_in_order(self) -> None:
         """Once the program stops, tells its nodes in the coordinator's order (callers first,
@@ -188,12 +197,6 @@ class _ThreadRunner(Runner):
         while os.path.exists(self.workdir) and time.monotonic() < deadline:
             time.sleep(0.05)
             shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def _raise_in(thread: threading.Thread, error: type) -> None:
-    """Raises `error` in `thread` at its next Python line."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
-                                               ctypes.py_object(error))
 
 
 def _node_context(options: launcher.LaunchOptions, program_name: str, table,
