@@ -72,12 +72,29 @@ class _ThreadRunner(Runner):
         runtime.set_thread_context(context)
         if self.watchdog is not None and context.progress_deadline is not None:
             self.watchdog.watch(name, context, context.progress_deadline, threading.get_ident())
-        code = run_reporting(self._runs[name], name, _ThreadReports(self, name), context=context)
-        with self._lock:
-            if self._current(name):
-                self.exit_codes[name] = code
-                if self.watchdog is not None:
-                    self.watchdog.forget(name)
+        reports = _ThreadReports(self, name)
+        try:
+            code = run_reporting(self._runs[name], name, reports, context=context)
+        except NodeStopped:  # raised at the stop as the node's code ended, it landed after
+            reports.node_finished(name)
+            code = 0
+        self._record_exit(name, code)
+
+    def _record_exit(self, name: str, code: int) -> None:
+        """Records how the calling thread's node ended. A NodeStopped raised (under the lock) as
+        its code ended lands once this thread takes the lock: the node had ended all the same,
+        so its exit code is recorded again, and none is raised in it once it is."""
+        while True:
+            try:
+                with self._lock:
+                    interrupt.cancel_raise(threading.current_thread())
+                    if self._current(name):
+                        self.exit_codes[name] = code
+                        if self.watchdog is not None:
+                            self.watchdog.forget(name)
+                return
+            except NodeStopped:
+                pass
 
     def _current(self, name: str) -> bool:
         """Whether the calling thread runs node `name`'s latest instance (not an abandoned one)."""
@@ -89,7 +106,7 @@ class _ThreadRunner(Runner):
             codes = {}
             for name, thread in self.threads.items():
                 since = self._abandoned.get(name)
-                if not thread.is_alive():
+                if name in self.exit_codes or not thread.is_alive():
                     codes[name] = self.exit_codes.get(name, 1)
                 elif since is not None and now - since > _ABANDON_AFTER:
                     codes[name] = -9  # abandoned: it ran on past NodeStopped
@@ -106,7 +123,8 @@ class _ThreadRunner(Runner):
         with self._lock:
             for name in names:
                 thread = self.threads[name]
-                if thread.is_alive() and name not in self._abandoned:
+                if (thread.is_alive() and name not in self._abandoned
+                        and name not in self.exit_codes):
                     self._abandoned[name] = time.monotonic()
                     interrupt.raise_in(thread, NodeStopped)
 
