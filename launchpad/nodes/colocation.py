@@ -11,6 +11,10 @@ Naming: the colocation node is named like any node ('learner/0'); the program's 
 use that name. Inner node `i` is named '<colocation name>/<i>' ('learner/0/1'), and inside it
 `lp.get_context()` has the colocation's name as `label` and `i` as `index`, so its stop requests and
 errors name the inner node.
+
+Stopping: the program's stop reaches the colocation as one executable. Inner threads then hear it
+in graph order, callers first (`launchpad.nodes.inner_threads`); inner sub-processes hear it
+together.
 """
 from __future__ import annotations
 
