@@ -160,12 +160,7 @@ class _ThreadRunner(Runner):
     def remove(self, name: str) -> None:
         """Node `name` leaves the running program: its stop handlers run; it ends at once if it
         does not cooperate (see `Controller.remove_node`)."""
-        context = self.contexts.get(name)
-        if context is None:
-            return
-        context.stop.trigger()
-        if not context.stop.cooperating:
-            self.end([name])
+        self.stop_nodes([name])
 
     def stop_all(self) -> None:
         """The program stops: every node is told at once (a launch that did not complete)."""
@@ -174,19 +169,11 @@ class _ThreadRunner(Runner):
     def stop_nodes(self, names: Sequence[str]) -> None:
         """Nodes `names` are told that the program stops: their stop handlers run, then those
         that do not cooperate are ended, and those that do are woken from a wait, so that an
-        exception their handlers raised in them lands (`interrupt.wake`)."""
-        contexts = {name: self.contexts[name] for name in names if name in self.contexts}
-        for context in contexts.values():  # each of them sees the stop before any handler runs
-            context.stop.event.set()
-        for context in contexts.values():
-            context.stop.trigger()
-        self.end([name for name, context in contexts.items() if not context.stop.cooperating])
+        exception their handlers raised in them lands (`interrupt.tell_threads`)."""
         with self._lock:
-            threads = [self.threads[name] for name, context in contexts.items()
-                       if context.stop.cooperating and name in self.threads]
-        for thread in threads:
-            if thread.is_alive():
-                interrupt.wake(thread)
+            threads = dict(self.threads)
+        interrupt.tell_threads({name: self.contexts[name].stop for name in names
+                                if name in self.contexts}, threads, self.end)
 
     def stop_in_order(self) -> None:
         """Once the program stops, tells its nodes in the coordinator's order (callers first,

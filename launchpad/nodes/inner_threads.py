@@ -74,8 +74,8 @@ class InnerThreads:
             with self._done:
                 while not self._over():  # a node left behind is seen within a poll
                     self._done.wait(_POLL)
-        except NodeStopped:
-            pass  # raised to end the node here, once it had ended
+        except (NodeStopped, SystemExit):
+            pass  # raised to end the node here (by the colocation or a stop handler): it had ended
         finally:
             interrupt.cancel_raise(threading.current_thread())
             self._outer.stop.remove_handler(self._heard_stop)
@@ -135,21 +135,10 @@ class InnerThreads:
                 if now_told <= told:
                     self._done.wait(_POLL)
                     continue
-            self._tell(sorted(int(name) for name in now_told - told if int(name) not in ended))
+            indices = sorted(int(name) for name in now_told - told if int(name) not in ended)
+            interrupt.tell_threads({index: self._contexts[index].stop for index in indices},
+                                   self._threads, self._raise_stopped)
             told |= now_told
-
-    def _tell(self, indices: Sequence[int]) -> None:
-        """Inner nodes `indices` hear the stop: their stop handlers run, then those that do not
-        cooperate are ended, and those that do are woken (`interrupt.wake`)."""
-        stops = {index: self._contexts[index].stop for index in indices}
-        for stop in stops.values():  # each of them sees the stop before any handler runs
-            stop.event.set()
-        for stop in stops.values():
-            stop.trigger()
-        self._raise_stopped([index for index, stop in stops.items() if not stop.cooperating])
-        for index, stop in stops.items():
-            if stop.cooperating:
-                interrupt.wake(self._threads[index])
 
     def _raise_stopped(self, indices: Sequence[int]) -> None:
         with self._done:

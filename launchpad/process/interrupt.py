@@ -22,6 +22,9 @@ import queue
 import signal
 import sys
 import threading
+from typing import Callable, Hashable, List, Mapping
+
+from launchpad import runtime
 
 SIGNAL = signal.SIGRTMIN + 2  # sent to the main thread by `wake`; its handler does nothing
 
@@ -75,3 +78,20 @@ def wake(thread: threading.Thread) -> None:
             waiter.release()
     finally:
         condition.release()
+
+
+def tell_threads(stops: Mapping[Hashable, runtime.StopSignal],
+                 threads: Mapping[Hashable, threading.Thread],
+                 end: Callable[[List[Hashable]], None]) -> None:
+    """Tells nodes that run as threads (by key: their stop signals and threads) that the program
+    stops: each sees the stop before any stop handler runs, their handlers run, then `end` ends
+    those that do not cooperate, and those that do are woken (`wake`)."""
+    for stop in stops.values():
+        stop.event.set()
+    for stop in stops.values():
+        stop.trigger()
+    end([key for key, stop in stops.items() if not stop.cooperating])
+    for key, stop in stops.items():
+        thread = threads.get(key)
+        if stop.cooperating and thread is not None and thread.is_alive():
+            wake(thread)
