@@ -19,7 +19,9 @@ nodes were killed, with the stop in graph order (callers first) and with every n
 
 Each case runs --runs times per order; the table gives the median and the worst seconds and the
 nodes killed in all runs. "at once" is the stop before graph order (the coordinator given no stop
-order), measured in the same invocation.
+order), measured in the same invocation; the inner nodes of a thread colocation keep their own
+graph order then (`launchpad.nodes.inner_threads`, in the node's process, out of this script's
+reach). --case picks cases by their name in the table.
 
   python benchmarks/stop_order_bench.py [--program fake|acme] [--runs 3] [--notice 10]
                                         [--orders both|graph|at-once] [--acme_actors 4]

@@ -75,15 +75,16 @@ class _ThreadRunner(Runner):
         reports = _ThreadReports(self, name)
         try:
             code = run_reporting(self._runs[name], name, reports, context=context)
-        except NodeStopped:  # raised at the stop as the node's code ended, it landed after
+        except interrupt.RAISED_AT_STOP:  # raised at the stop as the node's code ended, it landed after
             reports.node_finished(name)
             code = 0
         self._record_exit(name, code)
 
     def _record_exit(self, name: str, code: int) -> None:
-        """Records how the calling thread's node ended. A NodeStopped raised (under the lock) as
-        its code ended lands once this thread takes the lock: the node had ended all the same,
-        so its exit code is recorded again, and none is raised in it once it is."""
+        """Records how the calling thread's node ended. An exception raised in it at the stop
+        as its code ended (NodeStopped, under the lock; a stop handler's SystemExit) may land
+        here still: the node had ended all the same, so its exit code is recorded again, and none
+        is raised in it once it is."""
         while True:
             try:
                 with self._lock:
@@ -93,7 +94,7 @@ class _ThreadRunner(Runner):
                         if self.watchdog is not None:
                             self.watchdog.forget(name)
                 return
-            except NodeStopped:
+            except interrupt.RAISED_AT_STOP:
                 pass
 
     def _current(self, name: str) -> bool:

@@ -74,7 +74,7 @@ class InnerThreads:
             with self._done:
                 while not self._over():  # a node left behind is seen within a poll
                     self._done.wait(_POLL)
-        except (NodeStopped, SystemExit):
+        except interrupt.RAISED_AT_STOP:
             pass  # raised to end the node here (by the colocation or a stop handler): it had ended
         finally:
             interrupt.cancel_raise(threading.current_thread())
@@ -87,22 +87,38 @@ class InnerThreads:
         runtime.set_thread_context(context)
         error = None
         try:
-            self._nodes[index].run_in_context()
-        except SystemExit as e:  # it ends as a node's process would: by its exit code
-            if e.code not in (None, 0):
-                error = e
-        except BaseException as e:  # pylint: disable=broad-except
-            if not ended_by_stop(e, context):  # else it ended with the program
-                error = e
-        with self._done:
-            self._ended.add(index)
-            if error is None:
-                self._finished.append(index)
-            else:
-                self._failures.append((index, error))
-            self._done.notify_all()
-            end_here = index != self._here and self._here not in self._ended and (
-                self._failures or len(self._finished) >= self._enough)
+            try:
+                self._nodes[index].run_in_context()
+            except SystemExit as e:  # it ends as a node's process would: by its exit code
+                if e.code not in (None, 0):
+                    error = e
+            except BaseException as e:  # pylint: disable=broad-except
+                if not ended_by_stop(e, context):  # else it ended with the program
+                    error = e
+        except interrupt.RAISED_AT_STOP:
+            pass  # raised at the stop as the node ended, it landed in the lines above
+        self._record_end(index, error)
+
+    def _record_end(self, index: int, error: Optional[BaseException]) -> None:
+        """Records how inner node `index` (the calling thread's) ended; if the colocation ends
+        with it, ends the node on the calling thread. An exception raised in this thread at the
+        stop as the node ended may land here still: it is withdrawn under the lock."""
+        while True:
+            try:
+                with self._done:
+                    interrupt.cancel_raise(threading.current_thread())
+                    if index not in self._ended:
+                        self._ended.add(index)
+                        if error is None:
+                            self._finished.append(index)
+                        else:
+                            self._failures.append((index, error))
+                        self._done.notify_all()
+                    end_here = index != self._here and self._here not in self._ended and (
+                        self._failures or len(self._finished) >= self._enough)
+                break
+            except interrupt.RAISED_AT_STOP:
+                pass
         if end_here:  # the colocation ends: so does the node on the calling thread
             self._contexts[self._here].stop.event.set()
             self._raise_stopped([self._here])

@@ -25,8 +25,15 @@ import threading
 from typing import Callable, Hashable, List, Mapping
 
 from launchpad import runtime
+from launchpad.process.coordinator import NodeStopped
 
 SIGNAL = signal.SIGRTMIN + 2  # sent to the main thread by `wake`; its handler does nothing
+
+# What is raised in a node's thread from outside at a stop: NodeStopped (by its launcher or its
+# colocation), SystemExit (by a stop handler, as Acme's runtime_terminator's). Either may land
+# after the node's code ended, where it must not end the thread unrecorded (a thread that
+# SystemExit ends is not even reported).
+RAISED_AT_STOP = (NodeStopped, SystemExit)
 
 # Callers of Condition.wait that wait again unless their condition holds: waking them is safe.
 _RECHECKING = frozenset(function.__code__ for function in (
