@@ -1,8 +1,11 @@
 """Acme's distributed DQN, shaped for the stop-order tests: actors -> replay <- learner, a counter
 every node reports to, and a steps limiter that calls lp.stop(); the replay is a fake Reverb
 server whose clients flush on stop and, as Reverb's writers do, wait for a server that is gone
-rather than fail."""
+rather than fail. The learner, as Acme's, waits for batches in a queue that a prefetch thread
+fills, and its stop handler raises SystemExit in its thread."""
+import ctypes
 import os
+import queue
 import threading
 import time
 
@@ -21,7 +24,7 @@ class FakeReverb:
         self._flushed = []
         lp.register_stop_handler(self._save)
 
-    def insert(self, actor: int, items: int, final: bool = False) -> None:
+    def insert(self, actor, items: int, final: bool = False) -> None:
         with self._lock:
             self._items += items
             if final:
@@ -33,7 +36,7 @@ class FakeReverb:
 
     def _save(self) -> None:
         with self._lock:
-            flushed = sorted(self._flushed)
+            flushed = sorted(self._flushed, key=str)
         with open(self._record, 'w') as f:
             f.write(' '.join(map(str, flushed)))
 
@@ -79,22 +82,73 @@ class Counter:
 
 
 class Learner:
-    """Acme's learner: a loop that samples the replay and never looks at the stop."""
+    """Acme's learner: a step per batch, which a prefetch thread samples from the replay. Its stop
+    handler (as Acme's `runtime_terminator`) makes a last write to the replay (Acme's learner
+    writes its last checkpoint), so the replay must still serve when the learner hears the stop,
+    and raises SystemExit in the learner's thread. The learner hears it while it waits for a
+    batch that never comes (Acme's, when the replay's rate limiter holds its sampler back once
+    the actors stopped): only a wait that can be woken lets that SystemExit land."""
 
     def __init__(self, replay, counter):
         self._replay = replay
         self._counter = counter
         self._steps = 0
+        self._starving = threading.Event()  # no more batches come
+        self._waiting = threading.Event()  # the learner waits for a batch
+        self._ended = threading.Event()
 
     def get_variables(self) -> int:
         return self._steps
 
     def run(self) -> None:
-        while True:
-            self._replay.sample()
-            self._steps += 1
-            self._counter.increment('learner_steps', 1)
-            time.sleep(0.01)
+        learner_thread = threading.get_ident()
+        batches = queue.Queue(maxsize=1)
+
+        def terminate() -> None:
+            Writer(self._replay, 'learner').flush(final=True)
+            self._starving.set()
+            while not self._waits_for(batches):
+                time.sleep(0.01)
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(learner_thread),
+                                                       ctypes.py_object(SystemExit))
+
+        lp.register_stop_handler(terminate)
+        threading.Thread(target=self._prefetch, args=(batches,), daemon=True).start()
+        try:
+            while True:
+                self._waiting.set()
+                batches.get()
+                self._waiting.clear()
+                self._steps += 1
+                self._counter.increment('learner_steps', 1)
+        finally:
+            self._ended.set()
+
+    def _waits_for(self, batches: queue.Queue) -> bool:
+        """Whether the learner waits for a batch (twice so, 50 ms apart: not just taking one)."""
+        for _ in range(2):
+            if not (self._waiting.is_set() and batches.empty()):
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _prefetch(self, batches: queue.Queue) -> None:
+        seen = 0
+        while not self._ended.is_set():
+            try:
+                items = self._replay.sample()
+            except courier.ServerUnavailableError:
+                items = seen  # the replay is gone: wait for it, as Reverb's datasets do
+            if items <= seen or self._starving.is_set():
+                time.sleep(0.01)
+                continue
+            seen = items
+            while not (self._ended.is_set() or self._starving.is_set()):
+                try:
+                    batches.put(items, timeout=0.1)
+                    break
+                except queue.Full:
+                    pass
 
 
 def actor(replay, learner, counter, index: int) -> None:

@@ -3,6 +3,8 @@
 Threads cannot be killed. Ending one at once (a node that does not cooperate with a stop, a hung
 node) raises `NodeStopped` inside it, which ends Python code at its next line but not a call
 blocked in C; a thread still alive after that is abandoned (it is a daemon) and counts as killed.
+A node's thread waiting in a queue when it is told to stop is woken once its stop handlers ran,
+so that an exception they raised in it lands (`launchpad.process.interrupt`).
 A restarted node runs in a new thread.
 
     lp-NODE threads      the nodes (a new one per restart, and one per node added while it runs)
@@ -14,7 +16,6 @@ A restarted node runs in a new thread.
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 import os
@@ -31,6 +32,7 @@ from launchpad.launch import launcher
 from launchpad.launch.controller import Controller
 from launchpad.launch.runner import Runner
 from launchpad.process import faces
+from launchpad.process import interrupt
 from launchpad.process.coordinator import Coordinator, NodeStopped, run_reporting
 from launchpad.process.output import TERMINALS
 from launchpad.process.spec import pickle_node
@@ -70,12 +72,30 @@ class _ThreadRunner(Runner):
         runtime.set_thread_context(context)
         if self.watchdog is not None and context.progress_deadline is not None:
             self.watchdog.watch(name, context, context.progress_deadline, threading.get_ident())
-        code = run_reporting(self._runs[name], name, _ThreadReports(self, name), context=context)
-        with self._lock:
-            if self._current(name):
-                self.exit_codes[name] = code
-                if self.watchdog is not None:
-                    self.watchdog.forget(name)
+        reports = _ThreadReports(self, name)
+        try:
+            code = run_reporting(self._runs[name], name, reports, context=context)
+        except interrupt.RAISED_AT_STOP:  # raised at the stop as the node's code ended, it landed after
+            reports.node_finished(name)
+            code = 0
+        self._record_exit(name, code)
+
+    def _record_exit(self, name: str, code: int) -> None:
+        """Records how the calling thread's node ended. An exception raised in it at the stop
+        as its code ended (NodeStopped, under the lock; a stop handler's SystemExit) may land
+        here still: the node had ended all the same, so its exit code is recorded again, and none
+        is raised in it once it is."""
+        while True:
+            try:
+                with self._lock:
+                    interrupt.cancel_raise(threading.current_thread())
+                    if self._current(name):
+                        self.exit_codes[name] = code
+                        if self.watchdog is not None:
+                            self.watchdog.forget(name)
+                return
+            except interrupt.RAISED_AT_STOP:
+                pass
 
     def _current(self, name: str) -> bool:
         """Whether the calling thread runs node `name`'s latest instance (not an abandoned one)."""
@@ -87,7 +107,7 @@ class _ThreadRunner(Runner):
             codes = {}
             for name, thread in self.threads.items():
                 since = self._abandoned.get(name)
-                if not thread.is_alive():
+                if name in self.exit_codes or not thread.is_alive():
                     codes[name] = self.exit_codes.get(name, 1)
                 elif since is not None and now - since > _ABANDON_AFTER:
                     codes[name] = -9  # abandoned: it ran on past NodeStopped
@@ -95,7 +115,7 @@ class _ThreadRunner(Runner):
                     if since is not None and now - since > _ABANDON_AFTER / 2 and (
                             name not in self._raised_twice):
                         self._raised_twice.add(name)  # the first may have landed where it
-                        _raise_in(thread, NodeStopped)  # is ignored (a __del__, say)
+                        interrupt.raise_in(thread, NodeStopped)  # is ignored (a __del__, say)
                     codes[name] = None
             return codes
 
@@ -104,9 +124,10 @@ class _ThreadRunner(Runner):
         with self._lock:
             for name in names:
                 thread = self.threads[name]
-                if thread.is_alive() and name not in self._abandoned:
+                if (thread.is_alive() and name not in self._abandoned
+                        and name not in self.exit_codes):
                     self._abandoned[name] = time.monotonic()
-                    _raise_in(thread, NodeStopped)
+                    interrupt.raise_in(thread, NodeStopped)
 
     def kill(self, names: Sequence[str]) -> None:
         self.end(names)
@@ -140,12 +161,7 @@ class _ThreadRunner(Runner):
     def remove(self, name: str) -> None:
         """Node `name` leaves the running program: its stop handlers run; it ends at once if it
         does not cooperate (see `Controller.remove_node`)."""
-        context = self.contexts.get(name)
-        if context is None:
-            return
-        context.stop.trigger()
-        if not context.stop.cooperating:
-            self.end([name])
+        self.stop_nodes([name])
 
     def stop_all(self) -> None:
         """The program stops: every node is told at once (a launch that did not complete)."""
@@ -153,13 +169,12 @@ class _ThreadRunner(Runner):
 
     def stop_nodes(self, names: Sequence[str]) -> None:
         """Nodes `names` are told that the program stops: their stop handlers run, then those
-        that do not cooperate are ended."""
-        contexts = {name: self.contexts[name] for name in names if name in self.contexts}
-        for context in contexts.values():  # each of them sees the stop before any handler runs
-            context.stop.event.set()
-        for context in contexts.values():
-            context.stop.trigger()
-        self.end([name for name, context in contexts.items() if not context.stop.cooperating])
+        that do not cooperate are ended, and those that do are woken from a wait, so that an
+        exception their handlers raised in them lands (`interrupt.tell_threads`)."""
+        with self._lock:
+            threads = dict(self.threads)
+        interrupt.tell_threads({name: self.contexts[name].stop for name in names
+                                if name in self.contexts}, threads, self.end)
 
     def stop_in_order(self) -> None:
         """Once the program stops, tells its nodes in the coordinator's order (callers first,
@@ -188,12 +203,6 @@ class _ThreadRunner(Runner):
         while os.path.exists(self.workdir) and time.monotonic() < deadline:
             time.sleep(0.05)
             shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def _raise_in(thread: threading.Thread, error: type) -> None:
-    """Raises `error` in `thread` at its next Python line."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
-                                               ctypes.py_object(error))
 
 
 def _node_context(options: launcher.LaunchOptions, program_name: str, table,

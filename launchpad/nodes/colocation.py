@@ -11,6 +11,10 @@ Naming: the colocation node is named like any node ('learner/0'); the program's 
 use that name. Inner node `i` is named '<colocation name>/<i>' ('learner/0/1'), and inside it
 `lp.get_context()` has the colocation's name as `label` and `i` as `index`, so its stop requests and
 errors name the inner node.
+
+Stopping: the program's stop reaches the colocation as one executable. Inner threads then hear it
+in graph order, callers first (`launchpad.nodes.inner_threads`); inner sub-processes hear it
+together.
 """
 from __future__ import annotations
 
@@ -27,10 +31,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from launchpad import runtime
 from launchpad.address import Address
 from launchpad.nodes.base import Handle, Node
+from launchpad.nodes.inner_threads import InnerThreads
 from launchpad.nodes.python import NoServiceHandle
 from launchpad.process import faces
 from launchpad.process import spec as specs
-from launchpad.process.coordinator import ended_by_stop
 
 MODES = ('threads', 'processes')
 _POLL = 0.05
@@ -120,43 +124,14 @@ class ColocationNode(Node):
         else:
             self._run_processes()
 
-    def _inner_context(self, index: int) -> runtime.NodeContext:
-        return dataclasses.replace(runtime.get_context(), label=self.name, index=index)
-
     def _run_threads(self) -> None:
-        done = threading.Condition()
-        finished: List[int] = []
-        failures: List[tuple] = []
-
-        def run(index: int, node: Node, context: runtime.NodeContext) -> None:
-            runtime.set_thread_context(context)
-            error = None
-            try:
-                node.run_in_context()
-            except SystemExit as e:  # it ends as a node's process would: by its exit code
-                if e.code not in (None, 0):
-                    error = e
-            except BaseException as e:  # pylint: disable=broad-except
-                if not ended_by_stop(e, context):  # else it ended with the program
-                    error = e
-            with done:
-                if error is None:
-                    finished.append(index)
-                else:
-                    failures.append((index, error))
-                done.notify_all()
-
-        for index, node in enumerate(self._nodes):
-            threading.Thread(target=run, args=(index, node, self._inner_context(index)),
-                             name=f'lp-{node.name}', daemon=True).start()
-        enough = 1 if self.return_on_first_completed else len(self._nodes)
-        with done:
-            done.wait_for(lambda: failures or len(finished) >= enough)
-            if failures:
-                index, error = failures[0]
-                raise InnerNodeFailedError(
-                    f'{self._nodes[index].name} ({self._nodes[index]!r}) failed: '
-                    f'{type(error).__name__}: {error}') from error
+        failure = InnerThreads(self._nodes, self.name, runtime.get_context(),
+                               self.return_on_first_completed).run()
+        if failure is not None:
+            index, error = failure
+            raise InnerNodeFailedError(
+                f'{self._nodes[index].name} ({self._nodes[index]!r}) failed: '
+                f'{type(error).__name__}: {error}') from error
 
     def _run_processes(self) -> None:
         _Supervisor(self, runtime.get_context()).run()

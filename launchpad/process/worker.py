@@ -9,8 +9,8 @@ Its threads:
 
     main thread       runs the node (`run_reporting`), then ends its process tree and exits
     lp-stop-watcher   waits for the program's stop: runs the stop handlers, wakes the main
-                      thread (`_wake`), then exits at once if the node does not cooperate (see
-                      `runtime`), else after the notice period
+                      thread (`interrupt`), then exits at once if the node does not cooperate
+                      (see `runtime`), else after the notice period
     lp-watchdog       with a progress deadline: reports a hung node with its stacks and exits
     lp-probe          answers questions about the node's stacks and calls (`probe`)
     lp-preempted      on SIGTERM (the platform ends the node: preemption, eviction): reports a
@@ -40,6 +40,7 @@ from launchpad import runtime
 from launchpad import metrics
 from launchpad.process import faces
 from launchpad.process import flags
+from launchpad.process import interrupt
 from launchpad.process import probe
 from launchpad.process import spec as specs
 from launchpad.process import tree
@@ -49,8 +50,6 @@ from launchpad.process.spec import WorkerSpec
 
 _POLL = 1.0
 _REPORT_WAIT = 10.0  # seconds a detached program's node waits for a supervisor to report to
-# Sent to the main thread, whose handler does nothing, once the stop handlers ran: see `_wake`.
-_WAKE_SIGNAL = signal.SIGRTMIN + 2
 
 
 def _run_with_flags(spec: WorkerSpec) -> None:
@@ -123,18 +122,11 @@ def _preempted(signum: int, coordinator, stop: runtime.StopSignal, spec: WorkerS
     _exit_now(128 + signum, spec, launcher_lost)
 
 
-def _woken(signum, frame) -> None:
-    del signum, frame
-
-
 def _wake() -> None:
-    """Interrupts the main thread's wait (a lock, a queue, a sleep, a select) once the stop
-    handlers ran, so that an exception a handler raised in it lands now: Acme's
-    `runtime_terminator` raises SystemExit in the node's thread (PyThreadState_SetAsyncExc),
-    which Python delivers only when that thread runs Python code, here `_woken`. dm-launchpad
-    runs its handlers in the main thread's signal handler, which interrupts it the same way."""
-    if signal.getsignal(_WAKE_SIGNAL) is _woken:  # else the node took the signal for itself
-        signal.pthread_kill(threading.main_thread().ident, _WAKE_SIGNAL)
+    """Wakes the main thread, which runs the node, once the stop handlers ran, so that an
+    exception a handler raised in it lands now (Acme's `runtime_terminator` raises SystemExit
+    there): see `launchpad.process.interrupt`."""
+    interrupt.wake(threading.main_thread())
 
 
 def _requeued(spec: WorkerSpec) -> bool:
@@ -369,7 +361,7 @@ def _handle_signals(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
 
     signal.signal(signal.SIGTERM, preempted)
     signal.signal(signal.SIGHUP, orphaned)
-    signal.signal(_WAKE_SIGNAL, _woken)
+    interrupt.install()
     if spec.stop_signal:
         signal.signal(getattr(signal, spec.stop_signal), warned)
 
