@@ -199,6 +199,8 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
         detached_verbs.follow_then_detach(run, '[prober/0] PROBE restarted')
         attached = lp.attach(run)  # (still running)
         assert attached.status()['worker/0'].restarts == 1
+        member = attached.status()['member/1']  # added, then removed, by the coordinator pod
+        assert member.state == lp.NodeState.REMOVED, member
         assert cli.main(['stop', run]) == 0, capsys.readouterr().err
         assert wait_for(lambda: None not in exit_codes().values(), 60), \
             log('coordinator', 'coordinator')
