@@ -121,13 +121,14 @@ class PodmanApiServer:
         with self._lock:
             if ('Pod', name) not in self._objects:
                 raise _Refusal(404, f'pods "{name}" not found')
-        command = ['podman', 'logs', '--timestamps', '--tail', query.get('tailLines', '-1')]
-        if 'sinceSeconds' in query:
+        command = ['podman', 'logs', '--timestamps']  # (its --tail splits lines written in
+        if 'sinceSeconds' in query:                      # parts wrongly: tailLines is cut here)
             command += ['--since', f'{int(query["sinceSeconds"])}s']
         result = subprocess.run([*command, f'{name}-{query["container"]}'], capture_output=True,
                                 text=True, timeout=60, check=False)
         lines = sorted(result.stdout.splitlines() + result.stderr.splitlines(),
                        key=lambda line: line.split(' ', 1)[0])
+        lines = lines[-int(query['tailLines']):] if 'tailLines' in query else lines
         if query.get('timestamps') != 'true':
             lines = [line.split(' ', 1)[-1] for line in lines]
         return ''.join(line + '\n' for line in lines)

@@ -45,9 +45,11 @@ def follow_then_detach(run: str, line: str, timeout: float = 60.0) -> str:
     return text
 
 
-def check_verbs(run: str, finished: str, line: str, running: str, frame: str, capsys) -> None:
-    """`logs RUN NODE` and `logs RUN` show node `finished`'s `line`; `stacks RUN NODE` shows
-    node `running`'s threads, live, `frame` (a file or function) among them; `waits RUN` has an
+def check_verbs(run: str, finished: str, line: str, running: str, frame: str,
+                written: str, capsys) -> None:
+    """`logs RUN NODE` and `logs RUN` show node `finished`'s `line`, and `logs RUN NODE` only
+    lines it `written` (its log as the platform keeps it); `stacks RUN NODE` shows node
+    `running`'s threads, live, `frame` (a file or function) among them; `waits RUN` has an
     answer from every running node."""
     capsys.readouterr()
     assert inspect_cli.main(['stacks', run, running]) == 0, capsys.readouterr().err
@@ -58,7 +60,9 @@ def check_verbs(run: str, finished: str, line: str, running: str, frame: str, ca
     waits = json.loads(capsys.readouterr().out)
     assert waits['silent'] == [] and waits['deadlocks'] == [], waits
     assert cli.main(['logs', run, finished]) == 0, capsys.readouterr().err
-    assert any(shown.startswith(line) for shown in capsys.readouterr().out.splitlines())
+    shown = capsys.readouterr().out.splitlines()
+    assert any(one.startswith(line) for one in shown), shown
+    assert set(shown) <= set(written.splitlines()), (shown, written)  # whole lines, in full
     assert cli.main(['logs', run]) == 0, capsys.readouterr().err
-    assert any(shown.startswith(f'[{finished}] {line}')
-               for shown in capsys.readouterr().out.splitlines())
+    assert any(one.startswith(f'[{finished}] {line}')
+               for one in capsys.readouterr().out.splitlines())
