@@ -121,8 +121,8 @@ class PodmanApiServer:
         with self._lock:
             if ('Pod', name) not in self._objects:
                 raise _Refusal(404, f'pods "{name}" not found')
-        command = ['podman', 'logs', '--timestamps']  # (its --tail splits lines written in
-        if 'sinceSeconds' in query:                      # parts wrongly: tailLines is cut here)
+        command = ['podman', 'logs', '--timestamps']  # (its --tail joins a line written in
+        if 'sinceSeconds' in query:                      # parts to the next: tailLines cut here)
             command += ['--since', f'{int(query["sinceSeconds"])}s']
         result = subprocess.run([*command, f'{name}-{query["container"]}'], capture_output=True,
                                 text=True, timeout=60, check=False)

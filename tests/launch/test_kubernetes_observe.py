@@ -212,9 +212,9 @@ def test_a_detached_programs_coordinator_pod_reads_node_logs_with_a_cursor():
     assert api.asked[-1] == ('t1-worker-0', 'node', None, 2000)
     assert logs.read_log('worker/0', cursor) == ([], cursor)
     assert api.asked[-1] == ('t1-worker-0', 'node', 8 + CLOCK_MARGIN, None)  # 09:00:02.5 +
-    api.lines += [('02.5', 'four'), ('03.25', 'five')]
+    api.lines += [('02.5', 'four'), ('03.25', 'five in parts2026-11-26T09:00:03.5Z ')]
     lines, cursor = logs.read_log('worker/0', cursor)
-    assert lines == ['four', 'five']
+    assert lines == ['four', 'five in parts']  # (the time of its newline taken out)
     assert logs.read_log('worker/0', cursor)[0] == []
     api.refusal = NotFound('no pod')  # deleted, or not created yet
     assert logs.read_log('worker/0', cursor) == ([], cursor)

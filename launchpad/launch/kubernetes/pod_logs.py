@@ -11,6 +11,11 @@ read asks for the seconds since then, plus a margin for the clocks of this pod a
 kubelet, and drops what was read before. A node's pod created again (a restart) starts a new
 log: its lines come next; those its old pod wrote after the last read are not shown.
 
+A line written in parts (unbuffered, `print` writes the text and its newline apart; a runtime
+splits long lines too) comes with the time of each later part inside it, as `kubectl logs
+--timestamps` shows it: those times are taken out (and so would be a time the node itself
+wrote in exactly that form: to a fraction of a second, in UTC, then a space).
+
 The coordinator's service account needs `get` on `pods/log`
 (`manifests.coordinator_rbac_manifests`).
 """
@@ -28,6 +33,7 @@ from launchpad.process import logs
 
 CLOCK_MARGIN = 10  # seconds read again before a cursor's time (clocks of two hosts)
 _STAMP = re.compile(r'(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$')
+_PART_STAMP = re.compile(r'\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{1,9}Z ')  # a later part's
 
 
 class PodLogs:
@@ -79,7 +85,7 @@ def _after(text: str, after: Optional[Tuple[int, int]], cursor: Optional[str]
         count = count + 1 if when == last else 1
         last = when
         if after is None or when > after[0] or (when == after[0] and count > after[1]):
-            lines.append(line)
+            lines.append(_PART_STAMP.sub('', line))
     return lines, (cursor if last is None else f'{last}:{count}')
 
 
