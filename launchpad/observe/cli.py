@@ -241,7 +241,10 @@ def _dashboard(args) -> int:
     try:
         entry, client = _connect(args.program)
     except registry.RegistryError:
-        return runs_cli.dashboard_of_ended(args, dashboard)
+        ended = runs_cli.kept_run(args.program)
+        if ended is None:  # (nor a kept run: why it is not running says more)
+            raise
+        return runs_cli.dashboard_of_ended(ended, args.port, dashboard)
     served = dashboard.Dashboard(client, port=args.port)
     print(f'Dashboard of {entry.name} ({entry.id}): {served.url}\n'
           f'It runs until the program ends or you press Ctrl-C.', flush=True)

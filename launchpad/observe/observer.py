@@ -284,9 +284,11 @@ class Observer:
                                   f'are {", ".join(names)}.')
             names = [node]
         if output is None:
-            raise LookupError(f'the {self._controller.launch_type} launcher keeps no logs of '
-                              f'nodes in the launching process: their output goes where the '
-                              f'platform puts it (threads: the launching process\'s own).')
+            raise LookupError(f'program {self._program!r} ({self._controller.launch_type}) '
+                              f'keeps no logs of its nodes where it is supervised: their output '
+                              f'goes where the platform puts it (threads: the launching '
+                              f'process\'s terminal; Kubernetes pods: `kubectl logs`, or give '
+                              f'its coordinator pod a service account, create_rbac=True).')
         lines: List[List[str]] = []
         positions = dict(cursor or {})
         for name in names:
@@ -329,7 +331,8 @@ class Observer:
                                   f'are {", ".join(names)}.')
             names = [node]
         running = [name for name in names if status[name].state.value == 'running']
-        here = [name for name in running if status[name].pid == os.getpid()]
+        here = [name for name in running  # (in a container, another host's pid 1 is not ours)
+                if (status[name].pid, status[name].host) == (os.getpid(), socket.gethostname())]
         elsewhere = [name for name in running if name not in here]
         try:
             answers = coordinator.probe(elsewhere, kinds, timeout) if elsewhere else {}

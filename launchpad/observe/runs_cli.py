@@ -130,12 +130,11 @@ def logs_of_ended(directory: pathlib.Path, node: Optional[str]) -> int:
     return 0
 
 
-def dashboard_of_ended(args, dashboard) -> int:
-    """`dashboard RUN` of a run no running program has: served from its run file until
-    Ctrl-C."""
-    directory = runstore.find(args.program)
+def dashboard_of_ended(directory: pathlib.Path, port: int, dashboard) -> int:
+    """`dashboard RUN` of a run no running program has (in `directory`): served from its run
+    file on `port` until Ctrl-C."""
     source = runstore.StoredRun(directory)
-    served = dashboard.Dashboard(source, port=args.port)
+    served = dashboard.Dashboard(source, port=port)
     run = source.describe()
     print(f'Dashboard of the run {run["id"]} of {run["name"]} (ended): {served.url}\n'
           f'It runs until you press Ctrl-C.', flush=True)

@@ -1,7 +1,7 @@
 """A stand-in for a Kubernetes API server on the podman bed, for programs no launcher follows.
 
 `PodmanApiServer` serves, over HTTPS with a bearer token, the part of the Kubernetes REST API
-that `KubernetesApi` calls (create, delete and list objects of one namespace), backed by
+that `KubernetesApi` calls (create, delete and list objects of one namespace, read a pod's log), backed by
 `PodmanApi` (tests/launch/test_kubernetes_podman.py), which plays every Pod with `podman kube
 play`. So the real `kubernetes` client talks to it from both sides: a launcher in another process
 (through `kubeconfig()`, on loopback), and a coordinator pod, which finds it as a pod of a cluster
@@ -23,6 +23,7 @@ import json
 import secrets
 import socketserver
 import ssl
+import subprocess
 import threading
 import urllib.parse
 
@@ -114,6 +115,24 @@ class PodmanApiServer:
                        for owner in obj['metadata'].get('ownerReferences') or []):
                     self.delete(other_kind, other)
 
+    def read_log(self, name, query):
+        """What the API answers for the log of pod `name` (`query`: container, timestamps,
+        sinceSeconds, tailLines), from `podman logs`: its output and error lines by time."""
+        with self._lock:
+            if ('Pod', name) not in self._objects:
+                raise _Refusal(404, f'pods "{name}" not found')
+        command = ['podman', 'logs', '--timestamps']  # (its --tail joins a line written in
+        if 'sinceSeconds' in query:                      # parts to the next: tailLines cut here)
+            command += ['--since', f'{int(query["sinceSeconds"])}s']
+        result = subprocess.run([*command, f'{name}-{query["container"]}'], capture_output=True,
+                                text=True, timeout=60, check=False)
+        lines = sorted(result.stdout.splitlines() + result.stderr.splitlines(),
+                       key=lambda line: line.split(' ', 1)[0])
+        lines = lines[-int(query['tailLines']):] if 'tailLines' in query else lines
+        if query.get('timestamps') != 'true':
+            lines = [line.split(' ', 1)[-1] for line in lines]
+        return ''.join(line + '\n' for line in lines)
+
     def list_pods(self, selector):
         wanted = dict(term.split('=', 1) for term in selector.split(',') if term)
         return [pod for pod in self.podman.list_pods(selector)
@@ -200,6 +219,14 @@ def _handler(server: PodmanApiServer):
             self.end_headers()
             self.wfile.write(data)
 
+        def _answer_text(self, text):
+            data = text.encode()
+            self.send_response(200)
+            self.send_header('Content-Type', 'text/plain')
+            self.send_header('Content-Length', str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def _handle(self):
             scheme, _, token = (self.headers.get('Authorization') or '').partition(' ')
             if scheme.lower() != 'bearer' or token != server.token:
@@ -221,6 +248,8 @@ def _handler(server: PodmanApiServer):
                 if self.command == 'DELETE':
                     server.delete(kind, rest[1], body.get('gracePeriodSeconds'))
                     return self._answer(200, {})  # read as the object or a Status
+                if self.command == 'GET' and kind == 'Pod' and rest[2:] == ['log']:
+                    return self._answer_text(server.read_log(rest[1], query))
                 if self.command == 'GET' and kind == 'Pod' and len(rest) == 1:
                     pods = server.list_pods(query.get('labelSelector', ''))
                     return self._answer(200, {'kind': 'PodList', 'apiVersion': 'v1',

@@ -29,9 +29,10 @@ from tests.launch.test_kubernetes_in_cluster import (SelectingApi, _manifests, _
 from tests.launch.test_kubernetes_launcher import _until
 from tests.launch.test_kubernetes_podman import PodmanApi, _podman
 from tests.leftovers import no_new_children
+from tests.observe import detached_verbs
 from tests.testbeds import REPO_ROOT
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(240)  # (the bed test also runs the observer verbs)
 
 LAUNCH = '''
 import sys
@@ -193,8 +194,13 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
         assert status['controller']['host'] == f'{run}-coordinator', status
         assert {node['name'] for node in status['nodes']} >= {
             'worker/0', 'member/0', 'prober/0'}, status
-        attached = lp.attach(run)
+        detached_verbs.check_verbs(run, 'prober/0', 'PROBE restarted', 'worker/0',
+                                   'failure_programs.py', log('prober-0'), capsys)
+        detached_verbs.follow_then_detach(run, '[prober/0] PROBE restarted')
+        attached = lp.attach(run)  # (still running)
         assert attached.status()['worker/0'].restarts == 1
+        member = attached.status()['member/1']  # added, then removed, by the coordinator pod
+        assert member.state == lp.NodeState.REMOVED, member
         assert cli.main(['stop', run]) == 0, capsys.readouterr().err
         assert wait_for(lambda: None not in exit_codes().values(), 60), \
             log('coordinator', 'coordinator')

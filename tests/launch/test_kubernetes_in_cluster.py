@@ -85,6 +85,8 @@ def test_a_detached_launch_lets_its_coordinator_pod_recreate_node_pods_and_nothi
         {'apiGroups': [''], 'resources': ['pods'], 'verbs': ['get', 'list']},
         {'apiGroups': [''], 'resources': ['pods'], 'verbs': ['create']},
         {'apiGroups': [''], 'resources': ['pods'], 'verbs': ['delete'],
+         'resourceNames': ['t1-worker-0', 't1-other-0']},
+        {'apiGroups': [''], 'resources': ['pods/log'], 'verbs': ['get'],  # (`logs`, `attach`)
          'resourceNames': ['t1-worker-0', 't1-other-0']}]
     assert _manifests(plan) == {name: plan.pod_document(name)
                                 for name in ('t1-worker-0', 't1-other-0')}
@@ -335,7 +337,9 @@ def test_a_detached_program_grows_shrinks_and_stops_in_graph_order_from_its_coor
             't1-server-0', 't1-worker-0', 't1-worker-1', *added]},
         {'apiGroups': [''], 'resources': ['configmaps'], 'verbs': ['create']},
         {'apiGroups': [''], 'resources': ['configmaps'], 'verbs': ['delete'],
-         'resourceNames': [f'{pod}-spec-0' for pod in added]}]
+         'resourceNames': [f'{pod}-spec-0' for pod in added]},
+        {'apiGroups': [''], 'resources': ['pods/log'], 'verbs': ['get'], 'resourceNames': [
+            't1-server-0', 't1-worker-0', 't1-worker-1', *added]}]
     settings = _settings(plan)
     assert settings.calls == {'worker/0': ['server/0'], 'worker/1': ['server/0']}
     pods_dir = tmp_path / 'pods'  # RUN-pods as the coordinator pod mounts it

@@ -178,3 +178,48 @@ def test_an_attached_programs_nodes_are_probed_through_its_coordinator_pod(
         server.Stop()
         controller.stop()
         controller.wait(timeout=20)
+
+
+class _LogApi:
+    """A pod log as the API serves it with timestamps; `since` and `tail` are what was asked."""
+
+    def __init__(self):
+        self.lines = []  # (seconds since the epoch as text 'SS.NNNNNNNNN', line)
+        self.asked = []
+        self.refusal = None
+
+    def read_timestamped_log(self, pod, container, *, since_seconds=None, tail_lines=None):
+        self.asked.append((pod, container, since_seconds, tail_lines))
+        if self.refusal is not None:
+            raise self.refusal
+        lines = [f'2026-11-26T09:00:{when}Z {line}' for when, line in self.lines]
+        return ''.join(line + '\n' for line in lines[-tail_lines if tail_lines else 0:])
+
+
+def test_a_detached_programs_coordinator_pod_reads_node_logs_with_a_cursor():
+    """`PodLogs`, which the coordinator pod's controller offers the observer (`logs`, `attach`):
+    the last lines first, then only new ones, also among lines of one time (written at once),
+    asking the API for the seconds since the last line plus a margin; a refusal is said."""
+    from launchpad.launch.kubernetes.api import KubernetesError, NotFound  # pylint: disable=import-outside-toplevel
+    from launchpad.launch.kubernetes.pod_logs import CLOCK_MARGIN, PodLogs  # pylint: disable=import-outside-toplevel
+    api = _LogApi()
+    now = [1795683610.0]  # 2026-11-26T09:00:10Z
+    logs = PodLogs(api, {'worker/0': 't1-worker-0'}.get, clock=lambda: now[0])
+    assert logs.read_log('worker/0') == ([], None)
+    api.lines = [('01.000000001', 'one'), ('02.5', 'two'), ('02.5', 'three')]
+    lines, cursor = logs.read_log('worker/0')
+    assert lines == ['one', 'two', 'three']
+    assert api.asked[-1] == ('t1-worker-0', 'node', None, 2000)
+    assert logs.read_log('worker/0', cursor) == ([], cursor)
+    assert api.asked[-1] == ('t1-worker-0', 'node', 8 + CLOCK_MARGIN, None)  # 09:00:02.5 +
+    api.lines += [('02.5', 'four'), ('03.25', 'five in parts2026-11-26T09:00:03.5Z ')]
+    lines, cursor = logs.read_log('worker/0', cursor)
+    assert lines == ['four', 'five in parts']  # (the time of its newline taken out)
+    assert logs.read_log('worker/0', cursor)[0] == []
+    api.refusal = NotFound('no pod')  # deleted, or not created yet
+    assert logs.read_log('worker/0', cursor) == ([], cursor)
+    api.refusal = KubernetesError('forbidden by RBAC')
+    with pytest.raises(LookupError, match='cannot read the log of pod t1-worker-0: forbidden'):
+        logs.read_log('worker/0', cursor)
+    with pytest.raises(LookupError, match="node 'other/0' has no pod"):
+        logs.read_log('other/0')

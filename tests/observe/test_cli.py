@@ -154,7 +154,8 @@ import json, os, sys, io, contextlib, gettext, locale
 import psutil
 import courier
 from courier.transport import framed_client
-from launchpad.observe import cli, registry
+from launchpad.observe import cli, dashboard, registry
+dashboard.require()  # (aiohttp, loaded as root)
 NOBODY = 65534
 os.setgroups([])
 os.setgid(NOBODY)
@@ -162,7 +163,7 @@ os.setuid(NOBODY)
 entry_path, socket_path = sys.argv[1], sys.argv[2]
 tried = {}
 for command in (['list'], ['status', 'observed'], ['stop', 'observed'], ['logs', 'observed'],
-                ['token', 'observed']):
+                ['token', 'observed'], ['dashboard', 'observed']):
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         code = cli.main(command)
@@ -192,7 +193,7 @@ def test_another_user_can_neither_see_nor_stop_the_program(runtime_dir, tmp_path
                               env=environment(), capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         tried = json.loads(done.stdout)
-        for command in ('list', 'status', 'stop', 'logs', 'token'):
+        for command in ('list', 'status', 'stop', 'logs', 'token', 'dashboard'):
             code, message = tried[command]
             assert code == 1 and 'belongs to another user' in message, tried
         assert tried['read'] == 'PermissionError'

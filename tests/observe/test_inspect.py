@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -302,3 +303,38 @@ def test_a_cycle_is_a_deadlock_once_every_call_in_it_is_old():
     assert waits.describe_cycle(cycle) == (
         'a/0 -> b/0 (first, 7.0 s) -> c/0 (second, 6.0 s) -> a/0 (third, 5.0 s)')
     assert len(waits.deadlocks(three, min_age=0.1)) == 2
+
+
+
+def _observer_of_pods():
+    """An observer as a detached Kubernetes program's coordinator pod without a service account
+    has: its coordinator only (no output); worker/0 reported pid 1 from another pod."""
+    # pylint: disable=import-outside-toplevel
+    import types
+    from launchpad.observe.observer import Observer
+    from launchpad.process.coordinator import Coordinator
+    coordinator = Coordinator(['worker/0', 'local/0'])
+    coordinator.node_started('worker/0', os.getpid(), 'another-pod')
+    coordinator.node_started('local/0', os.getpid(), socket.gethostname())
+    controller = types.SimpleNamespace(
+        coordinator=coordinator, status=coordinator.status, launch_type='kubernetes',
+        auth_token=None, output=None, done=False, scaling_log=[])
+    return Observer(types.SimpleNamespace(name='pods', edges=()), controller)
+
+
+def test_a_node_with_this_processs_pid_on_another_host_is_probed_not_taken_for_a_thread():
+    """A Kubernetes pod's main process is pid 1, in the coordinator pod too: the coordinator
+    pod's observer asks worker/0 through the coordinator instead of showing its own threads."""
+    probed = _observer_of_pods().probe(['stacks'], timeout=0.1)
+    assert probed['in_process'] == ['local/0']
+    assert not probed['nodes']['worker/0']['live']  # asked, and silent here
+    assert not probed['nodes']['worker/0'].get('in_process')
+
+
+def test_logs_kept_nowhere_say_where_the_output_goes():
+    with pytest.raises(LookupError) as refused:
+        _observer_of_pods().logs()
+    assert "program 'pods' (kubernetes) keeps no logs of its nodes where it is supervised" in (
+        str(refused.value))
+    assert '`kubectl logs`' in str(refused.value)
+    assert 'nodes in the launching process' not in str(refused.value)  # (it is not there)

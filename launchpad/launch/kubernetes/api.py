@@ -160,6 +160,16 @@ class KubernetesApi:
         except KubernetesError:
             return ''  # no log (yet): the caller reports what it has
 
+    def read_timestamped_log(self, pod: str, container: str, *,
+                             since_seconds: Optional[int] = None,
+                             tail_lines: Optional[int] = None) -> str:
+        """The container's log, each line after its time (RFC 3339, to the nanosecond): the
+        lines of the last `since_seconds` seconds, or its last `tail_lines`, if given. Raises
+        KubernetesError (NotFound: no such pod)."""
+        return self._call(f'read the log of pod {pod}', self._core.read_namespaced_pod_log,
+                          pod, self.namespace, container=container, timestamps=True,
+                          since_seconds=since_seconds, tail_lines=tail_lines)
+
     def open_log(self, pod: str, container: str) -> BinaryIO:
         """A stream of the container's log that follows it until the container ends."""
         response = self._call(f'follow the log of pod {pod}', self._core.read_namespaced_pod_log,

@@ -39,6 +39,7 @@ from courier import serialization
 from launchpad.launch.runner import Runner
 from launchpad.launch.kubernetes import names
 from launchpad.launch.kubernetes.api import KubernetesError, recreate_pod, terminated
+from launchpad.launch.kubernetes.pod_logs import PodLogs
 
 POD_MANIFESTS_KEY = 'pods'  # the key of RUN-pods' binaryData, and the file it is mounted as
 GROWTH_KEY = 'growth'  # the same for the pickled `Growth`
@@ -117,6 +118,7 @@ class InClusterRunner(Runner):
         self._node_pods = dict(node_pods)
         self.growth = growth
         self._clock = clock
+        self.output = PodLogs(api, self._node_pods.get)  # (`logs`, `attach`, the dashboard)
         self._added: Dict[str, str] = {}  # pod of a node added here -> the node, until deleted
         self._leaving: set = set()  # removed nodes whose pods are deleted once they ended
         self._codes: Dict[str, Optional[int]] = {name: None for name in node_pods}

@@ -313,9 +313,10 @@ def coordinator_rbac_manifests(run: str, namespace: str,
                                added_pods: Sequence[str] = ()) -> List[Dict[str, Any]]:
     """ServiceAccount, Role and RoleBinding that let the coordinator pod list the program's pods
     and, given the names of its `node_pods` (the coordinator restarts them: no launcher follows
-    the program), create pods and delete those. With `added_pods` (the pods of nodes it may
-    add to elastic groups, `LaunchPlan.added_pods`) it may also delete those, and create
-    ConfigMaps and delete their spec ConfigMaps (POD-spec-0). RBAC cannot limit `create` or
+    the program), create pods and delete those, and read pod logs (`pod_logs`). With
+    `added_pods` (the pods of nodes it may add to elastic groups, `LaunchPlan.added_pods`) it
+    may also delete those and read their logs, and create ConfigMaps and delete their spec
+    ConfigMaps (POD-spec-0). RBAC cannot limit `create` or
     `list` to names or labels: they hold for every pod (or ConfigMap) of the namespace."""
     labels = {names.PROGRAM_LABEL: run, **names.MANAGED_BY}
     meta = {'name': run, 'namespace': namespace, 'labels': labels}
@@ -328,6 +329,9 @@ def coordinator_rbac_manifests(run: str, namespace: str,
         rules += [{'apiGroups': [''], 'resources': ['configmaps'], 'verbs': ['create']},
                   {'apiGroups': [''], 'resources': ['configmaps'], 'verbs': ['delete'],
                    'resourceNames': [f'{pod}-spec-0' for pod in added_pods]}]
+    if node_pods is not None:
+        rules.append({'apiGroups': [''], 'resources': ['pods/log'], 'verbs': ['get'],
+                      'resourceNames': [*node_pods, *added_pods]})
     return [
         {'apiVersion': 'v1', 'kind': 'ServiceAccount', 'metadata': dict(meta)},
         {'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'Role', 'metadata': dict(meta),

@@ -10,7 +10,8 @@ the program on the launching machine (`adopt`), with a relay command by which
 
 (the API object writes it: `exec_command`), whose stdin and stdout `launchpad.observe.relay`
 joins to the socket. So every command of the launching machine (`list`, `status`, `attach`,
-`logs`, `stop`, `lp.attach`) reaches the program as long as the user may exec into its pods.
+`logs`, `stacks`, `waits`, `top`, `stop`, `lp.attach`) reaches the program as long as the user
+may exec into its pods; the nodes' output is what the pod reads of their logs (`pod_logs`).
 """
 from __future__ import annotations
 
