@@ -46,6 +46,9 @@ PIPELINED = 1  # many calls in flight, answered in any order, matched by call_id
 CAPABILITIES = 0xF0  # HELLO mode bits that offer something: a server ignores those it lacks.
 # Offered by a client that takes large buffers in shared memory (:mod:`.shm`); a WELCOME with it:
 SHARED_MEMORY = 0x40  # both sides may send them. (0x80, an older form of it, is ignored.)
+# Offered by a TCP client that would call a server on its own host on a Unix socket
+# (:mod:`.same_host`); a WELCOME to it then has text: the server's host and that socket.
+SAME_HOST = 0x20
 
 # REFUSED reasons.
 TOKEN_MISSING = 1

@@ -20,6 +20,7 @@ from courier.transport import shm
 from launchpad.nodes import cacher
 from tests.courier.conftest import NoServersHere
 from tests.courier.conftest import free_tcp_address
+from tests.courier.conftest import over_tcp_only
 from tests.courier.test_shared_memory_reuse import segment_of
 
 pytestmark = pytest.mark.skipif(not shm.ENABLED, reason='no memfd here, or COURIER_SHARED_MEMORY=0')
@@ -92,7 +93,8 @@ def test_large_buffers_arrive_read_only_in_shared_memory_and_small_ones_inline(
     writable[0] = 1
     assert echoed['small'].flags.writeable  # Under the threshold: through the socket.
     segment_of(echoed['large'])  # Raises unless it is mapped on shared memory.
-    # TCP clients get the bytes inline, writable, as before.
+    # TCP clients (on other hosts: test_same_host.py) get the bytes inline, writable, as before.
+    over_tcp_only(monkeypatch)
     over_tcp = courier.Client(tcp).echo(array)
     assert over_tcp.flags.writeable and np.array_equal(over_tcp, array)
     # Its memory stays for the next buffers once its readers let go, and goes when its sender
