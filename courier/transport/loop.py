@@ -118,15 +118,15 @@ def client_of(sock: socket.socket) -> Any:
 
 
 class Loop:
-    """The thread that accepts, greets and watches the connections of one listening socket.
+    """The thread that accepts, greets and watches the connections of a server's listeners.
 
     Args:
       listeners: bound, listening stream sockets of any family (a TCP server's port, and its
         same-host Unix socket, :mod:`.same_host`).
       greet: ``greet(connection, hello)`` returns None to welcome the connection (having set
         ``connection.shared`` if large buffers go in shared memory, and ``connection.welcome``
-        to the WELCOME's text), or the REFUSED frame's
-        (reason, message); runs on the loop thread, so it must not block.
+        to the WELCOME's text), or the REFUSED frame's (reason, message); runs on the loop
+        thread, so it must not block.
       serve: ``serve(connection, frame)`` is called on the loop thread with each whole frame
         a welcomed connection sent, and must not block. A blocking (SYNC) connection is then
         the callee's until it calls :meth:`resume`; for a futures (PIPELINED) connection it

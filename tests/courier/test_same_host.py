@@ -14,7 +14,8 @@ import courier
 from courier.transport import same_host
 from courier.transport import shm
 from tests.courier.conftest import free_tcp_address
-from tests.courier.test_shared_memory import LARGE, _SERVE, _memfd_files, _settled, _start
+from tests.courier.test_shared_memory import (LARGE, _SERVE, _end, _memfd_files, _settled,
+                                              _start)
 from tests.courier.test_shared_memory_reuse import segment_of
 from tests.testbeds import require_testbed
 
@@ -73,11 +74,7 @@ def test_a_tcp_client_on_the_servers_host_gets_large_buffers_in_shared_memory(
         plain.Start()
         assert not _in_shared_memory(courier.Client(plain.address).get_params())
     finally:
-        for process in (server, restarted):
-            if process is not None:
-                process.kill()
-                process.wait()
-                process.stdout.close()
+        _end(server, restarted)
 
 
 _OTHER_NAMESPACE = '''

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -159,6 +160,15 @@ def _start(script: str, address: str, env: dict) -> subprocess.Popen:
     return process
 
 
+def _end(*processes: Optional[subprocess.Popen]) -> None:
+    """Kills the processes that ``_start`` started (None: not started)."""
+    for process in processes:
+        if process is not None:
+            process.kill()
+            process.wait()
+            process.stdout.close()
+
+
 def test_nothing_is_left_after_readers_and_servers_are_killed(socket_dir, subprocess_env):
     def shm_names():
         return set(os.listdir('/dev/shm')) if os.path.isdir('/dev/shm') else set()
@@ -188,11 +198,7 @@ def test_nothing_is_left_after_readers_and_servers_are_killed(socket_dir, subpro
         assert _memfd_mappings() == mapped and _memfd_files() == files
         assert shm_names() == names  # Never a name in /dev/shm.
     finally:
-        for process in (reader, server):
-            if process is not None:
-                process.kill()
-                process.wait()
-                process.stdout.close()
+        _end(reader, server)
 
 
 def test_a_peer_passing_bad_shared_memory_loses_only_its_connection(make_server, socket_dir):
