@@ -29,12 +29,17 @@ actor crosses the links); ``hosts-relay``: one relay per host (lp.CacherNode's f
 refreshing on every call) fetches from the learner over TCP, and its host's actors fetch
 from it over a Unix socket, so in shared memory. Also reported: the learner's sends per
 round (copies that left its host). ``hosts-relay-tcp``: the same relays on their host's
-address, as nodes of a multi-host launch reach each other (TCP, so a copy per actor, over
-loopback).
+address, as nodes of a multi-host launch reach each other: the actors' clients find the relay
+on their host and go on on its Unix socket (the same-host upgrade, docs/courier.md), so in
+shared memory too. ``--without-upgrade-too`` runs each of these systems a second time, right
+after, with ``COURIER_SAME_HOST=0`` in the environment of the bed's processes (row ``...
+no-upgrade``): their clients then stay on TCP on one host, as before the upgrade (a copy per
+actor over loopback). Between hosts the
+host memory counts the relays too (their copy of the parameters, and the pages they share).
 
 Usage: python benchmarks/broadcast_bench.py [--sizes-mib 1 64 256] [--actors 8]
            [--seconds 5] [--echo-mib 64 1024] [--systems ours ray hosts ...]
-           [--json out.json]
+           [--without-upgrade-too] [--json out.json]
 Numbers move with the machine's load: compare the columns of one run.
 """
 
@@ -269,12 +274,14 @@ def serve_role(role: str, listen: str, mib: int, source: str) -> None:
 class _Remote:
     """Processes started over ssh on the bed's hosts, each ended when its ssh's stdin closes."""
 
-    def __init__(self):
+    def __init__(self, same_host: bool = True):
         self.processes: List[subprocess.Popen] = []
+        self._environment = '' if same_host else 'COURIER_SAME_HOST=0 '
 
     def start(self, host: Any, role: str, listen: str, mib: int, source: str = '') -> str:
         repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        command = (f'cd {repo} && PYTHONPATH={repo} exec {host.python} -u benchmarks/'
+        command = (f'cd {repo} && {self._environment}PYTHONPATH={repo} exec {host.python} -u '
+                   f'benchmarks/'
                    f'broadcast_bench.py --role {role} --listen {listen} --sizes-mib {mib} '
                    f'--source "{source}"')
         process = subprocess.Popen(host.ssh_command(command), stdin=subprocess.PIPE,
@@ -291,22 +298,24 @@ class _Remote:
 
 
 def broadcast_hosts(hosts: List[Any], mib: int, actors: int, seconds: float,
-                    relay: Optional[str]) -> Dict[str, float]:
+                    relay: Optional[str], same_host: bool = True) -> Dict[str, float]:
     """The learner on the first host, the actors on the other two (half each) fetching over
     TCP, or through a relay on their own host: on a Unix socket (so in shared memory) with
     ``relay='unix'``, on the host's address (as nodes of a multi-host launch reach each
-    other) with ``relay='tcp'``."""
+    other) with ``relay='tcp'``; ``same_host=False``: the bed's processes run with
+    COURIER_SAME_HOST=0."""
     import courier  # pylint: disable=import-outside-toplevel
-    remote = _Remote()
+    remote = _Remote(same_host)
     try:
         with tempfile.TemporaryDirectory(prefix='bcast-hosts-') as scratch:
             learner_address = remote.start(hosts[0], 'learner', f'{hosts[0].ip}:0', mib)
-            actor_addresses = []
+            actor_addresses, relay_addresses = [], []
             for index, host in enumerate(hosts[1:3]):
                 source = learner_address
                 if relay:
                     listen = f'unix:{scratch}/relay{index}' if relay == 'unix' else f'{host.ip}:0'
                     source = remote.start(host, 'relay', listen, mib, learner_address)
+                    relay_addresses.append(source)
                 actor_addresses += [remote.start(host, 'actor', f'{host.ip}:0', mib, source)
                                     for _ in range(actors // 2 + (index < actors % 2))]
             learner = courier.Client(learner_address, call_timeout=600)
@@ -318,8 +327,10 @@ def broadcast_hosts(hosts: List[Any], mib: int, actors: int, seconds: float,
                     future.result()
 
             pids = [client.pid() for client in [learner, *workers]]
+            relays = [courier.Client(address).pid() for address in relay_addresses]
             served = learner.served_count()
-            results = _measure_rounds(one_round, learner.cpu, pids, pids[1:], mib, seconds)
+            results = _measure_rounds(one_round, learner.cpu, pids + relays, pids[1:], mib,
+                                      seconds)
             results['learner_sends_per_round'] = ((learner.served_count() - served)
                                                   / (results['rounds'] + 1))  # And the warm-up.
             return results
@@ -442,6 +453,9 @@ def main() -> None:
     parser.add_argument('--role', choices=sorted(_ROLES), help=argparse.SUPPRESS)
     parser.add_argument('--listen', help=argparse.SUPPRESS)
     parser.add_argument('--source', help=argparse.SUPPRESS)
+    parser.add_argument('--without-upgrade-too', action='store_true',
+                        help='between hosts, run each system again with COURIER_SAME_HOST=0 on '
+                             "the bed's processes (TCP between the processes of one host)")
     parser.add_argument('--json', help='also write the numbers to this file')
     args = parser.parse_args()
     if args.role:
@@ -467,6 +481,9 @@ def _run_all(args: argparse.Namespace, hosts: Any) -> None:
         for system, relay in _HOSTS.items():
             if system in args.systems:
                 row[system] = broadcast_hosts(hosts, size, args.actors, args.seconds, relay)
+                if args.without_upgrade_too:
+                    row[f'{system} no-upgrade'] = broadcast_hosts(
+                        hosts, size, args.actors, args.seconds, relay, same_host=False)
         if 'ours' in args.systems:
             row['ours'] = broadcast_ours(size, args.actors, args.seconds)
         if 'ours-socket' in args.systems:  # COURIER_SHARED_MEMORY=0: through the socket.
@@ -489,9 +506,9 @@ def _run_all(args: argparse.Namespace, hosts: Any) -> None:
 def _print_broadcast(size: int, row: Dict[str, Any]) -> None:
     for system, numbers in row.items():
         if isinstance(numbers, str):
-            print(f'broadcast {size:4} MiB  {system:11} {numbers}', flush=True)
+            print(f'broadcast {size:4} MiB  {system:26} {numbers}', flush=True)
             continue
-        print(f'broadcast {size:4} MiB  {system:11} {numbers["rounds_per_s"]:8.1f} rounds/s  '
+        print(f'broadcast {size:4} MiB  {system:26} {numbers["rounds_per_s"]:8.1f} rounds/s  '
               f'learner CPU {numbers["learner_cpu_ms_per_round"]:7.1f} ms/round  host PSS peak '
               f'{numbers["host_pss_peak_mib"]:7.0f} MiB (above baseline '
               f'{numbers["host_pss_growth_copies"]:5.2f} copies)  actors above baseline '

@@ -10,8 +10,9 @@
 
 Calls travel in courier's own frames, over a Unix socket (``unix:/path``, or
 without a socket when the server is in the same process) or TCP ``host:port``
-(with TLS if asked for). A server's TCP port also serves gRPC clients of any
-language (``protos/courier.proto``), and a client calls a server that speaks
+(with TLS if asked for; without, a client on the server's own host switches to
+a Unix socket of the server). A server's TCP port also serves gRPC clients of
+any language (``protos/courier.proto``), and a client calls a server that speaks
 only gRPC over gRPC: grpc is imported only then. Arguments and results are
 pickled (protocol 5, large buffers out-of-band).
 """

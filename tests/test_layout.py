@@ -21,6 +21,7 @@ LAYERS = [
     ('courier.transport._compat', 1),        # the CPython internals a call's future reaches into
     ('courier.transport._base', 1),          # transport interfaces, addresses, errors
     ('courier.transport.shm', 1),            # large buffers in shared memory (memfd) on one host
+    ('courier.transport.same_host', 1),      # TCP clients on the server's host go on on Unix
     ('courier.transport.frames', 2),         # the framed protocol's frames
     ('courier.transport._here', 2),          # servers of this process, for in-process calls
     ('courier.transport.pool', 2),           # the framed server's bounded worker pool

@@ -5,13 +5,15 @@ A client connects, says hello (its mode and the auth token) and reads the answer
 WELCOME, or REFUSED saying why (a wrong token, a connection limit), or a FAULT. A
 server not up yet is tried again every 1 to 20 ms while the caller waits for it. A
 TCP peer that answers in HTTP/2, or a TLS peer that chooses no courier protocol, is a
-server that speaks only gRPC: the attempt fails with ``_base.NotFramedError``.
+server that speaks only gRPC: the attempt fails with ``_base.NotFramedError``. A TCP client
+of a server on its own host goes on on the server's same-host Unix socket (:mod:`.same_host`).
 """
 
 from __future__ import annotations
 
 import errno
 import functools
+import math
 import os
 import select
 import socket
@@ -23,6 +25,7 @@ from courier import security
 from courier.transport import _base
 from courier.transport import _here
 from courier.transport import frames
+from courier.transport import same_host
 from courier.transport import shm
 
 _RETRY_FIRST = 0.001  # Seconds between connection attempts to a server not yet up: doubling...
@@ -31,6 +34,8 @@ _RETRY_MAX = 0.02     # ... up to this, so that a node notices a new server with
 _HELLO_ATTEMPTS = 5
 # Seconds a TCP connection may sit idle before a call checks that the server has not closed it.
 _IDLE_CHECK = 0.002
+# Seconds a client gives a server's same-host socket to welcome it before it stays on TCP.
+_SAME_HOST_TIMEOUT = 5.0
 # Errors of a TCP connection attempt after which a server that is not up yet may come up.
 _RETRIED = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
                       errno.ECONNRESET, errno.ECONNABORTED, errno.EAGAIN})
@@ -42,6 +47,10 @@ class Target:
     def __init__(self, endpoint: _base.Endpoint, tls: Optional[security.TLSConfig]):
         self.path = os.path.abspath(endpoint.path) if endpoint.kind == 'unix' else None
         self.host, self.port = endpoint.host, endpoint.port
+        # A plaintext TCP server's clients ask whether it is on their host (:mod:`.same_host`),
+        # and then dial its same-host socket instead while that works.
+        self.upgrade = same_host.ENABLED and self.path is None and tls is None
+        self.same_host: Optional[bytes] = None
         self.tls = None
         if tls is not None:
             from courier.transport import tls as tls_module  # pylint: disable=import-outside-toplevel
@@ -192,10 +201,14 @@ def open_connection(target: Target, token: Optional[str], mode: int, wait_for_re
     delay = _RETRY_FIRST
     closed_in_hello = 0
     path = target.path
-    offers = shm.ENABLED  # Until a server older than shared memory refuses the offer.
+    offers = True  # Until a server older than the offers (shared memory, upgrade) refuses them.
     while True:
         if here and path is not None and path in _here.servers:
             raise ServerHere
+        if target.same_host is not None:
+            connection = _dial_same_host(target, token, mode, deadline)
+            if connection is not None:
+                return connection
         try:
             sock = target.connect(deadline)
         except (Unreachable, socket.timeout):
@@ -211,12 +224,12 @@ def open_connection(target: Target, token: Optional[str], mode: int, wait_for_re
                     _base.unavailable, details=describe(error), wait_for_ready=False)) from None
         else:
             connection = DialedConnection(sock)
-            offer = frames.SHARED_MEMORY if offers and sock.family == socket.AF_UNIX else 0
+            offer = _offer(target, sock) if offers else 0
             answer, error = _hello(connection, token, mode | offer)
             if answer is not None and answer.kind == frames.WELCOME:
-                if offer and answer.status & frames.SHARED_MEMORY:
-                    connection.shared = True
-                    connection.reader.take_descriptors()
+                _share_memory(connection, offer, answer)
+                if offer & frames.SAME_HOST:
+                    return _upgrade(connection, answer.text, target, token, mode, deadline)
                 return connection
             connection.close()
             if offer and answer is not None and answer.kind == frames.REFUSED and (
@@ -243,6 +256,62 @@ def open_connection(target: Target, token: Optional[str], mode: int, wait_for_re
             raise socket.timeout
         time.sleep(pause)
         delay = min(2 * delay, _RETRY_MAX)
+
+
+def _offer(target: Target, sock: socket.socket) -> int:
+    """What a client offers in its hello on ``sock``."""
+    if sock.family == socket.AF_UNIX:
+        return frames.SHARED_MEMORY if shm.ENABLED else 0
+    return frames.SAME_HOST if target.upgrade else 0
+
+
+def _share_memory(connection: DialedConnection, offer: int, welcome: frames.Frame) -> None:
+    """Large buffers go in shared memory on ``connection`` if both sides said so."""
+    if offer & frames.SHARED_MEMORY and welcome.status & frames.SHARED_MEMORY:
+        connection.shared = True
+        connection.reader.take_descriptors()
+
+
+def _upgrade(connection: DialedConnection, text: bytes, target: Target, token: Optional[str],
+             mode: int, deadline: Optional[float]) -> DialedConnection:
+    """The welcomed TCP ``connection``, or one on the server's same-host socket in its place
+    when the server, whose WELCOME said ``text``, runs on this host."""
+    address = same_host.socket_of(text, same_host.host_identity())
+    if address is None:  # Another host, or a server that offers no upgrade:
+        target.upgrade = False  # its later connections need not ask.
+        return connection
+    target.same_host = address
+    upgraded = _dial_same_host(target, token, mode, deadline)
+    if upgraded is None:
+        target.upgrade = False  # It does not work here (see _dial_same_host): TCP from now on.
+        return connection
+    connection.close()
+    return upgraded
+
+
+def _dial_same_host(target: Target, token: Optional[str], mode: int,
+                    deadline: Optional[float]) -> Optional[DialedConnection]:
+    """A welcomed connection on the server's same-host socket, or None (and the target dials
+    TCP again) when that fails in any way: e.g. the server stopped, or restarted elsewhere."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection = None
+    try:
+        time_out_at(sock, min(deadline or math.inf, time.monotonic() + _SAME_HOST_TIMEOUT))
+        sock.connect(target.same_host)
+        connection = DialedConnection(sock)
+        offer = _offer(target, sock)
+        answer, _ = _hello(connection, token, mode | offer)
+        if answer is not None and answer.kind == frames.WELCOME:
+            sock.settimeout(None)  # As a TCP connection's: a call sets its own deadline.
+            _share_memory(connection, offer, answer)
+            return connection
+    except (OSError, Unreachable):  # (socket.timeout is an OSError)
+        pass
+    if connection is not None:
+        connection.close()
+    sock.close()
+    target.same_host = None
+    return None
 
 
 def _hello(connection: DialedConnection, token: Optional[str],

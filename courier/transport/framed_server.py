@@ -3,7 +3,8 @@
 The framed protocol (:mod:`.frames`) carries courier's calls over a Unix socket on one
 host and over TCP between hosts, with TLS if asked for (:mod:`.tls`). On TCP the server
 owns its port for gRPC clients too: its loop hands their connections to a relay
-(:mod:`.relay`) that carries them to the server's gRPC service. The server's threads:
+(:mod:`.relay`) that carries them to the server's gRPC service; and its loop also accepts on
+a Unix socket, where TCP clients on its host go on (:mod:`.same_host`). The server's threads:
 
     loop thread (:mod:`.loop`): accepts, [TLS handshakes,] reads hellos, watches idle
         │ connections and reads whole frames      a gRPC client ──▶ the relay thread
@@ -44,7 +45,7 @@ import os
 import secrets
 import socket
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from courier import errors
 from courier import security
@@ -55,6 +56,7 @@ from courier.transport import frames
 from courier.transport import loop as loops
 from courier.transport.limits import ServerLimits
 from courier.transport import pool as pools
+from courier.transport import same_host
 from courier.transport import shm
 
 _logger = logging.getLogger('courier')
@@ -124,9 +126,12 @@ def listen_tcp(host: str, port: int, handle_call: _base.HandleCall,
         context = tls_module.server_context(tls)
     listener = _tcp_listener(host, port)
     address = _base.tcp_address(_base.connectable_host(host), listener.getsockname()[1])
+    # TLS asks for encryption on the wire: its clients stay on it, also on the server's host.
+    upgrade = same_host.listener(loops.BACKLOG) if context is None else None
     return FramedServerTransport(listener, address, handle_call, list_methods,
                                  thread_pool_size=thread_pool_size, auth_token=auth_token,
-                                 limits=limits, tls=context, grpc_service=grpc_service)
+                                 limits=limits, tls=context, grpc_service=grpc_service,
+                                 upgrade=upgrade)
 
 
 def _tcp_listener(host: str, port: int) -> socket.socket:
@@ -158,8 +163,14 @@ class FramedServerTransport(_base.ServerTransport):
                  list_methods: Callable[[], List[str]], *, thread_pool_size: int,
                  auth_token: Optional[str], limits: Optional[ServerLimits] = None,
                  path: Optional[str] = None, tls: Any = None,
-                 grpc_service: Optional[Callable[[], str]] = None):
+                 grpc_service: Optional[Callable[[], str]] = None,
+                 upgrade: Optional[Tuple[socket.socket, bytes]] = None):
         self._path = path  # Unix sockets only: where clients of this process find the server.
+        listeners = [listener]
+        self._same_host = b''  # What a WELCOME tells a TCP client that offers the upgrade.
+        if upgrade is not None:  # A TCP server's same-host socket, and its WELCOME's text.
+            listeners.append(upgrade[0])
+            self._same_host = upgrade[1]
         self.address = address
         self._handle_call = handle_call
         self._list_methods = list_methods
@@ -167,7 +178,8 @@ class FramedServerTransport(_base.ServerTransport):
         try:
             self.limits = limits or ServerLimits()
         except BaseException:
-            listener.close()
+            for sock in listeners:
+                sock.close()
             raise
         self._pool = pools.Pool(thread_pool_size, f'courier-server {self.address}')
         self._calls_here: Dict[_base.CallFuture, str] = {}  # In-process calls: future -> method.
@@ -176,7 +188,7 @@ class FramedServerTransport(_base.ServerTransport):
         if grpc_service is not None:
             from courier.transport import relay  # pylint: disable=import-outside-toplevel
             self._relay = relay.Relay(grpc_service, self._relayed, f'courier-relay {address}')
-        self._loop = loops.Loop(listener, greet=self._greet, serve=self._dispatch,
+        self._loop = loops.Loop(listeners, greet=self._greet, serve=self._dispatch,
                                 end=self._broken, limits=self.limits,
                                 name=f'courier-loop {self.address}',
                                 tls=tls, relay=self._relay and self._relay.hand)
@@ -290,8 +302,10 @@ class FramedServerTransport(_base.ServerTransport):
         reason = self._refusal(hello.text)
         if reason:
             return reason, frames.REFUSALS[reason].encode()
-        connection.shared = bool(hello.status & frames.SHARED_MEMORY and shm.ENABLED
-                                 and connection.sock.family == socket.AF_UNIX)
+        unix = connection.sock.family == socket.AF_UNIX
+        connection.shared = bool(hello.status & frames.SHARED_MEMORY and shm.ENABLED and unix)
+        if hello.status & frames.SAME_HOST and not unix:
+            connection.welcome = self._same_host
         return None
 
     def _dispatch(self, connection: loops.AcceptedConnection, frame: frames.Frame) -> bool:

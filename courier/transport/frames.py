@@ -1,12 +1,11 @@
 """Frames of courier's framed protocol, and how they are sent and read on a socket.
 
-The framed protocol carries courier's calls over Unix domain sockets on one host
-and over TCP (optionally TLS) between hosts. A frame is a fixed header, a table
-of buffer sizes, a short text (a method name, an auth token or an error message),
-a payload (usually a pickle) and then the out-of-band buffers, back to back. Nothing is encoded beyond
-that, so a small call is one ``send`` and one ``recv`` on each side, and a large
-buffer goes from the sender's array to the socket and from the socket into
-memory the receiver keeps, without copies in between.
+The framed protocol carries courier's calls over Unix domain sockets on one host and over TCP
+(optionally TLS) between hosts. A frame is a fixed header, a table of buffer sizes, a short text
+(a method name, an auth token or an error message), a payload (usually a pickle) and then the
+out-of-band buffers, back to back. Nothing is encoded beyond that, so a small call is one ``send``
+and one ``recv`` on each side, and a large buffer goes from the sender's array to the socket and
+from the socket into memory the receiver keeps, without copies in between.
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ PIPELINED = 1  # many calls in flight, answered in any order, matched by call_id
 CAPABILITIES = 0xF0  # HELLO mode bits that offer something: a server ignores those it lacks.
 # Offered by a client that takes large buffers in shared memory (:mod:`.shm`); a WELCOME with it:
 SHARED_MEMORY = 0x40  # both sides may send them. (0x80, an older form of it, is ignored.)
+SAME_HOST = 0x20  # By TCP clients: the WELCOME names the server's host and Unix socket (.same_host)
 
 # REFUSED reasons.
 TOKEN_MISSING = 1

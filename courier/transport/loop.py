@@ -43,7 +43,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Set
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set
 
 from courier.transport import frames
 from courier.transport.limits import ServerLimits
@@ -73,7 +73,7 @@ class AcceptedConnection:
 
     __slots__ = ('sock', 'client', 'state', 'mode', 'reader', 'hello', 'deadline', 'outbox',
                  'calls', 'lock', 'busy', 'parked', 'ended', 'tls', 'handshake', 'refusal',
-                 'shared', '__weakref__')
+                 'shared', 'welcome', '__weakref__')
 
     def __init__(self, sock: socket.socket, client: Any):
         self.sock = sock
@@ -95,6 +95,7 @@ class AcceptedConnection:
         self.refusal: Optional[str] = None  # A TLS client at a limit: refused after the handshake.
         # Large buffers go both ways in shared memory (frames.SHARED_MEMORY): set by greet.
         self.shared = False
+        self.welcome = b''  # The text of its WELCOME (frames.SAME_HOST): set by greet.
 
     @property
     def idle(self) -> bool:
@@ -117,13 +118,15 @@ def client_of(sock: socket.socket) -> Any:
 
 
 class Loop:
-    """The thread that accepts, greets and watches the connections of one listening socket.
+    """The thread that accepts, greets and watches the connections of a server's listeners.
 
     Args:
-      listener: a bound, listening stream socket of any family.
+      listeners: bound, listening stream sockets of any family (a TCP server's port, and its
+        same-host Unix socket, :mod:`.same_host`).
       greet: ``greet(connection, hello)`` returns None to welcome the connection (having set
-        ``connection.shared`` if large buffers go in shared memory), or the REFUSED frame's
-        (reason, message); runs on the loop thread, so it must not block.
+        ``connection.shared`` if large buffers go in shared memory, and ``connection.welcome``
+        to the WELCOME's text), or the REFUSED frame's (reason, message); runs on the loop
+        thread, so it must not block.
       serve: ``serve(connection, frame)`` is called on the loop thread with each whole frame
         a welcomed connection sent, and must not block. A blocking (SYNC) connection is then
         the callee's until it calls :meth:`resume`; for a futures (PIPELINED) connection it
@@ -140,13 +143,13 @@ class Loop:
         treated as any peer that is not courier's.
     """
 
-    def __init__(self, listener: socket.socket, *,
+    def __init__(self, listeners: Sequence[socket.socket], *,
                  greet: Callable[[AcceptedConnection, frames.Frame], Optional[tuple]],
                  serve: Callable[[AcceptedConnection, frames.Frame], bool],
                  end: Callable[[AcceptedConnection, BaseException], None], limits: ServerLimits,
                  name: str, tls: Any = None,
                  relay: Optional[Callable[[AcceptedConnection, Any, bytes], None]] = None):
-        self._listener = listener
+        self._listeners = tuple(listeners)
         self._greet = greet
         self._serve = serve
         self._end = end
@@ -181,8 +184,7 @@ class Loop:
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> None:
-        self._listener.setblocking(False)
-        self._selector.register(self._listener, selectors.EVENT_READ, self._accept)
+        self._listen()
         self._selector.register(self._wake_read, selectors.EVENT_READ, self._drain_wake)
         self._thread = threading.Thread(target=self._run, daemon=True, name=self._name)
         self._thread.start()
@@ -240,7 +242,7 @@ class Loop:
                 self._expire_stalls(now)
                 if self._accepting_at is not None and now >= self._accepting_at:
                     self._accepting_at = None
-                    self._selector.register(self._listener, selectors.EVENT_READ, self._accept)
+                    self._listen()
         except Exception:  # pylint: disable=broad-except
             _logger.exception('courier server %s: its event loop failed', self._name)
         finally:
@@ -252,7 +254,8 @@ class Loop:
             if connection.state == HELLO:
                 self.close(connection)
         self._selector.close()
-        _close_socket(self._listener)
+        for listener in self._listeners:
+            _close_socket(listener)
         _close_socket(self._wake_read)
         _close_socket(self._wake_write)
 
@@ -374,6 +377,11 @@ class Loop:
                 earliest = connection.deadline
         self._stall_check_at = earliest
 
+    def _listen(self) -> None:
+        for listener in self._listeners:
+            listener.setblocking(False)
+            self._selector.register(listener, selectors.EVENT_READ, self._accept)
+
     def _accept(self, listener: socket.socket) -> None:
         for _ in range(_ACCEPTS_PER_WAKE):
             try:
@@ -396,7 +404,8 @@ class Loop:
             _logger.warning('courier server %s cannot accept connections (%s); trying again in '
                             '%g s (%d connections open)', self._name, error, delay,
                             len(self._connections))
-        self._selector.unregister(self._listener)
+        for listener in self._listeners:
+            self._selector.unregister(listener)
         self._accepting_at = time.monotonic() + delay
 
     def _admit(self, sock: socket.socket) -> None:
@@ -539,7 +548,8 @@ class Loop:
             connection.reader.feed(bytes(data[size:]))
         try:
             connection.sock.sendall(frames.encode(
-                frames.WELCOME, frames.SHARED_MEMORY if connection.shared else 0)[0])
+                frames.WELCOME, frames.SHARED_MEMORY if connection.shared else 0, 0,
+                connection.welcome)[0])
             # A client that takes no byte of its answers for stall_timeout loses its
             # connection: it cannot hold the worker sending to it.
             frames.set_send_timeout(connection.sock, self.limits.stall_timeout)

@@ -22,6 +22,7 @@ import pytest
 import courier
 from courier.transport import _here
 from courier.transport import frames
+from courier.transport import same_host
 from tests.leftovers import no_new_children
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -127,9 +128,17 @@ def transport_kind(request, monkeypatch) -> str:
     kind = getattr(request, 'param', 'grpc')
     if kind == 'unix':
         monkeypatch.setattr(_here, 'servers', NoServersHere())
+    elif kind == 'tcp':
+        over_tcp_only(monkeypatch)
     elif kind == 'grpc':
         speak_grpc(monkeypatch)
     return kind
+
+
+def over_tcp_only(monkeypatch) -> None:
+    """Turns the same-host upgrade off in this process (courier/transport/same_host.py): its
+    TCP clients then call its TCP servers over TCP, as clients on other hosts do."""
+    monkeypatch.setattr(same_host, 'ENABLED', False)
 
 
 def speak_grpc(monkeypatch) -> None:

@@ -22,8 +22,8 @@ from courier.transport import _here
 from courier.transport import frames
 from courier.transport import framed_server
 from courier import wire
-from tests.courier.conftest import (NoServersHere, free_tcp_address, hello_frame, raw_connect,
-                                    serve_add_and_sleep)
+from tests.courier.conftest import (NoServersHere, free_tcp_address, hello_frame, over_tcp_only,
+                                    raw_connect, serve_add_and_sleep)
 
 
 def pytest_generate_tests(metafunc):
@@ -49,8 +49,11 @@ def kind(way, monkeypatch):
 
 
 @pytest.fixture
-def address(way, socket_dir):
-    return free_tcp_address() if way == 'tcp' else f'unix:{socket_dir}/s.sock'
+def address(way, socket_dir, monkeypatch):
+    if way == 'tcp':
+        over_tcp_only(monkeypatch)
+        return free_tcp_address()
+    return f'unix:{socket_dir}/s.sock'
 
 
 # ----- servers that are not there, or go away ---------------------------------------------------

@@ -23,15 +23,18 @@ from courier.transport import _here
 from courier.transport import frames
 from courier import wire
 from tests.core.conftest import wait_until
-from tests.courier.conftest import (NoServersHere, free_tcp_address, hello_frame, raw_connect,
-                                    serve_add_and_sleep)
+from tests.courier.conftest import (NoServersHere, free_tcp_address, hello_frame, over_tcp_only,
+                                    raw_connect, serve_add_and_sleep)
 
 
 @pytest.fixture(params=['unix', 'tcp'])
 def address(request, socket_dir, monkeypatch):
     """The address of a server reached through its socket (Unix or TCP), even from this process."""
     monkeypatch.setattr(_here, 'servers', NoServersHere())
-    return free_tcp_address() if request.param == 'tcp' else f'unix:{socket_dir}/s.sock'
+    if request.param == 'tcp':
+        over_tcp_only(monkeypatch)
+        return free_tcp_address()
+    return f'unix:{socket_dir}/s.sock'
 
 
 @contextlib.contextmanager

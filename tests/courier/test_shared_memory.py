@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from courier.transport import shm
 from launchpad.nodes import cacher
 from tests.courier.conftest import NoServersHere
 from tests.courier.conftest import free_tcp_address
+from tests.courier.conftest import over_tcp_only
 from tests.courier.test_shared_memory_reuse import segment_of
 
 pytestmark = pytest.mark.skipif(not shm.ENABLED, reason='no memfd here, or COURIER_SHARED_MEMORY=0')
@@ -92,7 +94,8 @@ def test_large_buffers_arrive_read_only_in_shared_memory_and_small_ones_inline(
     writable[0] = 1
     assert echoed['small'].flags.writeable  # Under the threshold: through the socket.
     segment_of(echoed['large'])  # Raises unless it is mapped on shared memory.
-    # TCP clients get the bytes inline, writable, as before.
+    # TCP clients (on other hosts: test_same_host.py) get the bytes inline, writable, as before.
+    over_tcp_only(monkeypatch)
     over_tcp = courier.Client(tcp).echo(array)
     assert over_tcp.flags.writeable and np.array_equal(over_tcp, array)
     # Its memory stays for the next buffers once its readers let go, and goes when its sender
@@ -157,6 +160,15 @@ def _start(script: str, address: str, env: dict) -> subprocess.Popen:
     return process
 
 
+def _end(*processes: Optional[subprocess.Popen]) -> None:
+    """Kills the processes that ``_start`` started (None: not started)."""
+    for process in processes:
+        if process is not None:
+            process.kill()
+            process.wait()
+            process.stdout.close()
+
+
 def test_nothing_is_left_after_readers_and_servers_are_killed(socket_dir, subprocess_env):
     def shm_names():
         return set(os.listdir('/dev/shm')) if os.path.isdir('/dev/shm') else set()
@@ -186,11 +198,7 @@ def test_nothing_is_left_after_readers_and_servers_are_killed(socket_dir, subpro
         assert _memfd_mappings() == mapped and _memfd_files() == files
         assert shm_names() == names  # Never a name in /dev/shm.
     finally:
-        for process in (reader, server):
-            if process is not None:
-                process.kill()
-                process.wait()
-                process.stdout.close()
+        _end(reader, server)
 
 
 def test_a_peer_passing_bad_shared_memory_loses_only_its_connection(make_server, socket_dir):
