@@ -299,8 +299,14 @@ def launch_file(program, options, grace: float, program_id: str, log_dir: Option
 
 def start_from(header: Dict[str, Any], payload: bytes) -> AttachedController:
     """Writes the launch file (`launch_file`) to a new run directory, starts its keeper and
-    returns once every node runs; ends what it started if the launch fails."""
+    returns once every node runs; ends what it started if the launch fails.
+
+    Raises:
+      registry.RegistryError: the registry cannot take the program (e.g. its directory's path
+        is too long for the supervisor's socket), before anything starts.
+    """
     program_id = header['program_id']
+    registry.socket_path(program_id)  # where its supervisor will listen: it must fit
     run_dir = tempfile.mkdtemp(prefix=f'{RUN_PREFIX}{program_id}-')
     keeper = None
     try:

@@ -72,7 +72,7 @@ class HostUnreachableError(registry.RegistryError):
 
 def _local_path(entry: registry.Entry) -> str:
     """A new private socket path of this process's tunnel to `entry`."""
-    return str(registry.directory() / f'{entry.id}.{os.getpid()}.{secrets.token_hex(3)}.fwd')
+    return str(registry.unix_socket_path(f'{entry.id}.{os.getpid()}.{secrets.token_hex(3)}.fwd'))
 
 
 def _gone(entry: registry.Entry) -> ProgramGoneError:

@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import pathlib
+import pickle
 import shutil
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 
 import launchpad as lp
 from launchpad.launch import detached
+from launchpad.launch.launcher import LaunchOptions
 from launchpad.observe import registry
 from tests.launch.detached_program import Counter
 from tests.launch.test_detach import _calls
@@ -190,6 +192,35 @@ def test_a_detached_ssh_launch_refuses_what_it_cannot_do(options, error):
     with pytest.raises(ValueError, match=error):
         lp.launch(program, launch_type='ssh', resources={'a': 'lp-h1', 'b': ['lp-h2', 'lp-h1']},
                   **{'detach': True, **options})
+
+
+def test_a_supervisor_host_that_cannot_launch_says_why_at_once(tmp_path):
+    # What runs on the supervisor's host (`supervisor start`, see `ssh.detach.start`).
+    program = lp.Program('refused')
+    program.add_node(lp.PyNode(print), label='a')
+    options = LaunchOptions('ssh', resources={'a': 'nowhere.invalid'},
+                            terminal='output_to_files')
+    header, payload = detached.launch_file(program, options, 10.0, registry.new_id('refused'),
+                                           str(tmp_path / 'logs'), [])
+
+    def start(runtime: pathlib.Path) -> str:
+        started = subprocess.run(
+            [sys.executable, '-m', detached.SUPERVISOR_MODULE, 'start'],
+            input=pickle.dumps((header, payload)), capture_output=True, timeout=60,
+            env={**os.environ, registry.ENV: str(runtime), 'TMPDIR': str(tmp_path)})
+        assert started.returncode != 0
+        assert not glob.glob(str(tmp_path / f'{detached.RUN_PREFIX}*'))
+        return started.stderr.decode()
+
+    # Its registry's directory is too long for the supervisor's socket: it used to wait for a
+    # registry entry that the supervisor could not make, up to the launch's timeout of minutes.
+    too_long = start(tmp_path / ('r' * max(1, 100 - len(str(tmp_path)))))
+    assert f'Set {registry.ENV}= to a shorter' in too_long, too_long
+    # Its supervisor cannot reach a host: the preflight says so (an error in the cleanup after
+    # it hid it).
+    unreachable = start(tmp_path / 'runtime')
+    assert 'nowhere.invalid: cannot connect with ssh' in unreachable, unreachable
+    assert 'AttributeError' not in unreachable, unreachable
 
 
 def _wait_until_dead(pids, timeout: float = 10.0) -> None:

@@ -104,7 +104,7 @@ class _SshRunner(ProcessRunner):
 
     def poll(self) -> Dict[str, Optional[int]]:
         codes = super().poll()
-        if self.persist is not None:
+        if self.persist is not None and self.coordinator is not None:  # (none before launch)
             self.persist(self.supervised_state)
         return codes
 
