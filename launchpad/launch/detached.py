@@ -209,7 +209,7 @@ class AttachedController(Controller):
                     self._client = self._reconnect(method)
                     self._entry = tunnel.current(self._entry)  # a new supervisor's, if one is
                     continue
-                if not _keeper_alive(self._entry):
+                if not registry.keeper_alive(self._entry):
                     if not run_directories(self.id):
                         raise ProgramEndedError(f'program {self.program_name} ({self.id}) has '
                                                 'ended.') from None
@@ -251,10 +251,6 @@ def attach(query: str) -> AttachedController:
 
 def _client_of(entry: registry.Entry, fresh: bool = False) -> courier.Client:
     return tunnel.client_of(entry, _CALL_TIMEOUT, fresh)
-
-
-def _keeper_alive(entry: registry.Entry) -> bool:
-    return entry.keeper_pid is not None and _alive(entry.keeper_pid)
 
 
 # The launching side: `lp.launch(..., detach=True)`.
@@ -471,12 +467,12 @@ def recover_here(query: str) -> registry.Entry:
                            f'no detached program with id {query!r} has a run directory here '
                            '(its nodes may have stopped after the supervisor grace).')
     program_id = read_header(runs[0])['program_id']
-    try:  # (read as it is: `registry.entries` drops it while its keeper starts a supervisor)
-        keeper = json.loads((registry.directory() / f'{program_id}.json').read_text())[
-            'keeper_pid']
-    except (OSError, ValueError, KeyError):
-        keeper = None
-    if keeper is None or not _alive(keeper):
+    try:  # (read as it is: `registry.entries` leaves it out while its keeper starts a supervisor)
+        entry = registry.Entry(**json.loads(
+            (registry.directory() / f'{program_id}.json').read_text()))
+    except (OSError, ValueError, TypeError):
+        entry = None
+    if entry is None or not registry.keeper_alive(entry):
         spawn_keeper(runs[0])
     deadline = time.monotonic() + 60.0
     while True:

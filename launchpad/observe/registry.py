@@ -194,7 +194,7 @@ def entries() -> List[Entry]:
         if is_remote(entry):
             found.append(entry)
         elif not _alive(entry):
-            if not _keeper_alive(entry):  # (else it starts a new supervisor, which registers)
+            if not keeper_alive(entry):  # (else it starts a new supervisor, which registers)
                 unregister(entry.id)
         elif path.with_suffix('.sock').exists():
             found.append(entry)
@@ -251,9 +251,18 @@ def _alive(entry: Entry) -> bool:
     return not (started and entry.pid_started) or abs(started - entry.pid_started) < 1.0
 
 
-def _keeper_alive(entry: Entry) -> bool:
-    """True if the keeper of a detached program's entry still runs: not another process that
-    took its pid, which started after the supervisor (the keeper forks its supervisors)."""
+def keeper_alive(entry: Entry) -> bool:
+    """True if the keeper of detached program `entry`, supervised on this machine, still runs:
+    not another process that took its pid, which started after the supervisor (the keeper forks
+    its supervisors).
+
+    Raises:
+      ValueError: `entry` is supervised on another host, whose pids mean nothing here (its
+        tunnel's check asks that host, see `tunnel`).
+    """
+    if is_remote(entry):
+        raise ValueError(f'program {entry.id} is supervised on {entry.host}: its keeper\'s pid '
+                         'means nothing on this machine; ask there (`tunnel`).')
     if entry.keeper_pid is None:
         return False
     started = process_started(entry.keeper_pid)

@@ -194,6 +194,15 @@ def test_a_detached_ssh_launch_refuses_what_it_cannot_do(options, error):
                   **{'detach': True, **options})
 
 
+def test_a_detached_ssh_launch_refuses_a_runtime_directory_too_long_for_its_tunnels(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv(registry.ENV, str(tmp_path / ('r' * max(1, 90 - len(str(tmp_path))))))
+    program = lp.Program('refused')
+    program.add_node(lp.PyNode(print), label='a')
+    with pytest.raises(registry.RegistryError, match=f'Set {registry.ENV}= to a shorter'):
+        lp.launch(program, launch_type='ssh', resources={'a': 'nowhere.invalid'}, detach=True)
+
+
 def test_a_supervisor_host_that_cannot_launch_says_why_at_once(tmp_path):
     # What runs on the supervisor's host (`supervisor start`, see `ssh.detach.start`).
     program = lp.Program('refused')

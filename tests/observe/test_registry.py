@@ -133,11 +133,17 @@ def test_a_detached_program_between_supervisors_is_kept_while_its_keeper_lives(r
         _listening(entry)
         assert registry.entries() == []
         assert sorted(os.listdir(runtime_dir)) == [f'{entry.id}.json', f'{entry.id}.sock']
+        assert registry.keeper_alive(entry)
     finally:
         keeper.kill()
         keeper.wait()
+    assert not registry.keeper_alive(entry)
     assert registry.entries() == []
     assert os.listdir(runtime_dir) == []
+    # A program supervised on another host: its keeper's pid means nothing here.
+    remote = _entry('remote', keeper_pid=os.getpid(), ssh=['ssh', 'lp-h2'])
+    with pytest.raises(ValueError, match='supervised on .* means nothing on this machine'):
+        registry.keeper_alive(remote)
 
 
 def test_a_runtime_directory_too_long_for_a_socket_is_refused_with_the_fix(runtime_dir,
