@@ -507,9 +507,16 @@ def _recover_remote(entry: registry.Entry) -> None:
         done = subprocess.run([*entry.ssh, command], capture_output=True, timeout=90.0)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f'{entry.host} did not answer within 90 s.') from None
+    errors = ' '.join(done.stderr.decode(errors='replace').strip().splitlines()[-5:])
+    if done.returncode == 255:  # ssh's own failure: the host cannot be reached
+        raise RuntimeError(
+            f'cannot reach {entry.host}, where program {entry.name} ({entry.id}) is supervised: '
+            f'{errors} If only this machine is cut off, the program runs on there. If the host '
+            'is gone, its nodes on the other hosts run on for the supervisor grace and then '
+            'stop: its supervision cannot move to another host, whose address the nodes do not '
+            'know. Try again once the host is back.')
     if done.returncode != 0:
-        errors = done.stderr.decode(errors='replace').strip().splitlines()[-5:]
         raise RuntimeError(f'no new supervisor of {entry.name} ({entry.id}) could be started on '
-                           f'{entry.host} (exit {done.returncode}): ' + ' '.join(errors))
+                           f'{entry.host} (exit {done.returncode}): {errors}')
     there = json.loads(done.stdout.decode().strip().splitlines()[-1])
     registry.register(registry.Entry(**{**there, 'ssh': entry.ssh}))
