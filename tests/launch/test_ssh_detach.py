@@ -10,6 +10,7 @@ import pathlib
 import pickle
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,7 +22,7 @@ import pytest
 import launchpad as lp
 from launchpad.launch import detached
 from launchpad.launch.launcher import LaunchOptions
-from launchpad.observe import registry
+from launchpad.observe import registry, relay
 from tests.launch.detached_program import Counter
 from tests.launch.test_detach import _calls
 from tests.launch.test_ssh import REPO, host_options, hosts  # pylint: disable=unused-import
@@ -258,6 +259,39 @@ def test_a_detached_ssh_launch_refuses_a_runtime_directory_too_long_for_its_tunn
     program.add_node(lp.PyNode(print), label='a')
     with pytest.raises(registry.RegistryError, match=f'Set {registry.ENV}= to a shorter'):
         lp.launch(program, launch_type='ssh', resources={'a': 'nowhere.invalid'}, detach=True)
+
+
+def test_the_plain_relay_joins_a_session_to_an_agent_socket_or_says_none_listens(
+        short_tmp_path):
+    # What a new supervisor runs on a detached program's host to reach its agent again
+    # (`protocol.relay_argv`), and what its first session does.
+    path = str(short_tmp_path / 'agent.sock')
+    command = [sys.executable, relay.__file__, relay.PLAIN, path]
+    none = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    assert none.returncode == 1  # (not 255: ssh's own failures; the agent is gone for good)
+    assert f'No agent listens on {path}' in none.stderr
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    joined = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        agent, _ = listener.accept()
+        joined.stdin.write(b'to the agent')
+        joined.stdin.close()  # the session ends: the agent hears the end
+        heard = b''
+        while len(heard) < len(b'to the agent'):
+            data = agent.recv(100)
+            assert data, heard
+            heard += data
+        assert heard == b'to the agent' and agent.recv(100) == b''
+        agent.sendall(b'to the session')
+        agent.close()  # the agent ends the session
+        assert joined.stdout.read() == b'to the session'
+        assert joined.wait(30) == 0
+    finally:
+        joined.kill()
+        joined.wait()
+        listener.close()
 
 
 def test_a_supervisor_host_that_cannot_launch_says_why_at_once(tmp_path):
