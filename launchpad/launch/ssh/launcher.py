@@ -174,6 +174,7 @@ class _SshRunner(ProcessRunner):
         deadline = time.monotonic() + self.supervisor_grace
         attempt, gone = 0, _agent_gone(lost)
         if not gone:
+            lost.abandon()  # (if it still lingers, the agent waits for the next one meanwhile)
             logging.warning('Lost the connection to %s; reaching its agent again, which keeps '
                             'its nodes for up to %g s.', lost.host, self.supervisor_grace)
         while not (gone or self._released.is_set() or time.monotonic() > deadline):
