@@ -176,13 +176,8 @@ class Connection:
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait()
-        for reader in self._readers:
-            reader.join(2.0)
+            pass
+        self.abandon()  # (what has not ended by now)
         if self.hello is not None and self.expect('closed', 0) is None:
             logging.warning('Could not confirm that %s on %s was removed (the connection ended '
                             'early); remove it by hand if it is still there.', self.directory,
@@ -192,11 +187,12 @@ class Connection:
         """Ends this connection without a word to the agent, which keeps the program (a
         detached program's, reached again later through another)."""
         self._closing = True
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait()
         for reader in self._readers:
             reader.join(2.0)
 
