@@ -114,11 +114,13 @@ class _SshRunner(ProcessRunner):
         """What a new supervisor of a detached program needs to re-adopt its running nodes
         (`readopt`): the coordinator (node states, restart budgets, groups), the packer (the
         addresses), where each node runs, and what reaches each host's agent again."""
-        number = {id(connection): i for i, connection in enumerate(self.connections)}
+        with self._swap:  # (not while a connection reached again replaces a lost one)
+            connections, placement = list(self.connections), dict(self.placement)
+        number = {id(connection): i for i, connection in enumerate(connections)}
         return {'coordinator': self.coordinator, 'commands': {}, 'ssh': {
-            'connections': [(c.host, list(c.nodes), c.hello) for c in self.connections],
+            'connections': [(c.host, list(c.nodes), c.hello) for c in connections],
             'placement': {name: (number[id(connection)], index)
-                          for name, (connection, index) in self.placement.items()},
+                          for name, (connection, index) in placement.items()},
             'packer': self.packer, 'token': self.token, 'port': self.port,
             'bind_host': self.bind_host, 'hosts': self.hosts, 'turn': self.turn,
             'next_index': self.next_index, 'requested': self.requested,
