@@ -13,6 +13,8 @@ Threads of one launch, all on the launching machine:
     the Controller's:     poll, kill and release of the runner; kill and release talk to the
                           connections in parallel, a short-lived thread each
     per connection:       its ssh process and two reader threads (see `connection`)
+    lp-ssh-reach-HOST:    a detached program's supervisor reaching a lost host's agent again,
+                          until the supervisor grace has passed (`_SshRunner._reach_again`)
 """
 from __future__ import annotations
 
