@@ -193,6 +193,8 @@ class _SshRunner(ProcessRunner):
                 return
             gone = _agent_gone(connection)
             connection.abandon()
+        if self._released.is_set():
+            return  # (the program ended meanwhile; its agent ends it there after the grace)
         logging.warning('The agent on %s was not reached again; its nodes count as ended.',
                         lost.host)
         for node in lost.forked.values():
