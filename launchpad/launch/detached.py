@@ -209,7 +209,7 @@ class AttachedController(Controller):
                     self._client = self._reconnect(method)
                     self._entry = tunnel.current(self._entry)  # a new supervisor's, if one is
                     continue
-                if not _keeper_alive(self._entry):
+                if not registry.keeper_alive(self._entry):
                     if not run_directories(self.id):
                         raise ProgramEndedError(f'program {self.program_name} ({self.id}) has '
                                                 'ended.') from None
@@ -251,10 +251,6 @@ def attach(query: str) -> AttachedController:
 
 def _client_of(entry: registry.Entry, fresh: bool = False) -> courier.Client:
     return tunnel.client_of(entry, _CALL_TIMEOUT, fresh)
-
-
-def _keeper_alive(entry: registry.Entry) -> bool:
-    return entry.keeper_pid is not None and _alive(entry.keeper_pid)
 
 
 # The launching side: `lp.launch(..., detach=True)`.
@@ -299,8 +295,14 @@ def launch_file(program, options, grace: float, program_id: str, log_dir: Option
 
 def start_from(header: Dict[str, Any], payload: bytes) -> AttachedController:
     """Writes the launch file (`launch_file`) to a new run directory, starts its keeper and
-    returns once every node runs; ends what it started if the launch fails."""
+    returns once every node runs; ends what it started if the launch fails.
+
+    Raises:
+      registry.RegistryError: the registry cannot take the program (e.g. its directory's path
+        is too long for the supervisor's socket), before anything starts.
+    """
     program_id = header['program_id']
+    registry.socket_path(program_id)  # where its supervisor will listen: it must fit
     run_dir = tempfile.mkdtemp(prefix=f'{RUN_PREFIX}{program_id}-')
     keeper = None
     try:
@@ -465,12 +467,12 @@ def recover_here(query: str) -> registry.Entry:
                            f'no detached program with id {query!r} has a run directory here '
                            '(its nodes may have stopped after the supervisor grace).')
     program_id = read_header(runs[0])['program_id']
-    try:  # (read as it is: `registry.entries` drops it while its keeper starts a supervisor)
-        keeper = json.loads((registry.directory() / f'{program_id}.json').read_text())[
-            'keeper_pid']
-    except (OSError, ValueError, KeyError):
-        keeper = None
-    if keeper is None or not _alive(keeper):
+    try:  # (read as it is: `registry.entries` leaves it out while its keeper starts a supervisor)
+        entry = registry.Entry(**json.loads(
+            (registry.directory() / f'{program_id}.json').read_text()))
+    except (OSError, ValueError, TypeError):
+        entry = None
+    if entry is None or not registry.keeper_alive(entry):
         spawn_keeper(runs[0])
     deadline = time.monotonic() + 60.0
     while True:
@@ -505,9 +507,16 @@ def _recover_remote(entry: registry.Entry) -> None:
         done = subprocess.run([*entry.ssh, command], capture_output=True, timeout=90.0)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f'{entry.host} did not answer within 90 s.') from None
+    errors = ' '.join(done.stderr.decode(errors='replace').strip().splitlines()[-5:])
+    if done.returncode == 255:  # ssh's own failure: the host cannot be reached
+        raise RuntimeError(
+            f'cannot reach {entry.host}, where program {entry.name} ({entry.id}) is supervised: '
+            f'{errors} If only this machine is cut off, the program runs on there. If the host '
+            'is gone, its nodes on the other hosts run on for the supervisor grace and then '
+            'stop: its supervision cannot move to another host, whose address the nodes do not '
+            'know. Try again once the host is back.')
     if done.returncode != 0:
-        errors = done.stderr.decode(errors='replace').strip().splitlines()[-5:]
         raise RuntimeError(f'no new supervisor of {entry.name} ({entry.id}) could be started on '
-                           f'{entry.host} (exit {done.returncode}): ' + ' '.join(errors))
+                           f'{entry.host} (exit {done.returncode}): {errors}')
     there = json.loads(done.stdout.decode().strip().splitlines()[-1])
     registry.register(registry.Entry(**{**there, 'ssh': entry.ssh}))

@@ -323,7 +323,11 @@ def start_here() -> int:
 def main(argv: List[str]) -> int:
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(message)s')
     if argv == ['start']:
-        return start_here()
+        try:
+            return start_here()
+        except registry.RegistryError as e:  # (the launching machine shows what it says)
+            print(f'{type(e).__name__}: {e}', file=sys.stderr)
+            return 1
     if len(argv) == 2 and argv[0] == 'recover':  # (`detached.write_recover_script`)
         print(json.dumps(dataclasses.asdict(detached.recover_here(argv[1]))), flush=True)
         return 0

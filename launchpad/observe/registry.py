@@ -2,7 +2,9 @@
 
 `lp.launch` registers every program it runs in the foreground, so that any shell of the same
 user finds it (`python -m launchpad.launch list`); the entry goes when the program ends, and an
-entry whose launching process died without removing it is pruned by the next reader.
+entry whose launching process died without removing it is pruned by the next reader (a detached
+program's only once its keeper is gone too: until then the keeper starts a new supervisor, which
+registers anew).
 
 Where: `$LAUNCHPAD_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/launchpad`, else `/tmp/lp-runtime-<uid>`
 (the same in every shell of the user, whatever its TMPDIR). The directory must be a real
@@ -47,6 +49,7 @@ from typing import List, Optional
 
 ENV = 'LAUNCHPAD_RUNTIME_DIR'
 VERSION = 1
+SOCKET_PATH_LIMIT = 107  # bytes of a Unix socket's path (Linux; macOS allows 103)
 ORPHAN_AGE = 60.0  # seconds after which a socket without an entry is removed
 
 
@@ -128,7 +131,23 @@ def new_id(name: str) -> str:
 
 def socket_path(program_id: str) -> pathlib.Path:
     """Where the observer of program `program_id` listens."""
-    return directory() / f'{program_id}.sock'
+    return unix_socket_path(f'{program_id}.sock')
+
+
+def unix_socket_path(name: str) -> pathlib.Path:
+    """The path of socket `name` in the registry directory, checked to fit a Unix socket.
+
+    Raises:
+      RegistryError: the path is too long (the directory's path is).
+    """
+    path = directory() / name
+    size = len(os.fsencode(path))
+    if size > SOCKET_PATH_LIMIT:
+        raise RegistryError(
+            f'the socket path {path} has {size} bytes, more than the {SOCKET_PATH_LIMIT} a Unix '
+            f'socket\'s path may have: the registry of running programs is in too long a '
+            f'directory. Set {ENV}= to a shorter private directory (e.g. /tmp/lp-$USER).')
+    return path
 
 
 def is_remote(entry: Entry) -> bool:
@@ -175,7 +194,8 @@ def entries() -> List[Entry]:
         if is_remote(entry):
             found.append(entry)
         elif not _alive(entry):
-            unregister(entry.id)
+            if not keeper_alive(entry):  # (else it starts a new supervisor, which registers)
+                unregister(entry.id)
         elif path.with_suffix('.sock').exists():
             found.append(entry)
     _remove_orphan_sockets(folder)
@@ -229,6 +249,26 @@ def _alive(entry: Entry) -> bool:
     if started is None:
         return False
     return not (started and entry.pid_started) or abs(started - entry.pid_started) < 1.0
+
+
+def keeper_alive(entry: Entry) -> bool:
+    """True if the keeper of detached program `entry`, supervised on this machine, still runs:
+    not another process that took its pid, which started after the supervisor (the keeper forks
+    its supervisors).
+
+    Raises:
+      ValueError: `entry` is supervised on another host, whose pids mean nothing here (its
+        tunnel's check asks that host, see `tunnel`).
+    """
+    if is_remote(entry):
+        raise ValueError(f'program {entry.id} is supervised on {entry.host}: its keeper\'s pid '
+                         'means nothing on this machine; ask there (`tunnel`).')
+    if entry.keeper_pid is None:
+        return False
+    started = process_started(entry.keeper_pid)
+    if started is None:
+        return False
+    return not (started and entry.pid_started) or started <= entry.pid_started + 1.0
 
 
 def process_started(pid: int) -> Optional[float]:

@@ -1,15 +1,24 @@
-"""The far end of a relay tunnel (`launchpad.observe.tunnel`): joins its stdin and stdout to a
-supervisor's observer socket on the supervisor's host.
+"""Joins its stdin and stdout to a Unix socket: the far end of a command that reaches a process
+on another host through that host's own way in (ssh, a Slurm step, `kubectl exec`).
 
-    python relay.py SOCKET
+    python relay.py SOCKET           a supervisor's observer (`launchpad.observe.tunnel`)
+    python relay.py --plain SOCKET   a detached SSH program's host agent (`launch.ssh.agent`)
 
-Started there by a command such as an `srun` step in a Slurm job, once for each connection a
-tunnel's user opens. It first says in one line whether the supervisor listening on SOCKET runs:
-`up`, with the JSON of its registry entry's `pid`, `token` and `keeper_pid` (they change when a
-new supervisor replaced a dead one), then it copies bytes both ways until either side ends; or
-`gone`, and it ends. While SOCKET is there but refuses (its supervisor was killed, and its
-keeper starts another), it waits for the next one, up to WAIT seconds. It is run as a script,
-not as a module, so that it starts without importing launchpad (standard library only).
+For a tunnel (started there by an `srun` step in a Slurm job, or `kubectl exec` into a
+Kubernetes coordinator pod, once for each connection a tunnel's user opens), it first says in
+one line whether the supervisor listening on SOCKET runs: `up`, with the JSON of its registry
+entry's `pid`, `token` and `keeper_pid` (they change when a new supervisor replaced a dead one),
+then it copies bytes both ways until either side ends; or `gone`, and it ends. While SOCKET is
+there but refuses (its supervisor was killed, and its keeper starts another), it waits for the
+next one, up to WAIT seconds.
+
+With `--plain` (a new supervisor of a detached SSH program reaching a host's agent again,
+`launchpad.launch.ssh.protocol.relay_argv`) it says nothing and does not wait: it copies bytes
+both ways, or, if no agent listens on SOCKET, says so on stderr and exits 1 (ssh's own failures
+exit 255). The agent's first session uses `join` in the same way.
+
+It is run as a script, not as a module, so that it starts in milliseconds without importing
+launchpad (standard library only).
 """
 import json
 import os
@@ -20,6 +29,7 @@ import time
 
 _CHUNK = 65536
 WAIT = 60.0
+PLAIN = '--plain'
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -27,11 +37,11 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
-def _upstream(connection: socket.socket) -> None:
-    """Copies stdin to the socket; its end ends our half of the connection."""
+def _upstream(connection: socket.socket, stdin: int) -> None:
+    """Copies `stdin` to the socket; its end ends our half of the connection."""
     try:
         while True:
-            data = os.read(0, _CHUNK)
+            data = os.read(stdin, _CHUNK)
             if not data:
                 break
             connection.sendall(data)
@@ -40,9 +50,26 @@ def _upstream(connection: socket.socket) -> None:
         pass
 
 
-def _connect(path: str) -> socket.socket:
-    """A connection to the socket at `path`, waiting while it is there but refuses."""
-    deadline = time.monotonic() + WAIT
+def join(connection: socket.socket, stdin: int = 0, stdout: int = 1) -> None:
+    """Copies `stdin` to `connection` and `connection` to `stdout` until the socket's side
+    ends (the end of `stdin` ends our half of it, which the other side hears)."""
+    threading.Thread(target=_upstream, args=(connection, stdin), daemon=True).start()
+    try:
+        while True:
+            data = connection.recv(_CHUNK)
+            if not data:
+                break
+            _write_all(stdout, data)
+    except OSError:
+        pass
+    finally:
+        connection.close()
+
+
+def _connect(path: str, wait: float) -> socket.socket:
+    """A connection to the socket at `path`, waiting up to `wait` s while it is there but
+    refuses."""
+    deadline = time.monotonic() + wait
     while True:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -66,22 +93,24 @@ def _supervisor(path: str) -> dict:
 
 
 def main(argv) -> int:
+    if argv[1:2] == [PLAIN]:
+        path = argv[2]
+        try:
+            connection = _connect(path, 0.0)
+        except OSError as e:
+            sys.stderr.write(f'No agent listens on {path}: {e.strerror} (its program has '
+                             'ended).\n')
+            return 1
+        join(connection)
+        return 0
     path = argv[1]
     try:
-        connection = _connect(path)
+        connection = _connect(path, WAIT)
     except OSError:  # the supervisor, and its socket, are gone
         _write_all(1, b'gone\n')
         return 0
     _write_all(1, f'up {json.dumps(_supervisor(path))}\n'.encode())
-    threading.Thread(target=_upstream, args=(connection,), daemon=True).start()
-    try:
-        while True:
-            data = connection.recv(_CHUNK)
-            if not data:
-                break
-            _write_all(1, data)
-    except OSError:
-        pass
+    join(connection)
     return 0
 
 

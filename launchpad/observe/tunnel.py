@@ -70,9 +70,14 @@ class HostUnreachableError(registry.RegistryError):
     """The host of a remote program's supervisor cannot be reached from here now."""
 
 
-def _local_path(entry: registry.Entry) -> str:
-    """A new private socket path of this process's tunnel to `entry`."""
-    return str(registry.directory() / f'{entry.id}.{os.getpid()}.{secrets.token_hex(3)}.fwd')
+def local_path(program_id: str) -> str:
+    """A new private socket path of this process's tunnel to program `program_id`.
+
+    Raises:
+      registry.RegistryError: the registry's directory is too long a path for a socket.
+    """
+    return str(registry.unix_socket_path(
+        f'{program_id}.{os.getpid()}.{secrets.token_hex(3)}.fwd'))
 
 
 def _gone(entry: registry.Entry) -> ProgramGoneError:
@@ -106,7 +111,7 @@ class Tunnel:
     """One ssh session forwarding a private local socket to a remote observer's socket."""
 
     def __init__(self, entry: registry.Entry):
-        self.path = _local_path(entry)
+        self.path = local_path(entry.id)
         self.entry = entry
         remote = entry.address.split(':', 1)[1]
         *ssh, host = entry.ssh
@@ -188,7 +193,7 @@ class RelayTunnel:
     carries the bytes to the remote observer's socket, or says `gone`."""
 
     def __init__(self, entry: registry.Entry):
-        self.path = _local_path(entry)
+        self.path = local_path(entry.id)
         self.entry = entry  # as its supervisor now is
         self._lock = threading.Lock()
         self._processes: List[subprocess.Popen] = []

@@ -7,8 +7,10 @@ import glob
 import json
 import os
 import pathlib
+import pickle
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -19,15 +21,17 @@ import pytest
 
 import launchpad as lp
 from launchpad.launch import detached
-from launchpad.observe import registry
+from launchpad.launch.launcher import LaunchOptions
+from launchpad.observe import registry, relay
 from tests.launch.detached_program import Counter
 from tests.launch.test_detach import _calls
 from tests.launch.test_ssh import REPO, host_options, hosts  # pylint: disable=unused-import
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(180)
 
 PYTHON = [sys.executable, '-m', 'launchpad.launch']
 BRIDGE, LAUNCHER_ADDRESS = 'lpbr0', '10.200.0.1/24'  # this machine on the SSH bed
+H3_LINK = 'lpv3'  # lp-h3's link to the bridge
 
 LAUNCH = '''
 import json, sys
@@ -41,6 +45,23 @@ controller = lp.launch(make_program(sys.argv[1]), launch_type='ssh', detach=True
 print('LAUNCHED', controller.id, flush=True)
 lp.wait_for_stop()
 '''
+
+# A second program, whose supervisor and keeper are killed: its nodes stop after its grace.
+LAUNCH_BRIEF = '''
+import json, sys
+import launchpad as lp
+from tests.launch.detached_program import idle
+hosts = {name: lp.SshHost(name, **options) for name, options in json.loads(sys.argv[1]).items()}
+program = lp.Program('brief')
+with program.group('idle'):
+    for _ in range(2):
+        program.add_node(lp.PyNode(idle))
+controller = lp.launch(program, launch_type='ssh', detach=True, supervisor_host='lp-h1',
+                       supervisor_grace=10, resources={
+                           'idle': lp.SshHosts([hosts['lp-h1'], hosts['lp-h3']])})
+print('LAUNCHED', controller.id, flush=True)
+'''
+CUT = 35.0  # seconds, more than an agent waits for its connection (protocol.LAUNCHER_SILENCE_TIMEOUT)
 
 
 @pytest.fixture
@@ -66,6 +87,14 @@ def _new_supervisor(entry: pathlib.Path, old: int) -> int:
         time.sleep(0.05)
 
 
+def _wait_for_line(path: pathlib.Path, text: str, timeout: float = 30.0) -> None:
+    """Waits until the file at `path` has a line containing `text`."""
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and text in path.read_text(errors='replace')):
+        assert time.monotonic() < deadline, f'{path} never said {text!r}'
+        time.sleep(0.1)
+
+
 def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run([*PYTHON, *args], capture_output=True, text=True, timeout=60,
                           check=check)
@@ -87,17 +116,31 @@ def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
     launcher = subprocess.Popen([sys.executable, '-c', LAUNCH, counter, json.dumps(options)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 cwd=REPO)
+    brief_launcher = subprocess.Popen([sys.executable, '-c', LAUNCH_BRIEF, json.dumps(options)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      cwd=REPO)
     line = launcher.stdout.readline()
     launched = time.monotonic() - started
-    if not line.startswith('LAUNCHED'):
+    brief_line, brief_errors = brief_launcher.communicate(timeout=60)
+    if not line.startswith('LAUNCHED') or not brief_line.startswith('LAUNCHED'):
         launcher.kill()
-        pytest.fail(f'the launch failed: {line}{launcher.communicate()[1]}')
-    program_id = line.split()[1]
+        pytest.fail(f'a launch failed: {line}{launcher.communicate()[1]}\n{brief_errors}')
+    program_id, brief_id = line.split()[1], brief_line.split()[1]
     launcher.send_signal(signal.SIGKILL)
     printed = launcher.communicate()[1]
     assert f'python -m launchpad.launch attach {program_id}' in printed
     print(f'detached SSH launch: {launched:.1f} s')
     try:
+        # The brief program's supervisor and keeper die, and no new one comes: its nodes run
+        # on for its grace (10 s), then stop, and their hosts remove its directories.
+        brief = json.loads(_cli('status', brief_id, '--json').stdout)
+        brief_nodes = [row['pid'] for row in brief['nodes']]
+        brief_there = remote / 'runtime' / f'{brief_id}.json'
+        killed = (json.loads(brief_there.read_text())['keeper_pid'], brief['controller']['pid'])
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        _wait_until_dead(killed)
+        assert all(psutil.pid_exists(pid) for pid in brief_nodes)
         # The nodes go on without the launching process; its supervisor is on lp-h2.
         before = _calls(counter, 0)
         assert _calls(counter, before) > before
@@ -110,26 +153,42 @@ def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
         listed = _cli('list').stdout
         assert program_id in listed and f'{status["controller"]["pid"]} on lp-h2' in listed
 
-        # This machine loses the hosts' network for 30 s: the program runs on; commands say
-        # why they cannot reach it. Meanwhile its supervisor is SIGKILLed: the nodes serve on,
-        # and the keeper on lp-h2 starts a new supervisor, which re-adopts them through their
-        # hosts' agents (seen here in lp-h2's registry: the hosts share this file system).
+        # This machine loses the hosts' network for CUT s, and so does lp-h3 (the worker's
+        # host): the program runs on; commands say why they cannot reach it. Meanwhile its
+        # supervisor is SIGKILLed: the nodes serve on, and the keeper on lp-h2 starts a new
+        # supervisor, which re-adopts them through their hosts' agents (seen here in lp-h2's
+        # registry: the hosts share this file system) and reaches lp-h3's again once it is
+        # back: lp-h3's agent keeps its node for the supervisor grace, not the 30 s after which
+        # an attached program's agent takes its launcher for gone.
         there = remote / 'runtime' / f'{program_id}.json'
         supervisor = status['controller']['pid']
         subprocess.run(['ip', 'addr', 'del', LAUNCHER_ADDRESS, 'dev', BRIDGE], check=True)
+        subprocess.run(['ip', 'link', 'set', H3_LINK, 'down'], check=True)
         cut = time.monotonic()
         try:
             before = Counter.read(counter)['calls']
             cut_off = _cli('status', program_id, check=False)
             assert cut_off.returncode == 1
             assert 'cannot reach host lp-h2' in cut_off.stderr, cut_off.stderr
+            recover = _cli('attach', '--recover', program_id, check=False)
+            assert recover.returncode == 1
+            assert 'cannot reach lp-h2' in recover.stderr, recover.stderr
+            assert 'supervision cannot move to another host' in recover.stderr, recover.stderr
             before = _calls(counter, before)
             os.kill(supervisor, signal.SIGKILL)
             new_supervisor = _new_supervisor(there, supervisor)
             assert _calls(counter, _calls(counter, before)) > before
-            time.sleep(max(0.0, 30.0 - (time.monotonic() - cut)))
+            time.sleep(max(0.0, CUT - (time.monotonic() - cut)))
         finally:
+            subprocess.run(['ip', 'link', 'set', H3_LINK, 'up'], check=True)
             subprocess.run(['ip', 'addr', 'add', LAUNCHER_ADDRESS, 'dev', BRIDGE], check=True)
+        assert not any(psutil.pid_exists(pid) for pid in brief_nodes)
+        assert not glob.glob(os.path.join(tempfile.gettempdir(),
+                                          f'{detached.RUN_PREFIX}{brief_id}*'))
+        assert _cli('status', brief_id, check=False).returncode == 1
+        assert not glob.glob(str(registry.directory() / f'{brief_id}.*'))
+        _wait_for_line(remote / 'logs' / program_id / 'supervisor.log',
+                       'Reached the agent on lp-h3 again')
         controller = lp.attach(program_id)
         assert controller.supervisor['host'] == 'lp-h2'
         after = {name: (s.state.value, s.host, s.pid, s.restarts)
@@ -163,6 +222,7 @@ def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
         assert 'Stopped' in stopped.stdout
         assert controller.wait(timeout=30)
     finally:
+        subprocess.run(['ip', 'link', 'set', H3_LINK, 'up'], check=False)
         subprocess.run(['ip', 'addr', 'replace', LAUNCHER_ADDRESS, 'dev', BRIDGE], check=False)
         if program_id in [e.id for e in registry.entries()]:
             _cli('stop', program_id, check=False)
@@ -190,6 +250,77 @@ def test_a_detached_ssh_launch_refuses_what_it_cannot_do(options, error):
     with pytest.raises(ValueError, match=error):
         lp.launch(program, launch_type='ssh', resources={'a': 'lp-h1', 'b': ['lp-h2', 'lp-h1']},
                   **{'detach': True, **options})
+
+
+def test_a_detached_ssh_launch_refuses_a_runtime_directory_too_long_for_its_tunnels(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv(registry.ENV, str(tmp_path / ('r' * max(1, 90 - len(str(tmp_path))))))
+    program = lp.Program('refused')
+    program.add_node(lp.PyNode(print), label='a')
+    with pytest.raises(registry.RegistryError, match=f'Set {registry.ENV}= to a shorter'):
+        lp.launch(program, launch_type='ssh', resources={'a': 'nowhere.invalid'}, detach=True)
+
+
+def test_the_plain_relay_joins_a_session_to_an_agent_socket_or_says_none_listens(
+        short_tmp_path):
+    # What a new supervisor runs on a detached program's host to reach its agent again
+    # (`protocol.relay_argv`), and what its first session does.
+    path = str(short_tmp_path / 'agent.sock')
+    command = [sys.executable, relay.__file__, relay.PLAIN, path]
+    none = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    assert none.returncode == 1  # (not 255: ssh's own failures; the agent is gone for good)
+    assert f'No agent listens on {path}' in none.stderr
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    joined = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        agent, _ = listener.accept()
+        joined.stdin.write(b'to the agent')
+        joined.stdin.close()  # the session ends: the agent hears the end
+        heard = b''
+        while len(heard) < len(b'to the agent'):
+            data = agent.recv(100)
+            assert data, heard
+            heard += data
+        assert heard == b'to the agent' and agent.recv(100) == b''
+        agent.sendall(b'to the session')
+        agent.close()  # the agent ends the session
+        assert joined.stdout.read() == b'to the session'
+        assert joined.wait(30) == 0
+    finally:
+        joined.kill()
+        joined.wait()
+        listener.close()
+
+
+def test_a_supervisor_host_that_cannot_launch_says_why_at_once(tmp_path):
+    # What runs on the supervisor's host (`supervisor start`, see `ssh.detach.start`).
+    program = lp.Program('refused')
+    program.add_node(lp.PyNode(print), label='a')
+    options = LaunchOptions('ssh', resources={'a': 'nowhere.invalid'},
+                            terminal='output_to_files')
+    header, payload = detached.launch_file(program, options, 10.0, registry.new_id('refused'),
+                                           str(tmp_path / 'logs'), [])
+
+    def start(runtime: pathlib.Path) -> str:
+        started = subprocess.run(
+            [sys.executable, '-m', detached.SUPERVISOR_MODULE, 'start'],
+            input=pickle.dumps((header, payload)), capture_output=True, timeout=60,
+            env={**os.environ, registry.ENV: str(runtime), 'TMPDIR': str(tmp_path)})
+        assert started.returncode != 0
+        assert not glob.glob(str(tmp_path / f'{detached.RUN_PREFIX}*'))
+        return started.stderr.decode()
+
+    # Its registry's directory is too long for the supervisor's socket: it used to wait for a
+    # registry entry that the supervisor could not make, up to the launch's timeout of minutes.
+    too_long = start(tmp_path / ('r' * max(1, 100 - len(str(tmp_path)))))
+    assert f'Set {registry.ENV}= to a shorter' in too_long, too_long
+    # Its supervisor cannot reach a host: the preflight says so (an error in the cleanup after
+    # it hid it).
+    unreachable = start(tmp_path / 'runtime')
+    assert 'nowhere.invalid: cannot connect with ssh' in unreachable, unreachable
+    assert 'AttributeError' not in unreachable, unreachable
 
 
 def _wait_until_dead(pids, timeout: float = 10.0) -> None:

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -23,6 +25,7 @@ def _listening(entry: registry.Entry) -> None:
 
 SHORT_PROGRAM = '''
 import sys
+import tempfile
 import launchpad as lp
 program = lp.Program('short')
 program.add_node(lp.PyNode(print, 'done at once'), label='node')
@@ -115,3 +118,42 @@ def test_without_a_setting_it_is_the_same_directory_in_every_shell(monkeypatch, 
     assert registry.directory() == tmp_path / 'launchpad'
     monkeypatch.delenv('XDG_RUNTIME_DIR')
     assert str(registry.directory(create=False)) == f'/tmp/lp-runtime-{os.getuid()}'
+
+
+def test_a_detached_program_between_supervisors_is_kept_while_its_keeper_lives(runtime_dir):
+    # Its supervisor died and its keeper starts a new one: the entry is not listed (nothing
+    # answers at its socket), but it stays for `attach --recover` and the tunnels' check to read
+    # the keeper from; once the keeper is gone too, it is pruned.
+    keeper = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
+    try:
+        dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'],
+                              capture_output=True, text=True, check=True)
+        entry = _entry('between', pid=int(dead.stdout), keeper_pid=keeper.pid,
+                       pid_started=registry.process_started(keeper.pid) + 0.5)
+        _listening(entry)
+        assert registry.entries() == []
+        assert sorted(os.listdir(runtime_dir)) == [f'{entry.id}.json', f'{entry.id}.sock']
+        assert registry.keeper_alive(entry)
+    finally:
+        keeper.kill()
+        keeper.wait()
+    assert not registry.keeper_alive(entry)
+    assert registry.entries() == []
+    assert os.listdir(runtime_dir) == []
+    # A program supervised on another host: its keeper's pid means nothing here.
+    remote = _entry('remote', keeper_pid=os.getpid(), ssh=['ssh', 'lp-h2'])
+    with pytest.raises(ValueError, match='supervised on .* means nothing on this machine'):
+        registry.keeper_alive(remote)
+
+
+def test_a_runtime_directory_too_long_for_a_socket_is_refused_with_the_fix(runtime_dir,
+                                                                           monkeypatch):
+    del runtime_dir
+    long = tempfile.mkdtemp(prefix='lp-' + 'x' * 90)
+    monkeypatch.setenv(registry.ENV, long)
+    try:
+        with pytest.raises(registry.RegistryError,
+                           match=rf'socket path .* 107 .*{registry.ENV}=.*shorter'):
+            registry.socket_path(registry.new_id('long'))
+    finally:
+        shutil.rmtree(long)

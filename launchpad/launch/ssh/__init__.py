@@ -24,7 +24,8 @@ Where each part runs:
     the runner), `connection` (one ssh connection and its agent's messages), `preflight`
     (SshPreflightError and the diagnosis of each host);
   on each host: `agent`, started as `python -m launchpad.launch.ssh.agent WORKDIR`, and for
-    a detached program's new supervisor `relay`, which reaches that agent again;
+    a detached program's new supervisor `launchpad.observe.relay --plain`, which reaches that
+    agent again;
   on both: `protocol`, the names, timeouts and message framing the two sides share.
 
 This package imports the launcher side only; the agent is never imported here, so that it runs

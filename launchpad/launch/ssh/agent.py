@@ -20,10 +20,11 @@ complete one has arrived.
 
 A detached program's agent (`--detached`) must outlive its supervisor, so it does not live in
 the ssh session: it forks away in a session of its own, listening on a socket in its private
-directory, and the process ssh started relays between the session and that socket (`relay`):
+directory, and the process ssh started relays between the session and that socket
+(`launchpad.observe.relay`):
 
     supervisor ==ssh==> relay <==socket==> agent (protocol.SOCKET_NAME) --fork--> nodes
-    new supervisor ==ssh==> relay.py SOCKET <==socket==^
+    new supervisor ==ssh==> relay.py --plain SOCKET <==socket==^
 
 When the supervisor's session ends the agent keeps the nodes running, and what they print and
 how they end, until a new supervisor connects (it says hello again with the state of every
@@ -42,7 +43,7 @@ import time
 from typing import Any, Dict, Optional, Sequence
 
 from launchpad.launch.ssh import protocol
-from launchpad.launch.ssh import relay
+from launchpad.observe import relay
 from launchpad.process import forkserver
 from launchpad.process import spec as specs
 from launchpad.process import tree
@@ -59,7 +60,7 @@ def main() -> None:
     and removes the directory.
 
     With `--detached` (a detached program's supervisor started it) the agent leaves the ssh
-    session, which then only relays to it (`relay`), and listens on SOCKET_NAME in its
+    session, which then only relays to it (`launchpad.observe.relay`), and listens on SOCKET_NAME in its
     directory: when its supervisor is gone it keeps the nodes running, for the supervisor
     grace the `files` command gave, until a new supervisor connects there.
     """
@@ -79,7 +80,7 @@ def main() -> None:
         listener.close()  # this process is the session's relay from now on
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         connection.connect(os.path.join(directory, protocol.SOCKET_NAME))
-        relay.relay(connection)
+        relay.join(connection)
         return
     if listener is not None:  # the agent, in a session of its own, apart from ssh's
         os.setsid()

@@ -12,7 +12,9 @@ Each connection is a local `ssh -M` master (under `sh`, in a session of its own)
                    diagnosis, and logged once the agent said hello
 
 When the agent's output ends (the agent is done, or the connection died), every forked node
-still running counts as ended with 255, as ssh reports a session that ended with its connection.
+still running counts as ended with 255, as ssh reports a session that ended with its connection;
+unless the connection goes to a detached program's agent, which keeps its nodes for a supervisor
+that reaches it again: then `on_lost` is called instead (the runner tries to reach it again).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from launchpad.launch.ssh import protocol
 from launchpad.launch.ssh.hosts import SshHost
@@ -42,6 +44,8 @@ class Connection:
       process: the local ssh process (in a session of its own).
       stderr_lines: what ssh and the agent wrote to stderr, line by line (the preflight
         diagnoses a host from it).
+      on_lost: for a running detached program's connection, called with it when it ended
+        without being closed (the network or the host went away); its nodes then run on.
     """
 
     def __init__(self, host: SshHost, control_path: str, detached: bool = False,
@@ -56,6 +60,8 @@ class Connection:
         self._events: 'queue.Queue[Optional[dict]]' = queue.Queue()
         self.stderr_lines: List[str] = []
         self.forked: Dict[int, ForkedNode] = {}
+        self.on_lost: Optional[Callable[['Connection'], None]] = None
+        self._closing = False
         self._send_lock = threading.Lock()
         if reattach is not None:
             command = host.command(protocol.relay_argv(host.python, reattach))
@@ -97,6 +103,10 @@ class Connection:
                     self.forked[message['node']].end(message['code'])
             else:
                 self._events.put(message)
+        if self.on_lost is not None and not self._closing:
+            self._events.put(None)
+            self.on_lost(self)
+            return
         for node in self.forked.values():
             node.end(255)  # as ssh reports a session that ended with its connection
         self._events.put(None)
@@ -157,6 +167,7 @@ class Connection:
 
     def close(self, timeout: float = 10.0) -> None:
         """Ends the agent's session: it ends the rest of the program there and removes its files."""
+        self._closing = True
         self.send('close', None)
         try:
             self.process.stdin.close()
@@ -165,6 +176,18 @@ class Connection:
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
+            pass
+        self.abandon()  # (what has not ended by now)
+        if self.hello is not None and self.expect('closed', 0) is None:
+            logging.warning('Could not confirm that %s on %s was removed (the connection ended '
+                            'early); remove it by hand if it is still there.', self.directory,
+                            self.host)
+
+    def abandon(self) -> None:
+        """Ends this connection without a word to the agent, which keeps the program (a
+        detached program's, reached again later through another)."""
+        self._closing = True
+        if self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -172,10 +195,6 @@ class Connection:
             self.process.wait()
         for reader in self._readers:
             reader.join(2.0)
-        if self.hello is not None and self.expect('closed', 0) is None:
-            logging.warning('Could not confirm that %s on %s was removed (the connection ended '
-                            'early); remove it by hand if it is still there.', self.directory,
-                            self.host)
 
     def wait_ended(self, timeout: float) -> None:
         """Waits up to `timeout` s for the connection to end, then briefly for the rest of

@@ -31,6 +31,7 @@ from typing import Dict, List
 from launchpad.launch import detached
 from launchpad.launch.ssh.hosts import SshHost, connection_key
 from launchpad.observe import registry
+from launchpad.observe import tunnel
 
 _START_TIMEOUT = 330.0  # seconds for the host to launch every node (its own wait is 300 s)
 
@@ -70,6 +71,7 @@ def supervisor_host_of(program, hosts: Dict[str, List[SshHost]], settings,
 def start(program, options, host: SshHost) -> detached.AttachedController:
     """Starts the supervisor of `program` on `host` and returns once every node runs."""
     program_id = registry.new_id(program.name)
+    tunnel.local_path(program_id)  # this machine reaches it through one: its socket must fit
     remote_options = dataclasses.replace(
         options, terminal='output_to_files',
         settings=dataclasses.replace(options.settings, detach=False, supervisor_host=None))

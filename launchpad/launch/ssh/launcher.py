@@ -13,10 +13,13 @@ Threads of one launch, all on the launching machine:
     the Controller's:     poll, kill and release of the runner; kill and release talk to the
                           connections in parallel, a short-lived thread each
     per connection:       its ssh process and two reader threads (see `connection`)
+    lp-ssh-reach-HOST:    a detached program's supervisor reaching a lost host's agent again,
+                          until the supervisor grace has passed (`_SshRunner._reach_again`)
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import secrets
 import shutil
@@ -95,6 +98,7 @@ class _SshRunner(ProcessRunner):
         self.turn: Dict[str, int] = {}
         self.next_index = 0
         self._released = threading.Event()
+        self._swap = threading.Lock()  # a connection reached again replaces a lost one
         threading.Thread(target=self._heartbeat, daemon=True, name='lp-ssh-heartbeat').start()
 
     def _heartbeat(self) -> None:
@@ -104,7 +108,7 @@ class _SshRunner(ProcessRunner):
 
     def poll(self) -> Dict[str, Optional[int]]:
         codes = super().poll()
-        if self.persist is not None:
+        if self.persist is not None and self.coordinator is not None:  # (none before launch)
             self.persist(self.supervised_state)
         return codes
 
@@ -112,11 +116,13 @@ class _SshRunner(ProcessRunner):
         """What a new supervisor of a detached program needs to re-adopt its running nodes
         (`readopt`): the coordinator (node states, restart budgets, groups), the packer (the
         addresses), where each node runs, and what reaches each host's agent again."""
-        number = {id(connection): i for i, connection in enumerate(self.connections)}
+        with self._swap:  # (not while a connection reached again replaces a lost one)
+            connections, placement = list(self.connections), dict(self.placement)
+        number = {id(connection): i for i, connection in enumerate(connections)}
         return {'coordinator': self.coordinator, 'commands': {}, 'ssh': {
-            'connections': [(c.host, list(c.nodes), c.hello) for c in self.connections],
+            'connections': [(c.host, list(c.nodes), c.hello) for c in connections],
             'placement': {name: (number[id(connection)], index)
-                          for name, (connection, index) in self.placement.items()},
+                          for name, (connection, index) in placement.items()},
             'packer': self.packer, 'token': self.token, 'port': self.port,
             'bind_host': self.bind_host, 'hosts': self.hosts, 'turn': self.turn,
             'next_index': self.next_index, 'requested': self.requested,
@@ -133,7 +139,7 @@ class _SshRunner(ProcessRunner):
         self.run_dir = saved['run_dir']
         for i, (host, nodes, hello) in enumerate(saved['connections']):
             connection = Connection(host, os.path.join(self.local_dir, f'c{i}'), reattach=hello)
-            connection.nodes = nodes
+            connection.nodes, connection.hello = nodes, hello
             self.connections.append(connection)
         answers = {}
         _in_parallel([lambda c=c: answers.__setitem__(
@@ -143,13 +149,77 @@ class _SshRunner(ProcessRunner):
             self.placement[name] = (connection, index)
             self.expect_fork(name, connection, index)
             hello = answers[id(connection)]
-            code = 255 if hello is None else hello['nodes'].get(str(index), 255)
+            code = None if hello is None else hello['nodes'].get(str(index), 255)
             if code is not None:
                 connection.forked[index].end(code)
         for connection in self.connections:
-            if answers[id(connection)] is not None:
+            if answers[id(connection)] is None:  # (its nodes end with 255 if it is gone)
+                self._lost(connection)
+            else:
                 connection.hello = answers[id(connection)]
+                self.watch(connection)
                 connection.send('resume', None)
+
+    def watch(self, connection: Connection) -> None:
+        """Once `connection`'s agent runs a detached program's nodes: if the connection is
+        lost, the agent keeps them for the supervisor grace, and this supervisor reaches it
+        again meanwhile (`_reach_again`) rather than taking them for ended."""
+        if self.supervisor_grace:
+            connection.on_lost = self._lost
+
+    def _lost(self, connection: Connection) -> None:
+        threading.Thread(target=self._reach_again, args=(connection,), daemon=True,
+                         name=f'lp-ssh-reach-{connection.host}').start()
+
+    def _reach_again(self, lost: Connection) -> None:
+        """Reaches the agent of lost connection `lost` again through a new one that takes its
+        place, trying until the supervisor grace has passed; its nodes end with 255 if the
+        agent is gone or cannot be reached by then."""
+        deadline = time.monotonic() + self.supervisor_grace
+        attempt, gone = 0, _agent_gone(lost)
+        if not gone:
+            lost.abandon()  # (if it still lingers, the agent waits for the next one meanwhile)
+            logging.warning('Lost the connection to %s; reaching its agent again, which keeps '
+                            'its nodes for up to %g s.', lost.host, self.supervisor_grace)
+        while not (gone or self._released.is_set() or time.monotonic() > deadline):
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            attempt += 1
+            connection = Connection(lost.host, f'{lost.control_path}.{attempt}',
+                                    reattach=lost.hello)
+            hello = connection.expect('hello', min(protocol.AGENT_START_TIMEOUT,
+                                                   max(1.0, deadline - time.monotonic())))
+            if hello is not None:
+                self._take_over(lost, connection, hello)
+                return
+            gone = _agent_gone(connection)
+            connection.abandon()
+        if self._released.is_set():
+            return  # (the program ended meanwhile; its agent ends it there after the grace)
+        logging.warning('The agent on %s was not reached again; its nodes count as ended.',
+                        lost.host)
+        for node in lost.forked.values():
+            node.end(255)
+
+    def _take_over(self, lost: Connection, connection: Connection, hello: dict) -> None:
+        """Puts `connection`, which reached the agent of `lost` again, in its place (or closes
+        it if the program ended meanwhile: the agent then ends what is left there)."""
+        with self._swap:
+            if self._released.is_set():
+                connection.close()
+                return
+            connection.nodes, connection.forked, connection.hello = (lost.nodes, lost.forked,
+                                                                     hello)
+            for index, node in connection.forked.items():  # (those that ended meanwhile)
+                code = hello['nodes'].get(str(index), 255)
+                if code is not None:
+                    node.end(code)
+            self.connections[self.connections.index(lost)] = connection
+            for name, (placed, index) in list(self.placement.items()):
+                if placed is lost:
+                    self.placement[name] = (connection, index)
+            self.watch(connection)
+            connection.send('resume', None)
+        logging.warning('Reached the agent on %s again; its nodes run on.', lost.host)
 
     def expect_fork(self, name: str, connection: Connection, index: int) -> None:
         """Gets ready for a node that the agent forks, its output going to the terminal."""
@@ -279,6 +349,7 @@ class _SshRunner(ProcessRunner):
         if connection.expect('ready', protocol.AGENT_START_TIMEOUT) is None:
             raise RuntimeError(f'The connection to {connection.host} ended while starting '
                                f'{executable.name}: {" ".join(connection.stderr_lines[-3:])}')
+        self.watch(connection)
 
     def kill(self, names: Sequence[str]) -> None:
         """Has the agents kill the named nodes on their hosts, then ends what is left of them
@@ -302,18 +373,27 @@ class _SshRunner(ProcessRunner):
     def release(self) -> None:
         """Stops the heartbeat and the coordinator, closes the connections (each agent ends what is
         left on its host) and removes the local directory."""
-        self._released.set()
+        with self._swap:  # (a connection reached again from now on is closed at once)
+            self._released.set()
+            connections = list(self.connections)
         if self.context is not None:  # handles no longer dereference here
             runtime.clear_process_context(self.context)
             self.context.stop.trigger()
         try:
             if self.server is not None:
                 self.server.Stop()
-            _in_parallel([connection.close for connection in self.connections])
+            _in_parallel([connection.close for connection in connections])
             if self.output is not None:
                 self.output.close()
         finally:
             shutil.rmtree(self.local_dir, ignore_errors=True)
+
+
+def _agent_gone(connection: Connection) -> bool:
+    """True if ended `connection` reached a detached program's host and found no agent there
+    (the relay says so and exits 1; ssh exits 255 when the host cannot be reached)."""
+    connection.wait_ended(5.0)
+    return connection.process.returncode not in (None, 255)
 
 
 def _in_parallel(calls: Sequence[Callable[[], None]]) -> None:
@@ -452,6 +532,8 @@ class SshLauncher(Launcher):
             if connection.expect('ready', protocol.AGENT_START_TIMEOUT) is None:
                 raise RuntimeError(f'The connection to {connection.host} ended while starting the '
                                    f'program: {" ".join(connection.stderr_lines[-3:])}')
+        for connection in runner.connections:
+            runner.watch(connection)
         if in_sessions:
             for (connection, i), (_, executable) in zip(placed, executables):
                 runner.start_session(executable.name, connection, i)

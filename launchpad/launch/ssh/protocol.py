@@ -20,8 +20,8 @@ over that session's standard streams:
   without the prefix are not ours (e.g. printed by a login script) and are only logged.
 
 A detached program's agent (`--detached`) outlives its supervisor's session: the session only
-relays to the agent's socket (`relay`), and a new supervisor reaches it there with
-`relay_argv`. It then says hello again, with `nodes` (index -> exit code, or None while the
+relays to the agent's socket (`launchpad.observe.relay`), and a new supervisor reaches it there
+with `relay_argv`. It then says hello again, with `nodes` (index -> exit code, or None while the
 node runs), and after `resume` sends the events it kept meanwhile.
 """
 from __future__ import annotations
@@ -68,7 +68,7 @@ def agent_argv(python: str, detached: bool = False) -> List[str]:
 
 def relay_argv(python: str, hello: Mapping[str, Any]) -> List[str]:
     """The command line that reaches again the detached agent that said `hello`."""
-    return [python, f'{hello["launchpad"]}/launch/ssh/relay.py',
+    return [python, f'{hello["launchpad"]}/observe/relay.py', '--plain',
             f'{hello["directory"]}/{SOCKET_NAME}']
 
 
