@@ -188,7 +188,12 @@ def print_table(results: Dict[str, Dict[str, Dict]]) -> None:
     for transport, runs in results.items():
         for name in runs['on']:
             on, off = statistics.median(runs['on'][name]), statistics.median(runs['off'][name])
-            ratios = [a / b for a, b in zip(runs['on'][name], runs['off'][name])]
+            # CPU is counted in clock ticks: a short round on a busy machine may count none.
+            ratios = [a / b for a, b in zip(runs['on'][name], runs['off'][name]) if b]
+            if not off or not ratios:
+                print(f'{transport:6} {MEASURES[name]:24} {on:12,.2f} {off:12,.2f} '
+                      f'{"-":>7} {"(none counted off)":>14}')
+                continue
             low, _, high = (statistics.quantiles(ratios, n=4) if len(ratios) > 1
                             else ratios * 3)
             print(f'{transport:6} {MEASURES[name]:24} {on:12,.2f} {off:12,.2f} {on / off:7.3f} '

@@ -37,3 +37,6 @@ def test_metrics_cost_benchmark_smoke(capsys, monkeypatch):
     bench.print_table(results)
     printed = capsys.readouterr().out
     assert 'uds    sync: server CPU us/call' in printed and 'paths  client code us/call' in printed
+    results['uds']['off']['server_cpu_us'] = [0.0]  # no tick counted: the table still prints
+    bench.print_table(results)
+    assert '(none counted off)' in capsys.readouterr().out
