@@ -19,11 +19,54 @@ from tests.core.conftest import wait_until
 from tests.launch.detached_program import Counter
 from tests.launch.test_slurm import additional_jobs, env_for, our_processes, queue
 
-READOPT = '''
+# The detached program of tests/launch/detached_program.py, whose added workers hold their start
+# until the file GATE exists (their worker process waits before it reports the start), and hold
+# the driver's periodic state writer as long (as if the driver were killed before it wrote).
+READOPT_HELD = '''
+import os
 import sys
+import threading
+import time
 import launchpad as lp
-from tests.launch.detached_program import make_program
-controller = lp.launch(make_program(sys.argv[1]), launch_type='slurm', detach=True)
+from tests.launch.detached_program import Counter, call_forever, idle
+
+
+def wait_for(gate):
+    while not os.path.exists(gate):
+        time.sleep(0.05)
+
+
+def start_when_open(gate):
+    if sys.argv[0].endswith(os.path.join('process', 'worker.py')):  # (not in the driver)
+        open(gate + '.waiting', 'w').close()
+        wait_for(gate)
+
+
+class HeldStart:
+    """Unpickled in a node's worker, which it holds until the gate opens."""
+
+    def __init__(self, gate):
+        self.gate = gate
+
+    def __reduce__(self):
+        if threading.current_thread().name == 'lp-slurm-persist':
+            wait_for(self.gate)
+        return start_when_open, (self.gate,)
+
+
+def held_idle(held):
+    del held
+    idle()
+
+
+counter_file, gate = sys.argv[1:]
+program = lp.Program('detached')
+counter = program.add_node(lp.CourierNode(Counter, counter_file), label='counter')
+program.add_node(lp.PyNode(call_forever, counter), label='caller')
+with program.group('worker', elastic=lp.Elastic(
+        make_node=lambda: lp.PyNode(held_idle, HeldStart(gate)), min_size=1, max_size=3)):
+    program.add_node(lp.PyNode(idle))
+controller = lp.launch(program, launch_type='slurm', detach=True)
 print('LAUNCHED', controller.id, flush=True)
 '''
 SCRIPT = '''
@@ -178,33 +221,46 @@ def test_the_login_side_attaches_resizes_follows_and_stops_a_detached_program(
 
 
 @pytest.mark.timeout(150)
-def test_a_killed_driver_is_replaced_by_one_that_readopts_the_running_steps(
+def test_a_killed_driver_is_replaced_by_one_that_readopts_the_running_and_starting_steps(
         slurm_multi, tmp_path, runtime_dir):
-    """SIGKILL the driver: the nodes keep serving each other (the counter's calls go on), the
-    batch script starts a new driver, which re-adopts every step with 0 restarts; `lp.attach`'s
-    controller and `status --json` name it, it resizes a group, and `stop` leaves nothing."""
+    """SIGKILL the driver while an added node is starting (its step runs, it has not reported):
+    the nodes keep serving each other (the counter's calls go on), the batch script starts a new
+    driver, which re-adopts every step with 0 restarts, the starting one included once it
+    reports; `lp.attach`'s controller and `status --json` name it, it resizes a group, and
+    `stop` leaves nothing."""
     import launchpad as lp  # pylint: disable=import-outside-toplevel
-    counter = str(tmp_path / 'counter.json')
-    env, program_id, job_id, _ = launch(tmp_path, READOPT, counter)
+    counter, gate = str(tmp_path / 'counter.json'), str(tmp_path / 'gate')
+    env, program_id, job_id, _ = launch(tmp_path, READOPT_HELD, counter, gate)
     env[registry.ENV] = runtime_dir
     controller = lp.attach(program_id)
     killed = controller.supervisor['pid']
     assert wait_until(lambda: Counter.read(counter)['calls'] > 0, timeout=30)
+    controller.resize('worker', 2)
+    assert wait_until(lambda: os.path.exists(gate + '.waiting'), timeout=30)  # worker/1 starts
+    assert controller.status()['worker/1'].state.value == 'pending'
     os.kill(killed, signal.SIGKILL)  # (the bed's nodes share this machine's processes)
     calls = Counter.read(counter)['calls']
     assert wait_until(lambda: Counter.read(counter)['calls'] > calls + 100, timeout=10)
 
     statuses = controller.status()  # through a new relay, once the new driver serves
-    assert {name: (s.state.value, s.restarts) for name, s in statuses.items()} == {
-        name: ('running', 0) for name in ('counter/0', 'caller/0', 'worker/0')}, statuses
+    assert statuses.get('worker/1') and statuses['worker/1'].state.value == 'pending', statuses
     driver = controller.supervisor['pid']
     assert driver != killed
+    with open(gate, 'w'):
+        pass  # worker/1 reports its start, to the new driver
+    names = ('counter/0', 'caller/0', 'worker/0', 'worker/1')
+    assert wait_until(lambda: all(s.state.value == 'running'
+                                  for s in controller.status().values()), timeout=30), \
+        controller.status()
+    statuses = controller.status()
+    assert {name: (s.state.value, s.restarts) for name, s in statuses.items()} == {
+        name: ('running', 0) for name in names}, statuses
     assert 'launchpad.launch.slurm.driver' in ' '.join(psutil.Process(driver).cmdline())
     done = subprocess.run([*PYTHON, 'status', program_id, '--json'], capture_output=True,
                           text=True, timeout=60, env=env, check=True)
     assert json.loads(done.stdout)['controller']['pid'] == driver
-    controller.resize('worker', 2)
-    assert wait_until(lambda: controller.status()['worker/1'].state.value == 'running',
+    controller.resize('worker', 3)
+    assert wait_until(lambda: controller.status()['worker/2'].state.value == 'running',
                       timeout=30), controller.status()
 
     controller.stop()

@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from launchpad.launch.slurm import job, script, shared
 from launchpad.launch.slurm.resources import SlurmResources
@@ -59,6 +59,10 @@ class GrowingStepRunner(StepRunner):
         self._removed: set = set()
         self._checked_additional = time.monotonic()
         self._touched = 0.0
+        # Called once an added node's step is followed, before it starts in the allocation: the
+        # in-job driver writes the state a new driver re-adopts the program from, so that a
+        # node that starts while its driver is replaced is not lost.
+        self.persist: Callable[[], None] = lambda: None
         self._touch()
 
     # What a new driver's runner takes over from a dead one's (`state`, `restore`).
@@ -122,14 +126,20 @@ class GrowingStepRunner(StepRunner):
         waits = restart_waits([step], {executable.name: policy})
         if busy >= len(component.steps) + component.spare:
             self._submit_additional(step, spec_path, waits)
+            self._follow(step)
         else:
             line = script.step_line(step, spec_path, number if len(self._components) > 1 else None,
                                     waits.get(index, 0))
-            shared.write_whole(shared.add_file(self._run_dir, index), line)
             self._added_lines[index] = line
             self._component_of[executable.name] = number
+            self._follow(step)  # before it starts: a new driver adopts it even while it starts
+            shared.write_whole(shared.add_file(self._run_dir, index), line)
+
+    def _follow(self, step: script.Step) -> None:
+        """Follows the added node's step from now on, and says so (`persist`)."""
         self._steps.append(step.watched())
-        self._codes[executable.name] = None
+        self._codes[step.executable.name] = None
+        self.persist()
 
     def _in_job(self, name: str) -> bool:
         return name not in self._additional
