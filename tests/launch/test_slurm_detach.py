@@ -143,6 +143,12 @@ def test_a_detached_elastic_program_grows_and_shrinks_without_its_launcher(slurm
     assert {name: state for name, state in states.items() if name.startswith('actor/')} == {
         'actor/0': 'finished', **{f'actor/{i}': 'removed' for i in range(1, 4)}}, ended
     assert sorted(name for name in os.listdir(logs) if name.startswith('job-')) == ['job-5.out']
+    # The run directory links to every node's log, an added one's too: `logs RUN NODE` reads it.
+    assert (tmp_path / 'runs' / program_id / 'logs' / 'actor_3.log').resolve() == \
+        logs / 'actor_3-5.out'
+    ended_logs = subprocess.run([*PYTHON, 'logs', program_id, 'driver/0'], capture_output=True,
+                                text=True, timeout=60, env=env)
+    assert 'ELASTIC shrank to 1' in ended_logs.stdout, ended_logs.stderr
 
     [run] = sql(env, program_id, 'SELECT launch_type, ended, stop_reason FROM run')
     assert run['launch_type'] == 'slurm' and run['ended'] is not None, run
@@ -160,7 +166,8 @@ def test_the_login_side_attaches_resizes_follows_and_stops_a_detached_program(
         slurm_multi, tmp_path, runtime_dir):
     """From this side (the login node): `list` shows the program with its job and batch host,
     `lp.attach` resizes its group (the driver in the job runs the new node), `status --json`
-    names the driver, `logs` reads the nodes' output, `attach` follows it until Ctrl-C, which
+    names the driver, `logs` reads the nodes' output, `stacks` and `waits` reach the nodes,
+    `attach` follows it until Ctrl-C, which
     leaves it running, and `stop` ends it; nothing is left on any node or here."""
     import launchpad as lp  # pylint: disable=import-outside-toplevel
     env, program_id, job_id, _ = launch(tmp_path, SCRIPT)
@@ -192,6 +199,13 @@ def test_the_login_side_attaches_resizes_follows_and_stops_a_detached_program(
     started = {'actor/0', 'actor/1', 'learner/0'}  # (and actor/2 from the next sample on)
     assert started <= {row['name'] for row in status['nodes']} <= started | {'actor/2'}
     cli('logs', program_id)  # the steps' output files, read by the driver
+    # The nodes answer live probes through the driver: the learner's own loop is in its stacks,
+    # and every running node tells its calls in flight.
+    [learner] = json.loads(cli('stacks', program_id, 'learner/0', '--json'))['nodes'].values()
+    assert learner['live'] and any(frame[0].endswith('elastic_program.py')
+                                   for thread in learner['stacks'] for frame in thread['frames'])
+    waits = json.loads(cli('waits', program_id, '--json'))
+    assert (waits['silent'], waits['deadlocks']) == ([], []), waits
 
     errors = tmp_path / 'attach.err'
     with open(errors, 'w') as err:

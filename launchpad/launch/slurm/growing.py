@@ -13,7 +13,23 @@ from typing import Any, Callable, Dict, Optional, Sequence
 from launchpad.launch.slurm import job, script, shared
 from launchpad.launch.slurm.resources import SlurmResources
 from launchpad.launch.slurm.steps import StepRunner
+from launchpad.process import output
 from launchpad.process import spec as specs
+
+
+def link_log(run_logs: Optional[str], step: script.Step) -> None:
+    """Links `step`'s output file from the program's run directory (`run_logs`: its logs/, see
+    `runstore.logs_directory`), as `<group>_<index>.log`, where `logs RUN NODE` and the
+    dashboard of an ended run read a node's log; a link that cannot be made is told, not fatal
+    (the output file is in the job directory still)."""
+    if run_logs is None:
+        return
+    link = os.path.join(run_logs, output.log_file_name(step.executable.name))
+    try:
+        os.symlink(step.log, link)
+    except OSError as e:
+        logging.warning('The log of %s is not linked from the run directory (%s); it is %s.',
+                        step.executable.name, e, step.log)
 
 
 def write_spec(packer: specs.Packer, run_dir: str, step: script.Step, policy=None) -> str:
@@ -39,12 +55,13 @@ class GrowingStepRunner(StepRunner):
 
     def __init__(self, *args, packer: specs.Packer, components, resources, log_dir: str,
                  first_index: int, program_name: str, environment: Dict[str, str],
-                 warning_seconds: Optional[int], **kwargs):
+                 warning_seconds: Optional[int], run_logs: Optional[str] = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._packer = packer
         self._components = components
         self._resources = resources
         self._log_dir = log_dir
+        self._run_logs = run_logs  # where added nodes' logs are linked from (`link_log`)
         self._next_index = first_index
         self._program_name = program_name
         self._environment = environment
@@ -120,6 +137,7 @@ class GrowingStepRunner(StepRunner):
         self._next_index += 1
         log = os.path.join(self._log_dir, f'{script.log_stem(executable.name)}-{index}.out')
         step = script.Step(index, executable, group, log)
+        link_log(self._run_logs, step)
         self._packer.address_table.published.update(
             {address.id: '<node address>:0' for address in executable.addresses})
         spec_path = write_spec(self._packer, self._run_dir, step, policy)
