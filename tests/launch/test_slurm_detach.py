@@ -19,9 +19,11 @@ from tests.core.conftest import wait_until
 from tests.launch.detached_program import Counter
 from tests.launch.test_slurm import additional_jobs, env_for, our_processes, queue
 
-# The detached program of tests/launch/detached_program.py, whose added workers hold their start
-# until the file GATE exists (their worker process waits before it reports the start), and hold
-# the driver's periodic state writer as long (as if the driver were killed before it wrote).
+# The detached program of tests/launch/detached_program.py, whose workers hold their start until
+# a file exists, and announce it with a file beside it (GATE.waiting): the first worker's process
+# waits (FIRST) before it reports its start, an added one (a server) after it did, before it
+# serves and publishes its address (ADDED). While a gate is closed, the driver's periodic state
+# writer waits too (as if the driver were killed before it wrote the state).
 READOPT_HELD = '''
 import os
 import sys
@@ -36,22 +38,27 @@ def wait_for(gate):
         time.sleep(0.05)
 
 
-def start_when_open(gate):
-    if sys.argv[0].endswith(os.path.join('process', 'worker.py')):  # (not in the driver)
-        open(gate + '.waiting', 'w').close()
-        wait_for(gate)
+def announce_and_wait(gate):
+    open(gate + '.waiting', 'w').close()
+    wait_for(gate)
+
+
+def unpickled(gate, hold):
+    if hold and sys.argv[0].endswith(os.path.join('process', 'worker.py')):  # (a node's)
+        announce_and_wait(gate)
+    return HeldStart(gate, hold)
 
 
 class HeldStart:
-    """Unpickled in a node's worker, which it holds until the gate opens."""
+    """A gate, which holds the driver's state writer, and a node's unpickling if `hold`."""
 
-    def __init__(self, gate):
-        self.gate = gate
+    def __init__(self, gate, hold):
+        self.gate, self.hold = gate, hold
 
     def __reduce__(self):
         if threading.current_thread().name == 'lp-slurm-persist':
             wait_for(self.gate)
-        return start_when_open, (self.gate,)
+        return unpickled, (self.gate, self.hold)
 
 
 def held_idle(held):
@@ -59,13 +66,24 @@ def held_idle(held):
     idle()
 
 
-counter_file, gate = sys.argv[1:]
+class HeldServer:
+    """Serves once its gate opens."""
+
+    def __init__(self, held):
+        announce_and_wait(held.gate)
+
+    def ping(self):
+        return 'pong'
+
+
+counter_file, first, added = sys.argv[1:]
 program = lp.Program('detached')
 counter = program.add_node(lp.CourierNode(Counter, counter_file), label='counter')
 program.add_node(lp.PyNode(call_forever, counter), label='caller')
 with program.group('worker', elastic=lp.Elastic(
-        make_node=lambda: lp.PyNode(held_idle, HeldStart(gate)), min_size=1, max_size=3)):
-    program.add_node(lp.PyNode(idle))
+        make_node=lambda: lp.CourierNode(HeldServer, HeldStart(added, hold=False)),
+        min_size=1, max_size=3)):
+    program.add_node(lp.PyNode(held_idle, HeldStart(first, hold=True)))
 controller = lp.launch(program, launch_type='slurm', detach=True)
 print('LAUNCHED', controller.id, flush=True)
 '''
@@ -234,34 +252,65 @@ def test_the_login_side_attaches_resizes_follows_and_stops_a_detached_program(
     assert not glob.glob(f'/tmp/launchpad-slurm-{os.getuid()}-{job_id}')  # the driver's registry
 
 
+def drivers(tmp_path):
+    """The pids of the in-job drivers of the program whose job directory is in `tmp_path`."""
+    found = []
+    for process in psutil.process_iter(['cmdline', 'status']):
+        cmdline = ' '.join(process.info['cmdline'] or ())
+        if ('launchpad.launch.slurm.driver' in cmdline and str(tmp_path) in cmdline
+                and process.info['status'] != psutil.STATUS_ZOMBIE):
+            found.append(process.pid)
+    return found
+
+
 @pytest.mark.timeout(150)
 def test_a_killed_driver_is_replaced_by_one_that_readopts_the_running_and_starting_steps(
         slurm_multi, tmp_path, runtime_dir):
-    """SIGKILL the driver while an added node is starting (its step runs, it has not reported):
-    the nodes keep serving each other (the counter's calls go on), the batch script starts a new
-    driver, which re-adopts every step with 0 restarts, the starting one included once it
-    reports; `lp.attach`'s controller and `status --json` name it, it resizes a group, and
-    `stop` leaves nothing."""
+    """SIGKILL the driver while a node starts, with the driver's periodic state writer held
+    meanwhile: first while the program's first nodes start (worker/0 has not reported), then
+    while an added node starts (worker/1 has reported, and publishes its address once the
+    driver is dead). Each time the batch script starts a new driver, which re-adopts every step
+    with 0 restarts, the starting one included; the nodes keep serving each other (the
+    counter's calls go on); `lp.attach`'s controller and `status --json` name the new driver,
+    it resizes a group, and `stop` leaves nothing."""
     import launchpad as lp  # pylint: disable=import-outside-toplevel
-    counter, gate = str(tmp_path / 'counter.json'), str(tmp_path / 'gate')
-    env, program_id, job_id, _ = launch(tmp_path, READOPT_HELD, counter, gate)
+    counter, first, added = (str(tmp_path / name) for name in ('counter.json', 'first', 'added'))
+    script = tmp_path / 'detach.py'
+    script.write_text(READOPT_HELD)
+    env = env_for(tmp_path)
+    env['LAUNCHPAD_RUNS_DIR'] = str(tmp_path / 'runs')
+    launching = subprocess.Popen([sys.executable, str(script), counter, first, added],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=env)
+    try:
+        assert wait_until(lambda: os.path.exists(first + '.waiting'), timeout=60)
+        [killed] = drivers(tmp_path)  # while worker/0 starts
+        os.kill(killed, signal.SIGKILL)  # (the bed's nodes share this machine's processes)
+        assert wait_until(lambda: set(drivers(tmp_path)) - {killed}, timeout=30)
+        with open(first, 'w'):
+            pass  # worker/0 reports its start, to the new driver; lp.launch returns
+        printed, errors = launching.communicate(timeout=60)
+    finally:
+        launching.kill()
+        launching.wait()
+    assert launching.returncode == 0, errors
+    program_id = printed.split('LAUNCHED ')[1].split()[0]
+    job_id = errors.split('as Slurm job ')[1].split()[0]
     env[registry.ENV] = runtime_dir
     controller = lp.attach(program_id)
-    killed = controller.supervisor['pid']
+    [killed] = drivers(tmp_path)
     assert wait_until(lambda: Counter.read(counter)['calls'] > 0, timeout=30)
     controller.resize('worker', 2)
-    assert wait_until(lambda: os.path.exists(gate + '.waiting'), timeout=30)  # worker/1 starts
-    assert controller.status()['worker/1'].state.value == 'pending'
-    os.kill(killed, signal.SIGKILL)  # (the bed's nodes share this machine's processes)
+    assert wait_until(lambda: os.path.exists(added + '.waiting'), timeout=30)  # worker/1 starts
+    assert controller.status()['worker/1'].state.value == 'running'  # (not yet serving)
+    os.kill(killed, signal.SIGKILL)
+    with open(added, 'w'):
+        pass  # worker/1 publishes its address, which waits for the new driver
     calls = Counter.read(counter)['calls']
     assert wait_until(lambda: Counter.read(counter)['calls'] > calls + 100, timeout=10)
-
-    statuses = controller.status()  # through a new relay, once the new driver serves
-    assert statuses.get('worker/1') and statuses['worker/1'].state.value == 'pending', statuses
+    assert 'worker/1' in controller.status()  # through a new relay, once the new driver serves
     driver = controller.supervisor['pid']
     assert driver != killed
-    with open(gate, 'w'):
-        pass  # worker/1 reports its start, to the new driver
     names = ('counter/0', 'caller/0', 'worker/0', 'worker/1')
     assert wait_until(lambda: all(s.state.value == 'running'
                                   for s in controller.status().values()), timeout=30), \
@@ -280,7 +329,7 @@ def test_a_killed_driver_is_replaced_by_one_that_readopts_the_running_and_starti
     controller.stop()
     assert wait_until(lambda: queue() == '', timeout=30), queue()
     job_dir = tmp_path / 'jobs' / os.listdir(tmp_path / 'jobs')[0]
-    assert 'was killed' in (job_dir / 'logs' / 'job.out').read_text()
+    assert (job_dir / 'logs' / 'job.out').read_text().count('was killed') == 2
     assert wait_until(lambda: os.listdir(job_dir) == ['logs'], timeout=10)
     assert wait_until(lambda: not our_processes(str(job_dir)), timeout=10), \
         our_processes(str(job_dir))

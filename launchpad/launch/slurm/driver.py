@@ -86,7 +86,8 @@ def main(argv: Sequence[str]) -> None:
         entry_fields={'keeper_pid': os.getppid()}).start()  # the batch script (see script.py)
     if controller.observer.entry is not None:
         reach.publish(run_dir, controller.observer.entry)
-    if state is None:  # the steps start once the endpoint is there
+    if state is None:  # the steps start once the endpoint is there; a driver killed from then
+        state_writer.write()  # on is replaced by one that re-adopts them from the state
         shared.write_coordinator_endpoint(run_dir, server.address)
     else:
         print(f'Driver pid {os.getpid()} re-adopted program {program.name!r} '
