@@ -127,8 +127,9 @@ class _StateWriter:
     runner's steps, the program as it grew and its scaling policy's state.
 
     Its thread (`run`) writes it whenever it changed, at most every PERSIST_INTERVAL seconds;
-    the step runner also writes it (`write`) before it starts the step of an added node, so
-    that a driver killed while that node starts leaves a state that knows of it."""
+    the first driver also writes it (`write`) before the program's steps start, and the step
+    runner before it starts the step of an added node, so that a driver killed while a node
+    starts is replaced by one that knows of that node."""
 
     def __init__(self, run_dir: str, controller, program):
         self._path = os.path.join(run_dir, shared.STATE_FILE)

@@ -180,7 +180,8 @@ class SlurmLauncher(Launcher):
             for label, elastic in program.elastic_groups.items()})
         steps = sorted((s for c in components for s in c.steps), key=lambda s: s.index)
         token = secrets.token_hex(16)
-        program_id = options.program_id or registry.new_id(program.name)
+        program_id = options.program_id or (registry.new_id(program.name) if settings.detach
+                                            else None)
         # The run directory's logs/ links to each node's output file (always kept, in files).
         run_logs = log_dir_of(dataclasses.replace(options, terminal='output_to_files',
                                                   program_id=program_id))
