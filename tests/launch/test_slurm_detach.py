@@ -266,36 +266,17 @@ def drivers(tmp_path):
 @pytest.mark.timeout(150)
 def test_a_killed_driver_is_replaced_by_one_that_readopts_the_running_and_starting_steps(
         slurm_multi, tmp_path, runtime_dir):
-    """SIGKILL the driver while a node starts, with the driver's periodic state writer held
-    meanwhile: first while the program's first nodes start (worker/0 has not reported), then
-    while an added node starts (worker/1 has reported, and publishes its address once the
-    driver is dead). Each time the batch script starts a new driver, which re-adopts every step
-    with 0 restarts, the starting one included; the nodes keep serving each other (the
-    counter's calls go on); `lp.attach`'s controller and `status --json` name the new driver,
-    it resizes a group, and `stop` leaves nothing."""
+    """SIGKILL the driver while an added node starts (worker/1 has reported, and publishes its
+    address once the driver is dead), with the driver's periodic state writer held meanwhile:
+    the batch script starts a new driver, which re-adopts every step with 0 restarts, the
+    starting one included; the nodes keep serving each other (the counter's calls go on);
+    `lp.attach`'s controller and `status --json` name the new driver, it resizes a group, and
+    `stop` leaves nothing."""
     import launchpad as lp  # pylint: disable=import-outside-toplevel
     counter, first, added = (str(tmp_path / name) for name in ('counter.json', 'first', 'added'))
-    script = tmp_path / 'detach.py'
-    script.write_text(READOPT_HELD)
-    env = env_for(tmp_path)
-    env['LAUNCHPAD_RUNS_DIR'] = str(tmp_path / 'runs')
-    launching = subprocess.Popen([sys.executable, str(script), counter, first, added],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env=env)
-    try:
-        assert wait_until(lambda: os.path.exists(first + '.waiting'), timeout=60)
-        [killed] = drivers(tmp_path)  # while worker/0 starts
-        os.kill(killed, signal.SIGKILL)  # (the bed's nodes share this machine's processes)
-        assert wait_until(lambda: set(drivers(tmp_path)) - {killed}, timeout=30)
-        with open(first, 'w'):
-            pass  # worker/0 reports its start, to the new driver; lp.launch returns
-        printed, errors = launching.communicate(timeout=60)
-    finally:
-        launching.kill()
-        launching.wait()
-    assert launching.returncode == 0, errors
-    program_id = printed.split('LAUNCHED ')[1].split()[0]
-    job_id = errors.split('as Slurm job ')[1].split()[0]
+    with open(first, 'w'):
+        pass  # worker/0 starts at once
+    env, program_id, job_id, _ = launch(tmp_path, READOPT_HELD, counter, first, added)
     env[registry.ENV] = runtime_dir
     controller = lp.attach(program_id)
     [killed] = drivers(tmp_path)
@@ -329,7 +310,7 @@ def test_a_killed_driver_is_replaced_by_one_that_readopts_the_running_and_starti
     controller.stop()
     assert wait_until(lambda: queue() == '', timeout=30), queue()
     job_dir = tmp_path / 'jobs' / os.listdir(tmp_path / 'jobs')[0]
-    assert (job_dir / 'logs' / 'job.out').read_text().count('was killed') == 2
+    assert (job_dir / 'logs' / 'job.out').read_text().count('was killed') == 1
     assert wait_until(lambda: os.listdir(job_dir) == ['logs'], timeout=10)
     assert wait_until(lambda: not our_processes(str(job_dir)), timeout=10), \
         our_processes(str(job_dir))
