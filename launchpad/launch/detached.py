@@ -84,6 +84,7 @@ class AttachedController(Controller):
         self.auth_token = entry.node_token
         self._entry = entry
         self._client = _client_of(entry)
+        self._token = tunnel.current(entry).token  # the one `_client` carries
         self._ended = False
         self._failed_calls = 0  # in a row, to a remote supervisor
 
@@ -194,7 +195,9 @@ class AttachedController(Controller):
                 self._failed_calls = 0
                 return result
             except courier.PermissionDeniedError:
-                token = self._entry.token
+                # (A relay tunnel may have taken a new supervisor's token into the entry
+                # during this very call: compare with the token the call carried.)
+                token = self._token
                 if registry.is_remote(self._entry):  # a new tunnel brings the host's entry
                     self._client = self._reconnect(method)
                     entry = self._entry
@@ -204,6 +207,7 @@ class AttachedController(Controller):
                 if entry.token == token:
                     raise
                 self._entry, self._client = entry, _client_of(entry)  # a new supervisor's
+                self._token = entry.token
             except courier.ServerUnavailableError:
                 if registry.is_remote(self._entry):
                     self._client = self._reconnect(method)
@@ -222,6 +226,7 @@ class AttachedController(Controller):
                 self._entry = next((e for e in registry.entries() if e.id == self.id),
                                    self._entry)
                 self._client = _client_of(self._entry)
+                self._token = self._entry.token
 
     def _reconnect(self, method: str) -> courier.Client:
         """A client through a new tunnel to a remote supervisor whose connection failed; raises
@@ -232,7 +237,9 @@ class AttachedController(Controller):
                                f'{self._entry.host} does not answer {method}().')
         time.sleep(0.1)
         try:
-            return _client_of(self._entry, fresh=True)
+            client = _client_of(self._entry, fresh=True)
+            self._token = tunnel.current(self._entry).token
+            return client
         except tunnel.ProgramGoneError:
             self._ended = True
             raise ProgramEndedError(f'program {self.program_name} ({self.id}) has ended.') from None

@@ -295,11 +295,13 @@ def _run(spec_path: str) -> int:
     coordinator = _CoordinatorClient(courier.Client(spec.coordinator_address, call_timeout=30.0,
                                                     wait_for_ready=False, tls=tls), reports,
                                      launcher_lost if reports is not None else None)
-    # Address lookups wait for servers to come up, longer than other calls may take.
+    # Address lookups wait for servers to come up, longer than other calls may take. A detached
+    # program's node starting (publishing its address, looking up others') while its supervisor
+    # is replaced waits for the next one.
     table = spec.address_table
     lookup_deadline = None if table.lookup_timeout is None else table.lookup_timeout + 30.0
     table.registry = courier.Client(spec.coordinator_address, call_timeout=lookup_deadline,
-                                    wait_for_ready=False, tls=tls)
+                                    wait_for_ready=reports is not None, tls=tls)
     stop = runtime.StopSignal(coordinator.request_stop)
     context.stop, context.coordinator = stop, coordinator
     runtime.set_process_context(context)

@@ -640,7 +640,8 @@ def test_an_elastic_group_grows_and_shrinks_within_the_allocation(slurm_multi, t
     """tests/elastic_program.py: a node grows the actors 2 -> 6 -> 1; the job reserved the
     group's spare tasks (max_size 8) and the batch script runs the added steps. The job first
     waits in the queue (held, then released) for longer than the batch script waits for a
-    silent launcher: it must still run the added steps."""
+    silent launcher: it must still run the added steps. `logs RUN NODE` reads a node's log
+    once the program has ended."""
     from tests import elastic_program  # pylint: disable=import-outside-toplevel
     held = lp.SlurmResources(extra_args=['--hold'])
     with _released_after(12.0):
@@ -653,6 +654,10 @@ def test_an_elastic_group_grows_and_shrinks_within_the_allocation(slurm_multi, t
         **{f'actor/{i}': lp.NodeState.REMOVED for i in range(1, 6)}}
     assert 'ELASTIC shrank to 1' in capfd.readouterr().out
     assert_nothing_left(controller, tmp_path)
+    ended = subprocess.run(  # from the node logs its run directory links to
+        [sys.executable, '-m', 'launchpad.launch', 'logs', controller.observer.id, 'driver/0'],
+        capture_output=True, text=True, timeout=60, check=True)
+    assert 'ELASTIC shrank to 1' in ended.stdout
 
 
 @contextlib.contextmanager

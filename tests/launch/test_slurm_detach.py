@@ -19,11 +19,72 @@ from tests.core.conftest import wait_until
 from tests.launch.detached_program import Counter
 from tests.launch.test_slurm import additional_jobs, env_for, our_processes, queue
 
-READOPT = '''
+# The detached program of tests/launch/detached_program.py, whose workers hold their start until
+# a file exists, and announce it with a file beside it (GATE.waiting): the first worker's process
+# waits (FIRST) before it reports its start, an added one (a server) after it did, before it
+# serves and publishes its address (ADDED). While a gate is closed, the driver's periodic state
+# writer waits too (as if the driver were killed before it wrote the state).
+READOPT_HELD = '''
+import os
 import sys
+import threading
+import time
 import launchpad as lp
-from tests.launch.detached_program import make_program
-controller = lp.launch(make_program(sys.argv[1]), launch_type='slurm', detach=True)
+from tests.launch.detached_program import Counter, call_forever, idle
+
+
+def wait_for(gate):
+    while not os.path.exists(gate):
+        time.sleep(0.05)
+
+
+def announce_and_wait(gate):
+    open(gate + '.waiting', 'w').close()
+    wait_for(gate)
+
+
+def unpickled(gate, hold):
+    if hold and sys.argv[0].endswith(os.path.join('process', 'worker.py')):  # (a node's)
+        announce_and_wait(gate)
+    return HeldStart(gate, hold)
+
+
+class HeldStart:
+    """A gate, which holds the driver's state writer, and a node's unpickling if `hold`."""
+
+    def __init__(self, gate, hold):
+        self.gate, self.hold = gate, hold
+
+    def __reduce__(self):
+        if threading.current_thread().name == 'lp-slurm-persist':
+            wait_for(self.gate)
+        return unpickled, (self.gate, self.hold)
+
+
+def held_idle(held):
+    del held
+    idle()
+
+
+class HeldServer:
+    """Serves once its gate opens."""
+
+    def __init__(self, held):
+        announce_and_wait(held.gate)
+
+    def ping(self):
+        return 'pong'
+
+
+counter_file, first, added = sys.argv[1:]
+program = lp.Program('detached')
+counter = program.add_node(lp.CourierNode(Counter, counter_file), label='counter')
+program.add_node(lp.PyNode(call_forever, counter), label='caller')
+with program.group('worker', elastic=lp.Elastic(
+        make_node=lambda: lp.CourierNode(HeldServer, HeldStart(added, hold=False)),
+        min_size=1, max_size=3)):
+    program.add_node(lp.PyNode(held_idle, HeldStart(first, hold=True)))
+controller = lp.launch(program, launch_type='slurm', detach=True)
 print('LAUNCHED', controller.id, flush=True)
 '''
 SCRIPT = '''
@@ -100,6 +161,12 @@ def test_a_detached_elastic_program_grows_and_shrinks_without_its_launcher(slurm
     assert {name: state for name, state in states.items() if name.startswith('actor/')} == {
         'actor/0': 'finished', **{f'actor/{i}': 'removed' for i in range(1, 4)}}, ended
     assert sorted(name for name in os.listdir(logs) if name.startswith('job-')) == ['job-5.out']
+    # The run directory links to every node's log, an added one's too: `logs RUN NODE` reads it.
+    assert (tmp_path / 'runs' / program_id / 'logs' / 'actor_3.log').resolve() == \
+        logs / 'actor_3-5.out'
+    ended_logs = subprocess.run([*PYTHON, 'logs', program_id, 'driver/0'], capture_output=True,
+                                text=True, timeout=60, env=env)
+    assert 'ELASTIC shrank to 1' in ended_logs.stdout, ended_logs.stderr
 
     [run] = sql(env, program_id, 'SELECT launch_type, ended, stop_reason FROM run')
     assert run['launch_type'] == 'slurm' and run['ended'] is not None, run
@@ -117,7 +184,8 @@ def test_the_login_side_attaches_resizes_follows_and_stops_a_detached_program(
         slurm_multi, tmp_path, runtime_dir):
     """From this side (the login node): `list` shows the program with its job and batch host,
     `lp.attach` resizes its group (the driver in the job runs the new node), `status --json`
-    names the driver, `logs` reads the nodes' output, `attach` follows it until Ctrl-C, which
+    names the driver, `logs` reads the nodes' output, `stacks` and `waits` reach the nodes,
+    `attach` follows it until Ctrl-C, which
     leaves it running, and `stop` ends it; nothing is left on any node or here."""
     import launchpad as lp  # pylint: disable=import-outside-toplevel
     env, program_id, job_id, _ = launch(tmp_path, SCRIPT)
@@ -149,6 +217,13 @@ def test_the_login_side_attaches_resizes_follows_and_stops_a_detached_program(
     started = {'actor/0', 'actor/1', 'learner/0'}  # (and actor/2 from the next sample on)
     assert started <= {row['name'] for row in status['nodes']} <= started | {'actor/2'}
     cli('logs', program_id)  # the steps' output files, read by the driver
+    # The nodes answer live probes through the driver: the learner's own loop is in its stacks,
+    # and every running node tells its calls in flight.
+    [learner] = json.loads(cli('stacks', program_id, 'learner/0', '--json'))['nodes'].values()
+    assert learner['live'] and any(frame[0].endswith('elastic_program.py')
+                                   for thread in learner['stacks'] for frame in thread['frames'])
+    waits = json.loads(cli('waits', program_id, '--json'))
+    assert (waits['silent'], waits['deadlocks']) == ([], []), waits
 
     errors = tmp_path / 'attach.err'
     with open(errors, 'w') as err:
@@ -177,40 +252,65 @@ def test_the_login_side_attaches_resizes_follows_and_stops_a_detached_program(
     assert not glob.glob(f'/tmp/launchpad-slurm-{os.getuid()}-{job_id}')  # the driver's registry
 
 
+def drivers(tmp_path):
+    """The pids of the in-job drivers of the program whose job directory is in `tmp_path`."""
+    found = []
+    for process in psutil.process_iter(['cmdline', 'status']):
+        cmdline = ' '.join(process.info['cmdline'] or ())
+        if ('launchpad.launch.slurm.driver' in cmdline and str(tmp_path) in cmdline
+                and process.info['status'] != psutil.STATUS_ZOMBIE):
+            found.append(process.pid)
+    return found
+
+
 @pytest.mark.timeout(150)
-def test_a_killed_driver_is_replaced_by_one_that_readopts_the_running_steps(
+def test_a_killed_driver_is_replaced_by_one_that_readopts_the_running_and_starting_steps(
         slurm_multi, tmp_path, runtime_dir):
-    """SIGKILL the driver: the nodes keep serving each other (the counter's calls go on), the
-    batch script starts a new driver, which re-adopts every step with 0 restarts; `lp.attach`'s
-    controller and `status --json` name it, it resizes a group, and `stop` leaves nothing."""
+    """SIGKILL the driver while an added node starts (worker/1 has reported, and publishes its
+    address once the driver is dead), with the driver's periodic state writer held meanwhile:
+    the batch script starts a new driver, which re-adopts every step with 0 restarts, the
+    starting one included; the nodes keep serving each other (the counter's calls go on);
+    `lp.attach`'s controller and `status --json` name the new driver, it resizes a group, and
+    `stop` leaves nothing."""
     import launchpad as lp  # pylint: disable=import-outside-toplevel
-    counter = str(tmp_path / 'counter.json')
-    env, program_id, job_id, _ = launch(tmp_path, READOPT, counter)
+    counter, first, added = (str(tmp_path / name) for name in ('counter.json', 'first', 'added'))
+    with open(first, 'w'):
+        pass  # worker/0 starts at once
+    env, program_id, job_id, _ = launch(tmp_path, READOPT_HELD, counter, first, added)
     env[registry.ENV] = runtime_dir
     controller = lp.attach(program_id)
-    killed = controller.supervisor['pid']
+    [killed] = drivers(tmp_path)
     assert wait_until(lambda: Counter.read(counter)['calls'] > 0, timeout=30)
-    os.kill(killed, signal.SIGKILL)  # (the bed's nodes share this machine's processes)
+    controller.resize('worker', 2)
+    assert wait_until(lambda: os.path.exists(added + '.waiting'), timeout=30)  # worker/1 starts
+    assert controller.status()['worker/1'].state.value == 'running'  # (not yet serving)
+    os.kill(killed, signal.SIGKILL)
+    with open(added, 'w'):
+        pass  # worker/1 publishes its address, which waits for the new driver
     calls = Counter.read(counter)['calls']
     assert wait_until(lambda: Counter.read(counter)['calls'] > calls + 100, timeout=10)
-
-    statuses = controller.status()  # through a new relay, once the new driver serves
-    assert {name: (s.state.value, s.restarts) for name, s in statuses.items()} == {
-        name: ('running', 0) for name in ('counter/0', 'caller/0', 'worker/0')}, statuses
+    assert 'worker/1' in controller.status()  # through a new relay, once the new driver serves
     driver = controller.supervisor['pid']
     assert driver != killed
+    names = ('counter/0', 'caller/0', 'worker/0', 'worker/1')
+    assert wait_until(lambda: all(s.state.value == 'running'
+                                  for s in controller.status().values()), timeout=30), \
+        controller.status()
+    statuses = controller.status()
+    assert {name: (s.state.value, s.restarts) for name, s in statuses.items()} == {
+        name: ('running', 0) for name in names}, statuses
     assert 'launchpad.launch.slurm.driver' in ' '.join(psutil.Process(driver).cmdline())
     done = subprocess.run([*PYTHON, 'status', program_id, '--json'], capture_output=True,
                           text=True, timeout=60, env=env, check=True)
     assert json.loads(done.stdout)['controller']['pid'] == driver
-    controller.resize('worker', 2)
-    assert wait_until(lambda: controller.status()['worker/1'].state.value == 'running',
+    controller.resize('worker', 3)
+    assert wait_until(lambda: controller.status()['worker/2'].state.value == 'running',
                       timeout=30), controller.status()
 
     controller.stop()
     assert wait_until(lambda: queue() == '', timeout=30), queue()
     job_dir = tmp_path / 'jobs' / os.listdir(tmp_path / 'jobs')[0]
-    assert 'was killed' in (job_dir / 'logs' / 'job.out').read_text()
+    assert (job_dir / 'logs' / 'job.out').read_text().count('was killed') == 1
     assert wait_until(lambda: os.listdir(job_dir) == ['logs'], timeout=10)
     assert wait_until(lambda: not our_processes(str(job_dir)), timeout=10), \
         our_processes(str(job_dir))

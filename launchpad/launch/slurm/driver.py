@@ -74,6 +74,8 @@ def main(argv: Sequence[str]) -> None:
     controller = supervision.controller(os.environ['SLURM_JOB_ID'], coordinator,
                                         watch_job=False, closing=[server.Stop],
                                         runner_state=state and state['runner'])
+    state_writer = _StateWriter(run_dir, controller, program)
+    controller._runner.persist = state_writer.write  # pylint: disable=protected-access
     controller.attach(program, supervision.resources)
     if state is not None and state['scaler'] is not None:
         controller._elastic._scaler = state['scaler']  # pylint: disable=protected-access
@@ -84,13 +86,13 @@ def main(argv: Sequence[str]) -> None:
         entry_fields={'keeper_pid': os.getppid()}).start()  # the batch script (see script.py)
     if controller.observer.entry is not None:
         reach.publish(run_dir, controller.observer.entry)
-    if state is None:  # the steps start once the endpoint is there
+    if state is None:  # the steps start once the endpoint is there; a driver killed from then
+        state_writer.write()  # on is replaced by one that re-adopts them from the state
         shared.write_coordinator_endpoint(run_dir, server.address)
     else:
         print(f'Driver pid {os.getpid()} re-adopted program {program.name!r} '
               f'({len(coordinator.status())} nodes).', flush=True)
-    threading.Thread(target=_persist, args=(run_dir, controller, program), daemon=True,
-                     name='lp-slurm-persist').start()
+    threading.Thread(target=state_writer.run, daemon=True, name='lp-slurm-persist').start()
     try:
         controller.wait()
     except NodeFailedError as e:
@@ -111,7 +113,7 @@ def _without_controller(program):
 
 
 def _read_state(run_dir: str) -> Optional[Dict[str, Any]]:
-    """What a killed driver persisted (`_persist`), or None at the program's start."""
+    """What a killed driver persisted (`_StateWriter`), or None at the program's start."""
     try:
         with open(os.path.join(run_dir, shared.STATE_FILE), 'rb') as f:
             return pickle.load(f)
@@ -119,37 +121,56 @@ def _read_state(run_dir: str) -> Optional[Dict[str, Any]]:
         return None
 
 
-def _persist(run_dir: str, controller, program) -> None:
-    """Writes what a new driver re-adopts the program from, whenever it changed (at most every
-    PERSIST_INTERVAL seconds), until the program ends: the coordinator (the nodes' states,
-    addresses and restart budgets, the groups), the step runner's steps, the program as it
-    grew and its scaling policy's state."""
-    runner = controller._runner  # pylint: disable=protected-access
-    path = os.path.join(run_dir, shared.STATE_FILE)
-    last = failure = None
-    while not controller.done:
+class _StateWriter:
+    """Writes what a new driver re-adopts the program from to RUN_DIR/state.pkl: the
+    coordinator (the nodes' states, addresses and restart budgets, the groups), the step
+    runner's steps, the program as it grew and its scaling policy's state.
+
+    Its thread (`run`) writes it whenever it changed, at most every PERSIST_INTERVAL seconds;
+    the first driver also writes it (`write`) before the program's steps start, and the step
+    runner before it starts the step of an added node, so that a driver killed while a node
+    starts is replaced by one that knows of that node."""
+
+    def __init__(self, run_dir: str, controller, program):
+        self._path = os.path.join(run_dir, shared.STATE_FILE)
+        self._controller, self._program = controller, program
+        self._lock = threading.Lock()
+        self._last: Optional[bytes] = None
+        self._failure: Optional[str] = None
+
+    def write(self) -> None:
+        """Writes the state now, if it changed since the last write."""
+        controller = self._controller
         try:
             data = serialization.cloudpickle_dumps({
-                'coordinator': controller.coordinator, 'runner': runner.state(),
-                'program': _without_controller(program),
+                'coordinator': controller.coordinator,
+                'runner': controller._runner.state(),  # pylint: disable=protected-access
+                'program': _without_controller(self._program),
                 'scaler': controller._elastic._scaler})  # pylint: disable=protected-access
         except Exception as e:  # pylint: disable=broad-except  (changed while pickled, say)
-            if failure != repr(e):  # the next look may do; a lasting failure is told once
-                failure = repr(e)
+            if self._failure != repr(e):  # the next look may do; a lasting failure is told once
+                self._failure = repr(e)
                 logging.warning('The state a new driver would re-adopt the program from could '
-                                'not be written: %s', failure)
-            data = last
-        if data != last and os.path.isdir(run_dir):
-            partial = path + '.tmp'
+                                'not be written: %s', self._failure)
+            return
+        with self._lock:
+            if data == self._last or not os.path.isdir(os.path.dirname(self._path)):
+                return
+            partial = self._path + '.tmp'
             try:
                 with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
                           'wb') as f:
                     f.write(data)
-                os.replace(partial, path)
-                last = data
+                os.replace(partial, self._path)
+                self._last = data
             except FileNotFoundError:
-                return  # the program ended: its run directory is gone
-        time.sleep(PERSIST_INTERVAL)
+                pass  # the program ended: its run directory is gone
+
+    def run(self) -> None:
+        """Writes the state whenever it changed, until the program ends."""
+        while not self._controller.done:
+            self.write()
+            time.sleep(PERSIST_INTERVAL)
 
 
 if __name__ == '__main__':

@@ -8,12 +8,28 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from launchpad.launch.slurm import job, script, shared
 from launchpad.launch.slurm.resources import SlurmResources
 from launchpad.launch.slurm.steps import StepRunner
+from launchpad.process import output
 from launchpad.process import spec as specs
+
+
+def link_log(run_logs: Optional[str], step: script.Step) -> None:
+    """Links `step`'s output file from the program's run directory (`run_logs`: its logs/, see
+    `runstore.logs_directory`), as `<group>_<index>.log`, where `logs RUN NODE` and the
+    dashboard of an ended run read a node's log; a link that cannot be made is told, not fatal
+    (the output file is in the job directory still)."""
+    if run_logs is None:
+        return
+    link = os.path.join(run_logs, output.log_file_name(step.executable.name))
+    try:
+        os.symlink(step.log, link)
+    except OSError as e:
+        logging.warning('The log of %s is not linked from the run directory (%s); it is %s.',
+                        step.executable.name, e, step.log)
 
 
 def write_spec(packer: specs.Packer, run_dir: str, step: script.Step, policy=None) -> str:
@@ -39,12 +55,13 @@ class GrowingStepRunner(StepRunner):
 
     def __init__(self, *args, packer: specs.Packer, components, resources, log_dir: str,
                  first_index: int, program_name: str, environment: Dict[str, str],
-                 warning_seconds: Optional[int], **kwargs):
+                 warning_seconds: Optional[int], run_logs: Optional[str] = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._packer = packer
         self._components = components
         self._resources = resources
         self._log_dir = log_dir
+        self._run_logs = run_logs  # where added nodes' logs are linked from (`link_log`)
         self._next_index = first_index
         self._program_name = program_name
         self._environment = environment
@@ -59,6 +76,10 @@ class GrowingStepRunner(StepRunner):
         self._removed: set = set()
         self._checked_additional = time.monotonic()
         self._touched = 0.0
+        # Called once an added node's step is followed, before it starts in the allocation: the
+        # in-job driver writes the state a new driver re-adopts the program from, so that a
+        # node that starts while its driver is replaced is not lost.
+        self.persist: Callable[[], None] = lambda: None
         self._touch()
 
     # What a new driver's runner takes over from a dead one's (`state`, `restore`).
@@ -116,20 +137,27 @@ class GrowingStepRunner(StepRunner):
         self._next_index += 1
         log = os.path.join(self._log_dir, f'{script.log_stem(executable.name)}-{index}.out')
         step = script.Step(index, executable, group, log)
+        link_log(self._run_logs, step)
         self._packer.address_table.published.update(
             {address.id: '<node address>:0' for address in executable.addresses})
         spec_path = write_spec(self._packer, self._run_dir, step, policy)
         waits = restart_waits([step], {executable.name: policy})
         if busy >= len(component.steps) + component.spare:
             self._submit_additional(step, spec_path, waits)
+            self._follow(step)
         else:
             line = script.step_line(step, spec_path, number if len(self._components) > 1 else None,
                                     waits.get(index, 0))
-            shared.write_whole(shared.add_file(self._run_dir, index), line)
             self._added_lines[index] = line
             self._component_of[executable.name] = number
+            self._follow(step)  # before it starts: a new driver adopts it even while it starts
+            shared.write_whole(shared.add_file(self._run_dir, index), line)
+
+    def _follow(self, step: script.Step) -> None:
+        """Follows the added node's step from now on, and says so (`persist`)."""
         self._steps.append(step.watched())
-        self._codes[executable.name] = None
+        self._codes[step.executable.name] = None
+        self.persist()
 
     def _in_job(self, name: str) -> bool:
         return name not in self._additional

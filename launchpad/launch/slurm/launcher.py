@@ -49,8 +49,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from launchpad.launch import detached
 from launchpad.launch.controller import Controller
-from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of, policies_of,
-                                       stop_order_of)
+from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of, log_dir_of,
+                                       policies_of, stop_order_of)
 from launchpad.launch.slurm import addresses, growing, job, reach, script, shared
 from launchpad.launch.slurm.log_follower import LogFollower
 from launchpad.launch.slurm.resources import SlurmResources
@@ -180,6 +180,13 @@ class SlurmLauncher(Launcher):
             for label, elastic in program.elastic_groups.items()})
         steps = sorted((s for c in components for s in c.steps), key=lambda s: s.index)
         token = secrets.token_hex(16)
+        program_id = options.program_id or (registry.new_id(program.name) if settings.detach
+                                            else None)
+        # The run directory's logs/ links to each node's output file (always kept, in files).
+        run_logs = log_dir_of(dataclasses.replace(options, terminal='output_to_files',
+                                                  program_id=program_id))
+        for step in steps:
+            growing.link_log(run_logs, step)
         policies = policies_of(program, executables)
         supervision = JobSupervision(
             program=program, launch_type=options.launch_type, resources=dict(options.resources),
@@ -189,11 +196,11 @@ class SlurmLauncher(Launcher):
             log_dir=log_dir, batch_log=batch_log, environment=_job_environment(token),
             # An additional job's steps are not requeued; they are not warned either then.
             warning_seconds=None if settings.requeue else settings.stop_before_time_limit,
-            requeue=settings.requeue, auth_token=token)
+            requeue=settings.requeue, auth_token=token, run_logs=run_logs)
         server = coordinator = None
         if settings.detach:
             coordinator_address = functools.partial(shared.read_coordinator_endpoint, run_dir)
-            supervision.program_id = registry.new_id(program.name)
+            supervision.program_id = program_id
         else:
             coordinator = supervision.coordinator()
             server = serve_coordinator(
@@ -271,6 +278,8 @@ class JobSupervision:
       auth_token: the token the program's nodes and coordinator require.
       packer: what packs a node added later into its spec.
       program_id: a detached program's id (its registry entry and run file, under RUNS).
+      run_logs: the program's run directory's logs/, which links to each node's output file
+        (`growing.link_log`); None if it could not be made.
     """
     program: Program
     launch_type: str
@@ -289,6 +298,7 @@ class JobSupervision:
     auth_token: str
     packer: Optional[specs.Packer] = None
     program_id: Optional[str] = None
+    run_logs: Optional[str] = None
 
     def coordinator(self) -> Coordinator:
         """The program's coordinator: its nodes, policies, groups and stop order."""
@@ -306,7 +316,7 @@ class JobSupervision:
             batch_log=self.batch_log, packer=self.packer, components=self.components,
             resources=self.resources, log_dir=self.log_dir, first_index=len(self.steps),
             program_name=self.program.name, environment=self.environment,
-            warning_seconds=self.warning_seconds, requeue=self.requeue)
+            warning_seconds=self.warning_seconds, requeue=self.requeue, run_logs=self.run_logs)
         if runner_state is not None:
             runner.restore(runner_state)
         return SlurmController(self.program.name, coordinator, runner,
