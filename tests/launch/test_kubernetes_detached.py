@@ -152,6 +152,7 @@ def test_the_relay_command_says_gone_once_the_coordinator_pod_has_ended(tmp_path
                               '-c coordinator -- python3 -m relay S\n')
 
 
+@pytest.mark.timeout(240, func_only=True)  # (not the wait for a bed another process holds)
 def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
         podman_testbed, tmp_path, capsys, monkeypatch):
     """prober/0 grows group member to 2 nodes and shrinks it to 1 (lp.resize): the coordinator

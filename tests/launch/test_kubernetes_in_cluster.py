@@ -237,6 +237,8 @@ def test_a_restarted_coordinator_readopts_the_node_pods_with_their_restart_budge
     finally:
         dead.set()  # the old monitor ends
         controller.stop()
+    (tmp_path / 'state.pkl').write_bytes(b'cut short')  # a new start beats a crash loop
+    assert readopt.read_state(str(tmp_path)) is None
 
 
 def test_a_detached_launcher_follows_the_pod_its_coordinator_pod_creates_again(fake):

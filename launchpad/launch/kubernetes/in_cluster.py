@@ -151,8 +151,7 @@ class InClusterRunner(Runner):
     def poll(self) -> Dict[str, Optional[int]]:
         """Node name -> its pod's exit code (None while it runs); lists the pods at most once
         per POLL_SECONDS. A pod not listed yet (the launcher may still be creating it) runs."""
-        if self.persist is not None:
-            self.persist()
+        self._persist()
         now = self._clock()
         if self._listed_at is not None and now - self._listed_at < self.POLL_SECONDS:
             return dict(self._codes)
@@ -201,6 +200,7 @@ class InClusterRunner(Runner):
         self._codes[name] = None
         self._ended.pop(name, None)
         self._seen.add(name)  # created: from now on, its absence is a deletion
+        self._persist()
         print(f'created the pod {pod_name} of {name} again', flush=True)
 
     def kill(self, names_: Sequence[str]) -> None:
@@ -251,6 +251,7 @@ class InClusterRunner(Runner):
         self._added[pod_name] = executable.name
         self._codes[executable.name] = None
         self._seen.add(executable.name)
+        self._persist()
         print(f'created the pod {pod_name} of {executable.name}, added to group {label}',
               flush=True)
 
@@ -258,6 +259,10 @@ class InClusterRunner(Runner):
         """Node `name` is removed (the coordinator here tells it); its pod is deleted once it
         ended."""
         self._leaving.add(name)
+
+    def _persist(self) -> None:
+        if self.persist is not None:
+            self.persist()
 
     def _free_pod(self, label: str) -> str:
         pods = self.growth.plan.added_pods[label]

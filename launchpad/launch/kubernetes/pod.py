@@ -31,7 +31,9 @@ Threads of the coordinator pod:
     a `Controller` over an `InClusterRunner` does that instead, on its monitor thread: it also
     creates the pods of failed nodes again as their restart policies say, grows and shrinks
     elastic groups (nodes' `lp.resize`, the scaling policy), and deletes the pods still running
-    a notice period after the stop;
+    a notice period after the stop; it keeps the program's state in the pod, from which a
+    coordinator container started again after a death re-adopts the running node pods
+    (`readopt`);
   * courier's server threads answer the nodes (each node keeps a `wait_for_stop` call open);
   * deleting the pod sends SIGTERM; its handler raises the stop signal from a new thread rather
     than take the coordinator's lock inside a signal handler.

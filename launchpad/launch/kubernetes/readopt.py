@@ -48,10 +48,16 @@ def read_state(state_dir: Optional[str]) -> Optional[Dict[str, Any]]:
     there is none (the pod's first coordinator)."""
     if state_dir is None or not os.path.exists(state_path(state_dir)):
         return None
-    with open(state_path(state_dir), 'rb') as f:
-        state = pickle.load(f)
-    if state.get('program'):
-        state['growth'] = in_cluster.unpack_growth(bytes(state['program']))
+    try:
+        with open(state_path(state_dir), 'rb') as f:
+            state = pickle.load(f)
+        if state.get('program'):
+            state['growth'] = in_cluster.unpack_growth(bytes(state['program']))
+    except Exception as e:  # pylint: disable=broad-except  (a new start beats a crash loop)
+        print(f'cannot re-adopt the nodes from the state an earlier coordinator kept ({e!r}); '
+              'starting anew: running nodes join again, their restart counts start from 0',
+              flush=True)
+        return None
     return state
 
 
