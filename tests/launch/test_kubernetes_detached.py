@@ -258,6 +258,7 @@ def _readopts_once_its_coordinator_is_killed(server, run, log, attached) -> None
         log('coordinator', 'coordinator')
     assert _podman('inspect', '--format', '{{.RestartCount}}', coordinator).strip() == '1'
     readopted_at = calls()
+    assert readopted_at[0] > killed_at[0], log('prober-0')  # served while none supervised
     assert wait_for(lambda: calls()[0] > readopted_at[0] + 50, 30), log('prober-0')
     assert calls()[1] == killed_at[1] == 0, log('prober-0')
     assert node_processes() == processes

@@ -101,7 +101,7 @@ def test_a_detached_launch_lets_its_coordinator_pod_recreate_node_pods_and_nothi
     assert plan.growth.packer.coordinator_grace == detached.SUPERVISOR_GRACE
     assert _plan(_program(), create_rbac=True, detach=True,
                  supervisor_grace=30).growth.packer.coordinator_grace == 30
-    with pytest.raises(ValueError, match='supervisor_grace= applies to detached programs only'):
+    with pytest.raises(ValueError, match="supervisor_grace=30 applies to detached programs only"):
         _plan(_program(), create_rbac=True, supervisor_grace=30)
     assert plan.pod_document('t1-worker-0')['spec']['restartPolicy'] == 'Never'
     names_in_order = [d['metadata']['name'] for d in plan.documents]

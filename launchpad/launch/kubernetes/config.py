@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
+from launchpad.launch import detached
 from launchpad.launch.kubernetes import names
 from launchpad.resources import Resources
 
@@ -118,13 +119,7 @@ class KubernetesConfig:
                     f'{option} must be one volume source as in a pod spec, such as '
                     f"{{'persistentVolumeClaim': {{'claimName': 'checkpoints'}}}}, got "
                     f'{volume!r}.')
-        grace = self.supervisor_grace
-        if grace is not None and not self.detach:
-            raise ValueError('supervisor_grace= applies to detached programs only; pass '
-                             'detach=True too, or leave it out.')
-        if grace is not None and (isinstance(grace, bool) or not isinstance(grace, (int, float))
-                                  or not grace > 0):
-            raise ValueError(f'supervisor_grace={grace!r} must be a positive number of seconds.')
+        detached.supervisor_grace(self.detach, self.supervisor_grace)  # raises if it is bad
         if not self.image:
             raise ValueError("The kubernetes launcher needs image=: a container image with Python, "
                              "launchpad and your code, e.g. lp.launch(program, "

@@ -240,8 +240,8 @@ def plan_launch(program: Program, options: LaunchOptions, *,
                           checkpoint_root=f'{names.CHECKPOINT_DIR}/{run}'
                           if config.checkpoint_volume is not None else None,
                           # nodes wait that long for a restarted coordinator container
-                          coordinator_grace=(config.supervisor_grace or detached.SUPERVISOR_GRACE)
-                          if recreates_pods else None)
+                          coordinator_grace=detached.supervisor_grace(
+                              config.detach, config.supervisor_grace) if recreates_pods else None)
     builder = _ManifestBuilder(program, config, run, notice_period)
     node_documents = [
         _node_documents(builder, packer, plan, executable,
