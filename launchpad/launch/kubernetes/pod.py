@@ -298,7 +298,7 @@ def supervise(settings: names.CoordinatorSettings, runner: Optional[InClusterRun
     if settings.recreates_pods and runner is None:  # nothing here can create pods
         policies = {name: policy.without_restarts() for name, policy in policies.items()}
     growth = runner.growth if runner is not None else None
-    coordinator = readopted or PodCoordinator(
+    coordinator = readopted if readopted is not None else PodCoordinator(
         settings.nodes, policies=policies, followed=not settings.recreates_pods,
         resizes=growth is not None, groups=growth.program.group_limits() if growth else None,
         stop_order=StopOrder(settings.calls, settings.notice_period / 2,
