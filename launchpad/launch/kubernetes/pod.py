@@ -195,11 +195,11 @@ def run_coordinator(settings: names.CoordinatorSettings) -> None:
     state = readopt.read_state(settings.state_dir) if runner is not None else None
     coordinator, controller = supervise(
         settings, runner, readopt.resume(runner, state) if state is not None else None)
+    server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}',
+                                            face=PodFace)
     if controller is not None and settings.state_dir is not None:
         readopt.keep_state(settings.state_dir, controller, runner,
                            state.get('scaler') if state is not None else None)
-    server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}',
-                                            face=PodFace)
     probes = serve_probes(coordinator, names.PROBE_SOCKET)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(
         target=coordinator.request_stop, args=('the coordinator pod was deleted',)).start())

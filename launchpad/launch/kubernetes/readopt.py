@@ -26,21 +26,14 @@ import os
 import pickle
 from typing import Any, Dict, Optional
 
-from launchpad.launch import supervisor
 from launchpad.launch.controller import Controller
 from launchpad.launch.kubernetes import in_cluster
 
-
-class _GrowthPersister(supervisor.Persister):
-    """The supervisors' `Persister`, whose program is the coordinator pod's `Growth`."""
-
-    @staticmethod
-    def pickle_program(program) -> bytes:
-        return b'' if program is None else base64.b64decode(in_cluster.pack_growth(program))
+STATE_FILE = 'state.pkl'  # the supervisors' name (`supervisor.STATE_FILE`)
 
 
 def state_path(state_dir: str) -> str:
-    return os.path.join(state_dir, supervisor.STATE_FILE)
+    return os.path.join(state_dir, STATE_FILE)
 
 
 def read_state(state_dir: Optional[str]) -> Optional[Dict[str, Any]]:
@@ -74,11 +67,21 @@ def keep_state(state_dir: str, controller: Controller, runner: in_cluster.InClus
                scaler: Any = None) -> None:
     """Makes `runner` write the program's state to `state_dir` as it changes; `scaler`: one
     that a re-adopted state held (its log goes on)."""
+    # (Imported only now: the coordinator serves the nodes first, which wait for it.)
+    from launchpad.launch import supervisor  # pylint: disable=import-outside-toplevel
+
+    class GrowthPersister(supervisor.Persister):
+        """The supervisors' `Persister`, whose program is the coordinator pod's `Growth`."""
+
+        @staticmethod
+        def pickle_program(program) -> bytes:
+            return b'' if program is None else base64.b64decode(in_cluster.pack_growth(program))
+
     # pylint: disable=protected-access  (the supervisors persist the scaler so too)
     if scaler is not None:
         controller._elastic._scaler = scaler
-    persist = _GrowthPersister(state_path(state_dir), runner.growth,
-                               lambda: {'scaler': controller._elastic._scaler})
+    persist = GrowthPersister(state_path(state_dir), runner.growth,
+                              lambda: {'scaler': controller._elastic._scaler})
     coordinator = controller.coordinator
     runner.persist = lambda: persist(lambda: {'coordinator': coordinator, 'commands': {},
                                               'runner': runner.state()})
