@@ -51,6 +51,22 @@ _START_TIMEOUT = 300.0
 _CALL_TIMEOUT = 60.0
 
 
+def supervisor_grace(detach: bool, grace: Optional[float]) -> float:
+    """The seconds a detached program's nodes run on without a supervisor, as `lp.launch`'s
+    `supervisor_grace=` gives them (None: SUPERVISOR_GRACE).
+
+    Raises:
+      ValueError: `grace` is not a positive number, or is given without `detach`.
+    """
+    if grace is not None and not detach:
+        raise ValueError(f'supervisor_grace={grace!r} applies to detached programs only; pass '
+                         'detach=True too, or leave it out.')
+    if grace is not None and (isinstance(grace, bool) or not isinstance(grace, (int, float))
+                              or not grace > 0):
+        raise ValueError(f'supervisor_grace={grace!r} must be a positive number of seconds.')
+    return SUPERVISOR_GRACE if grace is None else float(grace)
+
+
 class ProgramEndedError(RuntimeError):
     """The detached program asked for has ended (its supervisor, keeper and run directory are
     gone)."""

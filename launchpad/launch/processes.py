@@ -311,18 +311,13 @@ class ProcessLauncher(launcher.Launcher):
 
     def launch(self, program: Program, options: launcher.LaunchOptions) -> Controller:
         settings = options.settings or ProcessOptions()
-        grace = settings.supervisor_grace
-        if grace is not None and not settings.detach:
-            raise ValueError(f'supervisor_grace={grace!r} applies to detached programs only; '
-                             'pass detach=True too, or leave it out.')
-        if grace is not None and not (isinstance(grace, (int, float)) and grace > 0):
-            raise ValueError(f'supervisor_grace={grace!r} must be a positive number of seconds.')
+        grace = detached.supervisor_grace(settings.detach, settings.supervisor_grace)
         if settings.detach:
             if options.launch_type != 'local_mp':
                 raise ValueError(f'detach=True is not supported by the {options.launch_type} '
                                  'launcher: a test program ends with its test; launch on '
                                  'local_mp to detach.')
-            return detached.start(program, options, grace or detached.SUPERVISOR_GRACE)
+            return detached.start(program, options, grace)
         return launch_supervised(program, options, tempfile.mkdtemp(prefix='launchpad-'))
 
     def _launch(self, program, options, executables, runner: _ProcessRunner,

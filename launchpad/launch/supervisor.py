@@ -57,11 +57,14 @@ PERSIST_INTERVAL = 0.2  # seconds between writes of a changed state
 RESTARTS_PER_MINUTE = 5  # a supervisor dying more often than this is not started again
 
 
-class _Persister:
+class Persister:
     """Writes the supervised program's state (`processes.Supervision.persist`) atomically when
     it changed: at once when a node's state or process changed, else (metrics) at most every
     PERSIST_INTERVAL seconds. (A node's start that a dead supervisor heard of but did not write
-    is told again by the node to the next one, see `launchpad.process.worker`.)"""
+    is told again by the node to the next one, see `launchpad.process.worker`.) The program
+    goes under 'program', pickled again only once it grew (`pickle_program`); a detached
+    Kubernetes program's coordinator pod keeps its state so too
+    (`launchpad.launch.kubernetes.readopt`)."""
 
     def __init__(self, path: str, program, extra: Callable[[], Dict[str, Any]]):
         self._path, self._program, self._extra = path, program, extra
@@ -94,10 +97,16 @@ class _Persister:
     def _program_pickle(self, nodes: int) -> bytes:
         """The program pickled, again only once it grew."""
         if self._pickled_program[0] != nodes:
-            program = copy.copy(self._program)
-            program.controller = None  # (this process's; a new supervisor sets its own)
-            self._pickled_program = (nodes, serialization.cloudpickle_dumps(program))
+            self._pickled_program = (nodes, self.pickle_program(self._program))
         return self._pickled_program[1]
+
+    @staticmethod
+    def pickle_program(program) -> bytes:
+        """`program` as the state holds it: without its controller (this process's; a new
+        supervisor sets its own)."""
+        program = copy.copy(program)
+        program.controller = None
+        return serialization.cloudpickle_dumps(program)
 
 
 class _Control:
@@ -165,7 +174,7 @@ def supervise(run_dir: str) -> int:
             state = pickle.load(f)
     program = pickle.loads(state['program']) if state is not None else launch['program']
     holder: Dict[str, Controller] = {}
-    persist = _Persister(state_path, program, lambda: {
+    persist = Persister(state_path, program, lambda: {
         'scaler': holder['controller']._elastic._scaler if holder else None})  # pylint: disable=protected-access
     supervision = processes.Supervision(launch['grace'], header['log_dir'], launch['flags'],
                                         persist)

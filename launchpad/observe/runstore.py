@@ -162,11 +162,18 @@ class RunWriter:
                 (describe['id'], describe['name'], describe['launch_type'], describe['host'],
                  describe['pid'], describe['started'], json.dumps(describe['nodes']),
                  json.dumps(describe['edges'])))
-        self._states: Dict[str, Tuple[Any, ...]] = {}
-        self._failures: Dict[str, int] = {}
-        self._restarts: Dict[str, int] = {}
+        # What is written already: a new supervisor re-adopting the program goes on from there.
+        read = self._connection.execute
+        self._states: Dict[str, Tuple[Any, ...]] = {  # (SQLite: the row of the max)
+            row[0]: tuple(row[1:6]) for row in read(
+                'SELECT node, state, host, pid, restarts, error, max(time) FROM node_states '
+                'GROUP BY node')}
+        self._failures: Dict[str, int] = dict(
+            read('SELECT node, max(attempt) FROM failures GROUP BY node').fetchall())
+        self._restarts: Dict[str, int] = dict(
+            read('SELECT node, max(restart) FROM restarts GROUP BY node').fetchall())
         self._reported: Dict[Tuple[str, str], float] = {}  # (node, name) -> its report time
-        self._scaling = 0
+        self._scaling = read('SELECT count(*) FROM scaling').fetchone()[0]
         # (node, name, kind) -> [slice, sum, count, last time, last value] of its open slice
         self._slices: Dict[Tuple[str, str, str], List[Any]] = {}
 

@@ -139,8 +139,9 @@ def _member() -> lp.CourierNode:
 
 def resize_then_probe(members, worker) -> None:
     """Grows group member to 2 (`lp.resize`) and shrinks it to 1, each time until exactly the
-    live members answer; then `failure_programs.probe(worker)`, and ends, leaving the program
-    running for the test to stop."""
+    live members answer; then `failure_programs.probe(worker)`; then calls worker/0 until the
+    program stops, saying every second how many calls it answered so far (`CALLS n`), and
+    failed (the test kills the coordinator meanwhile: calls between nodes go on)."""
     from tests import failure_programs  # pylint: disable=import-outside-toplevel
     for size in (2, 1):
         lp.resize('member', size)
@@ -155,6 +156,18 @@ def resize_then_probe(members, worker) -> None:
             time.sleep(0.2)
         print(f'RESIZED {size}: {named}', flush=True)
     failure_programs.probe(worker, stop=False)
+    answered = failed = 0
+    said = time.monotonic()
+    while not lp.stop_event().is_set():
+        try:
+            worker.whoami()
+            answered += 1
+        except Exception:  # pylint: disable=broad-except  (counted: the test checks none)
+            failed += 1
+        if time.monotonic() - said >= 1.0:
+            print(f'CALLS {answered} answered, {failed} failed', flush=True)
+            said = time.monotonic()
+        time.sleep(0.02)
 
 
 def detached_program() -> lp.Program:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -152,13 +153,15 @@ def test_the_relay_command_says_gone_once_the_coordinator_pod_has_ended(tmp_path
                               '-c coordinator -- python3 -m relay S\n')
 
 
+@pytest.mark.timeout(300, func_only=True)  # (not the wait for a bed another process holds)
 def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
         podman_testbed, tmp_path, capsys, monkeypatch):
     """prober/0 grows group member to 2 nodes and shrinks it to 1 (lp.resize): the coordinator
     pod creates the new member's pod and deletes it once removed. Then worker/0 crashes in its first
     attempt (after answering prober/0); the coordinator pod creates its pod again, and prober/0
     gets answers from attempt 1. From the launching machine, `status --json` and `lp.attach`
-    see the program, and `stop` ends it."""
+    see the program. The coordinator is killed and comes back (`_readopts_once_...`), and `stop`
+    ends the program."""
     bin_dir = tmp_path / 'bin'
     bin_dir.mkdir()
     monkeypatch.setenv('PATH', f'{kubectl.install(str(bin_dir))}{os.pathsep}{os.environ["PATH"]}')
@@ -201,6 +204,7 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
         assert attached.status()['worker/0'].restarts == 1
         member = attached.status()['member/1']  # added, then removed, by the coordinator pod
         assert member.state == lp.NodeState.REMOVED, member
+        _readopts_once_its_coordinator_is_killed(server, run, log, attached)
         assert cli.main(['stop', run]) == 0, capsys.readouterr().err
         assert wait_for(lambda: None not in exit_codes().values(), 60), \
             log('coordinator', 'coordinator')
@@ -234,3 +238,38 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
     assert not set(_podman('pod', 'ps', '--format', '{{.Name}}').split()) & {
         name for kind, name in server.created if kind == 'Pod'}
     assert run not in _podman('secret', 'ls', '--format', '{{.Name}}')
+
+
+def _readopts_once_its_coordinator_is_killed(server, run, log, attached) -> None:
+    """SIGKILL the coordinator: its pod starts the container again, and the new coordinator
+    re-adopts the running node pods from the state the old one kept (`readopt`). The same node
+    containers (same pids) served on throughout: prober/0's calls to worker/0 kept being
+    answered, none failed; no pod was created again, and worker/0 still has 1 restart."""
+    def calls():
+        counted = re.findall(r'CALLS (\d+) answered, (\d+) failed', log('prober-0'))
+        return tuple(map(int, counted[-1])) if counted else (0, 0)
+
+    def node_processes():
+        return {name: _podman('inspect', '--format', '{{.State.Pid}} {{.State.StartedAt}}',
+                              f'{run}-{name}-node').strip()
+                for name in ('worker-0', 'member-0', 'prober-0')}
+
+    assert wait_for(lambda: calls()[0] > 0, 30), log('prober-0')
+    processes, created = node_processes(), list(server.created)
+    coordinator = f'{run}-coordinator-{names.COORDINATOR_CONTAINER}'
+    # As the OOM killer would: `podman kill` counts as stopped by the user, never restarted.
+    os.kill(int(_podman('inspect', '--format', '{{.State.Pid}}', coordinator)), signal.SIGKILL)
+    killed_at = calls()
+    assert wait_for(lambda: 're-adopted the 4 nodes' in log('coordinator', 'coordinator'), 60), \
+        log('coordinator', 'coordinator')
+    assert _podman('inspect', '--format', '{{.RestartCount}}', coordinator).strip() == '1'
+    readopted_at = calls()
+    assert readopted_at[0] > killed_at[0], log('prober-0')  # served while none supervised
+    assert wait_for(lambda: calls()[0] > readopted_at[0] + 50, 30), log('prober-0')
+    assert calls()[1] == killed_at[1] == 0, log('prober-0')
+    assert node_processes() == processes
+    assert server.created == created  # no pod made again
+    status = attached.status()  # through the new coordinator (another observer token)
+    assert status['worker/0'].restarts == 1, status
+    assert {name: s.state for name, s in status.items() if name != 'member/1'} == {
+        name: lp.NodeState.RUNNING for name in ('worker/0', 'member/0', 'prober/0')}, status

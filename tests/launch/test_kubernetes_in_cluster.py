@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -16,9 +17,9 @@ import zlib
 import pytest
 
 import launchpad as lp
-from launchpad.launch import kubernetes
+from launchpad.launch import detached, kubernetes
 from launchpad.launch.controller import Controller
-from launchpad.launch.kubernetes import in_cluster, names, pod
+from launchpad.launch.kubernetes import in_cluster, names, pod, readopt
 from launchpad.launch.kubernetes import launcher as kubernetes_launcher
 from launchpad.launch.kubernetes.api import AlreadyExists
 from launchpad.launch.launcher import LaunchOptions
@@ -91,14 +92,28 @@ def test_a_detached_launch_lets_its_coordinator_pod_recreate_node_pods_and_nothi
     assert _manifests(plan) == {name: plan.pod_document(name)
                                 for name in ('t1-worker-0', 't1-other-0')}
     coordinator = plan.pod_document(plan.coordinator_pod)
-    assert coordinator['spec']['volumes'] == [{'name': 'pods', 'configMap': {'name': 't1-pods'}}]
-    assert coordinator['spec']['containers'][0]['volumeMounts'][0]['mountPath'] == \
-        names.PODS_DIR
+    # Its container is restarted when the coordinator dies, and re-adopts the nodes from the
+    # state kept in the pod; the nodes wait for it the supervisor grace.
+    assert coordinator['spec']['restartPolicy'] == 'OnFailure'
+    assert coordinator['spec']['volumes'] == [{'name': 'pods', 'configMap': {'name': 't1-pods'}},
+                                              {'name': 'state', 'emptyDir': {}}]
+    assert [m['mountPath'] for m in coordinator['spec']['containers'][0]['volumeMounts']] == [
+        names.PODS_DIR, names.STATE_DIR]
+    assert settings.state_dir == names.STATE_DIR
+    assert plan.growth.packer.coordinator_grace == detached.SUPERVISOR_GRACE
+    assert _plan(_program(), create_rbac=True, detach=True,
+                 supervisor_grace=30).growth.packer.coordinator_grace == 30
+    with pytest.raises(ValueError, match="supervisor_grace=30 applies to detached programs only"):
+        _plan(_program(), create_rbac=True, supervisor_grace=30)
+    assert plan.pod_document('t1-worker-0')['spec']['restartPolicy'] == 'Never'
     names_in_order = [d['metadata']['name'] for d in plan.documents]
     assert names_in_order.index('t1-pods') < names_in_order.index('t1-coordinator')
 
     attached = _plan(_program(), attached=True, create_rbac=True)
     assert not _settings(attached).recreates_pods
+    assert _settings(attached).state_dir is None
+    assert attached.pod_document(attached.coordinator_pod)['spec']['restartPolicy'] == 'Never'
+    assert attached.growth.packer.coordinator_grace is None
     assert 't1-pods' not in [d['metadata']['name'] for d in attached.documents]
     assert next(d for d in attached.documents if d['kind'] == 'Role')['rules'] == [
         {'apiGroups': [''], 'resources': ['pods'], 'verbs': ['get', 'list']}]
@@ -170,6 +185,62 @@ def test_the_coordinator_pod_restarts_a_node_pod_and_fails_the_program_past_its_
     # other/0 got the stop and the notice period, then its pod was deleted.
     assert ('delete', 'Pod', 't1-other-0', 0) in api.calls
     assert controller.status()['other/0'].state is lp.NodeState.KILLED
+
+
+def test_a_restarted_coordinator_readopts_the_node_pods_with_their_restart_budgets(
+        monkeypatch, tmp_path):
+    """The coordinator pod's controller keeps the program's state (`readopt`) while worker/0
+    is restarted once (its budget: 1). Its process dies (here: its monitor stops for good); a
+    new coordinator, as in the restarted container, re-adopts the running node pods from that
+    state: it creates no pod again, worker/0 keeps its restart, so its next failure is one too
+    many. (The podman bed's test kills a real coordinator container.)"""
+    monkeypatch.setattr(in_cluster.InClusterRunner, 'POLL_SECONDS', 0.0)
+    plan = _plan(_program(), create_rbac=True)
+    settings = dataclasses.replace(_settings(plan), state_dir=str(tmp_path))
+    api = SelectingApi()
+    api.create(plan.pod_document(plan.coordinator_pod))
+    api.statuses['t1-worker-0'] = [running(), exited(137, 'OOMKilled'), running()]
+    for name in ('t1-worker-0', 't1-other-0'):
+        api.create(plan.pod_document(name))
+    runner = in_cluster.InClusterRunner(api, 't1', _manifests(plan), plan.node_pods)
+    assert readopt.read_state(settings.state_dir) is None
+    coordinator, controller = pod.supervise(settings, runner)
+    readopt.keep_state(settings.state_dir, controller, runner)
+    _until(lambda: controller.status()['worker/0'].restarts == 1, 'not restarted')
+    for name in settings.nodes:
+        coordinator.node_started(name, 10, 'pod', 'first')
+
+    def kept():
+        state = readopt.read_state(settings.state_dir)
+        return state is not None and {
+            name: (status.state, status.restarts)
+            for name, status in state['coordinator'].status().items()} == {
+                'worker/0': (lp.NodeState.RUNNING, 1), 'other/0': (lp.NodeState.RUNNING, 0)}
+    _until(kept, 'the state was not kept')
+    dead = threading.Event()
+    runner.poll = lambda: dead.wait() and {}  # the old coordinator's monitor is gone
+    created = len(api.calls)
+
+    runner = in_cluster.InClusterRunner(api, 't1', _manifests(plan), plan.node_pods)
+    state = readopt.read_state(settings.state_dir)
+    readopted, controller = pod.supervise(settings, runner, readopt.resume(runner, state))
+    readopt.keep_state(settings.state_dir, controller, runner, state.get('scaler'))
+    try:
+        assert readopted is not coordinator
+        assert controller.status()['worker/0'].restarts == 1
+        readopted.node_started('worker/0', 10, 'pod', 'first')  # the node, reconnecting
+        assert controller.status()['worker/0'].restarts == 1  # the same process: no restart
+        _until(lambda: sum(c[0] == 'list_pods' for c in api.calls[created:]) >= 3, 'no look')
+        assert not [c for c in api.calls[created:] if c[0] in ('create', 'delete')]
+        api.statuses['t1-worker-0'] = [exited(137, 'OOMKilled')]
+        with pytest.raises(lp.NodeFailedError) as failure:
+            controller.wait(timeout=20)
+        assert 'failed 2 times: restarted 1 time' in failure.value.message
+    finally:
+        dead.set()  # the old monitor ends
+        controller.stop()
+    (tmp_path / 'state.pkl').write_bytes(b'cut short')  # a new start beats a crash loop
+    assert readopt.read_state(str(tmp_path)) is None
 
 
 def test_a_detached_launcher_follows_the_pod_its_coordinator_pod_creates_again(fake):

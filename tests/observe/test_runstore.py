@@ -72,6 +72,14 @@ def test_a_run_file_keeps_changes_once_and_reads_back_series(tmp_path, monkeypat
     assert {len(s['points']) for s in ranged if s['name'] == 'launchpad_rss_bytes'} == {11}
     connection.close()
     assert json.loads(json.dumps(runstore.runs()))[0]['id'] == DESCRIBE['id']
+    # A new supervisor that re-adopted the program writes on where the dead one stopped.
+    again = recorder.Recorder(DESCRIBE)
+    again.record(_sample(1101.0, 'failed', restarts=1, failures=[boom], scaling=[decision]))
+    again.close()
+    connection = runstore.connect(tmp_path / DESCRIBE['id'] / runstore.FILE)
+    assert [connection.execute(f'SELECT count(*) FROM {table}').fetchone()[0]
+            for table in ('node_states', 'failures', 'restarts', 'scaling')] == [4, 1, 1, 1]
+    connection.close()
 
 
 def test_runs_are_found_by_id_start_or_name_and_forget_spares_running_ones(tmp_path,

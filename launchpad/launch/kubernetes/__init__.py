@@ -30,7 +30,9 @@ period; pods that outlive it are deleted). The program therefore survives the la
 Restarts. An attached launcher creates a failed node's pod again as its restart policy says. In a
 program no launcher follows (detached), the coordinator pod does, when it has a service account: a
 controller runs there over `in_cluster.InClusterRunner`, which recreates pods from the manifests
-the launch left in ConfigMap RUN-pods.
+the launch left in ConfigMap RUN-pods. That coordinator pod has `restartPolicy: OnFailure`: a
+coordinator that dies is started again in the same pod and re-adopts the running node pods from
+the state it kept there (`readopt`); the nodes wait `supervisor_grace` for it.
 
 Elastic groups. An attached launcher adds a node by creating its pod as the launch did
 (`LaunchPlan.add_node`); the pod's first init container joins it to the coordinator pod. It removes
@@ -74,6 +76,8 @@ Files, by where their code runs:
                  does not import it);
   * in_cluster.py coordinator pod: `InClusterRunner`, restarting, adding and removing a detached
                  program's nodes;
+  * readopt.py   coordinator pod: the state a restarted coordinator container re-adopts a
+                 detached program's node pods from;
   * reach.py     launching machine: a detached program registered there, reached through
                  `kubectl exec -i` into its coordinator pod (`KubernetesAttachedController`).
 """

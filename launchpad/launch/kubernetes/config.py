@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
+from launchpad.launch import detached
 from launchpad.launch.kubernetes import names
 from launchpad.resources import Resources
 
@@ -85,6 +86,11 @@ class KubernetesConfig:
         `checkpoint_volume` (the same one may serve both): under `<launch name>/run.sqlite`
         there. None: a detached program keeps no run file (a warning says so). An attached
         launch keeps it in the launching process's run directory and needs none.
+      supervisor_grace: with `detach`, seconds the nodes run on without their coordinator
+        before they stop with their notice period (default `detached.SUPERVISOR_GRACE`,
+        180 s). A detached program's coordinator pod restarts its container when the
+        coordinator dies (SIGKILL, out of memory), and the new one re-adopts the running nodes
+        from the state the old one kept in the pod (`readopt`).
     """
     image: str = ''
     namespace: str = 'default'
@@ -102,6 +108,7 @@ class KubernetesConfig:
     coordinator_wait: float = 600.0
     checkpoint_volume: Optional[Mapping[str, Any]] = None
     runs_volume: Optional[Mapping[str, Any]] = None
+    supervisor_grace: Optional[float] = None
 
     def __post_init__(self):
         for option, volume in (('checkpoint_volume', self.checkpoint_volume),
@@ -112,6 +119,7 @@ class KubernetesConfig:
                     f'{option} must be one volume source as in a pod spec, such as '
                     f"{{'persistentVolumeClaim': {{'claimName': 'checkpoints'}}}}, got "
                     f'{volume!r}.')
+        detached.supervisor_grace(self.detach, self.supervisor_grace)  # raises if it is bad
         if not self.image:
             raise ValueError("The kubernetes launcher needs image=: a container image with Python, "
                              "launchpad and your code, e.g. lp.launch(program, "

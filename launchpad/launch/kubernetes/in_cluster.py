@@ -57,12 +57,19 @@ class Growth:
 
 def pack_growth(growth: Growth) -> str:
     """`growth` as RUN-pods holds it (zlib-compressed cloudpickle, in base64); the plan goes
-    without its documents, which the coordinator pod does not need."""
+    without its documents, which the coordinator pod does not need, and the program without
+    the controller running it (the coordinator pod keeps its grown program so: `readopt`)."""
     documents, growth.plan.documents = growth.plan.documents, []
+    controller, growth.program.controller = getattr(growth.program, 'controller', None), None
     try:
         return base64.b64encode(zlib.compress(serialization.cloudpickle_dumps(growth))).decode()
     finally:
-        growth.plan.documents = documents
+        growth.plan.documents, growth.program.controller = documents, controller
+
+
+def unpack_growth(packed: bytes) -> Growth:
+    """The `Growth` that `pack_growth` packed (as a ConfigMap's file holds it: decoded)."""
+    return pickle.loads(zlib.decompress(packed))
 
 
 def read_growth(path: str = os.path.join(names.PODS_DIR, GROWTH_KEY)) -> Optional[Growth]:
@@ -71,7 +78,7 @@ def read_growth(path: str = os.path.join(names.PODS_DIR, GROWTH_KEY)) -> Optiona
     if not os.path.exists(path):
         return None
     with open(path, 'rb') as f:
-        return pickle.loads(zlib.decompress(f.read()))
+        return unpack_growth(f.read())
 
 
 def pack_pod_manifests(pods: Mapping[str, Mapping[str, Any]]) -> str:
@@ -127,10 +134,26 @@ class InClusterRunner(Runner):
         self._listed_at: Optional[float] = None
         self._unlisted = False  # the last listing failed (said once)
         self._owners: Optional[list] = None  # the coordinator pod's owner references
+        # Called on each poll to keep what a restarted coordinator container re-adopts from.
+        self.persist: Optional[Callable[[], None]] = None
+
+    def state(self) -> Dict[str, Any]:
+        """What a restarted coordinator container needs of this runner to re-adopt the node
+        pods (`restore`): their names and manifests, and what it knows of how they ended."""
+        return {'manifests': self._manifests, 'node_pods': self._node_pods,
+                'added': self._added, 'leaving': self._leaving, 'codes': self._codes,
+                'ended': self._ended, 'seen': self._seen}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Takes over the node pods an earlier coordinator container of this pod ran (`state`
+        is its `state()`); creates none of them again."""
+        for key, value in state.items():
+            setattr(self, f'_{key}', copy.deepcopy(value))
 
     def poll(self) -> Dict[str, Optional[int]]:
         """Node name -> its pod's exit code (None while it runs); lists the pods at most once
         per POLL_SECONDS. A pod not listed yet (the launcher may still be creating it) runs."""
+        self._persist()
         now = self._clock()
         if self._listed_at is not None and now - self._listed_at < self.POLL_SECONDS:
             return dict(self._codes)
@@ -179,6 +202,7 @@ class InClusterRunner(Runner):
         self._codes[name] = None
         self._ended.pop(name, None)
         self._seen.add(name)  # created: from now on, its absence is a deletion
+        self._persist()
         print(f'created the pod {pod_name} of {name} again', flush=True)
 
     def kill(self, names_: Sequence[str]) -> None:
@@ -229,6 +253,7 @@ class InClusterRunner(Runner):
         self._added[pod_name] = executable.name
         self._codes[executable.name] = None
         self._seen.add(executable.name)
+        self._persist()
         print(f'created the pod {pod_name} of {executable.name}, added to group {label}',
               flush=True)
 
@@ -236,6 +261,10 @@ class InClusterRunner(Runner):
         """Node `name` is removed (the coordinator here tells it); its pod is deleted once it
         ended."""
         self._leaving.add(name)
+
+    def _persist(self) -> None:
+        if self.persist is not None:
+            self.persist()
 
     def _free_pod(self, label: str) -> str:
         pods = self.growth.plan.added_pods[label]

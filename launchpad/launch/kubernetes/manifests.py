@@ -21,6 +21,7 @@ import courier
 
 from launchpad import runtime
 from launchpad.address import AddressTable
+from launchpad.launch import detached
 from launchpad.launch.kubernetes import in_cluster, names
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
 from launchpad.launch.launcher import LaunchOptions, executables_of, policies_of
@@ -237,7 +238,10 @@ def plan_launch(program: Program, options: LaunchOptions, *,
     packer = specs.Packer(program.name, options.launch_type, AddressTable(static=static),
                           coordinator_address, notice_period=notice_period, policies=policies,
                           checkpoint_root=f'{names.CHECKPOINT_DIR}/{run}'
-                          if config.checkpoint_volume is not None else None)
+                          if config.checkpoint_volume is not None else None,
+                          # nodes wait that long for a restarted coordinator container
+                          coordinator_grace=detached.supervisor_grace(
+                              config.detach, config.supervisor_grace) if recreates_pods else None)
     builder = _ManifestBuilder(program, config, run, notice_period)
     node_documents = [
         _node_documents(builder, packer, plan, executable,
@@ -469,6 +473,7 @@ class _ManifestBuilder:
             addresses={node: list(ids) for node, ids in addresses.items() if ids},
             recreates_pods=recreates_pods, program=self._program.name,
             runs_dir=names.RUNS_DIR if keeps_run else None,
+            state_dir=names.STATE_DIR if recreates_pods else None,
             calls={node: sorted(callees) for node, callees in (calls or {}).items() if callees},
             group_calls={node: sorted(labels) for node, labels in (group_calls or {}).items()
                          if labels})
@@ -488,8 +493,13 @@ class _ManifestBuilder:
             volumes.append({'name': 'runs', **self._config.runs_volume})
             container.setdefault('volumeMounts', []).append(
                 {'name': 'runs', 'mountPath': names.RUNS_DIR})
+        if recreates_pods:  # the state a restarted container re-adopts the nodes from
+            volumes.append({'name': 'state', 'emptyDir': {}})
+            container['volumeMounts'].append({'name': 'state', 'mountPath': names.STATE_DIR})
         spec = self._pod_spec([container], volumes=volumes,
                               service_account=self._coordinator_account)
+        if recreates_pods:  # a coordinator that dies (SIGKILL, out of memory) is restarted
+            spec['restartPolicy'] = 'OnFailure'
         spec['hostname'] = name
         return {'apiVersion': 'v1', 'kind': 'Pod',
                 'metadata': self._meta(name, 'coordinator'), 'spec': spec}

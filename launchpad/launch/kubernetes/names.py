@@ -38,6 +38,9 @@ PODS_DIR = '/launchpad/pods'
 # Where the coordinator pod of a program no launcher follows mounts the volume named by
 # `runs_volume=` and keeps the program's run directory (`launchpad.observe.runstore`).
 RUNS_DIR = '/launchpad/runs'
+# Where the coordinator pod of a program no launcher follows keeps the state its restarted
+# container re-adopts the running nodes from (an emptyDir: it lasts as long as the pod).
+STATE_DIR = '/launchpad/state'
 
 # The commands of the pod module (`python -m POD_MODULE COMMAND ARGS`, see `pod_command`).
 POD_MODULE = 'launchpad.launch.kubernetes.pod'
@@ -101,6 +104,8 @@ class CoordinatorSettings:
       runs_dir: where the coordinator pod keeps the program's run directory (RUNS_DIR, for a
         detached launch with `runs_volume=`), or None: it keeps none (an attached launcher
         does).
+      state_dir: where the coordinator pod keeps what a restarted coordinator container
+        re-adopts the running nodes from (STATE_DIR, with `recreates_pods`), or None.
     """
     run: str
     namespace: str
@@ -114,6 +119,7 @@ class CoordinatorSettings:
     group_calls: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
     program: str = ''
     runs_dir: Optional[str] = None
+    state_dir: Optional[str] = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

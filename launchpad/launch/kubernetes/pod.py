@@ -31,7 +31,9 @@ Threads of the coordinator pod:
     a `Controller` over an `InClusterRunner` does that instead, on its monitor thread: it also
     creates the pods of failed nodes again as their restart policies say, grows and shrinks
     elastic groups (nodes' `lp.resize`, the scaling policy), and deletes the pods still running
-    a notice period after the stop;
+    a notice period after the stop; it keeps the program's state in the pod, from which a
+    coordinator container started again after a death re-adopts the running node pods
+    (`readopt`);
   * courier's server threads answer the nodes (each node keeps a `wait_for_stop` call open);
   * deleting the pod sends SIGTERM; its handler raises the stop signal from a new thread rather
     than take the coordinator's lock inside a signal handler.
@@ -53,7 +55,7 @@ import time
 from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 from launchpad.launch.controller import Controller
-from launchpad.launch.kubernetes import names
+from launchpad.launch.kubernetes import names, readopt
 from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, terminated
 from launchpad.launch.kubernetes.in_cluster import (GROWTH_KEY, POD_MANIFESTS_KEY,
                                                     InClusterRunner, read_growth,
@@ -190,9 +192,14 @@ def run_coordinator(settings: names.CoordinatorSettings) -> None:
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
     os.environ[registry.ENV] = names.OBSERVER_DIR  # this container's, for `keep_run`
     runner = in_cluster_runner(settings) if settings.recreates_pods else None
-    coordinator, controller = supervise(settings, runner)
+    state = readopt.read_state(settings.state_dir) if runner is not None else None
+    coordinator, controller = supervise(
+        settings, runner, readopt.resume(runner, state) if state is not None else None)
     server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}',
                                             face=PodFace)
+    if controller is not None and settings.state_dir is not None:
+        readopt.keep_state(settings.state_dir, controller, runner,
+                           state.get('scaler') if state is not None else None)
     probes = serve_probes(coordinator, names.PROBE_SOCKET)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(
         target=coordinator.request_stop, args=('the coordinator pod was deleted',)).start())
@@ -280,28 +287,33 @@ def keep_run(settings: names.CoordinatorSettings, coordinator: Coordinator,
     return observer
 
 
-def supervise(settings: names.CoordinatorSettings, runner: Optional[InClusterRunner]
+def supervise(settings: names.CoordinatorSettings, runner: Optional[InClusterRunner],
+              readopted: Optional[PodCoordinator] = None
               ) -> Tuple[PodCoordinator, Optional[Controller]]:
-    """The program's coordinator (stopping it in graph order) and, with a `runner` (a program
-    no launcher follows), the controller that supervises it here: it restarts nodes, ends
-    stragglers and, with the program (`runner.growth`), resizes groups and runs the scaling
-    policy."""
+    """The program's coordinator (stopping it in graph order; `readopted`: the one an earlier
+    container of this pod kept, `readopt`) and, with a `runner` (a program no launcher
+    follows), the controller that supervises it here: it restarts nodes, ends stragglers and,
+    with the program (`runner.growth`), resizes groups and runs the scaling policy."""
     policies = {name: NodePolicy.from_json(policy) for name, policy in settings.policies.items()}
     if settings.recreates_pods and runner is None:  # nothing here can create pods
         policies = {name: policy.without_restarts() for name, policy in policies.items()}
     growth = runner.growth if runner is not None else None
-    coordinator = PodCoordinator(
+    coordinator = readopted if readopted is not None else PodCoordinator(
         settings.nodes, policies=policies, followed=not settings.recreates_pods,
         resizes=growth is not None, groups=growth.program.group_limits() if growth else None,
         stop_order=StopOrder(settings.calls, settings.notice_period / 2,
                              group_calls=settings.group_calls))
-    coordinator.set_node_addresses(settings.addresses)
+    if readopted is None:
+        coordinator.set_node_addresses(settings.addresses)
     if runner is None:
         return coordinator, None
     controller = Controller(settings.run, coordinator, runner, launch_type='kubernetes',
                             notice_period=settings.notice_period, poll_interval=0.2)
     if growth is not None:
         controller.attach(growth.program, growth.resources)
+    if readopted is not None:
+        print(f're-adopted the {len(coordinator.status())} nodes of the program from the state '
+              f'an earlier coordinator kept in {settings.state_dir}', flush=True)
     print('restarting failed nodes here: no launcher follows the program', flush=True)
     return coordinator, controller
 
