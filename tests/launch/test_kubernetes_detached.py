@@ -198,7 +198,7 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
         assert {node['name'] for node in status['nodes']} >= {
             'worker/0', 'member/0', 'prober/0'}, status
         detached_verbs.check_verbs(run, 'prober/0', 'PROBE restarted', 'worker/0',
-                                   'failure_programs.py', log('prober-0'), capsys)
+                                   'failure_programs.py', lambda: log('prober-0'), capsys)
         detached_verbs.follow_then_detach(run, '[prober/0] PROBE restarted')
         attached = lp.attach(run)  # (still running)
         assert attached.status()['worker/0'].restarts == 1

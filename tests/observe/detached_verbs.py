@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Callable
 
 from launchpad.observe import cli, inspect_cli
 from tests.testbeds import REPO_ROOT
@@ -46,9 +47,10 @@ def follow_then_detach(run: str, line: str, timeout: float = 60.0) -> str:
 
 
 def check_verbs(run: str, finished: str, line: str, running: str, frame: str,
-                written: str, capsys) -> None:
+                written: Callable[[], str], capsys) -> None:
     """`logs RUN NODE` and `logs RUN` show node `finished`'s `line`, and `logs RUN NODE` only
-    lines it `written` (its log as the platform keeps it); `stacks RUN NODE` shows node
+    lines it wrote (`written()`: its log as the platform keeps it, read after `logs`, since the
+    node may go on writing); `stacks RUN NODE` shows node
     `running`'s threads, live, `frame` (a file or function) among them; `waits RUN` has an
     answer from every running node."""
     capsys.readouterr()
@@ -62,7 +64,8 @@ def check_verbs(run: str, finished: str, line: str, running: str, frame: str,
     assert cli.main(['logs', run, finished]) == 0, capsys.readouterr().err
     shown = capsys.readouterr().out.splitlines()
     assert any(one.startswith(line) for one in shown), shown
-    assert set(shown) <= set(written.splitlines()), (shown, written)  # whole lines, in full
+    kept = written()
+    assert set(shown) <= set(kept.splitlines()), (shown, kept)  # whole lines, in full
     assert cli.main(['logs', run]) == 0, capsys.readouterr().err
     assert any(one.startswith(f'[{finished}] {line}')
                for one in capsys.readouterr().out.splitlines())
