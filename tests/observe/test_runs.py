@@ -80,6 +80,12 @@ def _event_accumulator():
     return event_accumulator
 
 
+def _ctrl_c_default() -> None:
+    """(In a child, before exec) SIGINT as a terminal gives it: a suite started in the background
+    of a shell ignores SIGINT, and Python started so ignores Ctrl-C (CI failed so twice)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_an_ended_run_is_queried_served_read_by_tensorboard_and_forgotten(
         runtime_dir, tmp_path, monkeypatch, capsys):
     del runtime_dir
@@ -144,7 +150,8 @@ def test_an_ended_run_is_queried_served_read_by_tensorboard_and_forgotten(
     # The dashboard of the ended run, as `dashboard RUN` serves it.
     served = subprocess.Popen([sys.executable, '-m', 'launchpad.launch', 'dashboard', run],
                               env={**programs.environment(), 'PYTHONFAULTHANDLER': '1'},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=_ctrl_c_default)
     try:
         url = served.stdout.readline().split(': ', 1)[1].strip()
         base, token = url.split('/?token=')

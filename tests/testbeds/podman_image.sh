@@ -119,10 +119,24 @@ up() {
     podman image prune --force >/dev/null  # the previous build, now untagged
   fi
   if ! podman network exists "$NETWORK"; then
-    podman network create --internal --subnet "$SUBNET" "$NETWORK" >/dev/null
+    create_network
     strip_iptables_plugins
   fi
   echo "image $IMAGE network $NETWORK subnet $SUBNET"
+}
+
+# Creating a network, podman reads the host's routes and their interfaces; while another bed
+# changes its links (the SSH bed cuts a host off for up to 35 s), that fails with "no such
+# network interface" for a while: try again for up to 90 s.
+create_network() {
+  local error deadline=$((SECONDS + 90))
+  until error=$(podman network create --internal --subnet "$SUBNET" "$NETWORK" 2>&1 >/dev/null); do
+    case $error in
+      *"no such network interface"*) [ "$SECONDS" -lt "$deadline" ] && sleep 1 && continue;;
+    esac
+    echo "$error" >&2
+    return 1
+  done
 }
 
 down() {
