@@ -25,6 +25,7 @@ from courier.errors import (CallTimeoutError, CourierError, PermissionDeniedErro
                             UnknownMethodError)
 from courier.security import AUTH_TOKEN_ENV, TLSConfig
 from courier.server import Server
+from courier.transport.shm import shared_array
 
 __all__ = [
     'AUTH_TOKEN_ENV',
@@ -43,4 +44,5 @@ __all__ = [
     'UnknownMethodError',
     'batched_handler',
     'list_methods',
+    'shared_array',
 ]

@@ -95,8 +95,6 @@ class AddressResolver:
 
 Address = Union[str, Callable[[], str]]
 
-_ARGUMENT_NAMES = ('args', 'kwargs')
-
 # Counts forks, so a client notices it runs in a child (its connections, and gRPC
 # channels, do not survive fork) without a getpid system call per call.
 _fork_generation = 0
@@ -176,26 +174,20 @@ class Client:
         self._auth_token = auth_token
         self._tls = tls
         self._protocol = protocol
-        self._transport = None
-        self._calls: Optional[metrics.CallTable] = None  # Counts of calls through _transport.
-        self._waiting = inflight.waiting if inflight.enabled() else None  # Lists its calls.
-        self._fresh = True  # No blocking call went through the transport since it was made.
-        self._transport_generation = -1
-        self._unavailable = None  # A transport whose server went away (see _server_gone).
-        self._lock = threading.Lock()
-        self._lock_generation = _fork_generation
+        self._link = _Link(self)
 
     @property
     def address(self) -> Address:
         """The server's address (as given, or as resolved once connected)."""
-        return self._transport.address if self._transport is not None else self._address
+        return self._link.address
 
     @property
     def protocol(self) -> Optional[str]:
         """What carries this client's calls: 'framed' (courier's own protocol, on a Unix socket
         or TCP), 'grpc' (a server that speaks only gRPC, or a ``unix:`` one with TLS), or None
         before the first call."""
-        return self._transport.protocol if self._transport is not None else None
+        transport = self._link.transport
+        return transport.protocol if transport is not None else None
 
     def __getattr__(self, name: str) -> '_Method':
         if name.startswith('__'):
@@ -206,7 +198,7 @@ class Client:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calls the server's ``__call__`` method (a bound callable object)."""
-        return self._call('__call__', args, kwargs)
+        return self._link._call('__call__', args, kwargs)  # pylint: disable=protected-access
 
     @property
     def futures(self) -> '_Futures':
@@ -218,8 +210,9 @@ class Client:
 
     def __getstate__(self):
         address = self._address
-        if self._transport is not None and not isinstance(address, AddressResolver):
-            address = self._transport.address  # Resolved: send the string.
+        transport = self._link.transport
+        if transport is not None and not isinstance(address, AddressResolver):
+            address = transport.address  # Resolved: send the string.
         return {'server_address': address, 'compress': self._compress,
                 'call_timeout': self._call_timeout, 'wait_for_ready': self._wait_for_ready,
                 'auth_token': self._auth_token, 'tls': self._tls,
@@ -231,8 +224,6 @@ class Client:
     def __repr__(self) -> str:
         return f'courier.Client({self.address!r})'
 
-    _closed = False
-
     def close(self) -> None:
         """Releases the client's connections and threads; its calls in flight fail.
 
@@ -241,11 +232,7 @@ class Client:
         Later calls raise ``courier.ServerUnavailableError``. A client that is garbage
         collected releases them too; ``with courier.Client(...) as client:`` closes at the end.
         """
-        with self._lock:
-            self._closed = True
-            transport = self._transport
-        if transport is not None:
-            transport.close()
+        self._link.close()
 
     def __enter__(self) -> 'Client':
         return self
@@ -253,9 +240,73 @@ class Client:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
+    @property
+    def _transport(self):
+        """The transport, once connected (None before)."""
+        return self._link.transport
+
+    def _call_async(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
+        return self._link.call_async(method, args, kwargs)
+
+    def _list_methods(self) -> List[str]:
+        return self._link.patiently(
+            lambda transport: transport.list_methods(self._call_timeout))[1]
+
+    def _connection(self):
+        """Returns the transport, connecting on first use in each process."""
+        return self._link.connection()
+
+
+class _Link:
+    """A client's way to its server: the transport, made at the first call in each process
+    (again after a fork, and after a callable address's server went away), the counts of its
+    calls, and the calls themselves.
+
+    Apart from :class:`Client` for speed: a class with ``__getattr__`` (the client's, for
+    remote method names) keeps CPython from specializing the reads of its attributes, and a
+    call reads a dozen.
+    """
+
+    __slots__ = ('_address', '_compress', '_call_timeout', '_wait_for_ready', '_auth_token',
+                 '_tls', '_protocol', '_waiting', 'transport', '_calls', '_fresh',
+                 '_generation', '_unavailable', '_lock', '_lock_generation', '_closed')
+
+    def __init__(self, client: Client):
+        self._address = client._address  # pylint: disable=protected-access
+        self._compress = client._compress  # pylint: disable=protected-access
+        self._call_timeout = client._call_timeout  # pylint: disable=protected-access
+        self._wait_for_ready = client._wait_for_ready  # pylint: disable=protected-access
+        self._auth_token = client._auth_token  # pylint: disable=protected-access
+        self._tls = client._tls  # pylint: disable=protected-access
+        self._protocol = client._protocol  # pylint: disable=protected-access
+        self._waiting = inflight.waiting if inflight.enabled() else None  # Lists its calls.
+        self.transport = None
+        # Counts of calls through the transport (and what `inflight.snapshot` reads).
+        self._calls: Optional[metrics.CallTable] = None
+        self._fresh = True  # No blocking call went through the transport since it was made.
+        self._generation = -1  # The _fork_generation the transport was made in.
+        self._unavailable = None  # A transport whose server went away (see _server_gone).
+        self._lock = threading.Lock()
+        self._lock_generation = _fork_generation
+        self._closed = False
+
+    @property
+    def address(self) -> Address:
+        """The server's address (as given, or as resolved once connected)."""
+        transport = self.transport
+        return transport.address if transport is not None else self._address
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            transport = self.transport
+        if transport is not None:
+            transport.close()
+
     def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
-        data, buffers = serialization.dumps((args, kwargs), f'the arguments of {method!r}',
-                                            _ARGUMENT_NAMES, compress=self._compress)
+        """Makes a blocking call and returns its result (named as on Client before: stack
+        views show a thread blocked in a call by it)."""
+        data, buffers = serialization.dumps_arguments(args, kwargs, method, self._compress)
         started = metrics.clock()
         listed = self._waiting
         if listed is not None:
@@ -263,10 +314,27 @@ class Client:
             key = id(entry)
             listed[key] = entry
         try:
-            transport, response = self._patiently(
-                lambda transport: transport.call(method, data, buffers, self._call_timeout),
-                method)
-            result = _result(method, transport.address, response)
+            transport = self.transport
+            if transport is not None and self._generation == _fork_generation:
+                # Connected in this process, the common case: the call goes at once (no
+                # closure, no retry loop); a server found unavailable goes on as the first try
+                # of `patiently`.
+                fresh = self._fresh
+                try:
+                    response = transport.call(method, data, buffers, self._call_timeout)
+                except errors.ServerUnavailableError as error:
+                    transport, response = self.patiently(
+                        self._attempt(method, data, buffers), method, (transport, fresh, error))
+                else:
+                    if fresh:
+                        self._fresh = False
+            else:
+                transport, response = self.patiently(self._attempt(method, data, buffers),
+                                                     method)
+            if response.status != wire.OK:
+                raise _error(method, transport.address, response)
+            result = serialization.loads(response.pickle, response.buffers,
+                                         ('the result of', method))
         except BaseException:
             if self._calls is not None:  # None: no connection was ever made.
                 self._calls.record(method, started, True)
@@ -277,39 +345,52 @@ class Client:
         self._calls.record(method, started, False)
         return result
 
-    def _patiently(self, attempt: Callable[[Any], Any], method: Optional[str] = None) -> tuple:
+    def _attempt(self, method: str, data: bytes, buffers: List[Any]) -> Callable[[Any], Any]:
+        """What `patiently` tries for a blocking call (a closure made here: `call` then keeps
+        its variables plain, which is cheaper than the cells a closure there would need)."""
+        return lambda transport: transport.call(method, data, buffers, self._call_timeout)
+
+    def patiently(self, attempt: Callable[[Any], Any], method: Optional[str] = None,
+                  failed: Optional[tuple] = None) -> tuple:
         """Returns the transport and what ``attempt(transport)`` returned; a blocking call that
         never reached its server goes again while an AddressResolver says so, and one that may
-        have reached it (call ``method``) is sent again where the resolver's ``resend`` says so."""
+        have reached it (call ``method``) is sent again where the resolver's ``resend`` says so.
+        ``failed``: ``(transport, fresh, error)`` of a first try made already, which found the
+        server unavailable."""
         started = sends = None
         while True:
-            fresh = self._fresh
-            transport = self._connection()
-            try:
-                result = attempt(transport)
-            except errors.ServerUnavailableError as error:
-                self._server_gone(transport)
-                started = started or time.monotonic()
-                address = self._address
-                if isinstance(address, AddressResolver):
-                    sends = sends or _Sends()  # (made on a failure only: not per call)
-                    sent = sends.lost(error)
-                    resend = None if method is None else address.resend(method, sent)
-                    if resend or (resend is None and fresh
-                                  and address.retry(time.monotonic() - started)):
-                        continue
-                    explained = address.explain(error)
-                    if explained is not error:
-                        raise explained from error
-                raise
-            self._fresh = False
-            return transport, result
+            if failed is None:
+                fresh = self._fresh
+                transport = self.connection()
+                try:
+                    result = attempt(transport)
+                except errors.ServerUnavailableError as error:
+                    failed = transport, fresh, error
+                else:
+                    self._fresh = False
+                    return transport, result
+            transport, fresh, error = failed
+            failed = None
+            self._server_gone(transport)
+            started = started or time.monotonic()
+            address = self._address
+            if isinstance(address, AddressResolver):
+                sends = sends or _Sends()  # (made on a failure only: not per call)
+                sent = sends.lost(error)
+                resend = None if method is None else address.resend(method, sent)
+                if resend or (resend is None and fresh
+                              and address.retry(time.monotonic() - started)):
+                    continue
+                explained = address.explain(error)
+                if explained is not error:
+                    raise explained from error
+            raise error
 
-    def _call_async(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
+    def call_async(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
+        """Starts a call and returns its future."""
         try:
-            data, buffers = serialization.dumps((args, kwargs), f'the arguments of {method!r}',
-                                                _ARGUMENT_NAMES, compress=self._compress)
-            transport = self._connection()
+            data, buffers = serialization.dumps_arguments(args, kwargs, method, self._compress)
+            transport = self.connection()
         except Exception as error:  # pylint: disable=broad-except
             future = concurrent.futures.Future()
             future.set_exception(error)
@@ -348,42 +429,39 @@ class Client:
                 future.explain = self._address.explain
         return future
 
-    def _list_methods(self) -> List[str]:
-        return self._patiently(lambda transport: transport.list_methods(self._call_timeout))[1]
-
-    def _connection(self):
+    def connection(self):
         """Returns the transport, connecting on first use in each process."""
-        transport = self._transport
+        transport = self.transport
         generation = _fork_generation
-        if transport is not None and self._transport_generation == generation:
+        if transport is not None and self._generation == generation:
             return transport
         if self._lock_generation != generation:  # Forked: the lock may be held forever.
             self._lock = threading.Lock()
             self._lock_generation = generation
         with self._lock:
             gone, self._unavailable = self._unavailable, None
-            if gone is not None and gone is self._transport:
+            if gone is not None and gone is self.transport:
                 gone.close()
-                self._transport = None
-            if self._transport is None or self._transport_generation != generation:
+                self.transport = None
+            if self.transport is None or self._generation != generation:
                 from courier import transport as transports  # pylint: disable=import-outside-toplevel
-                self._transport = transports.connect(
+                self.transport = transports.connect(
                     self._resolve_address(), auth_token=security.resolve_auth_token(
                         self._auth_token), tls=self._tls, wait_for_ready=self._wait_for_ready,
                     protocol=self._protocol)
-                self._calls = metrics.table(metrics.CLIENT, self._transport.address)
+                self._calls = metrics.table(metrics.CLIENT, self.transport.address)
                 self._fresh = True
-                self._transport_generation = generation
+                self._generation = generation
                 if self._closed:  # Its calls raise the error that says the client was closed.
-                    self._transport.close()
-            return self._transport
+                    self.transport.close()
+            return self.transport
 
     def _server_gone(self, transport) -> None:
         """A call found the server unavailable: with a callable address, the next call resolves
         it again (and closes this transport)."""
-        if callable(self._address) and transport is self._transport:
+        if callable(self._address) and transport is self.transport:
             self._unavailable = transport
-            self._transport_generation = -1  # The next call takes the slow path.
+            self._generation = -1  # The next call takes the slow path.
 
     def _resolve_address(self) -> str:
         address = self._address
@@ -407,18 +485,18 @@ class Client:
 class _Method:
     """``client.name``: calling it calls the remote method ``name``."""
 
-    __slots__ = ('_client', '_name')
+    __slots__ = ('_client', '_link', '_name')
 
     def __init__(self, client: Client, name: str):
         self._client = client
+        self._link = client._link  # pylint: disable=protected-access
         self._name = name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._client._call(self._name, args, kwargs)  # pylint: disable=protected-access
+        return self._link._call(self._name, args, kwargs)  # pylint: disable=protected-access
 
     def __repr__(self) -> str:
         return f'<remote method {self._name!r} of {self._client!r}>'
-
 
 class _Futures:
     """``client.futures``: its attributes start calls and return futures."""
@@ -447,7 +525,7 @@ class _AsyncMethod(_Method):
     __slots__ = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
-        return self._client._call_async(self._name, args, kwargs)  # pylint: disable=protected-access
+        return self._link.call_async(self._name, args, kwargs)
 
 
 class _ResentAsyncMethod(_Method):

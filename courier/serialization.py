@@ -21,7 +21,7 @@ import pickle
 import struct
 import types
 import zlib
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from courier import errors
 
@@ -33,6 +33,7 @@ INBAND_LIMIT = 16 * 1024
 # A compressed message: this prefix (never the start of a pickle), the number of buffers, the
 # length of the pickle and of each buffer, then zlib's compression of them all, concatenated.
 COMPRESSED_PREFIX = b'\xffCZ1'
+_COMPRESSED_FIRST_BYTE = COMPRESSED_PREFIX[0]
 # Smaller values are only stored in a compressed message: compressing them saves less than it
 # costs.
 COMPRESS_MIN_BYTES = 64 * 1024
@@ -41,14 +42,24 @@ _COMPRESS_LEVEL = 1  # fast: large payloads are mostly numbers
 # How deep _find_culprit looks into containers and object attributes.
 _MAX_CULPRIT_DEPTH = 8
 
+# The pickles of what many calls carry: no arguments, and a result of None. They are made
+# once: `dumps_arguments` and `dumps` return them without pickling, `loads` knows them.
+NO_ARGUMENTS = pickle.dumps(((), {}), protocol=PROTOCOL)
+_NONE = pickle.dumps(None, protocol=PROTOCOL)
+_ARGUMENT_NAMES = ('args', 'kwargs')
 
-def dumps(value: Any, what: str, top_names: Optional[Sequence[str]] = None, *,
+# What a value is, in error messages: "the result of 'add'", or as a pair ('the result of',
+# 'add'), which is put together only when a message needs it (callers pass one per call).
+What = Union[str, Tuple[str, str]]
+
+
+def dumps(value: Any, what: What, top_names: Optional[Sequence[str]] = None, *,
           compress: bool = False) -> Tuple[bytes, List[memoryview]]:
     """Pickles ``value``; returns the pickle stream and its out-of-band buffers.
 
     Args:
       value: What to pickle.
-      what: Describes ``value`` in error messages, e.g. "the result of 'add'".
+      what: Describes ``value`` in error messages (see :data:`What`).
       top_names: Names of the elements of a tuple ``value``, used to point at the
         offending part in error messages (e.g. ``('args', 'kwargs')``).
       compress: Compress a large value (see the module docstring).
@@ -56,21 +67,31 @@ def dumps(value: Any, what: str, top_names: Optional[Sequence[str]] = None, *,
     Raises:
       errors.SerializationError: neither pickle nor cloudpickle can pickle it.
     """
-    buffers: List[memoryview] = []
+    if value is None and not compress:
+        return _NONE, []
+    buffers = _OutOfBand()
     try:
-        data = pickle.dumps(value, protocol=PROTOCOL,
-                            buffer_callback=_buffer_collector(buffers))
+        data = pickle.dumps(value, protocol=PROTOCOL, buffer_callback=buffers.keep)
     except Exception:  # pylint: disable=broad-except
         buffers.clear()
         try:
-            data = cloudpickle_dumps(value, protocol=PROTOCOL,
-                                     buffer_callback=_buffer_collector(buffers))
+            data = cloudpickle_dumps(value, protocol=PROTOCOL, buffer_callback=buffers.keep)
         except Exception as error:  # pylint: disable=broad-except
             raise errors.SerializationError(
-                _describe_failure(value, what, top_names, error)) from error
+                _describe_failure(value, _text(what), top_names, error)) from error
     if compress:
         return _compressed(data, buffers)
     return data, buffers
+
+
+def dumps_arguments(args: tuple, kwargs: dict, method: str, compress: bool = False
+                    ) -> Tuple[bytes, List[memoryview]]:
+    """Pickles the ``(args, kwargs)`` of a call of ``method``, as :func:`dumps` does; a call
+    without arguments costs no pickling."""
+    if not args and not kwargs and not compress:
+        return NO_ARGUMENTS, []
+    return dumps((args, kwargs), ('the arguments of', method), _ARGUMENT_NAMES,
+                 compress=compress)
 
 
 def cloudpickle_dumps(value: Any, protocol: int = PROTOCOL,
@@ -140,20 +161,25 @@ def _decompressed(data: Any) -> Tuple[memoryview, List[memoryview]]:
     return parts[0], parts[1:]  # the buffers are writable, like received ones
 
 
-def loads(data: Any, buffers: Sequence[Any], what: str) -> Any:
-    """Unpickles what :func:`dumps` produced.
+def loads(data: Any, buffers: Sequence[Any], what: What) -> Any:
+    """Unpickles what :func:`dumps` produced (``what``: as for :func:`dumps`).
 
     Raises:
       errors.SerializationError: the data cannot be unpickled here, e.g. it names
         a class or module this process cannot import.
     """
+    if data == _NONE:
+        return None
+    if data == NO_ARGUMENTS:
+        return (), {}
     try:
-        if is_compressed(data):
+        # A pickle starts with 0x80: its first byte rules out compression without a call.
+        if data and data[0] == _COMPRESSED_FIRST_BYTE and is_compressed(data):
             data, buffers = _decompressed(data)
         return pickle.loads(data, buffers=buffers)
     except Exception as error:  # pylint: disable=broad-except
         raise errors.SerializationError(
-            f'cannot unpickle {what}: {type(error).__name__}: {error}. Every class '
+            f'cannot unpickle {_text(what)}: {type(error).__name__}: {error}. Every class '
             f'sent over courier must be importable on the receiving side.') from error
 
 
@@ -165,20 +191,26 @@ def type_name(value: Any) -> str:
     return f'{cls.__module__}.{cls.__qualname__}'
 
 
-def _buffer_collector(buffers: List[memoryview]):
-    """Returns a pickle ``buffer_callback`` that keeps large contiguous buffers out-of-band."""
+def _text(what: What) -> str:
+    return what if isinstance(what, str) else f'{what[0]} {what[1]!r}'
 
-    def collect(buffer: pickle.PickleBuffer) -> bool:
+
+class _OutOfBand(list):
+    """The out-of-band buffers of one pickle; ``keep`` is its ``buffer_callback`` (a bound
+    method: cheaper to make per pickle than a closure)."""
+
+    __slots__ = ()
+
+    def keep(self, buffer: pickle.PickleBuffer) -> bool:
+        """Keeps a large contiguous buffer out-of-band (returns False); others go in-band."""
         try:
             raw = buffer.raw()
         except (BufferError, ValueError):  # Not contiguous: pickle it in-band.
             return True
         if raw.nbytes < INBAND_LIMIT:
             return True
-        buffers.append(raw)
+        self.append(raw)
         return False
-
-    return collect
 
 
 def _describe_failure(value: Any, what: str, top_names: Optional[Sequence[str]],

@@ -16,6 +16,7 @@ from courier import serialization
 from courier import wire
 
 _get_ident = threading.get_ident  # (read once: it runs on every call)
+_COROUTINE = types.CoroutineType
 
 _logger = logging.getLogger('courier')
 
@@ -207,7 +208,9 @@ class Server:
             self._state = _STARTED
 
     def Stop(self, grace: Optional[float] = None) -> None:  # pylint: disable=invalid-name
-        """Stops serving and releases the address; calls in flight are cancelled.
+        """Stops serving and releases the address and the methods it served (the objects they
+        belong to can be freed while the server is still referenced); calls in flight are
+        cancelled.
 
         Args:
           grace: Seconds to let calls in flight finish first (default: none).
@@ -217,6 +220,8 @@ class Server:
                 return
             self._state = _STOPPED
         self._transport.stop(grace)
+        with self._lock:
+            self._methods = {}
         self._stopped.set()
 
     def Join(self) -> None:  # pylint: disable=invalid-name
@@ -257,13 +262,16 @@ class Server:
                   buffers: List[Any]) -> wire.Response:
         """Runs one call; every failure becomes an error response, never an exception."""
         try:
-            args, kwargs = _unpack_arguments(method, serialization.loads(
-                pickle, buffers, f'the arguments of {method!r}'))
+            value = serialization.loads(pickle, buffers, ('the arguments of', method))
+            if (value.__class__ is not tuple or len(value) != 2  # (checked here: every call)
+                    or value[0].__class__ is not tuple or value[1].__class__ is not dict):
+                value = _unpack_arguments(method, value)  # Raises, saying why (or a subclass).
+            args, kwargs = value
         except errors.SerializationError as error:
             return wire.Response(wire.SERIALIZATION_ERROR, message=str(error))
         try:
             result = fn(*args, **kwargs)
-            if isinstance(result, types.CoroutineType):
+            if result.__class__ is _COROUTINE:  # (not subclassable: as isinstance, cheaper)
                 result.close()
                 raise TypeError(f'courier method {method!r} returned a coroutine: courier calls '
                                 f'plain functions; bind a wrapper that runs it, e.g. with '
@@ -272,7 +280,8 @@ class Server:
             return _exception_response(method, error)
         try:  # a client that compresses its calls gets its results compressed too
             data, result_buffers = serialization.dumps(
-                result, f'the result of {method!r}', compress=serialization.is_compressed(pickle))
+                result, ('the result of', method),
+                compress=serialization.is_compressed(pickle))
         except errors.SerializationError as error:
             return wire.Response(wire.SERIALIZATION_ERROR, message=str(error))
         return wire.Response(wire.OK, data, result_buffers)

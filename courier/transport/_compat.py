@@ -3,8 +3,8 @@
 Every call makes a ``concurrent.futures.Future``, and most are completed before anyone waits
 for them; ``Future()`` builds a ``threading.Condition`` and ``result()`` takes its lock even
 then. :class:`LightFuture` is a ``Future`` that builds ``Future.__init__``'s attributes itself,
-with :class:`LightCondition` (cheaper to make, free to notify without waiters), and returns a
-completed result without the lock: a measured part of a call's cost
+with :class:`LightCondition` (cheaper to make, free to notify without waiters, entered with
+no Python code), and returns a completed result without the lock: a measured part of a call's cost
 (``benchmarks/courier_bench.py``). It relies on what CPython 3.9 to 3.13 have:
 
 - ``Future``'s instance attributes (``_condition``, ``_state``, ``_result``, ``_exception``,
@@ -13,7 +13,8 @@ completed result without the lock: a measured part of a call's cost
   its ``_state``;
 - ``threading.Condition``'s methods using no attribute but ``_lock``, ``acquire``,
   ``release``, ``_release_save``, ``_acquire_restore``, ``_is_owned`` and ``_waiters``;
-- ``_thread.RLock``'s ``_release_save``, ``_acquire_restore`` and ``_is_owned``.
+- ``_thread.RLock``'s ``_release_save``, ``_acquire_restore`` and ``_is_owned``, and its
+  being a type that can be subclassed.
 
 ``tests/courier/test_compat.py`` checks each of them on the running Python, so a Python that
 changes them fails there, by name, rather than as a call that hangs.
@@ -26,7 +27,7 @@ import collections
 import concurrent.futures
 from concurrent.futures import _base as _futures  # pylint: disable=protected-access
 import threading
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, ContextManager, List, Optional
 
 PENDING, CANCELLED, FINISHED = _futures.PENDING, _futures.CANCELLED, _futures.FINISHED
 
@@ -36,32 +37,33 @@ CONDITION_ATTRIBUTES = ('_lock', 'acquire', 'release', '_release_save', '_acquir
 RLOCK_METHODS = ('_release_save', '_acquire_restore', '_is_owned')
 
 
-class LightCondition(threading.Condition):
-    """A ``threading.Condition`` on a new reentrant lock, made for less than one costs.
+class LightCondition(_thread.RLock):
+    """A ``threading.Condition`` that is its own reentrant lock, made for less than one costs.
 
-    It holds only what ``threading.Condition``'s methods use (its reentrant lock and that lock's
-    own save/restore), and notifying it without waiters does nothing.
+    It has ``threading.Condition``'s methods, which use only what it provides (the lock's own
+    save/restore, and its waiters), and notifying it without waiters does nothing. Being the
+    lock, it is entered by the lock's own (C) ``__enter__``: an exception raised in the thread
+    from outside (a local_mt stop raising in a thread node) cannot land between taking the
+    lock and entering the block, where ``Condition.__enter__`` (Python code) leaves it held and
+    the thread completing the future waits for ever.
     """
 
+    __slots__ = ('_waiters',)
+
     def __init__(self):  # pylint: disable=super-init-not-called
-        lock = _thread.RLock()
-        self._lock = lock
-        self.acquire = lock.acquire
-        self.release = lock.release
-        self._waiters = collections.deque()
+        self._waiters: 'collections.deque' = collections.deque()
 
-    def _release_save(self):
-        return self._lock._release_save()  # pylint: disable=protected-access
+    @property
+    def _lock(self) -> 'LightCondition':
+        return self
 
-    def _acquire_restore(self, state) -> None:
-        self._lock._acquire_restore(state)  # pylint: disable=protected-access
-
-    def _is_owned(self) -> bool:
-        return self._lock._is_owned()  # pylint: disable=protected-access
+    wait = threading.Condition.wait
+    wait_for = threading.Condition.wait_for
+    notify = threading.Condition.notify
 
     def notify_all(self) -> None:
         if self._waiters:
-            super().notify_all()
+            self.notify(len(self._waiters))
 
 
 class LightFuture(concurrent.futures.Future):
@@ -81,7 +83,7 @@ class LightFuture(concurrent.futures.Future):
             return self._result
         return super().result(timeout)
 
-    def locked(self) -> threading.Condition:
+    def locked(self) -> ContextManager[bool]:
         """The future's condition, to hold while changing it (a context manager)."""
         return self._condition
 

@@ -25,6 +25,7 @@ from courier import security
 from courier.transport import _base
 from courier.transport import _here
 from courier.transport import frames
+from courier.transport import keepalive
 from courier.transport import same_host
 from courier.transport import shm
 
@@ -36,9 +37,10 @@ _HELLO_ATTEMPTS = 5
 _IDLE_CHECK = 0.002
 # Seconds a client gives a server's same-host socket to welcome it before it stays on TCP.
 _SAME_HOST_TIMEOUT = 5.0
-# Errors of a TCP connection attempt after which a server that is not up yet may come up.
+# Errors of a TCP connection attempt after which a server that is not up yet may come up
+# (ETIMEDOUT: its host did not answer for keepalive.DEAD_AFTER seconds).
 _RETRIED = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
-                      errno.ECONNRESET, errno.ECONNABORTED, errno.EAGAIN})
+                      errno.ECONNRESET, errno.ECONNABORTED, errno.EAGAIN, errno.ETIMEDOUT})
 
 
 class Target:
@@ -81,15 +83,13 @@ class Target:
             return sock
         try:
             sock = self.context.wrap_socket(sock, server_hostname=self.server_name)
-        except socket.timeout:
-            sock.close()
-            raise
-        except self.tls.CertificateError as error:
-            sock.close()
-            raise unreachable(f"failed: TLS: the server's certificate is not trusted "
-                              f'({describe(error)})') from None
         except OSError as error:  # Includes ssl.SSLError: not a TLS server, or gone.
             sock.close()
+            if deadline_passed(error):
+                raise
+            if isinstance(error, self.tls.CertificateError):
+                raise unreachable(f"failed: TLS: the server's certificate is not trusted "
+                                  f'({describe(error)})') from None
             raise unreachable(f'failed: the TLS handshake failed ({describe(error)}); does the '
                               f'server serve TLS (courier.Server(tls=...))?') from None
         if sock.selected_alpn_protocol() != self.tls.COURIER:
@@ -107,16 +107,16 @@ class Target:
         for family, kind, protocol, _, sockaddr in infos:
             sock = socket.socket(family, kind, protocol)
             try:
+                keepalive.configure(sock)  # Also bounds connecting to a host that is silent.
                 if deadline is not None:
                     time_out_at(sock, deadline)
                 sock.connect(sockaddr)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 return sock
-            except socket.timeout:
-                sock.close()
-                raise
             except OSError as error:
                 sock.close()
+                if deadline_passed(error):
+                    raise
                 last = error
         raise last
 
@@ -142,7 +142,7 @@ def unreachable(what: str,
 class DialedConnection:
     """One socket to the server, after a successful hello."""
 
-    __slots__ = ('sock', 'reader', 'tcp', 'used', 'shared', '__weakref__')
+    __slots__ = ('sock', 'reader', 'tcp', 'used', 'shared', 'timed', '__weakref__')
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -154,6 +154,9 @@ class DialedConnection:
         self.used = time.monotonic()  # When its last blocking call started.
         # Large buffers go both ways in shared memory (the server said so in its welcome).
         self.shared = False
+        # Whether the socket may have a timeout (dialing sets one, and so does a blocking call
+        # with a deadline): a call without one then clears it; others skip the system call.
+        self.timed = True
 
     def closed_meanwhile(self) -> bool:
         """Whether the server closed this idle TCP connection (or said why it will).
@@ -211,9 +214,11 @@ def open_connection(target: Target, token: Optional[str], mode: int, wait_for_re
                 return connection
         try:
             sock = target.connect(deadline)
-        except (Unreachable, socket.timeout):
+        except Unreachable:
             raise
         except OSError as error:
+            if deadline_passed(error):
+                raise
             retried = (isinstance(error, (FileNotFoundError, ConnectionRefusedError))
                        or path is None and error.errno in _RETRIED)
             if not retried:
@@ -325,11 +330,11 @@ def _hello(connection: DialedConnection, token: Optional[str],
     try:
         frames.send(sock, frames.encode(
             frames.HELLO, mode, frames.VERSION, (token or '').encode(), frames.MAGIC))
-    except socket.timeout:
-        connection.close()
-        raise
-    except OSError:
-        pass  # A server refusing the connection may close it first: its answer says why.
+    except OSError as error:
+        if deadline_passed(error):
+            connection.close()
+            raise
+        # Else a server refusing the connection may have closed it first: its answer says why.
     try:
         first = connection.reader.peek(_HTTP2_HEADER)
         if first and first[0] not in _ANSWERS:
@@ -340,13 +345,13 @@ def _hello(connection: DialedConnection, token: Optional[str],
             raise unreachable(f'failed: the socket does not serve the courier protocol (it '
                               f'answered the hello with {first!r})', errors.ProtocolError)
         return connection.reader.read_frame(), None
-    except socket.timeout:
-        connection.close()
-        raise
     except Unreachable:
         connection.close()
         raise
     except (EOFError, OSError, frames.ProtocolViolation) as error:
+        if deadline_passed(error):
+            connection.close()
+            raise
         return None, error
 
 
@@ -375,6 +380,13 @@ def time_out_at(sock: socket.socket, deadline: float) -> None:
     if remaining <= 0:
         raise socket.timeout
     sock.settimeout(remaining)
+
+
+def deadline_passed(error: BaseException) -> bool:
+    """Whether ``error`` is a socket's timeout (the caller's deadline passed), not the kernel's
+    ETIMEDOUT (the peer stopped answering: :mod:`.keepalive`); Python raises TimeoutError for
+    both."""
+    return isinstance(error, socket.timeout) and error.errno is None
 
 
 def describe(error: BaseException) -> str:

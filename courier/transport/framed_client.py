@@ -17,6 +17,7 @@ socket and go to the server object found in :mod:`._here`, where
 
 from __future__ import annotations
 
+import errno
 import functools
 import heapq
 import itertools
@@ -33,6 +34,13 @@ from courier.transport import _base
 from courier.transport import _here
 from courier.transport import dial
 from courier.transport import frames
+from courier.transport import keepalive
+from courier.transport import outbox
+
+# Method names as calls carry them (UTF-8), encoded once: a call then looks its name up.
+_names: Dict[str, bytes] = {}
+_NAMES_KEPT = 4096  # Names beyond these many are encoded at each call.
+
 
 def connect(address: str, endpoint: _base.Endpoint, *, auth_token: Optional[str],
             wait_for_ready: bool,
@@ -94,18 +102,24 @@ class FramedClientTransport(_base.ClientTransport):
     # Blocking calls.
 
     def call(self, method, pickle, buffers, timeout):
-        name = _base.encode_method(method, self.address)
+        name = _names.get(method)
+        if name is None:
+            name = _base.encode_method(method, self.address)
+            if len(_names) < _NAMES_KEPT:
+                _names[method] = name
         server = _here.servers.get(self._path)
         if server is None:
             deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                frame = self._exchange((frames.CALL, name, pickle, buffers), method, timeout,
+                frame = self._exchange(frames.CALL, name, pickle, buffers, method, timeout,
                                        deadline)
             except dial.ServerHere:
                 server = _stopped_meanwhile(self._path, method, self.address)
                 if deadline is not None:
                     timeout = max(0.0, deadline - time.monotonic())
             else:
+                if frame.kind == frames.RESPONSE and frame.status == wire.OK:
+                    return wire.Response(wire.OK, frame.payload, frame.buffers)
                 return _response(frame, method, self.address)
         elif self._held.closed:
             raise _base.closed(method, self.address)
@@ -117,7 +131,7 @@ class FramedClientTransport(_base.ClientTransport):
         if server is None:
             deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                frame = self._exchange(_LIST_REQUEST, method, timeout, deadline)
+                frame = self._exchange(frames.LIST, b'', b'', (), method, timeout, deadline)
             except dial.ServerHere:
                 server = _stopped_meanwhile(self._path, method, self.address)
         elif self._held.closed:
@@ -129,18 +143,32 @@ class FramedClientTransport(_base.ClientTransport):
             raise _unexpected(frame, method, self.address)
         return _base.decode_method_list(frame.payload, self.address)
 
-    def _exchange(self, request: tuple, method: str, timeout: Optional[float],
+    def _exchange(self, kind: int, text: bytes, payload: Any, buffers: Sequence[Any],
+                  method: str, timeout: Optional[float],
                   deadline: Optional[float]) -> frames.Frame:
-        """Sends a request, ``(kind, text, payload, buffers)``, on this thread's connection
-        and reads the answer to it."""
+        """Sends a request frame on this thread's connection and reads the answer to it."""
         connection = getattr(self._local, 'connection', None)
         if connection is not None and self._held.closed:
             raise _base.closed(method, self.address)
-        for attempt in range(2):
+        for attempt in (0, 1):
             if connection is None:
                 connection = self._connect_blocking(method, timeout, deadline)
             try:
-                return _send_and_read(connection, request, deadline)
+                sock = connection.sock
+                if deadline is not None:
+                    dial.time_out_at(sock, deadline)
+                    connection.timed = True
+                elif connection.timed:
+                    sock.settimeout(None)
+                    connection.timed = False
+                if connection.tcp and connection.closed_meanwhile():
+                    raise _Unsent(ConnectionResetError('the server closed the idle connection'),
+                                  _last_words(connection))
+                try:
+                    frames.send_frame(sock, kind, 0, 0, text, payload, buffers, connection.shared)
+                except (BrokenPipeError, ConnectionResetError) as error:
+                    raise _Unsent(error, _last_words(connection)) from None
+                return connection.reader.read_frame()
             except _Unsent as unsent:
                 # The server closed this connection while it sat idle (it stopped or
                 # restarted), or refused it; the request never arrived, so a new connection
@@ -154,15 +182,14 @@ class FramedClientTransport(_base.ClientTransport):
                         errors.ServerUnavailableError, method, self.address,
                         f'failed: the server closed two connections before the call went out '
                         f'({dial.describe(unsent.error)})')) from None
-            except socket.timeout:
-                self._drop(connection)
-                raise _base.call_timeout(method, self.address, timeout) from None
             except frames.ProtocolViolation as error:
                 self._drop(connection)
                 raise _base.call_error(errors.ProtocolError, method, self.address,
                                        f'got a malformed answer: {error}') from None
             except (EOFError, OSError) as error:
                 self._drop(connection)
+                if dial.deadline_passed(error):
+                    raise _base.call_timeout(method, self.address, timeout) from None
                 if self._held.closed:
                     raise _base.closed(method, self.address) from None
                 raise _base.call_error(errors.ServerUnavailableError, method, self.address,
@@ -271,25 +298,6 @@ def _never_sent(error: errors.CourierError) -> errors.CourierError:
     return error
 
 
-def _send_and_read(connection: dial.DialedConnection, request: tuple,
-                   deadline: Optional[float]) -> frames.Frame:
-    kind, text, payload, buffers = request
-    parts = frames.encode(kind, 0, 0, text, payload, buffers, connection.shared)
-    sock = connection.sock
-    if deadline is not None:
-        dial.time_out_at(sock, deadline)
-    elif sock.gettimeout() is not None:
-        sock.settimeout(None)
-    if connection.tcp and connection.closed_meanwhile():
-        raise _Unsent(ConnectionResetError('the server closed the idle connection'),
-                      _last_words(connection))
-    try:
-        frames.send(sock, parts)
-    except (BrokenPipeError, ConnectionResetError) as error:
-        raise _Unsent(error, _last_words(connection)) from None
-    return connection.reader.read_frame()
-
-
 def _last_words(connection: dial.DialedConnection) -> Optional[frames.Frame]:
     """What a server that closed the connection sent before (a refusal or a fault), if anything."""
     try:
@@ -298,9 +306,6 @@ def _last_words(connection: dial.DialedConnection) -> Optional[frames.Frame]:
     except Exception:  # pylint: disable=broad-except
         return None
     return frame if frame.kind in (frames.FAULT, frames.REFUSED) else None
-
-
-_LIST_REQUEST = (frames.LIST, b'', b'', ())
 
 
 def _stopped_meanwhile(path: str, method: str, address: str) -> _here.ServerHere:
@@ -328,7 +333,7 @@ class _Pipeline:
         self._address = address
         self._ids = itertools.count(1)
         self._pending: Dict[int, tuple] = {}  # call id -> (future, method, finish, owner)
-        self._outbox = frames.Outbox()
+        self._outbox = outbox.Outbox()
         self._lock = threading.Lock()
         self._connection: Optional[dial.DialedConnection] = None
         self._shared = False  # Large buffers go in shared memory (known once connected).
@@ -439,14 +444,17 @@ class _Deadlines:
         self._heap: List[tuple] = []
         self._order = itertools.count()
         self._compact_at = 1024
-        self._condition = threading.Condition()
+        # Entered as the lock: `add` runs in callers' threads, where an exception raised from
+        # outside (a local_mt stop) could land inside Condition.__enter__ and leave it held.
+        self._lock = threading.Lock()
+        self._condition = threading.Condition(self._lock)
         self._closed = False
         threading.Thread(target=self._run, daemon=True, name='courier-deadlines').start()
 
     def add(self, deadline: float, future: _base.CallFuture,
             timed_out: Callable[[], errors.CourierError]) -> None:
         """At ``deadline``, fails ``future`` with ``timed_out()`` unless it is done."""
-        with self._condition:
+        with self._lock:
             heap = self._heap
             if len(heap) >= self._compact_at:  # Drop the entries of calls that completed.
                 heap[:] = [entry for entry in heap if _waiting(entry[2])]
@@ -458,7 +466,7 @@ class _Deadlines:
                 self._condition.notify()
 
     def _run(self) -> None:
-        with self._condition:
+        with self._lock:
             while not self._closed:
                 heap = self._heap
                 if not heap:
@@ -477,7 +485,7 @@ class _Deadlines:
                         on_cancel()
 
     def close(self) -> None:
-        with self._condition:
+        with self._lock:
             self._closed = True
             self._heap = []
             self._condition.notify()
@@ -507,4 +515,8 @@ def _unexpected(frame: frames.Frame, method: str, address: str) -> errors.Courie
 
 
 def _went_away(error: BaseException) -> str:
+    if getattr(error, 'errno', None) in (errno.ETIMEDOUT, errno.EHOSTUNREACH):
+        return (f'failed: the server\'s host stopped answering during the call (nothing came '
+                f'back for about {keepalive.DEAD_AFTER} s: it is down, frozen or cut off the '
+                f'network) ({dial.describe(error)})')
     return f'failed: the server went away during the call ({dial.describe(error)})'

@@ -53,6 +53,7 @@ from courier import wire
 from courier.transport import _base
 from courier.transport import _here
 from courier.transport import frames
+from courier.transport import keepalive
 from courier.transport import loop as loops
 from courier.transport.limits import ServerLimits
 from courier.transport import pool as pools
@@ -146,6 +147,7 @@ def _tcp_listener(host: str, port: int) -> socket.socket:
     listener = socket.socket(family, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        keepalive.configure(listener)  # Accepted connections inherit it.
         listener.bind(sockaddr)
         listener.listen(loops.BACKLOG)
     except OSError as error:
@@ -403,7 +405,11 @@ class FramedServerTransport(_base.ServerTransport):
                 try:
                     response = handle_call(method, frame.payload, frame.buffers)
                     frame = None  # The arguments' memory goes before the answer is sent.
-                    frames.send(sock, _encode_response(0, response, connection.shared))
+                    if response.status == wire.OK:
+                        frames.send_frame(sock, frames.RESPONSE, wire.OK, 0, b'',
+                                          response.pickle, response.buffers, connection.shared)
+                    else:
+                        frames.send(sock, _encode_response(0, response, connection.shared))
                     response = None
                 finally:
                     connection.busy = False  # After the answer went out: Stop waits for it.
@@ -412,7 +418,7 @@ class FramedServerTransport(_base.ServerTransport):
             elif kind != frames.CANCEL:
                 raise frames.ProtocolViolation(f'unexpected frame of kind {kind}')
             frame = None
-            if not (reader.buffered or (pool.roomy() and not connection.tls)):
+            if not ((pool.roomy() and not connection.tls) or reader.buffered):
                 poller = poller or pool.poller(sock)
                 if not pool.linger(poller, self.limits.linger_ms):
                     return _RESUME

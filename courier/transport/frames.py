@@ -154,6 +154,19 @@ def encode(kind: int, status: int = 0, call_id: int = 0, text: bytes = b'', payl
     return [head, payload, *buffers]
 
 
+def send_frame(sock: socket.socket, kind: int, status: int = 0, call_id: int = 0,
+               text: bytes = b'', payload: Any = b'', buffers: Sequence[Any] = (),
+               shared: bool = False) -> None:
+    """Sends one frame: :func:`encode` then :func:`send`, in one step for a small frame
+    without buffers on a plain socket (most calls and answers): one ``sendall``."""
+    if not buffers and sock.__class__ is socket.socket:
+        size = payload.nbytes if payload.__class__ is memoryview else len(payload)
+        if size < _JOIN_LIMIT:
+            sock.sendall(HEADER.pack(kind, status, len(text), 0, call_id, size) + text + payload)
+            return
+    send(sock, encode(kind, status, call_id, text, payload, buffers, shared))
+
+
 def send(sock: socket.socket, parts: Sequence[Any]) -> None:
     """Sends every byte of ``parts``, in order (on a plain or a TLS socket)."""
     if sock.__class__ is not socket.socket:  # TLS: no sendmsg; a record per part is fine.
@@ -177,64 +190,6 @@ def send(sock: socket.socket, parts: Sequence[Any]) -> None:
             else:
                 views[0] = views[0][sent:]
                 sent = 0
-
-
-class Outbox:
-    """Frames that several threads send on one socket.
-
-    A thread that finds the socket busy leaves its frame here; the thread sending
-    sends it too, so frames from many threads go out in few system calls and no
-    thread ever waits for another's send.
-    """
-
-    def __init__(self, sock: Optional[socket.socket] = None):
-        self.sock = sock  # None while connecting: frames wait here.
-        self.skip: set = set()  # Call ids whose CALL frames must not go out (cancelled).
-        self._frames: collections.deque = collections.deque()
-        self._lock = threading.Lock()
-
-    def put(self, call_id: int, parts: List[Any]) -> None:
-        """Sends a frame, now or with the frames of the thread sending.
-
-        Raises:
-          OSError: sending failed; this frame and others queued are lost.
-        """
-        self._frames.append((call_id, parts))
-        self.flush()
-
-    def flush(self) -> None:
-        queued = self._frames
-        while queued and self.sock is not None:
-            if not self._lock.acquire(False):
-                return  # The sending thread re-checks after it is done.
-            try:
-                if len(queued) == 1 and not self.skip:
-                    send(self.sock, queued.popleft()[1])
-                else:
-                    self._write([queued.popleft() for _ in range(len(queued))])
-            finally:
-                self._lock.release()
-
-    def clear(self) -> None:
-        self._frames.clear()
-
-    def _write(self, batch: List[tuple]) -> None:
-        sock = self.sock
-        joined: List[Any] = []
-        skip = self.skip
-        for call_id, parts in batch:
-            if skip and call_id in skip:
-                skip.discard(call_id)
-                continue
-            if len(parts) == 1:
-                joined.append(parts[0])
-                continue
-            if joined:
-                send(sock, [b''.join(joined)])
-                joined = []
-            send(sock, parts)
-        if joined:
-            send(sock, [joined[0] if len(joined) == 1 else b''.join(joined)])
 
 
 def enlarge_send_buffer(sock: socket.socket) -> None:
@@ -429,9 +384,18 @@ class FrameReader:
             self._receives_left = _RECEIVES_PER_TURN
         if self._frame is not None:
             return self._read_parts()
-        if self._end - self._start < HEADER.size:
-            self._fill(HEADER.size)
         start = self._start
+        if self._end - start < HEADER.size:
+            if wait and self._end == start and self._buffer is not _EMPTY:
+                # Nothing buffered, as between calls: one receive at the front of the buffer.
+                count = self._receive_waiting(self._view)
+                if not count:
+                    raise EOFError('the peer closed the connection')
+                self._start = start = 0
+                self._end = count
+            if self._end - start < HEADER.size:
+                self._fill(HEADER.size)
+                start = self._start
         kind, status, text_size, count, call_id, payload_size = HEADER.unpack_from(
             self._buffer, start)
         if text_size > limits.text or payload_size > limits.payload or count > limits.buffers:
@@ -441,7 +405,8 @@ class FrameReader:
         if not count and end <= self._end:  # The whole frame is here: the common case.
             self._start = end
             buffer = self._buffer
-            return Frame(kind, status, call_id, bytes(buffer[body:body + text_size]),
+            return Frame(kind, status, call_id,
+                         bytes(buffer[body:body + text_size]) if text_size else b'',
                          buffer[body + text_size:end], [])
         sizes = ()
         if count:

@@ -27,6 +27,7 @@ from courier import errors
 from courier import security
 from courier import wire
 from courier.transport import _base
+from courier.transport import keepalive
 
 
 SERVICE = 'courier.Courier'
@@ -131,7 +132,7 @@ class GrpcClientTransport(_base.ClientTransport):
         self._wait_for_ready = wait_for_ready
         self._metadata = (((_AUTH_METADATA_KEY, _AUTH_SCHEME + auth_token),)
                           if auth_token else None)
-        options = list(CHANNEL_OPTIONS)
+        options = [*CHANNEL_OPTIONS, *keepalive.grpc_channel_options()]
         if tls is None:
             self._channel = grpc.insecure_channel(endpoint.grpc_target, options=options)
         else:

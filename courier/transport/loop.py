@@ -46,6 +46,7 @@ import time
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Set
 
 from courier.transport import frames
+from courier.transport import outbox
 from courier.transport.limits import ServerLimits
 
 _logger = logging.getLogger('courier')
@@ -83,7 +84,7 @@ class AcceptedConnection:
         self.reader = frames.FrameReader(sock)
         self.hello = bytearray()  # The hello's bytes so far.
         self.deadline = 0.0
-        self.outbox: Optional[frames.Outbox] = None
+        self.outbox: Optional[outbox.Outbox] = None
         # Futures connections: call id -> [calls with that id not answered, cancelled].
         self.calls: Dict[int, List[Any]] = {}
         self.lock = threading.Lock()  # Orders a cancellation or the end against a call's end.
@@ -564,7 +565,7 @@ class Loop:
             self._drop(connection)
             return
         connection.reader.patience = self.limits.linger_ms / 1000
-        connection.outbox = frames.Outbox(connection.sock)
+        connection.outbox = outbox.Outbox(connection.sock)
         frames.enlarge_send_buffer(connection.sock)
         connection.state = IDLE
         if connection.shared:

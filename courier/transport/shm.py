@@ -31,6 +31,8 @@ A value sent to many readers costs one copy:
   passes the same reader's description, and every reader maps the same pages.
 - A buffer that is all of a received one (an argument or result passed on as it came, as
   a cache does) goes on as the description it came in, without any copy.
+- A read-only array made by :func:`shared_array` lives on a segment of its own: it goes as
+  that segment, without any copy, and its owner holds no private copy either.
 
 ``COURIER_SHARED_MEMORY=0`` (read when courier is imported, on either side) turns this
 off: buffers then travel through the socket as before. ``COURIER_SHARED_MEMORY_MIN_BYTES``
@@ -44,12 +46,16 @@ import array
 import errno
 import fcntl
 import mmap
+import operator
 import os
 import socket
 import struct
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
+
+if TYPE_CHECKING:
+    import numpy
 
 _SUPPORTED = (hasattr(os, 'memfd_create') and hasattr(fcntl, 'F_ADD_SEALS')
               and hasattr(fcntl, 'F_OFD_SETLK') and os.path.isdir('/proc/self/fd'))  # Linux.
@@ -275,7 +281,7 @@ def _lock(fd: int, kind: int, start: int, length: int) -> bool:
 class _Segment:
     """A memfd a sender writes buffers into, again and again once no reader is left."""
 
-    __slots__ = ('file', 'capacity', 'mapping', 'writing')
+    __slots__ = ('file', 'capacity', 'mapping', 'writing', 'owned')
 
     def __init__(self, capacity: int):
         self.file = Memfd(os.memfd_create('courier', os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
@@ -286,6 +292,7 @@ class _Segment:
         # Copies into mapped pages run twice as fast as pwrite's into the file.
         self.mapping = mmap.mmap(self.file.fd, capacity)
         self.writing = True  # Taken by this process's thread that made it.
+        self.owned = False  # True while an array of shared_array() lives on it.
 
     def claim(self) -> bool:
         """Locks the segment for writing; False while a reader may still read it."""
@@ -301,8 +308,18 @@ class _Segment:
             self.mapping.madvise(mmap.MADV_REMOVE)  # A hole over all of it, for every mapper.
         except OSError:  # Not a kernel that can: the pages go once receivers unmap it.
             pass
-        self.mapping.close()
+        try:
+            self.mapping.close()
+        except BufferError:  # A shared_array() going away this moment: it unmaps with it.
+            pass
         self.file.close()
+
+    def reader(self) -> Memfd:
+        """A new reader's description of the (unclaimed) segment, holding a read lock."""
+        reader = Memfd(os.open(f'/proc/self/fd/{self.file.fd}', os.O_RDONLY | os.O_CLOEXEC))
+        if not _lock(reader.fd, fcntl.F_RDLCK, 0, _KEPT_AT):
+            raise OSError(errno.EAGAIN, 'a segment being written was locked by another')
+        return reader
 
     def write(self, view: memoryview) -> Memfd:
         """Writes ``view`` at the start of the claimed segment; returns a reader's
@@ -315,10 +332,7 @@ class _Segment:
             numpy.copyto(numpy.frombuffer(self.mapping, numpy.uint8, data.nbytes),
                          numpy.frombuffer(data, numpy.uint8))
             self.unclaim()
-            reader = Memfd(os.open(f'/proc/self/fd/{self.file.fd}', os.O_RDONLY | os.O_CLOEXEC))
-            if not _lock(reader.fd, fcntl.F_RDLCK, 0, _KEPT_AT):
-                raise OSError(errno.EAGAIN, 'a segment being written was locked by another')
-            return reader
+            return self.reader()
         finally:
             self.writing = False
 
@@ -331,15 +345,16 @@ class _Pool:
         self._lock = threading.Lock()
         self._segments: List[_Segment] = []  # Least recently used first.
 
-    def take(self, size: int) -> _Segment:
-        """A segment of at least ``size`` bytes for this thread to write, claimed."""
+    def take(self, size: int, owned: bool = False) -> _Segment:
+        """A segment of at least ``size`` bytes for this thread to write, claimed; or with
+        ``owned``, unclaimed and kept from reuse until :meth:`disown`."""
         capacity = -(-size // _GRAIN) * _GRAIN
         chosen = None
         kept = 0
         dropped = []
         with self._lock:
             for segment in reversed(self._segments):
-                if segment.writing or not segment.claim():
+                if segment.writing or segment.owned or not segment.claim():
                     continue  # Another thread writes it, or readers hold it.
                 if chosen is None and capacity <= segment.capacity <= capacity + capacity // 4:
                     chosen = segment
@@ -353,11 +368,20 @@ class _Pool:
                 chosen = _Segment(capacity)
             self._segments = [segment for segment in self._segments
                               if segment is not chosen and segment not in dropped]
-            chosen.writing = True
+            chosen.writing = not owned
+            chosen.owned = owned
+            if owned:
+                chosen.unclaim()
             self._segments.append(chosen)
         for segment in dropped:
             segment.free()
         return chosen
+
+    def disown(self, segment: _Segment) -> None:
+        """The array of :func:`shared_array` on ``segment`` is gone: reuse it once readers
+        let go."""
+        with self._lock:
+            segment.owned = False
 
     def reset(self) -> None:
         # A forked child writes into segments of its own, never its parent's.
@@ -403,11 +427,66 @@ class _Placed:
 _mappings = _Mappings()
 _pool = _Pool()
 _placed = _Placed()
+_owned: Dict[int, Tuple[weakref.ref, _Segment]] = {}  # By id: arrays of shared_array().
+
+
+def shared_array(shape: Union[int, Sequence[int]], dtype: Any = float) -> 'numpy.ndarray':
+    """A new numpy array (contents undefined, as ``numpy.empty``'s) in this process's
+    shared memory, from which it is sent without a copy once it is read-only.
+
+    Write the value into it, then ``array.setflags(write=False)``: every later send of it
+    (or of a read-only view starting where it starts) to a process of this host passes its
+    own pages, so a learner whose parameters live in such an array holds one copy of them,
+    shared with every caller. While it is writable it is copied at each send like any
+    array. Its memory is reused for a later array once it is gone and no reader holds
+    it. Where shared memory is off or the array is small, this is ``numpy.empty``.
+    """
+    import numpy  # pylint: disable=import-outside-toplevel
+    dtype = numpy.dtype(dtype)
+    if dtype.hasobject:
+        raise TypeError(f'courier.shared_array holds plain values, not Python objects (dtype '
+                        f'{dtype}): use a numeric or other fixed-size dtype')
+    try:
+        lengths = (operator.index(shape),)
+    except TypeError:
+        lengths = tuple(shape)
+    count = 1
+    for length in lengths:
+        count *= operator.index(length)
+    if not ENABLED or count * dtype.itemsize < MIN_BYTES or min(lengths, default=0) < 0:
+        return numpy.empty(shape, dtype)  # Also raises for a negative length.
+    segment = _pool.take(count * dtype.itemsize, owned=True)
+    # Every view of it has this flat array as its base (numpy collapses chains of views),
+    # so the segment stays owned while any of them lives.
+    flat = numpy.frombuffer(segment.mapping, dtype, count)
+    key = id(flat)
+
+    def gone(_, key=key, segment=segment):
+        _owned.pop(key, None)
+        _pool.disown(segment)
+
+    _owned[key] = (weakref.ref(flat, gone), segment)
+    return flat.reshape(shape)
+
+
+def _owned_segment(view: memoryview) -> Optional[_Segment]:
+    """The segment of :func:`shared_array` that ``view`` starts at the start of, if any."""
+    obj = view.obj
+    for _ in range(32):
+        entry = _owned.get(id(obj))
+        if entry is not None and entry[0]() is obj:
+            import numpy  # pylint: disable=import-outside-toplevel
+            start = numpy.frombuffer(view, numpy.uint8).__array_interface__['data'][0]
+            return entry[1] if start == obj.__array_interface__['data'][0] else None
+        obj = getattr(obj, 'base', None)
+        if obj is None:
+            return None
+    return None
 
 
 def _reader_holding(view: memoryview) -> Memfd:
     """A reader's description of a segment holding ``view``'s bytes: the one it was
-    received in or placed in before, else one just written."""
+    received in or placed in before (or that it lives in), else one just written."""
     file = _mappings.file_of(view.obj, view.nbytes)
     if file is not None:
         return file
@@ -417,7 +496,9 @@ def _reader_holding(view: memoryview) -> Memfd:
     with _placed.writing:  # Many callers of one new value at once: one writes, all share.
         file = _placed.get(exporter, view.nbytes)
         if file is None:
-            file = _pool.take(view.nbytes).write(view)
+            segment = _owned_segment(view)
+            file = (_pool.take(view.nbytes).write(view) if segment is None
+                    else segment.reader())
             _placed.put(exporter, view.nbytes, file)
     return file
 
@@ -427,6 +508,7 @@ def _reset_after_fork() -> None:
     _mappings.reset()
     _pool.reset()
     _placed.reset()
+    _owned.clear()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)

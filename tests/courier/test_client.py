@@ -19,7 +19,8 @@ import pytest
 import courier
 from courier import transport
 from tests.core.conftest import wait_until
-from tests.courier.conftest import serve_add
+from courier.transport import _here
+from tests.courier.conftest import NoServersHere, serve_add, serve_add_and_sleep
 
 def _call_in_child(client, queue):
     queue.put(client.add(20, 22))
@@ -397,6 +398,44 @@ def test_a_call_a_dying_server_closed_before_it_went_out_is_not_counted_as_sent(
     with pytest.raises(courier.ServerUnavailableError):
         client.futures.add(3, 3).result(timeout=20)
     assert resolver.asked[-1] == ('add', 1) and set(resolver.asked[:-1]) == {('add', 0)}
+
+class _ResendingOnce(_Resending):
+    """As _Resending, but lets a call that may have reached its server go once more."""
+
+    def resend(self, method, sent):
+        self.asked.append((method, sent))
+        return sent <= 1
+
+
+def test_a_connected_clients_blocking_calls_keep_their_outcomes(make_server, socket_dir,
+                                                                monkeypatch):
+    """Once connected, a blocking call goes straight to its transport, without the retry loop
+    of a first call: a remote error, a timeout naming the method (the connection then serves
+    the next call), a server dying during the call (re-sent where the resolver allows, else
+    ServerUnavailableError) all come out as from the loop, and the calls are counted."""
+    monkeypatch.setattr(_here, 'servers', NoServersHere())  # Through the socket.
+    first = serve_add_and_sleep(make_server, f'unix:{socket_dir}/first.sock')
+    second = serve_add_and_sleep(make_server, f'unix:{socket_dir}/second.sock')
+    resolver = _ResendingOnce(first.address, second.address)
+    client = courier.Client(resolver, call_timeout=2, wait_for_ready=False)
+    assert client.add(1, 2) == 3
+    with pytest.raises(TypeError):
+        client.add(1, 'x')
+    with pytest.raises(courier.CallTimeoutError, match="'sleep'.*Deadline Exceeded"):
+        client.sleep(10)
+    assert client.add(2, 2) == 4 and resolver.asked == []
+    threading.Timer(0.5, first.Stop, kwargs={'grace': 0}).start()
+    assert client.sleep(1.5) == 'slept'  # Its server died during it: sent again, to `second`.
+    assert resolver.asked == [('sleep', 1)] and client.add(3, 3) == 6
+    counts = {table['role']: table['methods'] for table in courier.metrics.snapshot()
+              if table['address'] == second.address}
+    assert counts['client']['add']['calls'] == 1 and counts['client']['sleep']['calls'] == 1
+    plain = courier.Client(second.address, call_timeout=20, wait_for_ready=False)
+    assert plain.add(1, 1) == 2
+    threading.Timer(0.5, second.Stop, kwargs={'grace': 0}).start()
+    with pytest.raises(courier.ServerUnavailableError, match="'sleep'.*went away"):
+        plain.sleep(1.5)
+
 
 class _Gone(courier.ServerUnavailableError):
     pass

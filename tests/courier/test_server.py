@@ -6,6 +6,7 @@ import os
 import socket
 import stat
 import threading
+import weakref
 
 import pytest
 
@@ -194,6 +195,27 @@ def test_stop_without_start_releases_the_port(make_server):
     server.Join()
     with socket.socket() as other:
         other.bind(('127.0.0.1', port))
+
+
+def test_a_stopped_server_lets_what_it_served_be_freed(make_server):
+    """A stopped server may be kept (by its owner, a launcher): the object it served is not, so
+    that what the object holds (a Reverb writer's stream to its server, say) is freed with it."""
+
+    class Served:
+        def ping(self):
+            return 'pong'
+
+    served = Served()
+    freed = threading.Event()
+    weakref.finalize(served, freed.set)
+    server = make_server()
+    server.bind_object(served)
+    server.Start()
+    assert courier.Client(server.address).ping() == 'pong'
+    del served
+    assert not freed.is_set()  # the running server holds it
+    server.Stop()
+    assert freed.is_set()
 
 
 class _Node:
