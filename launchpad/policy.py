@@ -24,14 +24,17 @@ class RestartPolicy:
     again after a backoff, as long as it has been restarted fewer than `max_restarts` times within
     the last `window` seconds. Past that, it fails for good: with `on_failure='fail'` the program
     fails (as without a policy), with `on_failure='drop'` the node is dropped and the program
-    goes on without it.
+    goes on without it. The backoff grows only while a node fails again soon after each start
+    (a crash loop): one that ran for `max_backoff` seconds or more before it failed starts again
+    after `backoff`, however often it was restarted before.
 
     Attributes:
       max_restarts: restarts allowed within `window` (0: none; the policy then only says what a
         failure does).
       window: seconds over which restarts are counted (None: the whole run).
-      backoff: seconds before the first restart; each further restart within the window waits
-        twice as long as the one before...
+      backoff: seconds before the first restart; each further restart of failures in a row (each
+        less than `max_backoff` seconds after the node's start) waits twice as long as the one
+        before...
       max_backoff: ...up to this many seconds.
       on_failure: 'fail' (the program fails) or 'drop' (the program goes on without the node).
     """
@@ -58,9 +61,9 @@ class RestartPolicy:
                              f"or 'drop' (the program goes on without the node), got "
                              f'{self.on_failure!r}.')
 
-    def delay(self, recent_restarts: int) -> float:
-        """Seconds to wait before a restart that follows `recent_restarts` within the window."""
-        return min(self.backoff * 2 ** min(recent_restarts, 64), self.max_backoff)
+    def delay(self, in_a_row: int) -> float:
+        """Seconds to wait before a restart that follows `in_a_row` failures in a row."""
+        return min(self.backoff * 2 ** min(in_a_row, 64), self.max_backoff)
 
     def describe(self) -> str:
         """The budget in words, for messages."""
@@ -75,7 +78,8 @@ class NodePolicy:
     Attributes:
       restart: the RestartPolicy, or None (a failure fails the program).
       progress_deadline: seconds the node may go without reporting progress (`lp.heartbeat()`,
-        or serving a call) before it counts as hung and fails; None: never.
+        or serving a call) before it counts as hung and fails; None: never. Time its thread
+        waits for a CPU or for a courier call's answer does not count (docs/failures.md).
     """
     restart: Optional[RestartPolicy] = None
     progress_deadline: Optional[float] = None
@@ -119,10 +123,12 @@ class RestartBudget:
     def __init__(self, policy: Optional[RestartPolicy]):
         self.policy = policy
         self._times: Deque[float] = collections.deque()
+        self._in_a_row = 0  # restarts since the node last ran for max_backoff s before failing
 
-    def next_delay(self, now: float) -> Optional[float]:
-        """Seconds until the node may start again after a failure at `now`, or None if the
-        policy allows no more restarts (the failure is final). Counts the restart if allowed."""
+    def next_delay(self, now: float, ran: Optional[float] = None) -> Optional[float]:
+        """Seconds until the node may start again after a failure at `now` of an instance that
+        ran `ran` seconds (None: it never started), or None if the policy allows no more
+        restarts (the failure is final). Counts the restart if allowed."""
         policy = self.policy
         if policy is None:
             return None
@@ -131,7 +137,10 @@ class RestartBudget:
                 self._times.popleft()
         if len(self._times) >= policy.max_restarts:
             return None
-        delay = policy.delay(len(self._times))
+        if ran is not None and ran >= policy.max_backoff:
+            self._in_a_row = 0  # it ran well: not a crash loop
+        delay = policy.delay(min(self._in_a_row, len(self._times)))
+        self._in_a_row += 1
         self._times.append(now)
         return delay
 

@@ -51,7 +51,9 @@ class Program:
           restart: what a failure of one of the group's nodes does (`lp.RestartPolicy`); by
             default it fails the program.
           progress_deadline: seconds a node of the group may go without progress
-            (`lp.heartbeat()`, or serving a call) before it counts as hung and fails.
+            (`lp.heartbeat()`, or serving a call) before it counts as hung and fails. Time its
+            thread waits for a CPU or for a courier call's answer does not count
+            (docs/failures.md, "What counts as silence").
           elastic: `lp.Elastic(make_node, min_size, max_size, budget)`: the group may grow and
             shrink while the program runs (`controller.resize`, `lp.resize`, a scaling policy).
         """

@@ -49,14 +49,21 @@ class StopSignal:
             self._triggered = True
             self.event.set()
             handlers, self._handlers = self._handlers, []
+        ended = None
         try:
             for handler in handlers:
                 try:
                     handler()
                 except Exception:  # pylint: disable=broad-except
                     logging.exception('Stop handler %r failed', handler)
+                except BaseException as e:  # pylint: disable=broad-except
+                    # Run in the node's own thread, a handler may end it (Acme's raises
+                    # SystemExit there): the node ends once the other handlers ran too.
+                    ended = ended or e
         finally:
             self._handled.set()
+        if ended is not None:
+            raise ended
 
     def wait_for_handlers(self, timeout: Optional[float]) -> bool:
         """Waits up to `timeout` for the stop handlers to have run, if the stop was triggered:
@@ -112,7 +119,8 @@ class NodeContext:
         environment does not carry it (the launching process of a local_mp program); else None.
       attempt: 0 in a node's first run, then how many times it was restarted (a restarted node
         can restore from its own checkpoint).
-      progress_deadline: seconds the node may go without progress before it counts as hung.
+      progress_deadline: seconds the node may go without progress before it counts as hung
+        (time it waits for a CPU or for a courier call's answer does not count).
       progress: when it last reported progress (`lp.heartbeat()`, or serving a call).
       resources: what the node was given where it runs (a `launchpad.resources.NodeResources`:
         its GPUs and cores), or None if its group was given no `lp.Resources`.

@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
+from typing import Optional
 
 import courier
 import launchpad as lp
@@ -106,6 +108,114 @@ def failure_program(deadline: float = 2.0) -> lp.Program:
     with program.group('hung', restart=lp.RestartPolicy(max_restarts=1, backoff=0.1),
                        progress_deadline=deadline):
         program.add_node(lp.PyNode(hang_then_fail))
+    return program
+
+
+# --- Hang detection counts only the time a node could have used -----------------------------
+
+SILENT_FOR = 4.0  # seconds each patient node goes without progress, well past its deadline
+
+
+class Slow:
+    """Answers after a while, as a loaded, restarting or unreachable peer does."""
+
+    def answer_after(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return 'late'
+
+
+def wait_on_a_call(slow) -> None:
+    lp.heartbeat()
+    assert slow.answer_after(SILENT_FOR) == 'late'
+    lp.heartbeat()
+
+
+def throttled_cgroup(root: str) -> str:
+    """A new cgroup under `root` (cgroup v1's cpu controller or v2's root) whose processes run
+    20 ms of each second between them: the rest of the time they wait for a CPU."""
+    path = os.path.join(root, f'lp-starved-{os.getpid()}')
+    os.mkdir(path)
+    if os.path.exists(os.path.join(root, 'cgroup.controllers')):  # v2
+        with open(os.path.join(path, 'cpu.max'), 'w') as f:
+            f.write('20000 1000000')
+    else:
+        with open(os.path.join(path, 'cpu.cfs_period_us'), 'w') as f:
+            f.write('1000000')
+        with open(os.path.join(path, 'cpu.cfs_quota_us'), 'w') as f:
+            f.write('20000')
+    return path
+
+
+def _join_cgroup(path: str, pid: int) -> None:
+    with open(os.path.join(path, 'cgroup.procs'), 'w') as f:
+        f.write(str(pid))
+
+
+def remove_cgroup(path: str, parent: str) -> None:
+    """Moves what is left in cgroup `path` to `parent`, then removes it."""
+    for _ in range(50):
+        with open(os.path.join(path, 'cgroup.procs')) as f:
+            for pid in f.read().split():
+                try:
+                    _join_cgroup(parent, int(pid))
+                except OSError:  # it ended meanwhile
+                    pass
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            time.sleep(0.1)
+    os.rmdir(path)
+
+
+# Run by a helper process, so that the starved node never waits on a cgroup file itself (moving
+# a process can take a kernel the better part of a second under load): it moves the node and
+# itself into the cgroup, spins for SILENT_FOR s, then moves both back.
+_STARVER = f"""
+import os, sys, time
+cgroup, parent, node = sys.argv[1], sys.argv[2], sys.argv[3]
+def join(path, pid):
+    with open(os.path.join(path, 'cgroup.procs'), 'w') as f:
+        f.write(pid)
+for pid in (node, '0'):
+    join(cgroup, pid)
+end = time.monotonic() + {SILENT_FOR!r}
+while time.monotonic() < end:
+    pass
+for pid in (node, '0'):
+    join(parent, pid)
+"""
+
+
+def starve(cgroup: str, parent: str) -> None:
+    """Beats every 10 ms while it and a busy loop share `cgroup`'s 20 ms of CPU a second: its
+    heartbeats come about a second apart, though it never stops beating."""
+    lp.heartbeat()
+    starver = subprocess.Popen([sys.executable, '-c', _STARVER, cgroup, parent, str(os.getpid())])
+    try:
+        while starver.poll() is None:
+            lp.heartbeat()
+            time.sleep(0.01)
+    finally:
+        starver.kill()
+        starver.wait()
+    assert starver.returncode == 0, starver.returncode
+    lp.heartbeat()
+
+
+def patience_program(deadline: float, cgroup: Optional[str], parent: Optional[str]) -> lp.Program:
+    """caller/0 waits SILENT_FOR s for slow/0's answer, starved/0 (with a cgroup) beats on under
+    a throttled CPU: neither is hung. hung/0 stops beating: it is, and is dropped."""
+    program = lp.Program('patience')
+    slow = program.add_node(lp.CourierNode(Slow), label='slow')
+    drop = lp.RestartPolicy(max_restarts=0, on_failure='drop')
+    with program.group('caller', progress_deadline=deadline):
+        program.add_node(lp.PyNode(wait_on_a_call, slow))
+    if cgroup is not None:
+        with program.group('starved', progress_deadline=deadline):
+            program.add_node(lp.PyNode(starve, cgroup, parent))
+    with program.group('hung', restart=drop, progress_deadline=deadline):
+        program.add_node(lp.PyNode(stuck_in_a_loop))
     return program
 
 

@@ -1,8 +1,10 @@
 """Acme's distributed DQN, shaped for the stop-order tests: actors -> replay <- learner, a counter
 every node reports to, and a steps limiter that calls lp.stop(); the replay is a fake Reverb
 server whose clients flush on stop and, as Reverb's writers do, wait for a server that is gone
-rather than fail. The learner, as Acme's, waits for batches in a queue that a prefetch thread
-fills, and its stop handler raises SystemExit in its thread."""
+rather than fail, and hold a stream open until they are closed or freed (Reverb's server waits
+for open streams when it stops). Each actor, as Acme's, is an object that a courier node serves
+and runs, and that holds its writer. The learner, as Acme's, waits for batches in a queue that a
+prefetch thread fills, and its stop handler raises SystemExit in its thread."""
 import ctypes
 import os
 import queue
@@ -14,15 +16,25 @@ import launchpad as lp
 
 
 class FakeReverb:
-    """A replay server: keeps the items actors insert; at its stop it records which actors' final
-    flushes it received (in `record`), so a test sees that it served until they had flushed."""
+    """A replay server: keeps the items actors insert; at its stop it records (in `record`) which
+    actors' final flushes it received, and on a second line the writers whose streams are still
+    open, so a test sees that it served until its clients had flushed and were freed."""
 
     def __init__(self, record: str):
         self._record = record
         self._lock = threading.Lock()
         self._items = 0
         self._flushed = []
+        self._streams = set()
         lp.register_stop_handler(self._save)
+
+    def open_stream(self, writer) -> None:
+        with self._lock:
+            self._streams.add(writer)
+
+    def close_stream(self, writer) -> None:
+        with self._lock:
+            self._streams.discard(writer)
 
     def insert(self, actor, items: int, final: bool = False) -> None:
         with self._lock:
@@ -37,18 +49,33 @@ class FakeReverb:
     def _save(self) -> None:
         with self._lock:
             flushed = sorted(self._flushed, key=str)
+            streams = sorted(self._streams, key=str)
         with open(self._record, 'w') as f:
-            f.write(' '.join(map(str, flushed)))
+            f.write(' '.join(map(str, flushed)) + '\n' + ' '.join(map(str, streams)))
 
 
 class Writer:
     """A Reverb-like writer: buffers items and flushes them to the server; a flush waits for the
-    server (retrying) rather than failing, so a flush to a server that shut down blocks."""
+    server (retrying) rather than failing, so a flush to a server that shut down blocks. It holds
+    a stream to the server open from its creation until it is closed or freed."""
 
     def __init__(self, replay, actor: int):
         self._replay = replay
         self._actor = actor
         self._buffered = 0
+        self._open = True
+        replay.open_stream(actor)
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._replay.close_stream(self._actor)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # pylint: disable=broad-except
+            pass  # the server is gone: its stop already counted the stream as open
 
     def append(self) -> None:
         self._buffered += 1
@@ -105,7 +132,9 @@ class Learner:
         batches = queue.Queue(maxsize=1)
 
         def terminate() -> None:
-            Writer(self._replay, 'learner').flush(final=True)
+            writer = Writer(self._replay, 'learner')
+            writer.flush(final=True)
+            writer.close()
             self._starving.set()
             while not self._waits_for(batches):
                 time.sleep(0.01)
@@ -151,26 +180,36 @@ class Learner:
                     pass
 
 
-def actor(replay, learner, counter, index: int) -> None:
-    """Acme's actor: acts, writes to the replay, reports to the counter; its stop handler flushes
-    its writer (a blocking call to the replay), after which its loop ends. As Acme's clients do,
-    it waits out a node that does not answer rather than fail."""
-    writer = Writer(replay, index)
-    flushed = threading.Event()
+class Actor:
+    """Acme's actor (an environment loop that a courier node serves and runs): acts, writes to
+    the replay, reports to the counter; its stop handler flushes its writer (a blocking call to
+    the replay), after which its loop ends. It holds its writer, whose stream stays open until
+    the actor is freed. As Acme's clients do, it waits out a node that does not answer rather
+    than fail."""
 
-    def flush():
-        writer.flush(final=True)
-        flushed.set()
+    def __init__(self, replay, learner, counter, index: int):
+        self._writer = Writer(replay, index)
+        self._learner = learner
+        self._counter = counter
+        self._flushed = threading.Event()
 
-    lp.register_stop_handler(flush)
-    while not flushed.is_set():
-        try:
-            learner.get_variables()
-            counter.increment('actor_steps', 1)
-        except courier.ServerUnavailableError:
-            time.sleep(0.05)
-        writer.append()
-        time.sleep(0.005)
+    def steps(self) -> int:
+        return self._counter.get('actor_steps')
+
+    def run(self) -> None:
+        lp.register_stop_handler(self._flush)
+        while not self._flushed.is_set():
+            try:
+                self._learner.get_variables()
+                self._counter.increment('actor_steps', 1)
+            except courier.ServerUnavailableError:
+                time.sleep(0.05)
+            self._writer.append()
+            time.sleep(0.005)
+
+    def _flush(self) -> None:
+        self._writer.flush(final=True)
+        self._flushed.set()
 
 
 def steps_limiter(counter, max_steps: int) -> None:
@@ -199,6 +238,6 @@ def dqn_program(record: str, actors: int = 3, max_steps: int = 200,
         learner = program.add_node(lp.CourierNode(Learner, replay, counter), label='learner')
     with program.group('actor'):
         for i in range(actors):
-            program.add_node(lp.PyNode(actor, replay, learner, counter, i))
+            program.add_node(lp.CourierNode(Actor, replay, learner, counter, i))
     program.add_node(lp.PyNode(steps_limiter, counter, max_steps), label='limiter')
     return program

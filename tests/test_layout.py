@@ -22,7 +22,9 @@ LAYERS = [
     ('courier.transport._base', 1),          # transport interfaces, addresses, errors
     ('courier.transport.shm', 1),            # large buffers in shared memory (memfd) on one host
     ('courier.transport.same_host', 1),      # TCP clients on the server's host go on on Unix
+    ('courier.transport.keepalive', 1),      # when a TCP connection's silent peer counts as dead
     ('courier.transport.frames', 2),         # the framed protocol's frames
+    ('courier.transport.outbox', 2),         # frames many threads send on one socket
     ('courier.transport._here', 2),          # servers of this process, for in-process calls
     ('courier.transport.pool', 2),           # the framed server's bounded worker pool
     ('courier.transport.limits', 2),         # the framed server's limits

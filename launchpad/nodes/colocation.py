@@ -23,7 +23,6 @@ import logging
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -35,6 +34,7 @@ from launchpad.nodes.inner_threads import InnerThreads
 from launchpad.nodes.python import NoServiceHandle
 from launchpad.process import faces
 from launchpad.process import spec as specs
+from launchpad.process import tempdirs
 
 MODES = ('threads', 'processes')
 _POLL = 0.05
@@ -219,7 +219,7 @@ class _Supervisor:
 
     def run(self) -> None:
         import courier  # pylint: disable=import-outside-toplevel
-        workdir = tempfile.mkdtemp(prefix='launchpad-colocation-')
+        workdir = tempdirs.make('colocation')
         nodes = self._colocation.inner_nodes
         # The sub-processes inherit this process's environment, and with it the program's courier
         # auth token (if it has one), which this server also reads.
@@ -250,7 +250,8 @@ class _Supervisor:
         argvs = []
         for index, node in enumerate(nodes):
             path = os.path.join(workdir, f'{index}.spec')
-            specs.write(packer.spec(node.name, node.run_in_context, parent_pid=os.getpid()), path)
+            specs.write(packer.spec(node.name, node.run_in_context, parent_pid=os.getpid(),
+                                    cleanup_dir=workdir), path)
             argvs.append(specs.worker_argv(path))
         return argvs
 

@@ -25,7 +25,6 @@ the endpoint it resolved), so it follows the node's restarts too.
 from __future__ import annotations
 
 import dataclasses
-import socket
 import time
 from typing import Callable, FrozenSet, Optional, TypeVar
 
@@ -33,10 +32,10 @@ import courier
 
 from launchpad import runtime
 from launchpad.address import Address
+from launchpad.process.supervisor_endpoint import accepts
 
 _MAX_PAUSE = 0.05     # seconds between checks while a node is down (Unix sockets: a local check)
 _MAX_LOOKUP = 0.2     # ... and between asking the coordinator for a published endpoint
-_PROBE_TIMEOUT = 2.0  # seconds a connection attempt may take
 
 
 class NodeStoppedError(courier.ServerUnavailableError):
@@ -118,7 +117,7 @@ class NodeEndpoint(courier.AddressResolver):
         context = runtime.get_context()
         endpoint = context.address_table.current(self.address)
         return (not context.stop.event.is_set() and endpoint is not None
-                and _accepts(endpoint))
+                and accepts(endpoint))
 
     def __call__(self) -> str:
         context = runtime.get_context()
@@ -130,7 +129,7 @@ class NodeEndpoint(courier.AddressResolver):
         while True:
             stopping = context.stop.event.is_set()
             endpoint = table.current(self.address)
-            if endpoint is not None and _accepts(endpoint):
+            if endpoint is not None and accepts(endpoint):
                 return endpoint
             where = f'at {endpoint}' if endpoint else '(it has not published its endpoint)'
             if time.monotonic() - asked >= _MAX_LOOKUP:
@@ -222,16 +221,3 @@ def node_has_left(context, node_name: str) -> bool:
         return False
 
 
-def _accepts(endpoint: str) -> bool:
-    """Whether a server accepts connections at `endpoint` (a connection made and closed)."""
-    try:
-        if endpoint.startswith('unix:'):
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-                probe.settimeout(_PROBE_TIMEOUT)
-                probe.connect(endpoint[len('unix:'):])
-        else:
-            host, port = endpoint.rsplit(':', 1)
-            socket.create_connection((host.strip('[]'), int(port)), _PROBE_TIMEOUT).close()
-        return True
-    except (OSError, ValueError):
-        return False

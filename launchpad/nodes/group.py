@@ -73,8 +73,11 @@ class GroupClient:
     # Who is a member.
 
     def names(self) -> List[str]:
-        """The live members' names ('group/index'), oldest first (asks the coordinator)."""
-        self._update(_coordinator().members(self.label))
+        """The live members' names ('group/index'), oldest first (asks the coordinator, with
+        the members this client saw: a new supervisor keeps those it has not heard from yet)."""
+        with self._lock:
+            known = list(self._known)
+        self._update(_coordinator().wait_for_members(self.label, known, 0))
         with self._lock:
             return [name for name, _ in self._known]
 

@@ -9,12 +9,12 @@ import importlib.util
 import logging
 import shutil
 import sys
-import tempfile
 from typing import Any, Callable, Optional, Sequence
 
 from launchpad import runtime
 from launchpad.address import Address
 from launchpad.nodes.base import Handle, Node
+from launchpad.process import tempdirs
 
 REVERB_PYTHONS = ((3, 9), (3, 10), (3, 11))  # CPython versions dm-reverb 0.14 has wheels for
 
@@ -74,7 +74,8 @@ class ReverbNode(Node):
       priority_tables_fn: called with no arguments inside the node; returns the `reverb.Table`s.
       checkpoint_ctor: called with no arguments inside the node; returns the Reverb checkpointer
         (e.g. `reverb.checkpointers.DefaultCheckpointer(path)`). Without it the server checkpoints
-        into a temporary directory that is removed when the node ends.
+        into a temporary directory in the program's run directory, removed when the node ends
+        or with the program (a node killed runs no `finally`).
       checkpoint_time_delta_minutes: if given, the server writes a checkpoint this often.
 
     Raises:
@@ -116,7 +117,7 @@ class ReverbNode(Node):
         if self._checkpoint_ctor is not None:
             checkpointer = self._checkpoint_ctor()
         else:
-            scratch = tempfile.mkdtemp(prefix='launchpad-reverb-')
+            scratch = tempdirs.make('reverb')
             checkpointer = reverb.checkpointers.DefaultCheckpointer(path=scratch)
         try:
             # Port 0 asks Reverb to choose one (it picks an unused port and reports it).

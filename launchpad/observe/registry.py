@@ -20,7 +20,9 @@ refused otherwise. In it, per program:
                 supervisor when this one dies; null for others), "ssh" (null, or for a
                 program supervised on another host, a detached SSH program: the ssh command
                 that reaches that host, its name last; "address", "host", "pid" and
-                "keeper_pid" are then the supervisor's there, see `tunnel`), "relay" (null,
+                "keeper_pid" are then the supervisor's there, see `tunnel`), "hosts" (null, or
+                for a detached SSH program: its hosts as ssh names them, where `attach
+                --recover` may move its supervision), "relay" (null,
                 or for a program supervised on another host that ssh does not reach, a
                 detached Slurm or Kubernetes program: the command that, run here, relays its
                 stdin and stdout to the observer's socket there, see `tunnel`), "job" (null, or the
@@ -74,6 +76,7 @@ class Entry:
     dashboard: Optional[str] = None
     keeper_pid: Optional[int] = None
     ssh: Optional[List[str]] = None
+    hosts: Optional[List[str]] = None
     relay: Optional[List[str]] = None
     job: Optional[str] = None
     version: int = VERSION

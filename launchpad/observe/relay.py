@@ -1,8 +1,10 @@
 """Joins its stdin and stdout to a Unix socket: the far end of a command that reaches a process
 on another host through that host's own way in (ssh, a Slurm step, `kubectl exec`).
 
-    python relay.py SOCKET           a supervisor's observer (`launchpad.observe.tunnel`)
-    python relay.py --plain SOCKET   a detached SSH program's host agent (`launch.ssh.agent`)
+    python relay.py SOCKET                 a supervisor's observer (`launchpad.observe.tunnel`)
+    python relay.py --absent-exits SOCKET  the same, asked again while no socket is there (a
+                                           Slurm job's driver, `launchpad.launch.slurm.reach`)
+    python relay.py --plain SOCKET         a detached SSH program's host agent (`launch.ssh.agent`)
 
 For a tunnel (started there by an `srun` step in a Slurm job, or `kubectl exec` into a
 Kubernetes coordinator pod, once for each connection a tunnel's user opens), it first says in
@@ -10,7 +12,9 @@ one line whether the supervisor listening on SOCKET runs: `up`, with the JSON of
 entry's `pid`, `token` and `keeper_pid` (they change when a new supervisor replaced a dead one),
 then it copies bytes both ways until either side ends; or `gone`, and it ends. While SOCKET is
 there but refuses (its supervisor was killed, and its keeper starts another), it waits for the
-next one, up to WAIT seconds.
+next one, up to WAIT seconds. With `--absent-exits`, where no socket is there it says nothing
+and exits with ABSENT instead of `gone`: a Slurm job's driver may be between lives (its socket
+not yet bound), and only Slurm says whether the job, and so the program, has ended.
 
 With `--plain` (a new supervisor of a detached SSH program reaching a host's agent again,
 `launchpad.launch.ssh.protocol.relay_argv`) it says nothing and does not wait: it copies bytes
@@ -30,6 +34,8 @@ import time
 _CHUNK = 65536
 WAIT = 60.0
 PLAIN = '--plain'
+ABSENT_EXITS = '--absent-exits'
+ABSENT = 75  # the exit code of `--absent-exits` when no socket is there (EX_TEMPFAIL)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -103,10 +109,13 @@ def main(argv) -> int:
             return 1
         join(connection)
         return 0
-    path = argv[1]
+    absent_exits = argv[1:2] == [ABSENT_EXITS]
+    path = argv[-1]
     try:
         connection = _connect(path, WAIT)
     except OSError:  # the supervisor, and its socket, are gone
+        if absent_exits:
+            return ABSENT
         _write_all(1, b'gone\n')
         return 0
     _write_all(1, f'up {json.dumps(_supervisor(path))}\n'.encode())

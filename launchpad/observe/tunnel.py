@@ -34,6 +34,7 @@ import os
 import secrets
 import select
 import shlex
+import signal
 import socket
 import subprocess
 import threading
@@ -45,6 +46,7 @@ import courier
 from launchpad.observe import registry
 
 _ANSWER_TIMEOUT = 30.0  # seconds beyond ssh's own connect timeout for the host to answer
+_RELAY_TRIES = 3  # runs of a relay command that ends without a word (`RelayTunnel`)
 _NEW_SUPERVISOR_WAIT = 100  # tenths of a second the check waits for a keeper's new supervisor
 # On a supervisor's host, the script that starts a new keeper of program {id} (written by
 # `launchpad.launch.detached.write_recover_script` in the program's run directory there).
@@ -139,7 +141,8 @@ class Tunnel:
         answer = self._first_line()
         if answer.startswith('up '):
             there = json.loads(answer[3:])
-            _refresh(entry, {key: value for key, value in there.items() if key != 'ssh'})
+            _refresh(entry, {key: value for key, value in there.items()  # (this machine's own)
+                             if key not in ('ssh', 'hosts')})
             return
         errors = self._close_and_read_errors()
         if answer == 'starting':
@@ -212,21 +215,30 @@ class RelayTunnel:
                          name=f'lp-relay-{entry.id}').start()
 
     def _relay(self) -> subprocess.Popen:
-        """A relay process that said `up`; raises if the supervisor is gone or unreachable."""
-        process = subprocess.Popen(
-            self.entry.relay, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, bufsize=0,
-            start_new_session=True)  # Ctrl-C here ends it through its input, not a signal
-        with self._lock:
-            self._processes.append(process)
-        answer = _read_line(process.stdout.fileno(), time.monotonic() + _ANSWER_TIMEOUT)
-        if answer.split(' ', 1)[0] == 'up':
-            self._adopt(answer[2:])
-            return process
-        errors = ' '.join(self._end(process).split())
-        if answer == 'gone':
-            self._gone = True
-            raise _gone(self.entry)
+        """A relay process that said `up`; raises if the supervisor is gone or unreachable.
+        A relay command that ended without a word (its way in failed: an `srun` whose task
+        could not be launched, say) is run again, up to _RELAY_TRIES times: nothing of the
+        connection went through it."""
+        for tries in range(1, _RELAY_TRIES + 1):
+            process = subprocess.Popen(
+                self.entry.relay, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, bufsize=0,
+                start_new_session=True)  # Ctrl-C here ends it through its input, not a signal
+            with self._lock:
+                self._processes.append(process)
+            deadline = time.monotonic() + _ANSWER_TIMEOUT
+            answer = _read_line(process.stdout.fileno(), deadline)
+            if answer.split(' ', 1)[0] == 'up':
+                self._adopt(answer[2:])
+                return process
+            ended = time.monotonic() < deadline  # (its output ended: not a timeout)
+            errors = ' '.join(self._end(process).split())
+            if answer == 'gone':
+                self._gone = True
+                raise _gone(self.entry)
+            if answer or not ended or tries == _RELAY_TRIES or self._closed:
+                break
+            time.sleep(0.5)
         raise _unreachable(self.entry, self.entry.relay, errors)
 
     def _adopt(self, supervisor: str) -> None:
@@ -302,11 +314,11 @@ class RelayTunnel:
         try:
             process.wait(5.0)
         except subprocess.TimeoutExpired:
-            process.terminate()  # (srun passes it on to the step)
+            _signal_group(process, signal.SIGTERM)  # (srun passes it on to the step)
             try:
                 process.wait(5.0)
             except subprocess.TimeoutExpired:
-                process.kill()
+                _signal_group(process, signal.SIGKILL)
                 process.wait()
         with self._lock:
             if process in self._processes:
@@ -337,6 +349,14 @@ class RelayTunnel:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    """Signals the relay command's process group (its session: a shell's children too)."""
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def _open(entry: registry.Entry) -> Union[Tunnel, RelayTunnel]:

@@ -28,7 +28,6 @@ import multiprocessing
 import os
 import secrets
 import shutil
-import tempfile
 import threading
 import time
 import warnings
@@ -46,6 +45,7 @@ from launchpad.pool.dispatch import Dispatcher, PoolTerminatedError
 from launchpad.pool.results import (AsyncResult, IMapIterator, IMapUnorderedIterator, Job,
                                     MapResult, Task)
 from launchpad.pool.worker import PoolWorkerNode, Registry, WorkerRef, pack_chunk, pack_function
+from launchpad.process import tempdirs
 from launchpad.program import Program
 
 _RUN, _CLOSE, _TERMINATE = 'RUN', 'CLOSE', 'TERMINATE'  # multiprocessing.pool's `_state`s
@@ -327,7 +327,7 @@ class Pool:
         token = secrets.token_hex(16)
         parts = self._parts
         if is_local_launch_or_test(launch_type):
-            parts.tmpdir = tempfile.mkdtemp(prefix='launchpad-pool-')
+            parts.tmpdir = tempdirs.make('pool')
             parts.server = courier.Server(address=f'unix:{parts.tmpdir}/pool.sock',
                                           auth_token=token)
             candidates = [parts.server.address]

@@ -22,7 +22,7 @@ import time
 import logging
 import traceback
 import uuid
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from launchpad import runtime
 from launchpad.policy import NodePolicy, RestartBudget
@@ -52,6 +52,7 @@ class _Incarnation:
         self.exited = False        # this instance's process is gone
         self.restart_at = 0.0      # when a restarting node may start again (monotonic)
         self.instance: Optional[str] = None  # the id its running process reported
+        self.running_since: Optional[float] = None  # when this instance started (monotonic)
 
 
 class Coordinator:
@@ -65,7 +66,12 @@ class Coordinator:
         node's `lp.resize` beyond it fails in that node; None leaves the check to the
         controller, which logs a refused request. `stop_order`: who calls whom, so that a
         stop reaches callers before what they call (`stop_order`); None: every node at once."""
-        self._changed = threading.Condition()
+        # Entered as the lock itself, not as the condition: an exception raised in a node's
+        # thread at a stop (`interrupt.raise_in`) can land inside Condition.__enter__, a Python
+        # function, after it took the lock, and leave it held for ever; a lock's own (C)
+        # __enter__ has no such point.
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
         self._nodes: Dict[str, NodeStatus] = {name: NodeStatus(name) for name in node_names}
         self._incarnations = {name: _Incarnation((policies or {}).get(name) or NodePolicy())
                               for name in self._nodes}
@@ -82,20 +88,25 @@ class Coordinator:
         self._supervision = Supervision()
         self._told_cache: Tuple[Optional[tuple], frozenset] = (None, frozenset())
         self._probes = ProbeBroker()
+        self._unheard: Set[str] = set()  # pending at a restore: whether they run is unknown
 
     def __getstate__(self) -> dict:
         """Everything the coordinator knows, for a detached program's supervisor to persist
         and a new supervisor to re-adopt the running nodes from (not kept: its lock, and the
         questions to nodes in flight, which their askers time out on)."""
-        with self._changed:
+        with self._lock:
             state = dict(self.__dict__)
-            del state['_changed'], state['_probes']
+            del state['_lock'], state['_changed'], state['_probes']
             return state
 
     def __setstate__(self, state: dict) -> None:
+        """A new supervisor's copy may predate a node's report that it runs: a pending node stays
+        unheard until it reports again (each running node does) or ends (`_members`)."""
         self.__dict__.update(state)
-        self._changed = threading.Condition()
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
         self._probes = ProbeBroker()
+        self._unheard = {name for name, s in self._nodes.items() if s.state is NodeState.PENDING}
 
     # Called by nodes.
 
@@ -106,7 +117,7 @@ class Coordinator:
         hand than this coordinator's controller (a Kubernetes pod coordinator's launcher), after
         its last run ended unnoticed.
         """
-        with self._changed:
+        with self._lock:
             status = self._status(name)
             incarnation = self._incarnations[name]
             if status.state is NodeState.RESTARTING or (
@@ -118,11 +129,12 @@ class Coordinator:
                 status.state = NodeState.RUNNING
             status.pid, status.host = pid, host
             status.started_at = status.started_at or time.time()
+            incarnation.running_since = incarnation.running_since or time.monotonic()
             self._notify()
             return status.restarts
 
     def node_finished(self, name: str) -> None:
-        with self._changed:
+        with self._lock:
             status = self._status(name)
             if not status.state.ended and not self._incarnations[name].failed:
                 status.state = (NodeState.REMOVED if name in self._removing
@@ -133,11 +145,11 @@ class Coordinator:
         """Records a failure of `name`, which its restart policy turns into a restart, a drop or
         the program's failure (the first such failure stops the program and is what `wait`
         raises)."""
-        with self._changed:
+        with self._lock:
             self._fail(name, message, traceback_text)
 
     def request_stop(self, reason: str = 'stop requested') -> None:
-        with self._changed:
+        with self._lock:
             self._set_stopping(reason)
 
     def wait_for_stop(self, timeout: Optional[float] = None, name: Optional[str] = None) -> bool:
@@ -145,7 +157,7 @@ class Coordinator:
         `name` of an executable: until it is told to stop (its callers ended first, see
         `stop_order`) or it is being removed from the program."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._changed:
+        with self._lock:
             while not (name in self._removing or self._told(name)):
                 now = time.monotonic()
                 wait = None if deadline is None else deadline - now
@@ -160,17 +172,17 @@ class Coordinator:
     def told_to_stop(self) -> List[str]:
         """The executables told to stop so far (every one once the program stops, unless a
         `stop_order` holds some back until their callers have ended)."""
-        with self._changed:
+        with self._lock:
             return [name for name in self._nodes if self._told(name)]
 
     def publish_address(self, address_id: str, endpoint: str) -> None:
-        with self._changed:
+        with self._lock:
             self._addresses[address_id] = endpoint
             self._notify()
 
     def report_metrics(self, name: str, snapshot: dict) -> None:
         """Keeps the latest metrics executable `name` reported (`launchpad.metrics`)."""
-        with self._changed:
+        with self._lock:
             self._metrics[name] = snapshot
 
     def wait_for_probe(self, name: str, sample: Optional[dict] = None,
@@ -182,9 +194,13 @@ class Coordinator:
     def answer_probe(self, name: str, probe_ids: List[int], answer: dict) -> None:
         self._probes.answer_probe(name, probe_ids, answer)
 
+    def close_probes(self) -> None:
+        """Ends the probe threads' waits in flight, once no node runs (`ProbeBroker.close`)."""
+        self._probes.close()
+
     def lookup_address(self, address_id: str, timeout: Optional[float] = None) -> Optional[str]:
         """The endpoint published for `address_id`, waiting up to `timeout`; None if none came."""
-        with self._changed:
+        with self._lock:
             self._changed.wait_for(lambda: address_id in self._addresses, timeout)
             return self._addresses.get(address_id)
 
@@ -197,7 +213,7 @@ class Coordinator:
         """Adds executables to the running program (pending until they report their start);
         `calls`: (executable -> executables it calls, executable -> groups it calls), for the
         stop order (`Program.calls`)."""
-        with self._changed:
+        with self._lock:
             if self._stop_reason is not None:
                 raise RuntimeError(f'The program is stopping ({self._stop_reason}): no node can '
                                    'be added to it any more.')
@@ -212,19 +228,19 @@ class Coordinator:
 
     def set_node_addresses(self, addresses: Mapping[str, List[str]]) -> None:
         """Node name -> the ids of the addresses it serves, for clients of its group."""
-        with self._changed:
+        with self._lock:
             self._node_addresses.update({name: list(ids) for name, ids in addresses.items()})
             self._notify()
 
     def set_node_resources(self, name: str, devices: str, cores: str) -> None:
         """The GPUs and cores the launcher gave node `name` (`NodeResources.describe`)."""
-        with self._changed:
+        with self._lock:
             status = self._status(name)
             status.devices, status.cores = devices, cores
 
     def remove_node(self, name: str) -> None:
         """Gives node `name` the stop: its stop handlers run, and it gets the notice period."""
-        with self._changed:
+        with self._lock:
             status = self._status(name)
             if name not in self._removing:
                 self._removing[name] = time.monotonic()
@@ -234,30 +250,31 @@ class Coordinator:
 
     def removals(self) -> Dict[str, float]:
         """Nodes being removed that have not ended yet -> when their removal was asked."""
-        with self._changed:
+        with self._lock:
             return {name: at for name, at in self._removing.items()
                     if not self._nodes[name].state.ended}
 
     def has_left(self, name: str) -> bool:
         """Whether node `name` was removed from the program."""
-        with self._changed:
+        with self._lock:
             return name in self._removing
 
     def members(self, label: str) -> List[Tuple[str, List[str]]]:
         """The live members of group `label`: (name, address ids) of each node that runs, was
         not removed and whose addresses are known, in the order they were added."""
-        with self._changed:
+        with self._lock:
             return self._members(label)
 
     def wait_for_members(self, label: str, known: Optional[List] = None,
                          timeout: Optional[float] = None) -> List[Tuple[str, List[str]]]:
         """`members(label)` once it differs from `known` (or `timeout` passes, or the program
-        stops): the cheap way to hear of members that join or leave."""
+        stops): the cheap way to hear of members that join or leave (and keep those of `known`
+        that a restored coordinator has not heard from yet, `__setstate__`)."""
         known = [(name, list(ids)) for name, ids in known] if known is not None else None
-        with self._changed:
-            self._changed.wait_for(lambda: self._members(label) != known
+        with self._lock:
+            self._changed.wait_for(lambda: self._members(label, known) != known
                                    or self._stop_reason is not None, timeout)
-            return self._members(label)
+            return self._members(label, known)
 
     # Supervision (`supervision`): why members left, and owners that take over failures.
 
@@ -265,20 +282,20 @@ class Coordinator:
                       timeout: Optional[float] = None) -> List[MemberEvent]:
         """The departures from group `label` from the `since`-th on, waiting up to `timeout`
         for one."""
-        with self._changed:
+        with self._lock:
             self._changed.wait_for(lambda: self._supervision.events(label, since), timeout)
             return self._supervision.events(label, since)
 
     def supervise(self, label: str, owner: str) -> None:
         """Node `owner` takes over the failures of group `label`'s members."""
-        with self._changed:
+        with self._lock:
             self._status(owner)
             self._supervision.supervise(label, owner)
 
     def settle_failure(self, name: str, action: str) -> None:
         """The owner of member `name` decides on its failure: 'replace' starts it again, 'fail'
         fails the program with it."""
-        with self._changed:
+        with self._lock:
             state = self._status(name).state.value
             refusal = settle_refusal(name, state, action, self._stop_reason)
             if refusal:
@@ -294,7 +311,7 @@ class Coordinator:
         """Asks for group `label` to have `size` nodes (a node's `lp.resize`); the controller
         grows or shrinks it. Raises, saying why, if the group cannot have that size (an unknown
         group, outside its `lp.Elastic` bounds, or growing without a node factory)."""
-        with self._changed:
+        with self._lock:
             check_size(label, size, self._groups, len(self._group_nodes(label)))
             self._size_requests[label] = size
             self._notify()
@@ -302,12 +319,12 @@ class Coordinator:
     def group_nodes(self, label: str) -> List[str]:
         """The nodes of group `label` that run or are starting (not ended, not leaving), by
         index: the group's size as resizing counts it."""
-        with self._changed:
+        with self._lock:
             return self._group_nodes(label)
 
     def take_size_requests(self) -> Dict[str, int]:
         """The group sizes asked for since the last call."""
-        with self._changed:
+        with self._lock:
             requests, self._size_requests = self._size_requests, {}
             return requests
 
@@ -318,12 +335,14 @@ class Coordinator:
                  and name not in self._removing]
         return sorted(names, key=lambda name: runtime.label_and_index(name)[1])
 
-    def _members(self, label: str) -> List[Tuple[str, List[str]]]:
-        prefix = label + '/'
-        return [(name, self._node_addresses[name]) for name, status in self._nodes.items()
-                if name.startswith(prefix) and '+' not in name
-                and status.state is NodeState.RUNNING and name not in self._removing
-                and name in self._node_addresses]
+    def _members(self, label: str, known: Optional[List] = None) -> List[Tuple[str, List[str]]]:
+        """`members(label)`, with those of `known` unheard since a restore (`__setstate__`)."""
+        unheard = {name: ids for name, ids in known or () if name in self._unheard}  # (seen)
+        return [(name, self._node_addresses.get(name, unheard.get(name)))
+                for name, status in self._nodes.items()
+                if name.startswith(label + '/') and '+' not in name and name not in self._removing
+                and (status.state is NodeState.RUNNING and name in self._node_addresses
+                     or status.state is NodeState.PENDING and name in unheard)]
 
     # Called by the launcher and the controller.
 
@@ -332,7 +351,7 @@ class Coordinator:
         """Records that the executable's process is gone, reporting a failure if it never did
         (with `last_output()`, the last lines it printed, which say why; read only then, as
         the controller tells this at every poll)."""
-        with self._changed:
+        with self._lock:
             status = self._status(name)
             status.exit_code = exit_code
             incarnation = self._incarnations[name]
@@ -361,7 +380,7 @@ class Coordinator:
 
     def due_restarts(self, now: float) -> List[str]:
         """The restarting nodes whose process is gone and whose backoff is over at `now`."""
-        with self._changed:
+        with self._lock:
             return [name for name, status in self._nodes.items()
                     if status.state is NodeState.RESTARTING and self._incarnations[name].exited
                     and self._incarnations[name].restart_at <= now]
@@ -369,12 +388,12 @@ class Coordinator:
     @property
     def restarts_pending(self) -> bool:
         """Whether a node waits to be started again."""
-        with self._changed:
+        with self._lock:
             return any(s.state is NodeState.RESTARTING for s in self._nodes.values())
 
     def node_restarted(self, name: str) -> None:
         """Records that the controller started the node again (it is pending until it runs)."""
-        with self._changed:
+        with self._lock:
             if self._status(name).state is NodeState.RESTARTING:
                 self._restarted(name)
             self._notify()
@@ -383,7 +402,7 @@ class Coordinator:
         """The platform ended nodes `names` and starts them again (a Slurm job's requeue): each
         one not ended is pending again, its attempt one more, with `reason` as its error; its
         restart policy is not charged."""
-        with self._changed:
+        with self._lock:
             if self._stop_reason is not None:
                 return
             for name in names:
@@ -395,7 +414,7 @@ class Coordinator:
 
     def restart_failed(self, name: str, reason: str) -> None:
         """The node could not be started again: its last failure is final."""
-        with self._changed:
+        with self._lock:
             status = self._status(name)
             if status.state is not NodeState.RESTARTING:
                 return
@@ -406,7 +425,7 @@ class Coordinator:
             self._fail(name, f'{message} (and it could not be restarted: {reason})', text)
 
     def mark_killed(self, names: Iterable[str]) -> None:
-        with self._changed:
+        with self._lock:
             for name in names:
                 status = self._status(name)
                 if not status.state.ended:
@@ -414,22 +433,21 @@ class Coordinator:
             self._notify()
 
     def status(self) -> Dict[str, NodeStatus]:
-        with self._changed:
+        with self._lock:
             return {name: dataclasses.replace(status) for name, status in self._nodes.items()}
 
     def metrics(self) -> Dict[str, dict]:
         """Executable name -> the metrics it reported last."""
-        with self._changed:
+        with self._lock:
             return dict(self._metrics)
 
     def failures(self) -> Dict[str, List[Tuple[str, str]]]:
         """Executable name -> (message, traceback) of each of its failures, oldest first (the
         observer keeps them in the run directory)."""
-        with self._changed:
+        with self._lock:
             return {name: list(incarnation.failures)
                     for name, incarnation in self._incarnations.items() if incarnation.failures}
-    def probe(self, names: Iterable[str], kinds: Iterable[str], timeout: float
-              ) -> Dict[str, dict]:
+    def probe(self, names: Iterable[str], kinds: Iterable[str], timeout: float) -> Dict[str, dict]:
         """Asks node processes live for their stacks, calls or numbers (`probe_broker`)."""
         return self._probes.probe(names, kinds, timeout)
 
@@ -450,11 +468,15 @@ class Coordinator:
         return self._failure
 
     def wait_for_change(self, timeout: float) -> None:
-        with self._changed:
+        with self._lock:
             self._changed.wait(timeout)
 
+    def notify_change(self) -> None:
+        with self._lock:
+            self._changed.notify_all()
+
     def running(self, names: Optional[Iterable[str]] = None) -> List[str]:
-        with self._changed:
+        with self._lock:
             selected = self._nodes if names is None else {n: self._nodes[n] for n in names}
             return [name for name, status in selected.items() if not status.state.ended]
 
@@ -465,8 +487,7 @@ class Coordinator:
         if name is None or self._stop_order is None or name not in self._nodes:
             return True
         ended = frozenset(n for n, status in self._nodes.items() if status.state.ended)
-        late = time.monotonic() - self._stop_time >= self._stop_order.fallback
-        key = (ended, late)
+        key = (ended, time.monotonic() - self._stop_time >= self._stop_order.fallback)
         if self._told_cache[0] != key:
             told = self._stop_order.told(self._nodes, lambda n: n in ended,
                                          time.monotonic() - self._stop_time)
@@ -502,7 +523,8 @@ class Coordinator:
             self._notify()
             return
         now = time.monotonic()
-        delay = incarnation.budget.next_delay(now)
+        ran = None if incarnation.running_since is None else now - incarnation.running_since
+        delay = incarnation.budget.next_delay(now, ran)
         policy = incarnation.policy.restart
         if delay is not None:
             status.state = NodeState.RESTARTING
@@ -542,10 +564,11 @@ class Coordinator:
         status = self._nodes[name]
         incarnation = self._incarnations[name]
         status.state = NodeState.PENDING
+        self._unheard.discard(name)  # (its next start is not the one a client may have seen)
         status.restarts += 1
         status.exit_code = None
         status.started_at = None  # its uptime counts from its new start
-        incarnation.failed = incarnation.exited = False
+        incarnation.failed, incarnation.exited, incarnation.running_since = False, False, None
 
     def _set_stopping(self, reason: str) -> None:
         if self._stop_reason is None:
@@ -563,13 +586,10 @@ def serve_coordinator(coordinator: Coordinator, address: str, *, auth_token: Opt
                       tls=None, face: type = faces.NodeFace):
     """Serves the node face of `coordinator` (`face`: `faces.NodeFace`, or a Protocol extending
     it) with courier on `address` and returns the started courier.Server; its control face is
-    refused there (`faces.serve`).
-
-    Every node keeps a call to `wait_for_stop` and one to `wait_for_probe` open, so the server
-    gets three threads per node and some to spare, and room for nodes added while the program
-    runs (threads start when needed).
-    `auth_token` None reads COURIER_AUTH_TOKEN, as courier does.
-    """
+    refused there (`faces.serve`). Every node keeps a call to `wait_for_stop` and one to
+    `wait_for_probe` open, so the server gets three threads per node, some to spare, and room
+    for nodes added later (threads start when needed). `auth_token` None reads
+    COURIER_AUTH_TOKEN, as courier does."""
     import courier  # pylint: disable=import-outside-toplevel
     server = courier.Server(address=address, auth_token=auth_token, tls=tls,
                             thread_pool_size=3 * len(coordinator.status()) + 8 + _ROOM_TO_GROW)
@@ -587,8 +607,7 @@ def run_reporting(run: Callable[[], None], name: str, coordinator, *, starting=N
     `context` (the node's `runtime.NodeContext`) learns its attempt number from the start; an
     error raised while the program stops because a node it called has gone (a ConnectionError)
     is the node ending with the program, not a failure. `instance` (default: a new one) is the
-    random id of this run of the node.
-    """
+    random id of this run of the node."""
     attempt = (starting or coordinator).node_started(name, os.getpid(), socket.gethostname(),
                                                      instance or uuid.uuid4().hex)
     if context is not None:
@@ -612,10 +631,8 @@ def run_reporting(run: Callable[[], None], name: str, coordinator, *, starting=N
 
 
 class NodeStopped(BaseException):
-    """Raised inside a node's thread to end it at once on a stop (threads cannot be killed).
-
-    A BaseException, so that the node's own `except Exception` blocks let it through.
-    """
+    """Raised inside a node's thread to end it at once on a stop (threads cannot be killed); a
+    BaseException, so that the node's own `except Exception` blocks let it through."""
 
 
 def ended_by_stop(error: BaseException, context) -> bool:

@@ -134,6 +134,10 @@ class ControlFace(Protocol):
     def wait_for_change(self, timeout: float) -> None:
         """Returns when something changed, or after `timeout`."""
 
+    def notify_change(self) -> None:
+        """Wakes whoever waits in `wait_for_change`: a runner that hears of a node's exit as it
+        happens calls it, so that the controller sees the exit without waiting for its poll."""
+
     def node_failed(self, name: str, message: str, traceback_text: str = '') -> None:
         """A runner saw node `name` fail (its platform ended it)."""
 

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from launchpad.process import spec
 from launchpad.process import tree
@@ -52,7 +52,14 @@ def usable_for(env_overrides: Mapping[str, str], interpreter: Optional[str]) -> 
 
 
 class ForkServer:
-    """The launcher's side: starts the fork server and asks it for processes."""
+    """The launcher's side: starts the fork server and asks it for processes.
+
+    Attributes:
+      on_exit: called (on the reader's thread) once a forked process's exit code is known, so
+        that the launcher sees the exit at once instead of at its next poll.
+    """
+
+    on_exit: Optional[Callable[[], None]] = None
 
     def __init__(self, workdir: str, notice_period: float = 10.0):
         path = os.path.join(workdir, 'forkserver.sock')
@@ -147,6 +154,9 @@ class ForkServer:
                 else:
                     self._exit_codes[int(key)] = int(value)
                 self._reply_ready.notify_all()
+            on_exit = self.on_exit
+            if kind == 'exited' and on_exit is not None:
+                on_exit()
         with self._lock:
             self._reply_ready.notify_all()
 
@@ -229,6 +239,12 @@ def main() -> None:
         time.sleep(0.1)
         _report_exits(None, workers)
     tree.end_descendants()
+    # Nothing is left to do, and the launcher waits for this process: skip the interpreter's
+    # finalization of what `preload` imported (grpc's among it), which takes a second or more
+    # on a busy machine.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # pylint: disable=protected-access
 
 
 def _serve_request(conn: socket.socket, workers: set) -> str:
@@ -291,9 +307,12 @@ def _become_worker(request: dict, stdout_fd: int, close_fds: Sequence[int]) -> N
         os.environ.clear()
         os.environ.update(request['env'])
         os.chdir(request['cwd'])
-        numpy = sys.modules.get('numpy')
-        if numpy is not None:
-            numpy.random.seed()  # forked children must not share the fork server's random state
+        # Forked children must not share the fork server's random state. Only a loaded
+        # numpy.random has one: importing it just to reseed it would cost every node (and
+        # restart) 20-50 ms, and a node that imports it later seeds it afresh.
+        numpy_random = sys.modules.get('numpy.random')
+        if numpy_random is not None:
+            numpy_random.seed()
         argv = request['argv']
         if argv[:1] != ['-m'] or len(argv) < 2:
             raise ValueError(f'The fork server runs `-m MODULE ARGS` commands, got {argv!r}.')

@@ -20,12 +20,12 @@ from __future__ import annotations
 import ctypes
 import queue
 import signal
-import sys
 import threading
 from typing import Callable, Hashable, List, Mapping
 
 from launchpad import runtime
 from launchpad.process.coordinator import NodeStopped
+from launchpad.process.frames import current_frames
 
 SIGNAL = signal.SIGRTMIN + 2  # sent to the main thread by `wake`; its handler does nothing
 
@@ -69,7 +69,7 @@ def wake(thread: threading.Thread) -> None:
         if signal.getsignal(SIGNAL) is _woken:  # else the node took the signal for itself
             signal.pthread_kill(thread.ident, SIGNAL)
         return
-    frame = sys._current_frames().get(thread.ident)  # pylint: disable=protected-access
+    frame = current_frames().get(thread.ident)
     if (frame is None or frame.f_code is not threading.Condition.wait.__code__
             or frame.f_back is None or frame.f_back.f_code not in _RECHECKING):
         return

@@ -15,7 +15,7 @@ one included, so it cannot answer. The coordinator then answers from the last sa
 it was taken and how long the node has been silent. A sample that did not change is not sent
 again, and a sample carries no source lines (a live answer does). Taking one costs well under a
 millisecond a second; a live answer is taken while the node's threads run on
-(`sys._current_frames` stops nothing).
+(reading the threads' frames stops nothing).
 
 On the node's own host one can do better (`dump_stuck`): the interpreter's fault handler,
 registered for DUMP_SIGNAL, writes every thread's current stack from C, without the GIL, into an
@@ -27,7 +27,6 @@ import faulthandler
 import logging
 import os
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -35,6 +34,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from courier import errors as courier_errors
 from courier import inflight
+from launchpad.process.frames import current_frames
 
 STACKS, CALLS, PROCESS = 'stacks', 'calls', 'process'
 KINDS = (STACKS, CALLS, PROCESS)
@@ -53,7 +53,7 @@ def stacks() -> List[Dict[str, Any]]:
     frame last (`with_source` adds each frame's source line)."""
     threads = {thread.ident: thread for thread in threading.enumerate()}
     taken = []
-    for ident, frame in sys._current_frames().items():  # pylint: disable=protected-access
+    for ident, frame in current_frames().items():
         thread = threads.get(ident)
         name = thread.name if thread is not None else f'thread {ident}'
         if name == _THREAD_NAME:

@@ -34,6 +34,7 @@ class ProbeBroker:
         self._answers: Dict[int, Dict[str, dict]] = {}
         self._samples: Dict[str, dict] = {}  # node -> {'stacks', 'taken', 'changed'}
         self._heard: Dict[str, float] = {}  # node -> when it last fetched (monotonic)
+        self._closed = False
 
     def wait_for_probe(self, name: str, sample: Optional[dict] = None,
                        timeout: float = 1.0) -> List[Probe]:
@@ -49,13 +50,20 @@ class ProbeBroker:
                                        'changed': time.time(), 'dump': dump}
             elif name in self._samples:
                 self._samples[name]['taken'] = time.time()
-            while not self._pending.get(name):
+            while not self._pending.get(name) and not self._closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return []
                 self._changed.wait(left)
             self._heard[name] = time.monotonic()
-            return self._pending.pop(name)
+            return self._pending.pop(name, [])
+
+    def close(self) -> None:
+        """The program has ended: the waits in flight return now, and later ones at once (so
+        that the coordinator's server, stopping, does not wait for the calls of gone nodes)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
     def answer_probe(self, name: str, probe_ids: List[int], answer: dict) -> None:
         """Node process `name` answers the probes `probe_ids` it fetched."""
@@ -78,7 +86,7 @@ class ProbeBroker:
             for name in names:
                 self._pending.setdefault(name, []).append((probe_id, kinds))
             self._changed.notify_all()
-            while len(answers) < len(names):
+            while len(answers) < len(names) and not self._closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break

@@ -75,7 +75,8 @@ class WorkerSpec:
       flag_overrides: flag values for this process ('--name=value' strings).
       env: environment variables to set before anything is unpickled.
       cleanup_dir: a directory of the launch that the worker removes if the launcher dies, since
-        the launcher cannot.
+        the launcher cannot, or if it is the last of its owners out (`tempdirs.leave`); the
+        node's own temporary directories go inside it ($LAUNCHPAD_RUN_DIR).
       tls: the program's TLS credentials (a courier.TLSConfig) for TCP traffic, or None.
       progress_deadline: seconds the node may go without progress before it counts as hung.
       stop_signal: the name of a signal (e.g. 'SIGUSR1') by which the platform warns that it

@@ -32,7 +32,7 @@ import threading
 import time
 import traceback
 import uuid
-from typing import Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import courier
 
@@ -43,12 +43,15 @@ from launchpad.process import flags
 from launchpad.process import interrupt
 from launchpad.process import probe
 from launchpad.process import spec as specs
+from launchpad.process import tempdirs
 from launchpad.process import tree
 from launchpad.process import watchdog
 from launchpad.process.coordinator import COORDINATOR_LOSS_TIMEOUT, run_reporting
 from launchpad.process.spec import WorkerSpec
+from launchpad.process.supervisor_endpoint import SupervisorEndpoint
 
 _POLL = 1.0
+_POLL_SLACK = 4.0  # seconds a stop watcher's poll may take beyond _POLL before it dials again
 _REPORT_WAIT = 10.0  # seconds a detached program's node waits for a supervisor to report to
 
 
@@ -57,11 +60,43 @@ def _run_with_flags(spec: WorkerSpec) -> None:
     spec.run()
 
 
-def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
-           launcher_lost: threading.Event, instance: str, started: threading.Event) -> None:
-    """Triggers the stop signal when the program stops or the launcher is gone. When the
+class _Watching(faces.NodeFaceProxy):
+    """The stop watcher's face of a detached program's coordinator. A poll that times out
+    drops its connection, so that the next one dials again: a supervisor whose host or pod went
+    away without a word leaves the connection open and silent, while its successor listens at
+    the same name elsewhere (a Kubernetes coordinator pod made again has a new address)."""
+
+    def __init__(self, dial: Callable[[], courier.Client]):
+        self._dial = dial
+        super().__init__(dial())
+
+    def _call(self, method: str, *args):
+        try:
+            return getattr(self._target, method)(*args)
+        except courier.CallTimeoutError:
+            silent, self._target = self._target, self._dial()
+            silent.close()
+            raise
+
+    def wait_for_stop(self, timeout: Optional[float] = None, name: Optional[str] = None) -> bool:
+        return self._call('wait_for_stop', timeout, name)
+
+    def node_started(self, name: str, pid: int, host: str,
+                     instance: Optional[str] = None) -> Optional[int]:
+        return self._call('node_started', name, pid, host, instance)
+
+    def publish_address(self, address_id: str, endpoint: str) -> None:
+        self._call('publish_address', address_id, endpoint)
+
+
+def _watch(coordinator, watching, published: '_Published', stop: runtime.StopSignal,
+           spec: WorkerSpec, launcher_lost: threading.Event, instance: str,
+           started: threading.Event) -> None:
+    """Triggers the stop signal when the program stops or the launcher is gone, watching the
+    coordinator through `watching` (which fails at once while it is unreachable). When the
     coordinator answers again after it was unreachable (a detached program's new supervisor),
-    tells it again that this node runs (`instance`), in case its start was not persisted."""
+    tells it again that this node runs (`instance`) and the endpoints it `published`, in case
+    its predecessor heard them but died before it persisted them."""
     unreachable_since = None
     grace = (COORDINATOR_LOSS_TIMEOUT if spec.coordinator_grace is None
              else spec.coordinator_grace)
@@ -72,10 +107,13 @@ def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
             launcher_lost.set()
             break
         try:
-            if unreachable_since is not None and started.is_set():
-                coordinator.node_started(spec.node_name, os.getpid(), socket.gethostname(),
-                                         instance)
-            if coordinator.wait_for_stop(_POLL, spec.node_name):  # or it is removed
+            if unreachable_since is not None:
+                if started.is_set():
+                    watching.node_started(spec.node_name, os.getpid(), socket.gethostname(),
+                                          instance)
+                for address_id, endpoint in published.endpoints():
+                    watching.publish_address(address_id, endpoint)
+            if watching.wait_for_stop(_POLL, spec.node_name):  # or it is removed
                 break
             unreachable_since = None
         except Exception as e:  # pylint: disable=broad-except
@@ -93,6 +131,9 @@ def _watch(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,
         if coordinator.failed:  # the stop may be its own failure's: its exit code says so too
             _exit_now(1, spec, launcher_lost)
         if not launcher_lost.is_set():
+            if not started.is_set():  # it started into a stopping program: say where it ran
+                _report(coordinator.node_started, spec.node_name, os.getpid(),
+                        socket.gethostname(), instance)
             _report(coordinator.node_finished, spec.node_name)
         _exit_now(0, spec, launcher_lost)
     time.sleep(spec.notice_period + 1.0)
@@ -181,6 +222,29 @@ class _CoordinatorClient(faces.NodeFaceProxy):
         self._reports.request_stop(reason)
 
 
+class _Published:
+    """The address registry (the coordinator) as the node's address table calls it, keeping the
+    endpoints the node published, to tell a new supervisor again."""
+
+    def __init__(self, client: courier.Client):
+        self._client = client
+        self._endpoints: Dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def publish_address(self, address_id: str, endpoint: str) -> None:
+        with self._lock:
+            self._endpoints[address_id] = endpoint
+        self._client.publish_address(address_id, endpoint)
+
+    def lookup_address(self, address_id: str, timeout: Optional[float] = None) -> Optional[str]:
+        return self._client.lookup_address(address_id, timeout)
+
+    def endpoints(self) -> List[Tuple[str, str]]:
+        """(address id, endpoint) of each address the node published."""
+        with self._lock:
+            return list(self._endpoints.items())
+
+
 class _Started:
     """The coordinator client that reports the node's start, setting `started` once it did."""
 
@@ -203,8 +267,7 @@ def _report(method, *args) -> None:
 
 def _exit_now(code: int, spec: WorkerSpec, launcher_lost: threading.Event) -> None:
     tree.end_descendants()
-    if launcher_lost.is_set() and spec.cleanup_dir:
-        shutil.rmtree(spec.cleanup_dir, ignore_errors=True)
+    _leave_run_dir(spec, launcher_lost)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # pylint: disable=protected-access
@@ -270,6 +333,9 @@ def _run(spec_path: str) -> int:
         _report_unloadable(e)
         raise
     tree.become_subreaper()
+    if spec.cleanup_dir:  # the node's own directories go in there (`tempdirs.make`)
+        tempdirs.claim(spec.cleanup_dir)
+        os.environ[tempdirs.RUN_DIR_ENV] = spec.cleanup_dir
     if spec.resources is not None and spec.resources.cores is not None:
         if hasattr(os, 'sched_setaffinity'):
             os.sched_setaffinity(0, spec.resources.cores)  # before the node starts any thread
@@ -284,24 +350,30 @@ def _run(spec_path: str) -> int:
         progress_deadline=spec.progress_deadline, resources=spec.resources,
         checkpoint_root=os.environ.get(specs.CHECKPOINT_ROOT_ENV) or spec.checkpoint_root)
     tls = context.tls_for(spec.coordinator_address)
+    # A detached program's node sends a call that lost its supervisor again, to the next one.
+    address = spec.coordinator_address if spec.coordinator_grace is None else \
+        SupervisorEndpoint(spec.coordinator_address, spec.coordinator_grace)
     # The start waits for a busy coordinator; everything later fails at once when it is gone, so
     # that a node whose launcher died ends within seconds.
-    starting = courier.Client(spec.coordinator_address, call_timeout=30.0, wait_for_ready=True,
-                              tls=tls)
+    starting = courier.Client(address, call_timeout=30.0, wait_for_ready=True, tls=tls)
     # A detached program's node tells how it ended to the next supervisor if its own just died.
     reports = None if spec.coordinator_grace is None else courier.Client(
-        spec.coordinator_address, call_timeout=_REPORT_WAIT, wait_for_ready=True, tls=tls)
+        address, call_timeout=_REPORT_WAIT, wait_for_ready=True, tls=tls)
     launcher_lost = threading.Event()
-    coordinator = _CoordinatorClient(courier.Client(spec.coordinator_address, call_timeout=30.0,
+    coordinator = _CoordinatorClient(courier.Client(address, call_timeout=30.0,
                                                     wait_for_ready=False, tls=tls), reports,
                                      launcher_lost if reports is not None else None)
+    # The stop watcher sees the coordinator unreachable (and measures the grace) itself.
+    watching = coordinator if spec.coordinator_grace is None else _Watching(functools.partial(
+        courier.Client, spec.coordinator_address, call_timeout=_POLL + _POLL_SLACK,
+        wait_for_ready=False, tls=tls))
     # Address lookups wait for servers to come up, longer than other calls may take. A detached
     # program's node starting (publishing its address, looking up others') while its supervisor
     # is replaced waits for the next one.
     table = spec.address_table
     lookup_deadline = None if table.lookup_timeout is None else table.lookup_timeout + 30.0
-    table.registry = courier.Client(spec.coordinator_address, call_timeout=lookup_deadline,
-                                    wait_for_ready=reports is not None, tls=tls)
+    table.registry = published = _Published(courier.Client(
+        address, call_timeout=lookup_deadline, wait_for_ready=reports is not None, tls=tls))
     stop = runtime.StopSignal(coordinator.request_stop)
     context.stop, context.coordinator = stop, coordinator
     runtime.set_process_context(context)
@@ -320,8 +392,9 @@ def _run(spec_path: str) -> int:
             tick=functools.partial(watchdog.arm_fallback, deadline)).watch(
                 spec.node_name, context, deadline, threading.get_ident())
     instance, started = uuid.uuid4().hex, threading.Event()
-    threading.Thread(target=_watch, args=(coordinator, stop, spec, launcher_lost, instance,
-                                          started), daemon=True, name='lp-stop-watcher').start()
+    threading.Thread(target=_watch, args=(coordinator, watching, published, stop, spec,
+                                          launcher_lost, instance, started),
+                     daemon=True, name='lp-stop-watcher').start()
     try:
         code = run_reporting(functools.partial(_run_with_flags, spec), spec.node_name, coordinator,
                              starting=_Started(starting, started), context=context,
@@ -337,7 +410,19 @@ def _run(spec_path: str) -> int:
     if launcher_lost.is_set():
         _exit_now(code, spec, launcher_lost)
     tree.end_descendants()
+    _leave_run_dir(spec, launcher_lost)
     return code
+
+
+def _leave_run_dir(spec: WorkerSpec, launcher_lost: threading.Event) -> None:
+    """Removes the node's run directory if its launcher (which removes it) is gone: the
+    launcher died, or this node is the last out of a host whose agent was killed."""
+    if not spec.cleanup_dir:
+        return
+    if launcher_lost.is_set():
+        shutil.rmtree(spec.cleanup_dir, ignore_errors=True)
+    else:
+        tempdirs.leave(spec.cleanup_dir)
 
 
 def _handle_signals(coordinator, stop: runtime.StopSignal, spec: WorkerSpec,

@@ -1,5 +1,4 @@
 """Fixtures for the core tests: every test must leave no process or temp directory behind."""
-import glob
 import os
 import subprocess
 import sys
@@ -8,7 +7,7 @@ import time
 
 import pytest
 
-from tests.leftovers import no_new_children
+from tests.leftovers import no_new_children, no_new_temp_dirs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -27,19 +26,12 @@ def private_tmpdir(tmp_path_factory):
         os.environ['TMPDIR'] = old_env
 
 
-def _program_dirs():
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), 'launchpad-*')))
-
-
 @pytest.fixture(autouse=True)
 def no_leftovers(private_tmpdir):
     """Fails a test that leaves child processes or program directories behind."""
     del private_tmpdir
-    dirs_before = _program_dirs()
-    with no_new_children():
+    with no_new_temp_dirs(grace=0), no_new_children():
         yield
-    left = _program_dirs() - dirs_before
-    assert not left, f'program directories left behind: {left}'
 
 
 def run_script(source: str, *args, timeout=60, env=None, **kwargs) -> subprocess.CompletedProcess:

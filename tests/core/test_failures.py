@@ -40,6 +40,51 @@ def test_a_killed_node_is_restarted_and_its_clients_reach_the_new_one(launch_typ
     assert expected in status['worker/0'].error
 
 
+def _cpu_cgroups():
+    """(root where a throttled cgroup can be made, the cgroup this process is in), or Nones."""
+    for root, controller in (('/sys/fs/cgroup/cpu', 'cpu'), ('/sys/fs/cgroup', '')):
+        if not os.access(root, os.W_OK) or not os.path.exists(os.path.join(root, 'cgroup.procs')):
+            continue
+        with open('/proc/self/cgroup') as f:
+            for line in f:
+                _, controllers, path = line.rstrip('\n').split(':', 2)
+                if controller in controllers.split(',') or (not controller and not controllers):
+                    return root, os.path.join(root, path.lstrip('/'))
+    return None, None
+
+
+def test_waiting_for_a_cpu_or_a_call_is_not_a_hang():
+    """Only time a node could have used counts toward its progress deadline: one waiting 4x its
+    deadline for a slow peer's answer, and (as root, with cgroups) one whose heartbeats come ~1 s
+    apart because its cgroup may use 20 ms of CPU a second, both finish; a node that stops beating
+    is still found hung."""
+    root, parent = _cpu_cgroups()
+    if root is None and os.environ.get('LAUNCHPAD_TESTBEDS') == 'required':
+        pytest.fail('no writable cpu cgroup to starve a node in (needs root)')
+    cgroup = None if root is None else programs.throttled_cgroup(root)
+    try:
+        controller = lp.launch(programs.patience_program(0.5, cgroup, parent),
+                               launch_type='test_mp')
+        try:
+            assert controller.wait(labels_to_wait_for=['caller'] + (['starved'] if cgroup else []),
+                                   timeout=60)
+            status = controller.status()
+        finally:
+            controller.stop()
+            controller.wait(timeout=30, raise_error=False)
+    finally:
+        if cgroup is not None:
+            programs.remove_cgroup(cgroup, parent)
+    patient = ['caller/0'] + (['starved/0'] if cgroup else [])
+    assert [(status[n].state, status[n].restarts) for n in patient] == \
+        [(lp.NodeState.FINISHED, 0)] * len(patient), status
+    assert status['hung/0'].state is lp.NodeState.DROPPED
+    assert status['hung/0'].error.startswith('hung: no progress for')
+    assert 'counted (its progress deadline is 0.5 s)' in status['hung/0'].error
+    if cgroup is None:
+        pytest.skip('checked a call only: no writable cpu cgroup to starve a node in (root)')
+
+
 def test_sigterm_is_a_preemption_the_restart_policy_covers(capfd):
     controller = lp.launch(programs.restart_program(), launch_type='test_mp')
     wait_running(controller, 'worker/0', 'prober/0')

@@ -11,8 +11,11 @@ import time
 import psutil
 import pytest
 
+import launchpad as lp
+
 from tests import testbeds
 from tests.core.conftest import REPO, run_script, script_env, wait_until
+from tests.leftovers import temp_dirs
 
 PROGRAM = textwrap.dedent('''
     import os, sys, time
@@ -271,6 +274,48 @@ def test_nodes_exit_when_the_launcher_is_sigkilled(tmp_path):
     process.kill()
     process.communicate()
     assert_gone(pids)
+
+
+COLOCATED = textwrap.dedent('''
+    import os, sys
+    import launchpad as lp
+
+    def idle(ready):
+        open(ready, 'w').close()
+        lp.wait_for_stop()
+
+    program = lp.Program('colocated')
+    program.add_node(lp.ColocationNode([lp.PyNode(idle, sys.argv[1])], mode='processes'),
+                     label='colo')
+    lp.launch(program, launch_type='local_mt')
+''')
+
+
+def test_a_sigkilled_local_mt_launchers_directories_go_at_the_next_launch(tmp_path):
+    """A local_mt launcher that was SIGKILLed cannot remove its directory (its nodes were its
+    threads): the next launch does. The inner node of its process colocation ends (its parent
+    is gone) and removes the colocation's directory. (local_mp: test_nodes_exit_when_...)"""
+    ready = tmp_path / 'ready'
+    before = temp_dirs()
+    with tempfile.NamedTemporaryFile('w', suffix='.py', dir=tmp_path, delete=False) as f:
+        f.write(COLOCATED)
+    launcher = subprocess.Popen([sys.executable, f.name, str(ready)],
+                                env=script_env(), stdout=subprocess.DEVNULL)
+    try:
+        assert wait_until(ready.exists, timeout=30)
+        inner = psutil.Process(launcher.pid).children()
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert inner
+    psutil.wait_procs(inner, timeout=10)
+    assert not any(node.is_running() and node.status() != psutil.STATUS_ZOMBIE
+                   for node in inner)
+    assert not any('colocation' in path for path in temp_dirs() - before)
+    next_program = lp.Program('next')
+    next_program.add_node(lp.PyNode(print, 'next'), label='next')
+    lp.launch(next_program, launch_type='test_mt').wait(timeout=30)
+    assert not temp_dirs() - before
 
 
 def test_cli_runs_a_script_with_the_chosen_launch_type(tmp_path):

@@ -3,6 +3,7 @@ that flushes to a server still finds it serving (the program is in tests/stop_pr
 import ctypes
 import queue
 import threading
+import time
 
 import pytest
 
@@ -15,18 +16,22 @@ from tests.core.conftest import wait_until
     ('test_mt', False), ('test_mt', True), ('test_mp', False), ('test_mp', True)])
 def test_dqn_stops_in_graph_order_and_nothing_is_killed(launch_type, colocate, tmp_path):
     """Acme's distributed DQN shape: the actors' stop handlers flush to the replay, which keeps
-    serving until they have ended; the learner, told after the actors, writes to the replay and
-    raises SystemExit in its own thread, which waits in a queue (in a thread of local_mt, or in
-    a thread colocation with the replay), and ends; the replay (colocated or not) and the
-    counter last, and no node is killed."""
+    serving until they have ended and their writers were freed; the learner, told after the
+    actors, writes to the replay and raises SystemExit in its own thread, which waits in a queue
+    (in a thread of local_mt, or in a thread colocation with the replay), and ends; the replay
+    (colocated or not) and the counter last, and no node is killed."""
     record = tmp_path / 'flushed.txt'
     controller = lp.launch(stop_programs.dqn_program(str(record), colocate=colocate),
                            launch_type=launch_type, notice_period=30)
     assert controller.wait(timeout=120)
     states = {name: status.state for name, status in controller.status().items()}
     assert set(states.values()) == {lp.NodeState.FINISHED}, states
+    flushed, open_streams = record.read_text().split('\n')
     # every actor's last flush, and the learner's, reached the replay before it stopped
-    assert record.read_text().split() == ['0', '1', '2', 'learner']
+    assert flushed.split() == ['0', '1', '2', 'learner']
+    # and every writer was freed with its node, closing its stream, before the replay stopped
+    # (Reverb's server waits seconds for open streams)
+    assert open_streams.split() == []
 
 
 def wait_raising_system_exit_at_stop(record: str) -> None:
@@ -60,3 +65,41 @@ def test_a_stop_handler_s_exception_reaches_a_process_node_waiting_in_a_lock(tmp
     assert controller.wait(timeout=60)
     assert controller.status()['learner/0'].state is lp.NodeState.FINISHED
     assert record.read_text() == 'SystemExit'
+
+
+def stop_the_program_then_sleep(record: str) -> None:
+    """Acme's StepsLimiter: under Acme's `runtime_terminator` (a stop handler that raises
+    SystemExit in the node's thread), it calls lp.stop(), then sleeps, which no exception
+    interrupts in a thread."""
+    node_thread = threading.get_ident()
+
+    def raise_system_exit_there() -> None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(node_thread),
+                                                   ctypes.py_object(SystemExit))
+
+    def write_a_checkpoint() -> None:
+        with open(record, 'a') as f:
+            f.write('checkpoint ')
+
+    lp.register_stop_handler(raise_system_exit_there)
+    lp.register_stop_handler(write_a_checkpoint)
+    try:
+        lp.stop()
+        time.sleep(120)
+    except SystemExit:
+        with open(record, 'a') as f:
+            f.write('SystemExit')
+
+
+def test_a_thread_node_that_stops_the_program_hears_the_stop_in_its_own_thread(tmp_path):
+    """On local_mt a node that calls lp.stop() in its own thread (told at once, as nothing calls
+    it) runs its stop handlers there, as its main thread would on local_mp: their SystemExit
+    ends it inside lp.stop(), once every handler ran, not after the sleep that follows, which
+    would outlast the notice period and get it killed."""
+    record = tmp_path / 'ended.txt'
+    program = lp.Program('limiter')
+    program.add_node(lp.PyNode(stop_the_program_then_sleep, str(record)), label='limiter')
+    controller = lp.launch(program, launch_type='test_mt', notice_period=5)
+    assert controller.wait(timeout=60)
+    assert controller.status()['limiter/0'].state is lp.NodeState.FINISHED
+    assert record.read_text() == 'checkpoint SystemExit'

@@ -3,11 +3,13 @@ import os
 import sys
 import time
 
+import psutil
 import pytest
 
 import launchpad as lp
 
 from tests.core.conftest import wait_until
+from tests.leftovers import temp_dirs
 from tests.nodes.conftest import LAUNCH_TYPES, launch_and_wait
 
 MODES = ['threads', 'processes']
@@ -245,3 +247,26 @@ def test_return_on_first_completed(mode, launch_type):
         return_on_first_completed=True), label='colo')
     controller = launch_and_wait(program, launch_type)
     assert controller.status()['colo/0'].state is lp.NodeState.FINISHED
+
+
+def test_a_killed_process_colocation_leaves_no_directory():
+    """SIGKILL of a process colocation's executable: its inner node ends (its parent is gone),
+    and the colocation's directory (the inner nodes' specs and coordinator socket) goes too."""
+    before = temp_dirs()
+    program = lp.Program('killed')
+    program.add_node(lp.ColocationNode([lp.PyNode(serve_forever, None)], mode='processes'),
+                     label='colo')
+    controller = lp.launch(program, launch_type='test_mp')
+    try:
+        assert wait_until(lambda: controller.status()['colo/0'].state is lp.NodeState.RUNNING)
+        colocation = psutil.Process(controller.status()['colo/0'].pid)
+        assert wait_until(colocation.children, timeout=30)  # its inner node runs
+        inner = colocation.children()
+        colocation.kill()
+        psutil.wait_procs(inner, timeout=10)
+        assert not any(process.is_running() for process in inner)
+        assert controller.wait(timeout=30, raise_error=False)  # (a failure ends the program)
+    finally:
+        controller.stop()
+    assert 'killed by signal 9' in controller.status()['colo/0'].error
+    assert not temp_dirs() - before

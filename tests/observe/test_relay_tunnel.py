@@ -30,9 +30,10 @@ def two_registries(monkeypatch):
 @pytest.mark.timeout(120)
 def test_a_relay_tunnel_reaches_the_supervisor_and_follows_a_new_one(
         tmp_path, monkeypatch, two_registries):
-    """lp.attach reaches the program through the relay; when its supervisor is SIGKILLed, the
-    relay waits for the new one, whose pid and token this side's entry then takes; the stop
-    leaves neither entry nor tunnel socket here."""
+    """lp.attach reaches the program through the relay, whose command is run again when it
+    ended without a word (its way in failed); when its supervisor is SIGKILLed, the relay
+    waits for the new one, whose pid and token this side's entry then takes; the stop leaves
+    neither entry nor tunnel socket here."""
     there, here = two_registries
     monkeypatch.setenv('LAUNCHPAD_LOGGING_DIR', str(tmp_path / 'logs'))
     monkeypatch.setenv(registry.ENV, there)
@@ -42,12 +43,15 @@ def test_a_relay_tunnel_reaches_the_supervisor_and_follows_a_new_one(
         entry = registry.find(launched.id)
         monkeypatch.setenv(registry.ENV, here)
         socket_path = entry.address.split(':', 1)[1]
-        registry.register(dataclasses.replace(
-            entry, relay=[sys.executable, relay.__file__, socket_path]))
+        failed = tmp_path / 'failed'  # the relay command's first run fails without a word
+        registry.register(dataclasses.replace(entry, relay=[
+            'sh', '-c', 'test -e "$0" || { touch "$0"; echo "task launch failed" >&2; exit 1; }; '
+            'exec "$@"', str(failed), sys.executable, relay.__file__, socket_path]))
         [listed] = registry.entries()
         assert registry.is_remote(listed)
 
-        controller = lp.attach(launched.id)
+        controller = lp.attach(launched.id)  # (the tunnel runs the relay command again)
+        assert failed.exists()
         assert {s.state.value for s in controller.status().values()} == {'running'}
         killed = controller.supervisor['pid']
         os.kill(killed, signal.SIGKILL)  # its keeper starts a new one

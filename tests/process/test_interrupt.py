@@ -1,10 +1,20 @@
 """Waking a node's thread so that an exception raised in it lands (`launchpad.process.interrupt`):
 a queue wait is woken unseen, with or without such an exception; other waits are left alone."""
+import concurrent.futures
+import gc
 import queue
 import sys
 import threading
+import time
 
+import pytest
+
+from courier.transport import _compat, framed_client
 from launchpad.process import interrupt
+from launchpad.process import probe
+from launchpad.process import watchdog
+from launchpad.process.coordinator import Coordinator, NodeStopped
+from launchpad.process.frames import current_frames
 from tests.core.conftest import wait_until
 
 
@@ -71,3 +81,77 @@ def test_an_event_wait_is_left_alone():
     event.set()
     thread.join(timeout=10)
     assert ended == [True]
+
+
+def test_no_collection_can_start_while_the_threads_frames_are_read(monkeypatch):
+    """CPython reads them holding its lock on the thread list; a finalizer run by a collection
+    started there may let go of the GIL, and a thread that ends or raises in another meanwhile
+    deadlocks the process (seen in CI: a local_mt node's removal hung in `interrupt.wake`)."""
+    collector_on = []
+    read = sys._current_frames  # pylint: disable=protected-access
+
+    def watched():
+        collector_on.append(gc.isenabled())
+        return read()
+
+    monkeypatch.setattr(sys, '_current_frames', watched)
+    stop = threading.Event()
+    sleeper = threading.Thread(target=stop.wait)
+    sleeper.start()
+    try:
+        assert sleeper.ident in current_frames()
+        assert interrupt.wake(sleeper) is None and 'Thread' in watchdog.format_stacks()
+        assert any(entry['thread'] == sleeper.ident for entry in probe.stacks())
+    finally:
+        stop.set()
+        sleeper.join()
+    assert collector_on == [False] * 4 and gc.isenabled()
+
+
+def _report(coordinator: Coordinator) -> None:
+    coordinator.report_metrics('node/0', {'time': time.time()})
+
+
+def _watch_deadline(deadlines) -> None:
+    deadlines.add(time.monotonic() + 60, concurrent.futures.Future(), TimeoutError)
+
+
+def _wait_briefly(future: concurrent.futures.Future) -> None:
+    try:
+        future.result(timeout=0)
+    except concurrent.futures.TimeoutError:
+        pass
+
+
+@pytest.mark.parametrize('make, use', [
+    (lambda: Coordinator(['node/0']), _report),
+    (framed_client._Deadlines, _watch_deadline),  # pylint: disable=protected-access
+    (_compat.LightFuture, _wait_briefly),  # held, the courier loop could not complete the call
+], ids=['coordinator', 'call_deadlines', 'call_future'])
+def test_an_exception_raised_in_a_thread_leaves_shared_locks_free(make, use):
+    """At a stop, local_mt raises NodeStopped in a thread node that does not cooperate
+    (`raise_in`). Landing while the node's thread is inside launchpad (reporting to the
+    coordinator, starting a call with a timeout, waiting for a call's result), it must not
+    leave a lock that other threads take held: entered as a Condition, whose __enter__ is Python code, it did, and the
+    launcher's threads then waited for ever (CI: the coordinator's)."""
+    shared = make()
+    for attempt in range(20):
+        running = threading.Event()
+
+        def node():
+            try:
+                while True:
+                    use(shared)
+                    running.set()
+            except NodeStopped:
+                pass
+
+        thread = threading.Thread(target=node, daemon=True)
+        thread.start()
+        assert running.wait(10)
+        interrupt.raise_in(thread, NodeStopped)
+        thread.join(10)
+        other = threading.Thread(target=use, args=(shared,), daemon=True)
+        other.start()
+        other.join(5)
+        assert not other.is_alive(), f'the lock stayed held after exception {attempt + 1}'
