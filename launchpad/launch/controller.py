@@ -110,8 +110,11 @@ class Controller:
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
-            self._coordinator.wait_for_change(0.1 if deadline is None
-                                              else min(0.1, max(0.0, deadline - time.monotonic())))
+            wait = 0.1 if deadline is None else min(0.1, max(0.0, deadline - time.monotonic()))
+            if counts_running:
+                self._coordinator.wait_for_change(wait)
+            else:  # only the program's end counts: return the moment the monitor is done
+                self._done.wait(wait)
 
     def stop_and_wait(self) -> None:
         """Stops the program and waits until every node has ended; a node failure is not raised."""
@@ -234,14 +237,21 @@ class Controller:
             self._runner.kill([name for name, code in self._runner.poll().items() if code is None])
         finally:
             self._elastic.close(self._coordinator.stop_reason or 'every node ended')
+            with self._observer_lock:
+                self._ended = True
+                observer = self._observer
+            # The observer's last sample (it unregisters the program before wait returns) needs
+            # only the ended nodes' states: it is written while the runner lets go of the rest.
+            last_sample = None
+            if observer is not None:
+                last_sample = threading.Thread(target=observer.program_ended, daemon=True,
+                                               name=f'lp-{self.program_name}-ended')
+                last_sample.start()
             try:
                 self._runner.release()
             finally:
-                with self._observer_lock:
-                    self._ended = True
-                    observer = self._observer
-                if observer is not None:  # it unregisters the program before wait returns
-                    observer.program_ended()
+                if last_sample is not None:
+                    last_sample.join()
                 self._done.set()
 
     def _restart_due(self) -> List[str]:

@@ -35,6 +35,7 @@ from launchpad.observe import runstore
 from launchpad.observe import tunnel
 from launchpad.process import flags
 from launchpad.process import spec as specs
+from launchpad.process import tempdirs
 from launchpad.process.errors import NodeFailedError
 from launchpad.process.states import NodeState, NodeStatus
 from launchpad.scaling import Decision
@@ -42,6 +43,8 @@ from launchpad.scaling import Decision
 SUPERVISOR_GRACE = 180.0  # default seconds nodes run on without a supervisor
 SUPERVISOR_MODULE = 'launchpad.launch.supervisor'
 LAUNCH_FILE = 'launch.pkl'  # in the run directory: the program and how to launch it
+STATE_FILE = 'state.pkl'  # and its supervisor's persisted state, to re-adopt the nodes from
+RUN_KIND = 'detached'  # launchpad.process.tempdirs' kind of run directories
 RUN_PREFIX = 'launchpad-detached-'  # run directories: <tmp>/<RUN_PREFIX><id>-<random>
 RECOVER_SCRIPT = 'recover'  # in an SSH program's run directory (`tunnel.RECOVER_SCRIPTS`)
 # What a supervisor serves beside the observer's methods (`launchpad.launch.supervisor`).
@@ -316,9 +319,12 @@ def launch_file(program, options, grace: float, program_id: str, log_dir: Option
     return header, specs.pickle_node(program.name, launch)
 
 
-def start_from(header: Dict[str, Any], payload: bytes) -> AttachedController:
+def start_from(header: Dict[str, Any], payload: bytes, state: Optional[bytes] = None,
+               recoverable: bool = False) -> AttachedController:
     """Writes the launch file (`launch_file`) to a new run directory, starts its keeper and
-    returns once every node runs; ends what it started if the launch fails.
+    returns once every node runs; ends what it started if the launch fails. With `state` (a
+    supervisor's persisted state, moved from another host), the supervisor re-adopts the
+    running program instead; `recoverable`: with RECOVER_SCRIPT (`write_recover_script`).
 
     Raises:
       registry.RegistryError: the registry cannot take the program (e.g. its directory's path
@@ -326,13 +332,19 @@ def start_from(header: Dict[str, Any], payload: bytes) -> AttachedController:
     """
     program_id = header['program_id']
     registry.socket_path(program_id)  # where its supervisor will listen: it must fit
-    run_dir = tempfile.mkdtemp(prefix=f'{RUN_PREFIX}{program_id}-')
+    run_dir = tempdirs.make(f'{RUN_KIND}-{program_id}', inside_run=False)
     keeper = None
     try:
         os.makedirs(header['log_dir'], exist_ok=True)
         path = os.path.join(run_dir, LAUNCH_FILE)
         with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 'wb') as f:
             pickle.dump((header, payload), f, protocol=pickle.HIGHEST_PROTOCOL)
+        if state is not None:
+            with open(os.open(os.path.join(run_dir, STATE_FILE), os.O_WRONLY | os.O_CREAT,
+                              0o600), 'wb') as f:
+                f.write(state)
+        if recoverable:
+            write_recover_script(run_dir)
         keeper = spawn_keeper(run_dir)
         return _wait_until_running(program_id, keeper, header['log_dir'])
     except BaseException:  # Ctrl-C included: nothing of an unfinished launch is left
@@ -433,10 +445,16 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument('--recover', action='store_true',
                         help='start a new supervisor for it first (its old one and its keeper '
                              'are gone), re-adopting its nodes')
+    parser.add_argument('--host', help="with --recover, a detached SSH program's: start it on "
+                                       'this other host of the program (its supervisor\'s host '
+                                       'is gone; default: the first other host that ssh '
+                                       'reaches, if the supervisor\'s host does not answer)')
     args = parser.parse_args(list(argv))
+    if args.host is not None and not args.recover:
+        parser.error('--host applies to --recover only; pass --recover too.')
     try:
         if args.recover:
-            _recover(args.program)
+            _recover(args.program, args.host)
         controller = attach(args.program)
     except (registry.RegistryError, RuntimeError) as e:
         print(f'python -m launchpad.launch attach: {e}', file=sys.stderr)
@@ -470,12 +488,16 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
-def _recover(query: str) -> None:
+def _recover(query: str, host: Optional[str] = None) -> None:
     """Starts a keeper (and so a supervisor) for the detached program `query` whose supervisor
-    and keeper are gone: here, or on its supervisor's host (through ssh)."""
+    and keeper are gone: here, on its supervisor's host (through ssh), or on `host`, another
+    host of a detached SSH program (`launchpad.launch.ssh.move`)."""
     running = [e for e in registry.entries() if query in (e.id, e.name) or e.id.startswith(query)]
+    if host is not None and not (running and running[0].ssh is not None):
+        raise RuntimeError(f'--host moves the supervision of a detached SSH program; {query!r} '
+                           'is none of those registered here.')
     if running and registry.is_remote(running[0]):
-        _recover_remote(running[0])
+        _recover_remote(running[0], host)
     else:
         recover_here(query)
 
@@ -507,11 +529,11 @@ def recover_here(query: str) -> registry.Entry:
         time.sleep(0.1)
 
 
-def write_recover_script(program_id: str) -> None:
-    """Writes RECOVER_SCRIPT to the run directory of `program_id` (a detached SSH program,
-    supervised on this host): `recover_here` with this process's interpreter and
-    environment, for `attach --recover` on the launching machine to run through ssh."""
-    run_dir, = run_directories(program_id)
+def write_recover_script(run_dir: str) -> None:
+    """Writes RECOVER_SCRIPT to `run_dir` (of a detached SSH program, supervised on this
+    host): `recover_here` with this process's interpreter and environment, for `attach
+    --recover` on the launching machine to run through ssh."""
+    program_id = read_header(run_dir)['program_id']
     env = [f'{k}={v}' for k, v in os.environ.items() if not k.startswith('SSH_')]
     command = shlex.join(['exec', 'env', '-i', *env, sys.executable, '-m', SUPERVISOR_MODULE,
                           'recover', program_id])
@@ -520,26 +542,59 @@ def write_recover_script(program_id: str) -> None:
         f.write(command + '\n')
 
 
-def _recover_remote(entry: registry.Entry) -> None:
+def _recover_remote(entry: registry.Entry, host: Optional[str] = None) -> None:
     """Has the host of `entry` (a detached SSH program's supervisor's) run its program's
-    RECOVER_SCRIPT, and registers the new supervisor's entry here."""
-    command = (f'for r in {tunnel.RECOVER_SCRIPTS.format(id=entry.id)}; do '
-               'test -f "$r" && exec sh "$r"; done; '
-               f'echo "no run directory of {entry.id} is left there" >&2; exit 3')
-    try:
-        done = subprocess.run([*entry.ssh, command], capture_output=True, timeout=90.0)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f'{entry.host} did not answer within 90 s.') from None
+    RECOVER_SCRIPT, or `host`, another host of the program, the script its agent there keeps
+    to start a supervisor from its copies (`launchpad.launch.ssh.move`; reached with the ssh
+    options of the supervisor's host); registers the new supervisor's entry here. Without
+    `host`, if the supervisor's host cannot be reached, the supervision moves to the first other
+    host of the program (`registry.Entry.hosts`) that can."""
+    if host is not None:
+        done, ssh = _move_to(entry, host)
+    else:
+        ssh = entry.ssh
+        done = _run_over_ssh(ssh, tunnel.RECOVER_SCRIPTS.format(id=entry.id), 'test -f "$r"',
+                             f'no run directory of {entry.id} is left there', entry.host)
+        others = [other for other in entry.hosts or () if other != entry.ssh[-1]]
+        for other in others if done.returncode == 255 else ():
+            done, ssh = _move_to(entry, other)
+            if done.returncode != 255:
+                host = other
+                break
     errors = ' '.join(done.stderr.decode(errors='replace').strip().splitlines()[-5:])
-    if done.returncode == 255:  # ssh's own failure: the host cannot be reached
+    if done.returncode == 255 and host is None:  # ssh's own failure: the host is unreachable
+        tried = f' nor any other host of the program ({", ".join(others)})' if others else ''
         raise RuntimeError(
-            f'cannot reach {entry.host}, where program {entry.name} ({entry.id}) is supervised: '
-            f'{errors} If only this machine is cut off, the program runs on there. If the host '
-            'is gone, its nodes on the other hosts run on for the supervisor grace and then '
-            'stop: its supervision cannot move to another host, whose address the nodes do not '
-            'know. Try again once the host is back.')
+            f'cannot reach {entry.host}, where program {entry.name} ({entry.id}) is supervised,'
+            f'{tried}: {errors} If only this machine is cut off, the program runs on there; try '
+            'again once the hosts are reachable. If the host is gone, its nodes on the other '
+            'hosts run on for the supervisor grace: move its supervision to one of them with '
+            f'`python -m launchpad.launch attach --recover {entry.id} --host HOST`.')
     if done.returncode != 0:
         raise RuntimeError(f'no new supervisor of {entry.name} ({entry.id}) could be started on '
-                           f'{entry.host} (exit {done.returncode}): {errors}')
+                           f'{host or entry.host} (exit {done.returncode}): {errors}')
     there = json.loads(done.stdout.decode().strip().splitlines()[-1])
-    registry.register(registry.Entry(**{**there, 'ssh': entry.ssh}))
+    registry.register(registry.Entry(**{**there, 'ssh': ssh, 'hosts': entry.hosts}))
+
+
+def _move_to(entry: registry.Entry, host: str) -> Tuple[subprocess.CompletedProcess, List[str]]:
+    """Runs on `host`, another host of `entry`'s program, the script its agent keeps to start a
+    supervisor there (`launchpad.launch.ssh.move`); returns what ran and the ssh command."""
+    from launchpad.launch.ssh import protocol  # pylint: disable=import-outside-toplevel
+    ssh = [*entry.ssh[:-1], host]
+    # (the first line of an agent's script names its host: the file system may be shared)
+    applies = 'test -f "$r" && test "$(head -n 1 "$r")" = "#$(uname -n)"'
+    return _run_over_ssh(ssh, protocol.MOVE_SCRIPTS.format(id=entry.id), applies,
+                         f'no agent of program {entry.id} runs there', host), ssh
+
+
+def _run_over_ssh(ssh: List[str], scripts: str, applies: str, missing: str,
+                  where: str) -> subprocess.CompletedProcess:
+    """Runs through `ssh` the first of the shell words `scripts` for which `applies` holds
+    (said as `missing` if none does)."""
+    command = (f'for r in {scripts}; do if {applies}; then exec sh "$r"; fi; done; '
+               f'echo "{missing}" >&2; exit 3')
+    try:
+        return subprocess.run([*ssh, command], capture_output=True, timeout=90.0)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f'{where} did not answer within 90 s.') from None

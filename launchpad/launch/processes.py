@@ -8,7 +8,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -25,6 +24,7 @@ from launchpad.launch.runner import ProcessRunner
 from launchpad.process import flags
 from launchpad.process import forkserver
 from launchpad.process import spec as specs
+from launchpad.process import tempdirs
 from launchpad.process.coordinator import Coordinator, serve_coordinator
 from launchpad.process.devices import Allocator, Inventory, preflight
 from launchpad.process.forkserver import ForkServer
@@ -184,6 +184,8 @@ class _ProcessRunner(ProcessRunner):
         if self.context is not None:
             runtime.clear_process_context(self.context)
             self.context.stop.trigger()
+        if self.coordinator is not None:
+            self.coordinator.close_probes()
         if self.server is not None:
             self.server.Stop()
         if self.fork_server is not None:
@@ -318,7 +320,7 @@ class ProcessLauncher(launcher.Launcher):
                                  'launcher: a test program ends with its test; launch on '
                                  'local_mp to detach.')
             return detached.start(program, options, grace)
-        return launch_supervised(program, options, tempfile.mkdtemp(prefix='launchpad-'))
+        return launch_supervised(program, options)
 
     def _launch(self, program, options, executables, runner: _ProcessRunner,
                 supervision: Optional[Supervision]) -> Controller:
@@ -358,6 +360,8 @@ class ProcessLauncher(launcher.Launcher):
             _show_resources(coordinator, devices, name)
         runner.server = serve_coordinator(coordinator, coordinator_address, auth_token=token)
         runner.nodes, runner.coordinator = nodes, coordinator
+        if fork_server is not None:
+            fork_server.on_exit = coordinator.notify_change
         runner.resources = dict(options.resources)
         for name, argv, env, forkable in starts:  # every node was packed before any starts
             runner.start_node(name, argv, env, forkable)
@@ -369,17 +373,21 @@ class ProcessLauncher(launcher.Launcher):
                           notice_period=options.notice_period, auth_token=token)
 
 
-def launch_supervised(program: Program, options: launcher.LaunchOptions, workdir: str,
+def launch_supervised(program: Program, options: launcher.LaunchOptions,
+                      workdir: Optional[str] = None,
                       supervision: Optional[Supervision] = None) -> Controller:
-    """Launches `program` from this process, its files in `workdir`: attached to this process,
-    or, with `supervision`, as the supervisor of a detached program."""
-    executables = launcher.executables_of(program, options)
-    runner = _ProcessRunner(workdir)
-    try:
+    """Launches `program` from this process, its files in `workdir` (default: a directory of its
+    own): attached to this process, or, with `supervision`, as the supervisor of a detached
+    program."""
+    runner = None
+    try:  # (the directory is made inside: a Ctrl-C at any point of the launch removes it)
+        runner = _ProcessRunner(workdir or tempdirs.make())
+        executables = launcher.executables_of(program, options)
         return ProcessLauncher()._launch(  # pylint: disable=protected-access
             program, options, executables, runner, supervision)
     except BaseException:  # Ctrl-C included: nothing of an unfinished launch is left
-        runner.abort()
+        if runner is not None:
+            runner.abort()
         raise
 
 

@@ -20,7 +20,8 @@ A detached ssh program's supervisor runs on one of its hosts, started there by
 `launchpad.launch.ssh.detach` with `python -m launchpad.launch.supervisor start` (`start_here`:
 the launch file comes on stdin, its registry entry goes back on stdout); it launches the
 program with the ssh launcher, whose host agents outlive it, and a new one re-adopts the nodes
-through them (`ssh.launcher.readopt`).
+through them (`ssh.launcher.readopt`). If its host is gone for good, `move` starts one on
+another host from the copies of its state there (`launchpad.launch.ssh.move`).
 
 Nodes of a detached program outlive a dead supervisor: calls between nodes go on, their
 metrics wait for the next supervisor, and they stop by themselves if none comes within the
@@ -38,6 +39,7 @@ import pickle
 import shutil
 import signal
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -46,12 +48,14 @@ from courier import serialization
 from launchpad.launch import detached
 from launchpad.launch import processes
 from launchpad.launch.ssh import launcher as ssh
+from launchpad.launch.ssh import move
 from launchpad.launch.controller import Controller, LaunchSignals
 from launchpad.observe import registry
 from launchpad.observe.observer import Observer
+from launchpad.process import tempdirs
 from launchpad.process import tree
 
-STATE_FILE = 'state.pkl'
+STATE_FILE = detached.STATE_FILE
 LOG_FILE = 'supervisor.log'  # in the program's log directory
 PERSIST_INTERVAL = 0.2  # seconds between writes of a changed state
 RESTARTS_PER_MINUTE = 5  # a supervisor dying more often than this is not started again
@@ -63,8 +67,10 @@ class Persister:
     PERSIST_INTERVAL seconds. (A node's start that a dead supervisor heard of but did not write
     is told again by the node to the next one, see `launchpad.process.worker`.) The program
     goes under 'program', pickled again only once it grew (`pickle_program`); a detached
-    Kubernetes program's coordinator pod keeps its state so too
-    (`launchpad.launch.kubernetes.readopt`)."""
+    Kubernetes program's coordinator pod (`launchpad.launch.kubernetes.readopt`) and a
+    detached Slurm program's in-job driver (`launchpad.launch.slurm.driver`) keep their state
+    so too. Several threads may call it: a state pickled later never gives way to one pickled
+    before it."""
 
     def __init__(self, path: str, program, extra: Callable[[], Dict[str, Any]]):
         self._path, self._program, self._extra = path, program, extra
@@ -72,27 +78,46 @@ class Persister:
         self._last: Optional[bytes] = None
         self._last_time = 0.0
         self._last_processes: Any = None
+        self._lock = threading.Lock()  # (not held while pickling, which may take a while)
+        self._calls = self._written = 0  # the numbers of the last call and the last written
 
-    def __call__(self, state: Callable[[], dict]) -> None:
+    def __call__(self, state: Callable[[], dict], now: bool = False) -> None:
+        """Writes `state()` if it changed; `now`: whatever the nodes (the caller changed what
+        follows them, such as a node's step about to start)."""
         snapshot = state()
         statuses = snapshot['coordinator'].status()
         nodes_now = sorted((name, status.state.value, status.restarts,
                                 snapshot['commands'].get(name, (0,) * 4)[3])
                                for name, status in statuses.items())
-        if (nodes_now == self._last_processes
-                and time.monotonic() - self._last_time < PERSIST_INTERVAL):
-            return
+        with self._lock:
+            if (not now and nodes_now == self._last_processes
+                    and time.monotonic() - self._last_time < PERSIST_INTERVAL):
+                return
+            self._last_time, self._last_processes = time.monotonic(), nodes_now
+            self._calls += 1
+            call = self._calls
         snapshot.update(program=self._program_pickle(len(statuses)), **self._extra())
         data = serialization.cloudpickle_dumps(snapshot)
-        self._last_time, self._last_processes = time.monotonic(), nodes_now
-        if data == self._last or not os.path.isdir(os.path.dirname(self._path)):
-            return
-        temporary = self._path + '.tmp'
-        with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 'wb') as f:
-            f.write(data)
-        os.replace(temporary, self._path)
-        self._last = data
+        with self._lock:
+            if (call < self._written or data == self._last
+                    or not os.path.isdir(os.path.dirname(self._path))):
+                return
+            temporary = self._path + '.tmp'
+            try:
+                with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                          'wb') as f:
+                    f.write(data)
+                os.replace(temporary, self._path)
+            except FileNotFoundError:
+                return  # the program has ended meanwhile: its run directory is gone
+            self._last, self._written = data, call
 
+    @property
+    def last(self) -> Optional[bytes]:
+        """The state it wrote last (a detached SSH program's supervisor copies it to the
+        agents, `launchpad.launch.ssh.move`)."""
+        with self._lock:
+            return self._last
 
     def _program_pickle(self, nodes: int) -> bytes:
         """The program pickled, again only once it grew."""
@@ -182,7 +207,13 @@ def supervise(run_dir: str) -> int:
         if options.launch_type == 'ssh' and state is None:
             controller = ssh.launch_supervised(program, options, supervision, run_dir)
         elif options.launch_type == 'ssh':
-            controller = ssh.readopt(program, options, supervision, state)
+            try:
+                controller = ssh.readopt(program, options, supervision, state, run_dir)
+            except move.SupervisionMovedError as e:  # (its keeper, seeing 0, ends too)
+                logging.warning('Supervisor pid %d leaves program %s: %s', os.getpid(),
+                                header['program_id'], e)
+                shutil.rmtree(run_dir, ignore_errors=True)
+                return 0
         elif state is None:
             controller = processes.launch_supervised(program, options, run_dir, supervision)
         else:
@@ -232,6 +263,7 @@ def keep(run_dir: str) -> None:
 
 def _keep(run_dir: str) -> None:
     tree.become_subreaper()
+    tempdirs.claim(run_dir)  # (the launching process, its other owner, may end first)
     exits = os.path.join(run_dir, processes.EXITS)
     os.makedirs(exits, exist_ok=True)
     stopping: List[int] = []
@@ -318,8 +350,7 @@ def start_here() -> int:
     node runs (`launchpad.launch.ssh.detach` reads it on the launching machine)."""
     header, payload = pickle.load(sys.stdin.buffer)
     header['log_dir'] = header['log_dir'] or detached.default_log_dir(header['program_id'])
-    controller = detached.start_from(header, payload)
-    detached.write_recover_script(header['program_id'])
+    controller = detached.start_from(header, payload, recoverable=True)
     entry = dataclasses.asdict(controller._entry)  # pylint: disable=protected-access
     try:
         print(json.dumps({'entry': entry, 'log_dir': header['log_dir']}), flush=True)
@@ -340,9 +371,17 @@ def main(argv: List[str]) -> int:
     if len(argv) == 2 and argv[0] == 'recover':  # (`detached.write_recover_script`)
         print(json.dumps(dataclasses.asdict(detached.recover_here(argv[1]))), flush=True)
         return 0
+    if len(argv) == 2 and argv[0] == 'move':  # (`protocol.MOVE_SCRIPT`)
+        try:
+            entry = move.start_moved(argv[1])
+        except (RuntimeError, OSError) as e:  # (the launching machine shows what it says)
+            print(f'{type(e).__name__}: {e}', file=sys.stderr)
+            return 1
+        print(json.dumps(dataclasses.asdict(entry)), flush=True)
+        return 0
     if len(argv) != 2 or argv[0] != 'keep':
         sys.exit(f'usage: python -m {__name__} keep RUN_DIR | start (a launch file on stdin) '
-                 '| recover PROGRAM_ID')
+                 '| recover PROGRAM_ID | move AGENT_DIR')
     keep(argv[1])
     return 0
 

@@ -10,7 +10,8 @@ A restarted node runs in a new thread.
     lp-NODE threads      the nodes (a new one per restart, and one per node added while it runs)
     lp-PROGRAM-stop      waits for the program's stop, then tells the nodes in graph order
                          (callers first): runs each one's stop handlers, then ends it if it
-                         does not cooperate
+                         does not cooperate (a node that stops the program in its own thread
+                         and is told at once runs its stop handlers there)
     lp-watchdog          with progress deadlines: reports hung nodes with every thread's stack
     lp-PROGRAM           the controller's monitor thread (restarts, the notice period)
 """
@@ -21,7 +22,6 @@ import functools
 import os
 import pickle
 import shutil
-import tempfile
 import threading
 import time
 from typing import Callable, Dict, Optional, Sequence
@@ -33,6 +33,7 @@ from launchpad.launch.controller import Controller
 from launchpad.launch.runner import Runner
 from launchpad.process import faces
 from launchpad.process import interrupt
+from launchpad.process import tempdirs
 from launchpad.process.coordinator import Coordinator, NodeStopped, run_reporting
 from launchpad.process.output import TERMINALS
 from launchpad.process.spec import pickle_node
@@ -176,6 +177,16 @@ class _ThreadRunner(Runner):
         interrupt.tell_threads({name: self.contexts[name].stop for name in names
                                 if name in self.contexts}, threads, self.end)
 
+    def request_stop(self, name: str, reason: str) -> None:
+        """Node `name` asks the program to stop (`lp.stop()`). Asked in the node's own thread, as
+        Acme's StepsLimiter does, by a node told at once (no other calls it), it hears the stop
+        there before this returns, as a node's main thread does on local_mp: an exception that its
+        stop handlers raise in it (Acme's SystemExit) ends it now, not after whatever it does next
+        (Acme's StepsLimiter sleeps a second, which nothing can interrupt in a thread)."""
+        self.coordinator.request_stop(reason)
+        if self._current(name) and name in self.coordinator.told_to_stop():
+            self.stop_nodes([name])
+
     def stop_in_order(self) -> None:
         """Once the program stops, tells its nodes in the coordinator's order (callers first,
         `launchpad.process.stop_order`) until every node was told or the launch is released."""
@@ -206,13 +217,14 @@ class _ThreadRunner(Runner):
 
 
 def _node_context(options: launcher.LaunchOptions, program_name: str, table,
-                  coordinator: faces.NodeFace, checkpoint_root: str, name: str,
+                  coordinator: faces.NodeFace, checkpoint_root: str,
+                  request_stop: Callable[[str, str], None], name: str,
                   policy) -> runtime.NodeContext:
     label, index = runtime.label_and_index(name)
     return runtime.NodeContext(
         launch_type=options.launch_type, program_name=program_name, label=label,
         index=index, address_table=table,
-        stop=runtime.StopSignal(coordinator.request_stop), coordinator=coordinator,
+        stop=runtime.StopSignal(functools.partial(request_stop, name)), coordinator=coordinator,
         notice_period=options.notice_period, tls=options.tls,
         progress_deadline=policy.progress_deadline if policy else None,
         checkpoint_root=checkpoint_root)
@@ -263,7 +275,7 @@ class ThreadLauncher(launcher.Launcher):
             [executable.name for _, executable in executables], policies=policies,
             groups=program.group_limits(),
             stop_order=launcher.stop_order_of(program, executables, options.notice_period))
-        runner = _ThreadRunner(tempfile.mkdtemp(prefix='launchpad-'), coordinator)
+        runner = _ThreadRunner(tempdirs.make(), coordinator)
         try:
             return self._launch(program, options, executables, policies, runner)
         except BaseException:  # Ctrl-C included: nothing of an unfinished launch is left
@@ -293,13 +305,15 @@ class ThreadLauncher(launcher.Launcher):
                          name=f'lp-{program.name}-stop').start()
         for _, executable in executables:
             context = _node_context(options, program.name, table, node_face, checkpoints,
-                                    executable.name, policies.get(executable.name))
+                                    runner.request_stop, executable.name,
+                                    policies.get(executable.name))
             # Threads that node code starts itself see the first node's context.
             runner.context = runner.context or context
             runner.add(executable.name, context, executable.run)
         runtime.set_process_context(runner.context)
         runner.new_context = functools.partial(
-            _node_context, options, program.name, table, node_face, checkpoints)
+            _node_context, options, program.name, table, node_face, checkpoints,
+            runner.request_stop)
         for thread in list(runner.threads.values()):
             thread.start()
         return Controller(program.name, coordinator, runner, launch_type=options.launch_type,

@@ -142,6 +142,31 @@ def test_a_program_that_finishes_is_followed_then_all_its_objects_are_deleted(fa
     assert '[consumer-0] consumed 10 items summing to 20' in capfd.readouterr().out
 
 
+class _LaggingLog(io.BytesIO):
+    """A log stream whose last line arrives `lag` seconds after it is opened."""
+
+    def __init__(self, data: bytes, lag: float):
+        super().__init__(data)
+        self._lag = lag
+
+    def readline(self, *args):
+        line = super().readline(*args)
+        if line and self.tell() == len(self.getvalue()):
+            time.sleep(self._lag)
+        return line
+
+
+def test_the_last_lines_of_a_lagging_log_are_printed_before_wait_returns(fake, capfd):
+    fake.statuses = {f't1-{n}': [running(), exited(0)] for n in (
+        'queue-0', 'producer-0', 'producer-1', 'consumer-0')}
+    fake.logs = {'t1-consumer-0': [b'starting\n', b'consumed 10 items summing to 20\n']}
+    fake.open_log = lambda pod, container: _LaggingLog(b''.join(fake.logs.get(pod, [])), 3.0)
+    controller = launch(kubernetes_programs.producer_consumer())
+    assert controller.wait(timeout=20)
+    # The poll's own wait for the follower (2 s) is shorter than the lag.
+    assert '[consumer-0] consumed 10 items summing to 20' in capfd.readouterr().out
+
+
 def test_objects_are_owned_by_the_root_so_deleting_it_deletes_the_program(fake):
     fake.statuses = {f't1-{n}': [exited(0)] for n in ('queue-0', 'producer-0', 'producer-1',
                                                        'consumer-0')}

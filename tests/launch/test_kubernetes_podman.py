@@ -164,6 +164,8 @@ class PodmanApi:
             thread.join(60)
         for name in list(self._secrets):
             self.delete('Secret', name)
+        for name in self._configmaps:  # `kube play` keeps each mounted ConfigMap as a volume
+            _podman('volume', 'rm', name, check=False)
         for process in self._followers:  # `podman logs --follow` ends with its container
             process.wait(30)
 
@@ -220,6 +222,8 @@ def podman_launch(podman_testbed, tmp_path, monkeypatch):
     assert not _podman('ps', '-aq', '--filter', f'label={kubernetes.PROGRAM_LABEL}').strip()
     pods = set(_podman('pod', 'ps', '--format', '{{.Name}}').split())
     assert not pods & {name for api in apis for kind, name in api.created if kind == 'Pod'}
+    volumes = set(_podman('volume', 'ls', '--format', '{{.Name}}').split())
+    assert not volumes & {name for api in apis for kind, name in api.created if kind == 'ConfigMap'}
 
 
 def test_producer_consumer_runs_across_pods_and_ends_by_lp_stop_in_a_pod(podman_launch, capfd):

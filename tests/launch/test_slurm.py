@@ -7,6 +7,7 @@ first so that the session switches the cluster only once.
 import contextlib
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -312,6 +313,75 @@ def test_a_node_whose_additional_job_ends_under_it_fails_with_slurms_state(tmp_p
     assert 'its Slurm job 101 ended while it ran: CANCELLED' in status.error
     slurm.runner.release()  # the ended job is cancelled again, harmlessly
     assert slurm.cancelled == ['101']
+
+
+# An `srun` that notes the node it runs (its step's name) in $SRUN_LOG, and fails at once.
+FAILING_SRUN = '''#!/bin/sh
+for arg; do case $arg in --job-name=*) echo "${arg#--job-name=}" >> "$SRUN_LOG";; esac; done
+exit 3
+'''
+
+
+def test_a_restart_asked_again_by_a_new_driver_runs_the_step_once(tmp_path):
+    """A driver that asked for a failed node's restart dies before it noted the restart; its
+    successor, re-adopting the node as still to be restarted, asks again: the batch script runs
+    the step once more, not twice, and the next restart runs it again. The runner takes no exit
+    code of a run before the one it asked for."""
+    # pylint: disable=import-outside-toplevel
+    from launchpad.launch.slurm.steps import StepRunner
+    from launchpad.policy import NodePolicy
+    from launchpad.process.coordinator import Coordinator
+    srun = tmp_path / 'bin' / 'srun'
+    srun.parent.mkdir()
+    srun.write_text(FAILING_SRUN)
+    srun.chmod(0o700)
+    program = actor_learner(actors=1)
+    components = plan(lp.executables_of(program, lp.LaunchOptions('slurm', resources={})), {},
+                      str(tmp_path))
+    steps = sorted((step for c in components for step in c.steps), key=lambda s: s.index)
+    name = steps[0].executable.name
+    run_dir = tmp_path / 'run'
+    run_dir.mkdir()
+    script = tmp_path / 'job.sh'
+    script.write_text(batch_script('al', components, str(run_dir), {0: 'spec', 1: 'spec'},
+                                   restart_waits={0: 30}))
+    coordinator = Coordinator([step.executable.name for step in steps], policies={
+        step.executable.name: NodePolicy(restart=lp.RestartPolicy(max_restarts=5))
+        for step in steps})
+    ran = tmp_path / 'ran'
+    ran.touch()
+
+    def runner():  # a driver's
+        return StepRunner('100', str(run_dir), [step.watched() for step in steps], coordinator,
+                          watch_job=False)
+
+    def runs():
+        return ran.read_text().split().count(name)
+
+    batch = subprocess.Popen(['bash', str(script)], cwd=tmp_path, env={
+        **os.environ, 'PATH': f'{srun.parent}{os.pathsep}{os.environ["PATH"]}',
+        'SRUN_LOG': str(ran)})
+    try:
+        dead = runner()
+        assert wait_until(lambda: dead.poll()[name] == 3, timeout=10)  # it failed: restarting
+        dead.restart(name)
+        assert wait_until(lambda: runs() == 2, timeout=10)  # (the script took the request)
+        new = runner()  # the node is still to be restarted, as far as it knows
+        new.restart(name)
+        coordinator.node_restarted(name)
+        assert wait_until(lambda: new.poll()[name] == 3, timeout=10)  # the second run's code
+        assert runs() == 2, ran.read_text()
+        coordinator.node_failed(name, 'it failed again')
+        new.restart(name)
+        assert new.poll()[name] is None  # (not the second run's code)
+        assert wait_until(lambda: new.poll()[name] == 3, timeout=10)
+        assert runs() == 3, ran.read_text()
+    finally:
+        shutil.rmtree(run_dir)  # the script stops waiting for restarts
+        try:
+            batch.wait(timeout=10)
+        finally:
+            batch.kill()
 
 
 def test_detached_script_starts_the_driver_as_a_module(tmp_path):

@@ -26,6 +26,8 @@ import courier
 import launchpad as lp
 from launchpad.launch.ssh import SshPreflightError
 from launchpad.launch.ssh.protocol import AGENT_MODULE
+from tests.core.conftest import wait_until
+from tests.leftovers import SYSTEM_TMP, no_new_temp_dirs
 from tests.pki import Pki
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -44,14 +46,13 @@ def host_options(bed_host) -> dict:
 def hosts(ssh_testbed):
     """lp.SshHost for each bed host, by name; checks that the test leaves nothing behind."""
     started = time.time() - 1.0
-    dirs_before = set(glob.glob(os.path.join(tempfile.gettempdir(), 'launchpad-ssh-*')))
-    yield {h.name: lp.SshHost(h.name, **host_options(h)) for h in ssh_testbed}
-    deadline = time.monotonic() + 15
-    while program_processes(ssh_testbed, started) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert program_processes(ssh_testbed, started) == []
-    left = set(glob.glob(os.path.join(tempfile.gettempdir(), 'launchpad-ssh-*'))) - dirs_before
-    assert not left, f'launch directories left behind: {left}'
+    # Every directory the hosts made (ssh sessions make theirs in /tmp), and the launcher's.
+    with no_new_temp_dirs(SYSTEM_TMP, made_on=[h.name for h in ssh_testbed], kinds=['ssh']):
+        yield {h.name: lp.SshHost(h.name, **host_options(h)) for h in ssh_testbed}
+        deadline = time.monotonic() + 15
+        while program_processes(ssh_testbed, started) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert program_processes(ssh_testbed, started) == []
 
 
 def program_processes(ssh_testbed, since: float = 0.0) -> list:
@@ -226,6 +227,30 @@ def test_nodes_that_ignore_stop_are_killed_on_their_host_after_the_notice(hosts)
     status = controller.status()
     assert status['stubborn/0'].state is lp.NodeState.KILLED
     assert status['server/0'].state is lp.NodeState.FINISHED
+
+
+def test_a_killed_agent_leaves_no_directory_on_its_host(hosts):
+    """SIGKILL of a host's agent: the program fails, and its node there, ending on the stop,
+    is the last owner of the agent's directory (the specs) out, and removes it."""
+    before = set(glob.glob(os.path.join(SYSTEM_TMP, 'launchpad-ssh-*')))
+    program = lp.Program('agent_killed')
+    program.add_node(lp.CourierNode(Echo), label='orphan')
+    program.add_node(lp.CourierNode(Echo), label='server')
+    controller = lp.launch(program, launch_type='ssh', resources={
+        'orphan': hosts['lp-h2'], 'server': hosts['lp-h3']})
+    deadline = time.monotonic() + 30
+    while any(s.state is not lp.NodeState.RUNNING for s in controller.status().values()):
+        assert time.monotonic() < deadline and not controller.done
+        time.sleep(0.05)
+    node = psutil.Process(controller.status()['orphan/0'].pid)
+    agent = node.parent()
+    assert AGENT_MODULE in ' '.join(agent.cmdline())
+    directories = set(glob.glob(os.path.join(SYSTEM_TMP, 'launchpad-ssh-*'))) - before
+    assert len(directories) == 3  # each agent's, and the launcher's
+    agent.kill()
+    assert controller.wait(timeout=60, raise_error=False)
+    assert not psutil.wait_procs([node], timeout=30)[1]
+    assert wait_until(lambda: not any(map(os.path.exists, directories)))
 
 
 # --- The launching process is interrupted or dies ---------------------------------------------
@@ -429,3 +454,16 @@ def test_an_elastic_group_grows_and_shrinks_across_hosts(hosts, capfd):
         **{f'actor/{i}': lp.NodeState.REMOVED for i in range(1, 6)}}
     assert {status[f'actor/{i}'].host for i in range(6)} == {'lp-h2', 'lp-h3'}
     assert 'ELASTIC shrank to 1' in capfd.readouterr().out
+
+
+def test_a_forked_nodes_exit_is_passed_on_when_its_code_arrives():
+    """The launcher's runner wakes its controller then (`on_end`), instead of seeing the exit
+    at its next poll; a later end (a kill) changes nothing."""
+    from launchpad.launch.ssh.connection import ForkedNode  # pylint: disable=import-outside-toplevel
+    read_end, write_end = os.pipe()
+    ended = []
+    node = ForkedNode(write_end, None, on_end=lambda: ended.append(node.poll()))
+    node.end(-9)
+    node.end(0)
+    assert ended == [-9] and node.poll() == -9
+    os.close(read_end)

@@ -22,6 +22,7 @@ import pytest
 import launchpad as lp
 from launchpad.launch import detached
 from launchpad.launch.launcher import LaunchOptions
+from launchpad.launch.ssh import protocol
 from launchpad.observe import registry, relay
 from tests.launch.detached_program import Counter
 from tests.launch.test_detach import _calls
@@ -100,6 +101,7 @@ def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
                           check=check)
 
 
+@pytest.mark.timeout(180, func_only=True)  # (not the wait for a bed another process holds)
 def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
         ssh_testbed, hosts, tmp_path, short_tmp_path):
     # The hosts' registry, runs and logs (a user's home there), in a short path: a Unix socket's
@@ -170,10 +172,15 @@ def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
             cut_off = _cli('status', program_id, check=False)
             assert cut_off.returncode == 1
             assert 'cannot reach host lp-h2' in cut_off.stderr, cut_off.stderr
+            # (--recover tries the program's other hosts too, and a --host given)
             recover = _cli('attach', '--recover', program_id, check=False)
             assert recover.returncode == 1
             assert 'cannot reach lp-h2' in recover.stderr, recover.stderr
-            assert 'supervision cannot move to another host' in recover.stderr, recover.stderr
+            assert 'nor any other host of the program (lp-h1, lp-h3)' in recover.stderr
+            assert '--host HOST' in recover.stderr, recover.stderr
+            moving = _cli('attach', '--recover', program_id, '--host', 'lp-h3', check=False)
+            assert moving.returncode == 1
+            assert 'could be started on lp-h3 (exit 255)' in moving.stderr, moving.stderr
             before = _calls(counter, before)
             os.kill(supervisor, signal.SIGKILL)
             new_supervisor = _new_supervisor(there, supervisor)
@@ -226,13 +233,186 @@ def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
         subprocess.run(['ip', 'addr', 'replace', LAUNCHER_ADDRESS, 'dev', BRIDGE], check=False)
         if program_id in [e.id for e in registry.entries()]:
             _cli('stop', program_id, check=False)
-    # Nothing is left: no process (the `hosts` fixture checks every host and this machine), no
-    # run directory, registry entry, socket or tunnel, here or there.
+    _assert_nothing_left(program_id, remote.glob('runtime'))
+
+
+# A program supervised on lp-h1 whose nodes run on lp-h2 and lp-h3 (lp-h1 is a host of the
+# counter's group, where none of its nodes landed).
+LAUNCH_MOVED = """
+import json, sys
+import launchpad as lp
+from tests.launch.detached_program import Counter, call_forever
+hosts = {name: lp.SshHost(name, **options) for name, options in json.loads(sys.argv[2]).items()}
+program = lp.Program('moved')
+counter = program.add_node(lp.CourierNode(Counter, sys.argv[1]), label='counter')
+program.add_node(lp.PyNode(call_forever, counter), label='caller')
+controller = lp.launch(program, launch_type='ssh', detach=True, supervisor_host='lp-h1',
+                       resources={'counter': lp.SshHosts([hosts['lp-h2'], hosts['lp-h1']]),
+                                  'caller': hosts['lp-h3']})
+print('LAUNCHED', controller.id, flush=True)
+"""
+H1_LINK = 'lpv1'  # lp-h1's link to the bridge
+
+
+@pytest.mark.timeout(180, func_only=True)  # (not the wait for a bed another process holds)
+def test_the_supervision_of_a_detached_ssh_program_moves_to_another_host(
+        ssh_testbed, hosts, tmp_path, short_tmp_path):
+    # Each host has a registry and logs of its own, as separate machines do (the bed's hosts
+    # share this file system).
+    remote = short_tmp_path
+    options = {}
+    for bed_host in ssh_testbed:
+        options[bed_host.name] = host_options(bed_host)
+        options[bed_host.name]['env'].update({
+            'LAUNCHPAD_RUNTIME_DIR': str(remote / bed_host.name / 'runtime'),
+            'LAUNCHPAD_RUNS_DIR': str(remote / bed_host.name / 'runs'),
+            'LAUNCHPAD_LOGGING_DIR': str(remote / bed_host.name / 'logs')})
+    counter = str(tmp_path / 'counter.json')
+    launched = subprocess.run([sys.executable, '-c', LAUNCH_MOVED, counter, json.dumps(options)],
+                              capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert launched.stdout.startswith('LAUNCHED'), launched.stderr
+    program_id = launched.stdout.split()[1]
+    old_run_dirs = glob.glob(os.path.join(tempfile.gettempdir(),
+                                          f'{detached.RUN_PREFIX}{program_id}*'))
+    old = None
+    try:
+        status = json.loads(_cli('status', program_id, '--json').stdout)
+        assert status['controller']['host'] == 'lp-h1'
+        nodes = {row['name']: (row['state'], row['host'], row['pid']) for row in status['nodes']}
+        assert {name: host for name, (_, host, _) in nodes.items()} == {
+            'counter/0': 'lp-h2', 'caller/0': 'lp-h3'}
+        before = _calls(counter, 0)
+
+        # lp-h1 is gone: its supervisor and keeper stop (frozen, as a suspended machine's) and
+        # it leaves the network. Its keeper cannot help; `attach --recover` finds lp-h1 out of
+        # reach and starts a supervisor on the program's first other host, lp-h2, from the
+        # copies of the state that lp-h2's agent keeps (as `--host lp-h2` would). The nodes
+        # serve on, none restarted, and report to it: their agents tell them where it is.
+        there = remote / 'lp-h1' / 'runtime' / f'{program_id}.json'
+        old = (status['controller']['pid'], json.loads(there.read_text())['keeper_pid'])
+        # (the directory of its ssh control sockets, which goes with its last connection)
+        sockets, = {os.path.dirname(child.cmdline()[3])
+                    for child in psutil.Process(old[0]).children() if child.name() == 'sh'}
+        for pid in old:
+            os.kill(pid, signal.SIGSTOP)
+        subprocess.run(['ip', 'link', 'set', H1_LINK, 'down'], check=True)
+        follower = subprocess.Popen([*PYTHON, 'attach', '--recover', program_id],
+                                    stderr=subprocess.PIPE, text=True)
+        try:
+            attached = follower.stderr.readline()
+            assert 'Attached to moved' in attached, attached + follower.stderr.read() + (
+                remote / 'lp-h2' / 'logs' / program_id / 'supervisor.log').read_text()
+        finally:
+            follower.send_signal(signal.SIGINT)
+            follower.wait(60)
+        status = json.loads(_cli('status', program_id, '--json').stdout)
+        assert status['controller']['host'] == 'lp-h2'
+        new_supervisor = status['controller']['pid']
+        assert new_supervisor not in old
+        moved = {row['name']: (row['state'], row['host'], row['pid'], row['restarts'])
+                 for row in status['nodes']}
+        assert moved == {name: (*node, 0) for name, node in nodes.items()}
+        before = _calls(counter, _calls(counter, before))
+
+        # lp-h1 comes back once it has been away longer than ssh's keepalive allows, so that
+        # the old supervisor's connections have all ended (taking its control sockets'
+        # directory). It reaches the agents again, claims them and is refused (a newer supervisor
+        # holds them); it leaves without touching the nodes, and so does its keeper.
+        deadline = time.monotonic() + 2 * protocol.LAUNCHER_SILENCE_TIMEOUT
+        while os.path.exists(sockets):
+            assert time.monotonic() < deadline, 'the cut-off ssh connections did not end'
+            time.sleep(0.5)
+        subprocess.run(['ip', 'link', 'set', H1_LINK, 'up'], check=True)
+        for pid in old:
+            os.kill(pid, signal.SIGCONT)
+        _wait_until_dead(old, timeout=60)
+        _wait_for_line(remote / 'lp-h1' / 'logs' / program_id / 'supervisor.log',
+                       'refused this supervisor')
+        assert not any(os.path.exists(run) for run in old_run_dirs)
+        controller = lp.attach(program_id)
+        assert controller.supervisor == {'host': 'lp-h2', 'pid': new_supervisor}
+        assert {name: (s.state.value, s.host, s.pid, s.restarts)
+                for name, s in controller.status().items()} == moved
+        assert _calls(counter, before) > before
+
+        assert 'Stopped' in _cli('stop', program_id).stdout
+        assert controller.wait(timeout=30)
+    finally:
+        subprocess.run(['ip', 'link', 'set', H1_LINK, 'up'], check=False)
+        for pid in old or ():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        if program_id in [e.id for e in registry.entries()]:
+            _cli('stop', program_id, check=False)
+    _assert_nothing_left(program_id, remote.glob('*/runtime'))
+
+
+def _assert_nothing_left(program_id: str, runtimes) -> None:
+    """Nothing of the program is left: no process (the `hosts` fixture checks every host and
+    this machine), no run directory, registry entry, socket or tunnel, here or in the hosts'
+    registries `runtimes`."""
     assert program_id not in _cli('list').stdout
     assert not glob.glob(os.path.join(tempfile.gettempdir(),
                                       f'{detached.RUN_PREFIX}{program_id}*'))
     assert not glob.glob(str(registry.directory() / f'{program_id}.*'))
-    assert not list((remote / 'runtime').glob(f'{program_id}.*'))
+    for runtime in runtimes:
+        assert not list(runtime.glob(f'{program_id}.*'))
+
+
+def test_a_detached_agent_takes_only_a_newer_supervisor_and_tells_the_one_it_drops(tmp_path):
+    # The agent runs here as ssh would start it (its first session on stdin and stdout); later
+    # supervisors reach its socket as their relay does. Nothing else of the program is needed.
+    agent = subprocess.Popen([sys.executable, *protocol.agent_argv(sys.executable, True)[1:]],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             env={**os.environ, 'TMPDIR': str(tmp_path)})
+    try:
+        agent.stdin.write(protocol.pack_command('claim', {'epoch': 1, 'owner': 'h1:/run'}))
+        agent.stdin.flush()
+        hello = _event(agent.stdout.readline)
+        assert hello['event'] == 'hello' and hello['nodes'] == {}
+        directory = hello['directory']
+        assert (pathlib.Path(directory) / protocol.CLAIM_FILE).read_text() == '1 h1:/run'
+
+        def claim(epoch: int, owner: str) -> socket.socket:
+            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            connection.connect(os.path.join(directory, protocol.SOCKET_NAME))
+            connection.sendall(protocol.pack_command('claim', {'epoch': epoch, 'owner': owner}))
+            return connection
+
+        # An older claim, or the same epoch from another run directory, is refused.
+        for epoch, owner in ((0, 'h2:/run'), (1, 'h2:/run')):
+            with claim(epoch, owner) as refused:
+                stream = refused.makefile('rb')
+                assert _event(stream.readline) == {'event': 'refused', 'epoch': 1,
+                                                   'owner': 'h1:/run'}
+                assert stream.read() == b''  # and closed
+        # A newer one takes the agent: the supervisor it drops hears who holds it now.
+        with claim(3, 'h2:/run') as newer:
+            stream = newer.makefile('rb')
+            assert _event(stream.readline)['event'] == 'hello'
+            assert _event(agent.stdout.readline) == {'event': 'refused', 'epoch': 3,
+                                                     'owner': 'h2:/run'}
+            assert agent.stdout.read() == b''
+            newer.sendall(protocol.pack_command('resume', None)
+                          + protocol.pack_command('close', None))
+            assert _event(stream.readline)['event'] == 'closed'
+        assert agent.wait(30) == 0
+        assert not os.path.exists(directory)
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+def _event(readline) -> dict:
+    """The next event an agent sent (lines that are not events are skipped)."""
+    while True:
+        line = readline()
+        assert line, 'the agent closed the connection'
+        event = protocol.unpack_event(line)
+        if event is not None:
+            return event
 
 
 @pytest.mark.parametrize('options, error', [

@@ -5,14 +5,17 @@ module is skipped, unless LAUNCHPAD_REVERB=required, which makes a missing Rever
 """
 import functools
 import os
+import tempfile
 
 import numpy as np
+import psutil
 import pytest
 
 import launchpad as lp
 from launchpad.nodes.reverb import missing_reverb_message
 
 from tests.core.conftest import wait_until
+from tests.leftovers import temp_dirs
 from tests.nodes.conftest import launch_and_wait
 
 if missing_reverb_message() and os.environ.get('LAUNCHPAD_REVERB') != 'required':
@@ -90,3 +93,27 @@ def test_actors_insert_and_the_learner_samples(launch_type):
 def test_learner_colocated_with_replay_and_checkpoints(launch_type, tmp_path):
     program = actor_learner_program(colocate=True, checkpoint_dir=str(tmp_path / 'checkpoints'))
     launch_and_wait(program, launch_type, timeout=120, notice_period=10)
+
+
+def test_a_killed_replay_node_leaves_no_checkpoint_directory():
+    """A ReverbNode without a checkpointer of its own checkpoints into a temporary directory;
+    SIGKILLed (or killed at the end of its notice period: no `finally` runs either way), it
+    leaves none behind: the directory is in the program's run directory, which goes with it."""
+    before = temp_dirs()
+    program = lp.Program('killed_replay')
+    program.add_node(lp.ReverbNode(make_tables), label='replay')
+    controller = lp.launch(program, launch_type='local_mp')
+    try:
+        assert wait_until(lambda: controller.status()['replay/0'].state is lp.NodeState.RUNNING,
+                          timeout=60)
+        replay = psutil.Process(controller.status()['replay/0'].pid)
+        assert wait_until(lambda: any(  # its checkpointer's directory is made
+            os.path.basename(path).startswith(('launchpad-reverb-', 'reverb-'))
+            for path, _, _ in os.walk(tempfile.gettempdir())), timeout=60)
+        replay.kill()
+        with pytest.raises(lp.NodeFailedError, match='replay/0'):  # (else its exit fails)
+            controller.wait(timeout=60)
+    finally:
+        controller.stop()
+    assert 'killed by signal 9' in controller.status()['replay/0'].error
+    assert not temp_dirs() - before

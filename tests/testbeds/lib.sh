@@ -113,13 +113,14 @@ _lp_net_down() {  # removes everything _lp_net_up made, including any process le
   rmdir /etc/netns 2>/dev/null || true
   ip link del "$LP_BRIDGE" 2>/dev/null || true
   _lp_write_names
-  # The kernel removes the veth ends asynchronously; wait so that a new `up` can reuse the names.
+  # The kernel removes the veth ends asynchronously, once the namespaces' last processes have
+  # exited (slow on a loaded machine); wait so that a new `up` can reuse the names.
   local _
-  for _ in $(seq 1 50); do
+  for _ in $(seq 1 300); do
     ip -o link show | grep -q ' lpv[0-9]*@' || return 0
     sleep 0.1
   done
-  lp_die "veth links lpv* still present 5 s after removing the namespaces"
+  lp_die "veth links lpv* still present 30 s after removing the namespaces"
 }
 
 _lp_net_acquire() {  # BED N

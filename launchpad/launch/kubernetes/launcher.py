@@ -238,6 +238,7 @@ class PodRunner(Runner):
     """
 
     POLL_SECONDS = 1.0
+    LOG_DRAIN_SECONDS = 10.0  # how long release() waits, in all, for the logs' last lines
 
     def __init__(self, api, plan: LaunchPlan, mirror: Coordinator, config: KubernetesConfig,
                  notice_period: float, *, clock: Callable[[], float] = time.monotonic):
@@ -354,6 +355,11 @@ class PodRunner(Runner):
         """Deletes every object of the launch, unless it is detached."""
         if self._config.detach:
             return
+        # The ended pods' last lines are printed before wait() returns: a log stream can lag its
+        # container's end by seconds on a loaded node, more than the poll's short join allows.
+        deadline = time.monotonic() + self.LOG_DRAIN_SECONDS
+        for thread in self._followers.values():
+            thread.join(max(0.0, deadline - time.monotonic()))
         problems = []
         for pod_name in self._leaving:
             self._api.delete('Pod', pod_name, grace_period_seconds=0)

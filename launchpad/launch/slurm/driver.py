@@ -34,25 +34,21 @@ job (`reach`).
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
 import pickle
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional, Sequence
-
-from courier import serialization
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from launchpad.launch.slurm import job, reach, shared
 from launchpad.launch.slurm.launcher import JobSupervision
+from launchpad.launch.supervisor import PERSIST_INTERVAL, Persister
 from launchpad.launch.supervisor import _Control as Control  # what lp.attach calls
 from launchpad.observe import registry
 from launchpad.observe.observer import Observer
 from launchpad.process.coordinator import NodeFailedError, serve_coordinator
-
-PERSIST_INTERVAL = 0.2  # seconds
 
 
 def main(argv: Sequence[str]) -> None:
@@ -66,7 +62,8 @@ def main(argv: Sequence[str]) -> None:
         coordinator = supervision.coordinator()
         endpoint = job.coordinator_bind_endpoint()
     else:  # the program as it grew, the nodes' states and the endpoint they know
-        supervision.program, coordinator = state['program'], state['coordinator']
+        supervision.program = pickle.loads(state['program'])
+        coordinator = state['coordinator']
         endpoint = shared.read_coordinator_endpoint(run_dir)
     program = supervision.program
     server = serve_coordinator(coordinator, endpoint, auth_token=supervision.auth_token,
@@ -74,11 +71,10 @@ def main(argv: Sequence[str]) -> None:
     controller = supervision.controller(os.environ['SLURM_JOB_ID'], coordinator,
                                         watch_job=False, closing=[server.Stop],
                                         runner_state=state and state['runner'])
-    state_writer = _StateWriter(run_dir, controller, program)
-    controller._runner.persist = state_writer.write  # pylint: disable=protected-access
     controller.attach(program, supervision.resources)
     if state is not None and state['scaler'] is not None:
         controller._elastic._scaler = state['scaler']  # pylint: disable=protected-access
+    write_state = _keep_state(run_dir, controller, program)
     controller.handle_signals()  # scancel: the program stops as a stop from its launcher would
     controller.observer = Observer(
         program, controller, program_id=supervision.program_id,
@@ -87,12 +83,13 @@ def main(argv: Sequence[str]) -> None:
     if controller.observer.entry is not None:
         reach.publish(run_dir, controller.observer.entry)
     if state is None:  # the steps start once the endpoint is there; a driver killed from then
-        state_writer.write()  # on is replaced by one that re-adopts them from the state
+        write_state(True)  # on is replaced by one that re-adopts them from the state
         shared.write_coordinator_endpoint(run_dir, server.address)
     else:
         print(f'Driver pid {os.getpid()} re-adopted program {program.name!r} '
               f'({len(coordinator.status())} nodes).', flush=True)
-    threading.Thread(target=state_writer.run, daemon=True, name='lp-slurm-persist').start()
+    threading.Thread(target=_persist_while_running, args=(controller, write_state), daemon=True,
+                     name='lp-slurm-persist').start()
     try:
         controller.wait()
     except NodeFailedError as e:
@@ -105,15 +102,8 @@ def main(argv: Sequence[str]) -> None:
     print(f'Program {program.name!r} ended: {states}', flush=True)
 
 
-def _without_controller(program):
-    """A shallow copy of `program` without its controller (this process's), to pickle."""
-    program = copy.copy(program)
-    program.controller = None
-    return program
-
-
 def _read_state(run_dir: str) -> Optional[Dict[str, Any]]:
-    """What a killed driver persisted (`_StateWriter`), or None at the program's start."""
+    """What a killed driver persisted (`_keep_state`), or None at the program's start."""
     try:
         with open(os.path.join(run_dir, shared.STATE_FILE), 'rb') as f:
             return pickle.load(f)
@@ -121,56 +111,41 @@ def _read_state(run_dir: str) -> Optional[Dict[str, Any]]:
         return None
 
 
-class _StateWriter:
-    """Writes what a new driver re-adopts the program from to RUN_DIR/state.pkl: the
-    coordinator (the nodes' states, addresses and restart budgets, the groups), the step
-    runner's steps, the program as it grew and its scaling policy's state.
+def _keep_state(run_dir: str, controller, program) -> Callable[[bool], None]:
+    """Returns what writes the state a new driver re-adopts the program from to
+    RUN_DIR/state.pkl, in the supervisors' format (`supervisor.Persister`): the coordinator (the
+    nodes' states, addresses and restart budgets, the groups), the step runner's steps
+    ('runner'), the program as it grew and its scaling policy's state ('scaler').
 
-    Its thread (`run`) writes it whenever it changed, at most every PERSIST_INTERVAL seconds;
-    the first driver also writes it (`write`) before the program's steps start, and the step
-    runner before it starts the step of an added node, so that a driver killed while a node
-    starts is replaced by one that knows of that node."""
+    Called with False, it writes the state if it changed (the driver's lp-slurm-persist thread
+    looks every PERSIST_INTERVAL seconds); with True, at once: the first driver before the
+    program's steps start, and the step runner before it starts the step of an added node, so
+    that a driver killed while a node starts is replaced by one that knows of that node."""
+    # pylint: disable=protected-access  (the supervisors persist the scaler so too)
+    runner = controller._runner
+    persister = Persister(os.path.join(run_dir, shared.STATE_FILE), program,
+                          lambda: {'scaler': controller._elastic._scaler})
+    told = ['']  # the last failure told
 
-    def __init__(self, run_dir: str, controller, program):
-        self._path = os.path.join(run_dir, shared.STATE_FILE)
-        self._controller, self._program = controller, program
-        self._lock = threading.Lock()
-        self._last: Optional[bytes] = None
-        self._failure: Optional[str] = None
-
-    def write(self) -> None:
-        """Writes the state now, if it changed since the last write."""
-        controller = self._controller
+    def write(now: bool) -> None:
         try:
-            data = serialization.cloudpickle_dumps({
-                'coordinator': controller.coordinator,
-                'runner': controller._runner.state(),  # pylint: disable=protected-access
-                'program': _without_controller(self._program),
-                'scaler': controller._elastic._scaler})  # pylint: disable=protected-access
+            persister(lambda: {'coordinator': controller.coordinator, 'commands': {},
+                               'runner': runner.state()}, now=now)
         except Exception as e:  # pylint: disable=broad-except  (changed while pickled, say)
-            if self._failure != repr(e):  # the next look may do; a lasting failure is told once
-                self._failure = repr(e)
+            if told[0] != repr(e):  # the next look may do; a lasting failure is told once
+                told[0] = repr(e)
                 logging.warning('The state a new driver would re-adopt the program from could '
-                                'not be written: %s', self._failure)
-            return
-        with self._lock:
-            if data == self._last or not os.path.isdir(os.path.dirname(self._path)):
-                return
-            partial = self._path + '.tmp'
-            try:
-                with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
-                          'wb') as f:
-                    f.write(data)
-                os.replace(partial, self._path)
-                self._last = data
-            except FileNotFoundError:
-                pass  # the program ended: its run directory is gone
+                                'not be written: %r', e)
 
-    def run(self) -> None:
-        """Writes the state whenever it changed, until the program ends."""
-        while not self._controller.done:
-            self.write()
-            time.sleep(PERSIST_INTERVAL)
+    runner.persist = lambda: write(True)
+    return write
+
+
+def _persist_while_running(controller, write: Callable[[bool], None]) -> None:
+    """Writes the state whenever it changed, until the program ends."""
+    while not controller.done:
+        write(False)
+        time.sleep(PERSIST_INTERVAL)
 
 
 if __name__ == '__main__':

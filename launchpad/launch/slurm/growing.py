@@ -70,7 +70,9 @@ class GrowingStepRunner(StepRunner):
         self._component_of = {step.executable.name: number
                               for number, component in enumerate(components)
                               for step in component.steps}
-        self._additional: Dict[str, str] = {}  # node name -> the additional job that runs it
+        # Node name -> the additional job that runs it; None while it is submitted (a new
+        # driver finds it by its batch script, `restore`).
+        self._additional: Dict[str, Optional[str]] = {}
         self._added_lines: Dict[int, str] = {}  # step index -> the batch script's line of a
         # node added in the allocation, written again when the job is requeued
         self._removed: set = set()
@@ -83,7 +85,7 @@ class GrowingStepRunner(StepRunner):
         self._touch()
 
     # What a new driver's runner takes over from a dead one's (`state`, `restore`).
-    _PERSISTED = ('_steps', '_codes', '_next_index', '_component_of', '_additional',
+    _PERSISTED = ('_steps', '_codes', '_asked', '_next_index', '_component_of', '_additional',
                   '_added_lines', '_removed')
 
     def state(self) -> Dict[str, Any]:
@@ -93,11 +95,21 @@ class GrowingStepRunner(StepRunner):
         return state
 
     def restore(self, state: Dict[str, Any]) -> None:
-        """Follows the steps a dead driver's runner followed (its `state`)."""
+        """Follows the steps a dead driver's runner followed (its `state`); an additional job
+        it was submitting is found in the queue by its batch script, or submitted now."""
         state = dict(state)
         self._packer.address_table.published.update(state.pop('published'))
         for name, value in state.items():
             setattr(self, name, value)
+        for step in self._steps:
+            if step.name in self._additional and self._additional[step.name] is None:
+                try:
+                    self._additional[step.name] = (
+                        job.find(self._batch_script(step.index))
+                        or self._submit_additional(step.index, step.name))
+                except job.SlurmError as e:
+                    logging.warning('The additional job of %s, which a driver that died was '
+                                    'submitting, is not followed (see squeue): %s', step.name, e)
 
     def _touch(self) -> None:
         self._touched = time.monotonic()
@@ -143,8 +155,18 @@ class GrowingStepRunner(StepRunner):
         spec_path = write_spec(self._packer, self._run_dir, step, policy)
         waits = restart_waits([step], {executable.name: policy})
         if busy >= len(component.steps) + component.spare:
-            self._submit_additional(step, spec_path, waits)
-            self._follow(step)
+            self._write_additional(step, spec_path, waits)
+            self._additional[executable.name] = None
+            self._follow(step)  # before its job is submitted: a new driver finds that job
+            try:
+                self._additional[executable.name] = self._submit_additional(step.index,
+                                                                            executable.name)
+            except BaseException:
+                self._steps.pop()
+                del self._codes[executable.name], self._additional[executable.name]
+                self.persist()
+                raise
+            self.persist()
         else:
             line = script.step_line(step, spec_path, number if len(self._components) > 1 else None,
                                     waits.get(index, 0))
@@ -169,23 +191,28 @@ class GrowingStepRunner(StepRunner):
             if index in self._added_lines and self._codes.get(name) is None:
                 shared.write_whole(shared.add_file(self._run_dir, index), self._added_lines[index])
 
-    def _submit_additional(self, step: script.Step, spec_path: str, waits) -> None:
-        """Submits a job that runs `step` alone, as the program's job runs its steps."""
-        path = os.path.join(self._run_dir, f'{step.index}.sh')
-        with open(path, 'w') as f:
+    def _batch_script(self, index: int) -> str:
+        """The batch script of the additional job of added step `index`."""
+        return os.path.join(self._run_dir, f'{index}.sh')
+
+    def _write_additional(self, step: script.Step, spec_path: str, waits) -> None:
+        """Writes the batch script of a job that runs `step` alone, as the program's job runs
+        its steps."""
+        with open(self._batch_script(step.index), 'w') as f:
             f.write(script.batch_script(
                 self._program_name,  # one task on one machine: the group's `nodes` does not apply
                 [script.Component(dataclasses.replace(step.resources, nodes=None), [step])],
                 self._run_dir,
                 {step.index: spec_path}, restart_waits=waits,
                 warning_seconds=self._warning_seconds))
-        name = step.executable.name
-        job_id = job.submit(path, f'{self._program_name}:{name}',
-                            os.path.join(self._log_dir, f'job-{step.index}.out'),
-                            self._environment)
-        self._additional[name] = job_id
+
+    def _submit_additional(self, index: int, name: str) -> str:
+        """Submits the additional job of node `name` (added step `index`); returns its id."""
+        job_id = job.submit(self._batch_script(index), f'{self._program_name}:{name}',
+                            os.path.join(self._log_dir, f'job-{index}.out'), self._environment)
         logging.info('%s runs in additional Slurm job %s (its group has no free task in job %s).',
                      name, job_id, self._job_id)
+        return job_id
 
     def remove(self, name: str) -> None:
         """Notes that `name` leaves: its additional job, if any, is cancelled once its step
@@ -197,6 +224,8 @@ class GrowingStepRunner(StepRunner):
         cannot start while they should run."""
         for name, job_id in list(self._additional.items()):
             code = self._codes.get(name)
+            if job_id is None:
+                continue  # being submitted
             if code is not None and (name in self._removed or code == 0):
                 job.cancel(job_id)
                 del self._additional[name]
@@ -204,7 +233,7 @@ class GrowingStepRunner(StepRunner):
             return
         self._checked_additional = time.monotonic()
         for name, job_id in list(self._additional.items()):
-            if self._codes.get(name) is not None:
+            if self._codes.get(name) is not None or job_id is None:
                 continue
             try:
                 states = job.states(job_id)
@@ -235,7 +264,8 @@ class GrowingStepRunner(StepRunner):
         rest, removed = [], []
         for name in names:
             if name in self._additional:
-                job.cancel(self._additional[name])
+                if self._additional[name] is not None:
+                    job.cancel(self._additional[name])
             elif name in self._removed:
                 removed.append(name)
             else:
@@ -257,9 +287,10 @@ class GrowingStepRunner(StepRunner):
         except FileNotFoundError:
             pass  # a detached program's kill removed the run directory: it starts none
         try:
-            for job_id in self._additional.values():
+            jobs = [job_id for job_id in self._additional.values() if job_id is not None]
+            for job_id in jobs:
                 job.cancel(job_id)
-            for job_id in self._additional.values():
+            for job_id in jobs:
                 if not job.wait_for_end(job_id, timeout=60.0):
                     logging.error('Slurm job %s is still running 60 s after scancel; check it '
                                   'with `squeue -j %s`.', job_id, job_id)

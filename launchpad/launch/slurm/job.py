@@ -73,6 +73,18 @@ def submit(script: str, program_name: str, output: str, env: Mapping[str, str]) 
     return out.strip().split(';')[0]
 
 
+def find(script: str) -> Optional[str]:
+    """The id of this user's job whose batch script is `script` (submitted by `submit`), if
+    Slurm knows one: how a job whose submitter died before it noted the id is found again."""
+    out = run(['squeue', '--noheader', f'--user={os.getuid()}', '--states=all',
+               '--format=%i|%o'], 'Cannot list the Slurm jobs', timeout=30)
+    for line in out.splitlines():
+        job_id, _, command = line.strip().partition('|')
+        if command == script:
+            return job_id
+    return None
+
+
 def controller_host() -> str:
     """The address of the Slurm controller, from `scontrol show config`."""
     config = run(['scontrol', 'show', 'config'], 'Cannot read the Slurm configuration')

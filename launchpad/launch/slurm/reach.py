@@ -24,7 +24,7 @@ import sys
 import time
 from typing import List
 
-from launchpad.launch.slurm import job
+from launchpad.launch.slurm import job, shared
 from launchpad.observe import registry
 from launchpad.observe import relay
 from launchpad.process import logs
@@ -32,17 +32,31 @@ from launchpad.process import logs
 # The driver's entry, as the launching machine registers it, in the run directory.
 SUPERVISOR_FILE = 'supervisor.json'
 
-# Arguments: JOB NODE RELAY_ARGV... Says `gone` (for the tunnel) when the job has ended, else
-# runs the relay as a step of the job on NODE.
-_RELAY_SCRIPT = '''job=$1 node=$2
-shift 2
-out=$(squeue --noheader --jobs="$job" --states=all --format=%T 2>&1) || case $out in
-  *"Invalid job id"*) echo gone; exit 0;;
-  *) echo "$out" >&2; exit 1;;
-esac
-case $out in *RUNNING*) ;; *) echo gone; exit 0;; esac
-exec srun --jobid="$job" --overlap --nodelist="$node" --nodes=1 --ntasks=1 --unbuffered \
-  --quiet --job-name=launchpad-relay "$@"'''
+# Arguments: JOB NODE GRACE RELAY_ARGV... Says `gone` (for the tunnel) once the job has ended;
+# while it runs, runs the relay as a step of the job on NODE, again while no driver's socket
+# is there (a new driver replaces a killed one), for up to GRACE seconds.
+_RELAY_SCRIPT = f'''job=$1 node=$2 grace=$3
+shift 3
+ended() {{
+  out=$(squeue --noheader --jobs="$job" --states=all --format=%T 2>&1) || case $out in
+    *"Invalid job id"*) return 0;;
+    *) echo "$out" >&2; exit 1;;
+  esac
+  case $out in *RUNNING*) return 1;; *) return 0;; esac
+}}
+deadline=$(($(date +%s) + grace))
+while ! ended; do
+  srun --jobid="$job" --overlap --nodelist="$node" --nodes=1 --ntasks=1 --unbuffered \\
+    --quiet --job-name=launchpad-relay "$@"
+  code=$?
+  [ "$code" -eq {relay.ABSENT} ] || exit "$code"
+  if [ "$(date +%s)" -ge "$deadline" ]; then
+    echo "no driver of Slurm job $job has served its program for $grace s" >&2
+    exit 1
+  fi
+  sleep 0.5
+done
+echo gone'''
 
 
 def runtime_dir() -> str:
@@ -55,7 +69,8 @@ def relay_command(job_id: str, node: str, socket_path: str) -> List[str]:
     """The command that relays its stdin and stdout to the observer socket `socket_path` on
     `node`, through a step of job `job_id` (see the module docstring)."""
     return ['sh', '-c', _RELAY_SCRIPT, 'launchpad-relay', job_id, node,
-            sys.executable, relay.__file__, socket_path]
+            str(int(shared.DRIVER_GRACE)), sys.executable, relay.__file__, relay.ABSENT_EXITS,
+            socket_path]
 
 
 def publish(run_dir: str, entry: registry.Entry) -> None:

@@ -59,6 +59,9 @@ class StepRunner(Runner):
         self._closing = list(closing)
         self._batch_log = batch_log
         self._codes: Dict[str, Optional[int]] = {step.name: None for step in self._steps}
+        # Node name -> the attempt of its step it asked the batch script to run last (its
+        # restarts then): an exit code of an attempt before it is an old run's.
+        self._asked: Dict[str, int] = {}
         self._checked = time.monotonic()
         self._requeue = requeue
         self.requeues = 0  # how many times the job was requeued
@@ -112,9 +115,13 @@ class StepRunner(Runner):
                 continue
             try:
                 with open(shared.exit_file(self._run_dir, index)) as f:
-                    code = int(f.read().strip() or 1)
+                    words = f.read().split()  # CODE ATTEMPT (see script.batch_script)
+                code = int(words[0]) if words else 1
+                attempt = int(words[1]) if len(words) > 1 else 0
             except (OSError, ValueError):
                 continue
+            if attempt < self._asked.get(name, 0):
+                continue  # the run before the restart asked for
             if code != 0 and self._requeue and self._job_leaves():
                 continue  # the job is requeued, preempted or cancelled: `poll` will tell
             if (code != 0 and not self._coordinator.stopping
@@ -153,6 +160,7 @@ class StepRunner(Runner):
                 continue
             names.append(name)
             self._codes[name] = None
+            self._asked.pop(name, None)  # the job's next run starts from its first attempt
             for path in (shared.exit_file(self._run_dir, index),
                          shared.restart_file(self._run_dir, index)):
                 try:
@@ -169,18 +177,19 @@ class StepRunner(Runner):
         return True
 
     def restart(self, name: str) -> None:
-        """Asks the batch script to run the node's step again, in the job's allocation."""
+        """Asks the batch script to run the node's step again, in the job's allocation, as
+        the attempt after the node's restarts so far: the script runs each attempt once, so
+        asking again for the same (a new driver whose predecessor asked, but died before it
+        noted the node's restart) runs it no more."""
         step = next(step for step in self._steps if step.name == name)
         if self._run_dir is None:
             raise RuntimeError('this runner does not follow the job\'s steps')
         if self._watch_job and job.ended(job.states(self._job_id)):
             raise RuntimeError(f'Slurm job {self._job_id} has ended')
-        try:
-            os.remove(shared.exit_file(self._run_dir, step.index))
-        except FileNotFoundError:
-            pass
+        attempt = self._coordinator.status()[name].restarts + 1
+        self._asked[name] = attempt
         self._codes[name] = None
-        shared.write_whole(shared.restart_file(self._run_dir, step.index), '')
+        shared.write_whole(shared.restart_file(self._run_dir, step.index), str(attempt))
 
     def kill(self, names: Sequence[str]) -> None:
         """Cancels the job, which ends every step."""

@@ -26,7 +26,9 @@ Where each part runs:
   on each host: `agent`, started as `python -m launchpad.launch.ssh.agent WORKDIR`, and for
     a detached program's new supervisor `launchpad.observe.relay --plain`, which reaches that
     agent again;
-  on both: `protocol`, the names, timeouts and message framing the two sides share.
+  on both: `protocol`, the names, timeouts and message framing the two sides share; a detached
+    program's `detach` (its supervisor on one of the hosts) and `move` (that supervision
+    moving to another host).
 
 This package imports the launcher side only; the agent is never imported here, so that it runs
 as a module without a second copy of itself.

@@ -29,23 +29,29 @@ directory, and the process ssh started relays between the session and that socke
 When the supervisor's session ends the agent keeps the nodes running, and what they print and
 how they end, until a new supervisor connects (it says hello again with the state of every
 node, and sends what it kept on `resume`) or the supervisor grace has passed.
+
+A supervisor's connection is taken only for a claim newer than the last the agent took (see
+`protocol`, fencing); the agent then drops the connection it had. It also keeps what a
+supervisor on this host would take over from (`launchpad.launch.ssh.move`): where the nodes
+reach the coordinator, copies of the launch file and state, and the script that starts it.
 """
 from __future__ import annotations
 
 import os
 import select
+import shlex
 import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from launchpad.launch.ssh import protocol
 from launchpad.observe import relay
 from launchpad.process import forkserver
 from launchpad.process import spec as specs
+from launchpad.process import tempdirs
 from launchpad.process import tree
 from launchpad.process.devices import Inventory
 
@@ -74,7 +80,7 @@ def main() -> None:
     args = sys.argv[1:]
     detached = args[:1] == ['--detached']
     workdir = args[detached] if len(args) > detached else ''
-    directory = tempfile.mkdtemp(prefix=protocol.DIR_PREFIX)
+    directory = tempdirs.make(protocol.DIR_KIND, inside_run=False)
     listener = _listen(directory) if detached else None
     if listener is not None and os.fork():
         listener.close()  # this process is the session's relay from now on
@@ -147,6 +153,10 @@ class _HostAgent:
         self._supervisor_grace = 0.0  # set by a detached program's `files` command
         self._run_dir = ''  # and its supervisor's files, which go when no supervisor came
         self._preloaded = False
+        # A detached program's: the claim it took last (epoch, owner), and new connections
+        # whose claim is not complete yet (fd -> (socket, what it sent)).
+        self._claim = (0, '')
+        self._candidates: Dict[int, Tuple[socket.socket, bytearray]] = {}
 
     def announce(self, data: bytes = b'', **message: Any) -> None:
         """Sends `message` to the launcher, followed by `data` if the message gives its size;
@@ -178,25 +188,34 @@ class _HostAgent:
         heard = time.monotonic()
         if self._listener is None:
             self.announce(event='hello', **self.facts)
-        elif select.select([self._listener], [], [], protocol.AGENT_START_TIMEOUT)[0]:
-            self._accept(first=True)  # the relay of the session that started this agent
-        else:
-            return
         while True:
             if not self._preloaded:  # while the launcher packs the program
                 forkserver.preload()
                 self._preloaded = True
-            if self._in < 0:  # a detached program between supervisors
-                if time.monotonic() - heard > self._supervisor_grace:
+            if self._in < 0:  # a detached program before or between supervisors
+                alone = self._supervisor_grace if self._claim[0] else protocol.AGENT_START_TIMEOUT
+                if time.monotonic() - heard > alone:
                     shutil.rmtree(self._run_dir, ignore_errors=True)  # (if on this host)
                     return
-                if self._listener.fileno() in self._pump(0.1 if self._nodes else 1.0,
-                                                         self._listener.fileno()):
-                    self._accept()
-                    buffer.clear()
-                    heard = time.monotonic()
+            waiting = [] if self._listener is None else [self._listener.fileno(),
+                                                         *self._candidates]
+            ready = self._pump(0.1 if self._nodes else 1.0, *waiting,
+                               *([self._in] if self._in >= 0 else []))
+            if self._listener is not None and self._listener.fileno() in ready:
+                candidate = self._listener.accept()[0]
+                self._candidates[candidate.fileno()] = (candidate, bytearray())
+            claimed = None
+            for fd in ready:
+                rest = self._hear_claim(fd) if fd in self._candidates else None
+                claimed = claimed if rest is None else rest
+            if claimed is not None:  # a supervisor took over: what it sent after its claim
+                buffer, heard = claimed, time.monotonic()
+                if not self._handle_all(buffer):
+                    return
                 continue
-            if self._in not in self._pump(0.1 if self._nodes else 1.0, self._in):
+            if self._in < 0:
+                continue
+            if self._in not in ready:
                 if time.monotonic() - heard > protocol.LAUNCHER_SILENCE_TIMEOUT:
                     if not self._lost():
                         return
@@ -211,10 +230,16 @@ class _HostAgent:
                 continue
             heard = time.monotonic()
             buffer += chunk
-            for kind, body in protocol.unpack_commands(buffer):
-                if kind == 'close':  # the supervisor is done with the program
-                    return
-                self._handle(kind, body)
+            if not self._handle_all(buffer):
+                return
+
+    def _handle_all(self, buffer: bytearray) -> bool:
+        """Handles every complete command in `buffer`; False once the launcher is done."""
+        for kind, body in protocol.unpack_commands(buffer):
+            if kind == 'close':  # the supervisor is done with the program
+                return False
+            self._handle(kind, body)
+        return True
 
     def _lost(self) -> bool:
         """The launcher is gone: True if a new supervisor may come (a detached program's)."""
@@ -229,12 +254,50 @@ class _HostAgent:
             self._connection = None
         self._in = self._out = -1
 
-    def _accept(self, first: bool = False) -> None:
-        """Takes a supervisor's connection: says hello with the state of every node (their
-        exit codes, None while running); what happened meanwhile, and until it is ready,
-        follows on `resume`."""
-        self._connection = self._listener.accept()[0]
-        self._in = self._out = self._connection.fileno()
+    def _hear_claim(self, fd: int) -> Optional[bytearray]:
+        """Reads from a supervisor's new connection until its claim is complete: takes the
+        connection if the claim may take the nodes over (`protocol`, fencing), and returns what
+        followed the claim; else answers `refused` and closes it."""
+        candidate, heard = self._candidates[fd]
+        try:
+            chunk = candidate.recv(1 << 20)
+        except OSError:
+            chunk = b''
+        if not chunk:
+            del self._candidates[fd]
+            candidate.close()
+            return None
+        heard += chunk
+        for kind, body in protocol.unpack_commands(heard):
+            del self._candidates[fd]
+            epoch, owner = (body.get('epoch', 0), body.get('owner', '')) if (
+                kind == 'claim' and isinstance(body, dict)) else (0, '')
+            held_epoch, held_owner = self._claim
+            if epoch > held_epoch or (epoch == held_epoch and owner == held_owner and epoch):
+                self._take(candidate, epoch, owner)
+                return heard
+            try:
+                candidate.sendall(protocol.pack_event(
+                    {'event': 'refused', 'epoch': held_epoch, 'owner': held_owner}))
+            except OSError:
+                pass
+            candidate.close()
+            return None
+        return None
+
+    def _take(self, connection: socket.socket, epoch: int, owner: str) -> None:
+        """Makes `connection`, whose claim it took, the supervisor's (dropping the one it
+        replaces): says hello with the state of every node (their exit codes, None while
+        running); what happened meanwhile, and until it is ready, follows on `resume`."""
+        first = not self._claim[0]
+        if self._connection is not None:  # the supervisor it replaces hears why
+            self._send(protocol.pack_event({'event': 'refused', 'epoch': epoch, 'owner': owner}))
+        self._disconnect()
+        self._claim = (epoch, owner)
+        protocol.write_atomically(os.path.join(self.directory, protocol.CLAIM_FILE),
+                                  f'{epoch} {owner}'.encode())
+        self._connection = connection
+        self._in = self._out = connection.fileno()
         nodes = {index: node.poll() for index, node in self._nodes.items()}
         self._holding = False
         self.announce(event='hello', nodes=nodes, **self.facts)
@@ -249,9 +312,19 @@ class _HostAgent:
             self._grace = body['grace']
             self._supervisor_grace = body.get('supervisor_grace', 0.0)
             self._run_dir = body.get('run_dir', '')
+            tempdirs.claim(self._run_dir)  # (if on this host) it stays while the nodes here run
             for index in body['start']:
                 self._start(index)
             self.announce(event='ready')
+        elif kind == 'coordinator':  # where the nodes here reach it from now on
+            protocol.write_atomically(os.path.join(self.directory, protocol.COORDINATOR_FILE),
+                                      body['address'].encode())
+            self._run_dir = body['run_dir']
+            tempdirs.claim(self._run_dir)
+        elif kind == 'copy':  # what a supervisor moved to this host would start from
+            for name, data in body['files'].items():
+                protocol.write_atomically(os.path.join(self.directory, name), data)
+            self._write_move_script(body['program_id'])
         elif kind == 'resume':  # a new supervisor is ready for what it missed
             self._holding = False
             if self._send(bytes(self._pending)):
@@ -263,6 +336,18 @@ class _HostAgent:
             _kill_nodes({protocol.node_marker(self.directory, i) for i in body}, self.directory)
             for index in body:
                 self._start(index)
+
+    def _write_move_script(self, program_id: str) -> None:
+        """Writes protocol.MOVE_SCRIPT: the shell script that starts a supervisor of this
+        program on this host from the copies here, with this agent's interpreter and
+        environment; its first line names this host, where it applies."""
+        path = os.path.join(self.directory, protocol.MOVE_SCRIPT.format(id=program_id))
+        if os.path.exists(path):
+            return
+        env = [f'{k}={v}' for k, v in os.environ.items() if not k.startswith('SSH_')]
+        command = shlex.join(['exec', 'env', '-i', *env, sys.executable,
+                              *protocol.MOVE_ARGV, self.directory])
+        protocol.write_atomically(path, f'#{socket.gethostname()}\n{command}\n'.encode())
 
     def _start(self, index: int) -> None:
         argv, env = protocol.node_command(self.directory, index)

@@ -46,13 +46,16 @@ class Connection:
         diagnoses a host from it).
       on_lost: for a running detached program's connection, called with it when it ended
         without being closed (the network or the host went away); its nodes then run on.
+      refused: the agent's `refused` event, if it refused this connection's claim (a newer
+        supervisor holds it, see `protocol`).
     """
 
     def __init__(self, host: SshHost, control_path: str, detached: bool = False,
-                 reattach: Optional[dict] = None):
+                 reattach: Optional[dict] = None, claim: Optional[dict] = None):
         """`detached`: its agent outlives the connection (a detached program's supervisor
         opens it); `reattach`: the hello of such an agent, which this connection reaches again
-        (a new supervisor's), instead of starting one."""
+        (a new supervisor's), instead of starting one; `claim`: the supervisor's claim on such
+        an agent (`protocol`), sent first."""
         self.host = host
         self.control_path = control_path
         self.nodes: List[int] = []
@@ -61,10 +64,14 @@ class Connection:
         self.stderr_lines: List[str] = []
         self.forked: Dict[int, ForkedNode] = {}
         self.on_lost: Optional[Callable[['Connection'], None]] = None
+        self.refused: Optional[dict] = None
         self._closing = False
         self._send_lock = threading.Lock()
-        if reattach is not None:
-            command = host.command(protocol.relay_argv(host.python, reattach))
+        self._seen_as: Optional[str] = None  # SSH_CONNECTION of a reattached session
+        if reattach is not None:  # (its agent's hello tells how the first session saw it)
+            command = (f'printf \'{protocol.AGENT_LINE.decode()}{{"event": "session", '
+                       '"ssh_connection": "%s"}\\n\' "$SSH_CONNECTION"; '
+                       + host.command(protocol.relay_argv(host.python, reattach)))
         else:
             command = (f'{host.command(protocol.agent_argv(host.python, detached))} '
                        f'{shlex.quote(host.workdir or "")}')
@@ -75,7 +82,11 @@ class Connection:
             f'{int(protocol.LAUNCHER_SILENCE_TIMEOUT // protocol.SERVER_ALIVE_INTERVAL)}',
             host.host, command]
         # The master ends when the agent does, also after the launcher died; the last one to end
-        # removes the launch's local directory, which holds nothing but the control sockets.
+        # removes the launch's local directory, which holds nothing but the control sockets. A
+        # supervisor whose connections all ended (its host cut off for longer than the keepalive
+        # allows) makes the directory again to reach its agents (ssh cannot bind the socket
+        # without it, and a fenced supervisor would never hear that it is).
+        os.makedirs(os.path.dirname(control_path), mode=0o700, exist_ok=True)
         self.process = subprocess.Popen(
             ['sh', '-c', 'ssh "$@"; code=$?; rm -f "$0"; rmdir "${0%/*}" 2>/dev/null; exit $code',
              control_path] + argv[1:],
@@ -86,6 +97,8 @@ class Connection:
             threading.Thread(target=self._read_errors, daemon=True, name=f'lp-ssh-{host}-err')]
         for reader in self._readers:
             reader.start()
+        if claim is not None:
+            self.send('claim', claim)
 
     def _read_events(self) -> None:
         stream = self.process.stdout
@@ -101,6 +114,10 @@ class Connection:
             elif message['event'] == 'exited':
                 if message['node'] in self.forked:
                     self.forked[message['node']].end(message['code'])
+            elif message['event'] == 'refused':
+                self.refused = message
+            elif message['event'] == 'session':
+                self._seen_as = message['ssh_connection']
             else:
                 self._events.put(message)
         if self.on_lost is not None and not self._closing:
@@ -209,23 +226,26 @@ class Connection:
     @property
     def launcher_address(self) -> str:
         """The launcher's address as the host sees it."""
-        return self.hello['ssh_connection'].split()[0]
+        return (self._seen_as or self.hello['ssh_connection']).split()[0]
 
     @property
     def bind_host(self) -> str:
         """Where servers on this host listen."""
-        return self.host.address or self.hello['ssh_connection'].split()[2]
+        return self.host.address or (self._seen_as or self.hello['ssh_connection']).split()[2]
 
 
 class ForkedNode:
     """A node the host agent forked (`poll` and `kill` like Popen): its output arrives through
-    the agent's connection and goes to `fd`, which `Output` gave it."""
+    the agent's connection and goes to `fd`, which `Output` gave it; `on_end` is called when its
+    exit code arrives, so that the launcher sees the exit without waiting for its next poll."""
 
-    def __init__(self, fd: int, reader: Optional[threading.Thread]):
+    def __init__(self, fd: int, reader: Optional[threading.Thread],
+                 on_end: Optional[Callable[[], None]] = None):
         self._fd: Optional[int] = fd
         self._reader = reader
         self._code: Optional[int] = None
         self._lock = threading.Lock()
+        self._on_end = on_end
 
     def write(self, data: bytes) -> None:
         """Passes on output of the node that arrived through the connection."""
@@ -237,11 +257,14 @@ class ForkedNode:
     def end(self, code: int) -> None:
         """Records its exit code (the first one counts) and closes its output."""
         with self._lock:
-            if self._code is None:
+            first = self._code is None
+            if first:
                 self._code = code
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+        if first and self._on_end is not None:
+            self._on_end()
 
     def poll(self) -> Optional[int]:
         if self._code is not None and self._reader is not None:

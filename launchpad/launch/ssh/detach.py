@@ -17,7 +17,8 @@ The hosts' agents of a detached program outlive their supervisor's ssh sessions 
 `--detached`): when the supervisor dies, the keeper on its host starts a new one, which reaches
 them again and re-adopts the nodes from the state its predecessor persisted
 (`launcher.readopt`); `python -m launchpad.launch attach --recover` starts one there when the
-keeper is gone too (`recover`).
+keeper is gone too (`recover`), and `attach --recover --host HOST` on another host when this
+one is gone (`move`).
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def supervisor_host_of(program, hosts: Dict[str, List[SshHost]], settings,
     if terminal == 'tmux_session':
         raise ValueError("terminal='tmux_session' cannot be detached: the output of a detached "
                          "program goes to files on its supervisor's host; leave terminal= out.")
-    ordered = [host for label in program.groups if label in hosts for host in hosts[label]]
+    ordered = _ordered(program, hosts)
     wanted = settings.supervisor_host
     if wanted is None:
         return ordered[0]
@@ -68,8 +69,15 @@ def supervisor_host_of(program, hosts: Dict[str, List[SshHost]], settings,
                      'the program does not depend on this machine.')
 
 
-def start(program, options, host: SshHost) -> detached.AttachedController:
-    """Starts the supervisor of `program` on `host` and returns once every node runs."""
+def _ordered(program, hosts: Dict[str, List[SshHost]]) -> List[SshHost]:
+    """The hosts of `program`'s groups in the order of its groups."""
+    return [host for label in program.groups if label in hosts for host in hosts[label]]
+
+
+def start(program, options, host: SshHost,
+          hosts: Dict[str, List[SshHost]]) -> detached.AttachedController:
+    """Starts the supervisor of `program` on `host`, one of `hosts` (of each group), and returns
+    once every node runs."""
     program_id = registry.new_id(program.name)
     tunnel.local_path(program_id)  # this machine reaches it through one: its socket must fit
     remote_options = dataclasses.replace(
@@ -91,7 +99,9 @@ def start(program, options, host: SshHost) -> detached.AttachedController:
         raise RuntimeError(f'The supervisor of detached program {program_id} could not launch '
                            f'it on {host} (exit {started.returncode}):\n' + '\n'.join(errors))
     answer = json.loads(out[-1])
-    entry = registry.Entry(**{**answer['entry'], 'ssh': host.ssh_argv() + [host.host]})
+    names = list(dict.fromkeys(each.host for each in _ordered(program, hosts)))
+    entry = registry.Entry(**{**answer['entry'], 'ssh': host.ssh_argv() + [host.host],
+                              'hosts': names})
     registry.register(entry)
     controller = detached.AttachedController(entry)
     print(f'Program {program.name!r} runs detached as {program_id}, supervised by pid '

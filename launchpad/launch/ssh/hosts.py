@@ -1,4 +1,5 @@
-"""The ssh platform's resources: the hosts a group's nodes run on (`lp.SshHost`, `lp.SshHosts`).
+"""The ssh platform's resources: the hosts a group's nodes run on (`lp.SshHost`, `lp.SshHosts`),
+and its options (`SshOptions`, the keyword arguments of `lp.launch`).
 
 Runs on the launching machine: the user builds these, and the launcher reads them.
 """
@@ -131,3 +132,30 @@ def connection_key(host: SshHost) -> tuple:
     """What makes two hosts share a connection: every field but `connect_timeout`."""
     return (host.host, host.user, host.port, host.identity_file, host.python, host.workdir,
             tuple(sorted(host.env.items())), host.address, host.ssh_options)
+
+
+@dataclasses.dataclass
+class SshOptions:
+    """The ssh launcher's keyword arguments of `lp.launch`.
+
+    Attributes:
+      coordinator_host: the address the launcher serves the program's coordinator on (default:
+        the address the hosts see the launcher at; with `detach`, where the supervisor's host
+        sees itself).
+      detach: run the program's supervision (its coordinator and controller, restarts, hang
+        detection, elastic groups, metrics, its registry entry) in a daemon on one of the
+        program's hosts, so that the program outlives this process and this machine's network
+        (`launchpad.launch.ssh.detach`); `lp.launch` returns once every node runs.
+      supervisor_host: with `detach`, the host the supervisor runs on: one of the program's
+        hosts, by name (`SshHost.host`) or as an `lp.SshHost` (default: the first host of the
+        program's first group).
+      supervisor_grace: with `detach`, seconds the nodes run on without a supervisor (the
+        keeper on its host starts a new one at once, which re-adopts them; if that host is
+        gone, `python -m launchpad.launch attach --recover PROGRAM --host HOST` starts one on
+        another, `launchpad.launch.ssh.move`) before they stop (default
+        `detached.SUPERVISOR_GRACE`, 180 s).
+    """
+    coordinator_host: Optional[str] = None
+    detach: bool = False
+    supervisor_host: Union[str, SshHost, None] = None
+    supervisor_grace: Optional[float] = None

@@ -23,10 +23,11 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import tempfile
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import courier
 from courier.transport import tcp_address
@@ -38,9 +39,10 @@ from launchpad.launch.runner import ProcessRunner
 from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of, log_dir_of,
                                        launcher_context, policies_of, stop_order_of)
 from launchpad.launch.ssh import detach
+from launchpad.launch.ssh import move
 from launchpad.launch.ssh import protocol
 from launchpad.launch.ssh.connection import Connection, ForkedNode
-from launchpad.launch.ssh.hosts import SshHost, SshHosts, connection_key, hosts_of
+from launchpad.launch.ssh.hosts import SshHost, SshHosts, SshOptions, connection_key, hosts_of
 from launchpad.launch.ssh.preflight import preflight
 from launchpad.process import spec as specs
 from launchpad.process.coordinator import COORDINATOR_LOSS_TIMEOUT, Coordinator, serve_coordinator
@@ -87,6 +89,11 @@ class _SshRunner(ProcessRunner):
         self.run_dir = ''  # its files on its host, which the agents remove if none comes back
         self.bind_host = ''  # where the coordinator is served
         self.context: Optional[runtime.NodeContext] = None  # the launching process's
+        # A detached program's supervisor: its claim on the agents and the copies it keeps
+        # with them, and whether it took over from one on another host (`move`).
+        self.mobility: Optional[move.Mobility] = None
+        self.moved = False
+        self.reached: List[Connection] = []  # the agents it reached when it re-adopted the nodes
         self._restarts: Dict[str, int] = {}
         # What nodes are packed with, set by the launch: the packer, the program's token, the
         # options, the coordinator's port, the hosts of each group and each group's next host.
@@ -110,7 +117,35 @@ class _SshRunner(ProcessRunner):
         codes = super().poll()
         if self.persist is not None and self.coordinator is not None:  # (none before launch)
             self.persist(self.supervised_state)
+            if self.mobility is not None:
+                self.mobility.refresh(list(self.connections))
         return codes
+
+    @property
+    def claim(self) -> Optional[dict]:
+        """What a detached program's supervisor claims its agents with (`protocol`)."""
+        return None if self.mobility is None else self.mobility.claim
+
+    def tell(self, connection: Connection) -> None:
+        """Tells a detached program's agent where its nodes reach the coordinator, and gives
+        it the copies that a supervisor on its host would start from (`move`)."""
+        if self.mobility is not None:
+            self.mobility.share(connection, self.coordinator_address(connection), self.run_dir)
+
+    def coordinator_address(self, connection: Connection) -> str:
+        """Where the nodes on `connection`'s host reach the coordinator (an address given at
+        launch was the first supervisor host's)."""
+        given = None if self.moved else self.options.settings.coordinator_host
+        return tcp_address(given or connection.launcher_address, self.port)
+
+    def fence(self, host: SshHost, refused: dict) -> None:
+        """The agent on `host` refused this supervisor: a newer one holds the program, and this
+        one leaves it (`move.leave`)."""
+        with self._swap:
+            self._released.set()
+            connections = list(self.connections)
+        move.leave(self.run_dir, self.local_dir, connections,
+                   move.refusal_message(host, refused))
 
     def supervised_state(self) -> dict:
         """What a new supervisor of a detached program needs to re-adopt its running nodes
@@ -126,24 +161,36 @@ class _SshRunner(ProcessRunner):
             'packer': self.packer, 'token': self.token, 'port': self.port,
             'bind_host': self.bind_host, 'hosts': self.hosts, 'turn': self.turn,
             'next_index': self.next_index, 'requested': self.requested,
-            'devices': self.devices, 'restarts': self._restarts, 'run_dir': self.run_dir}}
+            'devices': self.devices, 'restarts': self._restarts, 'run_dir': self.run_dir,
+            'epoch': self.mobility and self.mobility.epoch, 'supervisor': socket.gethostname()}}
 
-    def readopt(self, state: dict) -> None:
+    def readopt(self, state: dict, run_dir: str) -> None:
         """Reaches again the agents of the nodes in `state` (`supervised_state`) and takes over
-        those nodes, restarting none; a node whose agent is gone counts as ended with 255."""
+        those nodes, restarting none; a node whose agent is gone counts as ended with 255.
+
+        Raises:
+          move.SupervisionMovedError: an agent refused it (a newer supervisor holds it).
+        """
         saved = state['ssh']
+        self.mobility.epoch = (saved.get('epoch') or 0) + 1
+        self.moved = saved.get('supervisor', socket.gethostname()) != socket.gethostname()
         self.packer, self.token, self.port = saved['packer'], saved['token'], saved['port']
         self.bind_host, self.hosts, self.turn = saved['bind_host'], saved['hosts'], saved['turn']
         self.next_index, self.requested = saved['next_index'], saved['requested']
         self.devices, self._restarts = saved['devices'], saved['restarts']
-        self.run_dir = saved['run_dir']
+        self.run_dir = run_dir
         for i, (host, nodes, hello) in enumerate(saved['connections']):
-            connection = Connection(host, os.path.join(self.local_dir, f'c{i}'), reattach=hello)
+            connection = Connection(host, os.path.join(self.local_dir, f'c{i}'), reattach=hello,
+                                    claim=self.claim)
             connection.nodes, connection.hello = nodes, hello
             self.connections.append(connection)
         answers = {}
         _in_parallel([lambda c=c: answers.__setitem__(
             id(c), c.expect('hello', protocol.AGENT_START_TIMEOUT)) for c in self.connections])
+        for connection in self.connections:
+            if connection.refused is not None:
+                raise move.SupervisionMovedError(move.refusal_message(connection.host,
+                                                                      connection.refused))
         for name, (number, index) in saved['placement'].items():
             connection = self.connections[number]
             self.placement[name] = (connection, index)
@@ -157,6 +204,7 @@ class _SshRunner(ProcessRunner):
                 self._lost(connection)
             else:
                 connection.hello = answers[id(connection)]
+                self.reached.append(connection)
                 self.watch(connection)
                 connection.send('resume', None)
 
@@ -177,6 +225,8 @@ class _SshRunner(ProcessRunner):
         agent is gone or cannot be reached by then."""
         deadline = time.monotonic() + self.supervisor_grace
         attempt, gone = 0, _agent_gone(lost)
+        if lost.refused is not None:
+            self.fence(lost.host, lost.refused)
         if not gone:
             lost.abandon()  # (if it still lingers, the agent waits for the next one meanwhile)
             logging.warning('Lost the connection to %s; reaching its agent again, which keeps '
@@ -185,13 +235,15 @@ class _SshRunner(ProcessRunner):
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             attempt += 1
             connection = Connection(lost.host, f'{lost.control_path}.{attempt}',
-                                    reattach=lost.hello)
+                                    reattach=lost.hello, claim=self.claim)
             hello = connection.expect('hello', min(protocol.AGENT_START_TIMEOUT,
                                                    max(1.0, deadline - time.monotonic())))
             if hello is not None:
                 self._take_over(lost, connection, hello)
                 return
             gone = _agent_gone(connection)
+            if connection.refused is not None:
+                self.fence(lost.host, connection.refused)
             connection.abandon()
         if self._released.is_set():
             return  # (the program ended meanwhile; its agent ends it there after the grace)
@@ -219,12 +271,18 @@ class _SshRunner(ProcessRunner):
                     self.placement[name] = (connection, index)
             self.watch(connection)
             connection.send('resume', None)
+            self.tell(connection)
         logging.warning('Reached the agent on %s again; its nodes run on.', lost.host)
 
     def expect_fork(self, name: str, connection: Connection, index: int) -> None:
         """Gets ready for a node that the agent forks, its output going to the terminal."""
         stdout_fd, reader = self.output.open_for(name, title=f'{connection.host.host} {name}')
-        self.processes[name] = connection.forked[index] = ForkedNode(stdout_fd, reader)
+        self.processes[name] = connection.forked[index] = ForkedNode(stdout_fd, reader,
+                                                                     self._exit_heard)
+
+    def _exit_heard(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.notify_change()
 
     def start_session(self, name: str, connection: Connection, index: int,
                       window: Optional[str] = None) -> None:
@@ -283,8 +341,9 @@ class _SshRunner(ProcessRunner):
         """Packs `executable` of group `label` (`policy`: an added node's) as node `index` of
         `connection`, with the GPUs and cores it gets there, and gets ready for its process:
         every node's one step before its host's agent starts it."""
-        coordinator_host = self.options.settings.coordinator_host or connection.launcher_address
-        self.packer.coordinator_address = tcp_address(coordinator_host, self.port)
+        self.packer.coordinator_address = (
+            protocol.coordinator_endpoint if self.mobility is not None  # (`tell` keeps it)
+            else self.coordinator_address(connection))
         requested = self.requested.get(label)
         given = None if requested is None else self.devices_of(connection).assign(
             executable.name, requested)
@@ -335,9 +394,10 @@ class _SshRunner(ProcessRunner):
         connection = self.connection_to(host)
         if connection is None:
             connection = Connection(host, os.path.join(self.local_dir, f'c{len(self.connections)}'),
-                                    detached=bool(self.supervisor_grace))
+                                    detached=bool(self.supervisor_grace), claim=self.claim)
             self.connections.append(connection)
             preflight([connection])
+            self.tell(connection)
         index = self.next_index
         self.next_index += 1
         connection.nodes.append(index)
@@ -405,31 +465,6 @@ def _in_parallel(calls: Sequence[Callable[[], None]]) -> None:
         thread.join()
 
 
-@dataclasses.dataclass
-class SshOptions:
-    """The ssh launcher's keyword arguments of `lp.launch`.
-
-    Attributes:
-      coordinator_host: the address the launcher serves the program's coordinator on (default:
-        the address the hosts see the launcher at; with `detach`, where the supervisor's host
-        sees itself).
-      detach: run the program's supervision (its coordinator and controller, restarts, hang
-        detection, elastic groups, metrics, its registry entry) in a daemon on one of the
-        program's hosts, so that the program outlives this process and this machine's network
-        (`launchpad.launch.ssh.detach`); `lp.launch` returns once every node runs.
-      supervisor_host: with `detach`, the host the supervisor runs on: one of the program's
-        hosts, by name (`SshHost.host`) or as an `lp.SshHost` (default: the first host of the
-        program's first group).
-      supervisor_grace: with `detach`, seconds the nodes run on without a supervisor (the
-        keeper on its host starts a new one at once, which re-adopts them) before they stop
-        (default `detached.SUPERVISOR_GRACE`, 180 s).
-    """
-    coordinator_host: Optional[str] = None
-    detach: bool = False
-    supervisor_host: Union[str, SshHost, None] = None
-    supervisor_grace: Optional[float] = None
-
-
 class SshLauncher(Launcher):
     """Runs every executable in a Python process on an SSH host of its group (options:
     `SshOptions`)."""
@@ -464,7 +499,7 @@ class SshLauncher(Launcher):
             raise FileNotFoundError('The ssh launcher runs the OpenSSH client, and `ssh` is not on '
                                     'PATH; install it (e.g. apt-get install openssh-client).')
         if supervisor_host is not None:
-            return detach.start(program, options, supervisor_host)
+            return detach.start(program, options, supervisor_host, hosts)
         return launch_supervised(program, options)
 
     def _launch(self, program, options, executables, hosts, runner) -> Controller:
@@ -484,7 +519,8 @@ class SshLauncher(Launcher):
             if not pool or len(pool[-1].nodes) >= per_connection:
                 pool.append(Connection(host, os.path.join(runner.local_dir,
                                                           f'c{len(runner.connections)}'),
-                                       detached=bool(runner.supervisor_grace)))
+                                       detached=bool(runner.supervisor_grace),
+                                       claim=runner.claim))
                 runner.connections.append(pool[-1])
             pool[-1].nodes.append(i)
             placed.append((pool[-1], i))
@@ -526,6 +562,7 @@ class SshLauncher(Launcher):
             files[id(connection)][protocol.spec_name(i)] = runner.admit(connection, i, label,
                                                                         executable)
         for connection in runner.connections:
+            runner.tell(connection)
             runner.send_files(connection, files[id(connection)],
                               [] if in_sessions else connection.nodes)
         for connection in runner.connections:
@@ -551,10 +588,12 @@ def launch_supervised(program: Program, options: LaunchOptions,
     nodes outlive it for the supervisor grace, after which the agents remove its `run_dir`)."""
     hosts = {label: hosts_of(label, resources) for label, resources in options.resources.items()}
     executables = executables_of(program, options)
+    # (No owners file in it: the last ssh wrapper out removes it with rmdir, see Connection.)
     runner = _SshRunner([], tempfile.mkdtemp(prefix=protocol.DIR_PREFIX))
     if supervision is not None:
         runner.log_dir, runner.persist = supervision.log_dir, supervision.persist
         runner.supervisor_grace, runner.run_dir = supervision.grace, run_dir
+        runner.mobility = move.Mobility(run_dir, lambda: getattr(runner.persist, 'last', None))
     try:
         return SshLauncher()._launch(  # pylint: disable=protected-access
             program, options, executables, hosts, runner)
@@ -573,21 +612,34 @@ def _coordinator_host(connections: List[Connection]) -> str:
     return '::' if any(':' in address for address in seen) else '0.0.0.0'
 
 
-def readopt(program: Program, options: LaunchOptions, supervision, state: dict) -> Controller:
+def readopt(program: Program, options: LaunchOptions, supervision, state: dict,
+            run_dir: str) -> Controller:
     """Takes over the running nodes of a detached program whose supervisor died, from what it
-    persisted (`_SshRunner.supervised_state`), through their hosts' agents; restarts none."""
+    persisted (`_SshRunner.supervised_state`), through their hosts' agents; restarts none. On
+    another host than its own (`move`), it serves the coordinator where the hosts see this one,
+    and tells the agents."""
     runner = _SshRunner([], tempfile.mkdtemp(prefix=protocol.DIR_PREFIX))
     runner.log_dir, runner.persist = supervision.log_dir, supervision.persist
     runner.supervisor_grace, runner.options = supervision.grace, options
+    runner.mobility = move.Mobility(run_dir, lambda: getattr(runner.persist, 'last', None))
     coordinator = runner.coordinator = state['coordinator']
     try:
         runner.output = Output('output_to_files', program.name, runner.local_dir,
                                log_dir=supervision.log_dir)
-        runner.readopt(state)
-        runner.server = serve_coordinator(coordinator, tcp_address(runner.bind_host, runner.port),
-                                          auth_token=runner.token, tls=options.tls)
+        runner.readopt(state, run_dir)
+        reached = runner.reached
+        if runner.moved:
+            runner.bind_host = _coordinator_host(reached) if reached else '0.0.0.0'
+        runner.server = serve_coordinator(
+            coordinator, tcp_address(runner.bind_host, 0 if runner.moved else runner.port),
+            auth_token=runner.token, tls=options.tls)
+        runner.port = int(runner.server.address.rsplit(':', 1)[1])
+        for connection in reached:
+            runner.tell(connection)
     except BaseException:  # (no `release`: it would end the nodes; a next supervisor may do)
         runner._released.set()  # pylint: disable=protected-access
+        for connection in runner.connections:  # (the agents keep the nodes for the next one)
+            connection.abandon()
         shutil.rmtree(runner.local_dir, ignore_errors=True)
         raise
     runner.context = launcher_context(program.name, options, runner.packer.address_table,

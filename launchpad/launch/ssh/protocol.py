@@ -12,7 +12,12 @@ over that session's standard streams:
   kills nodes; `('start', [index, ...])` forks ended nodes again (restarts, after killing what is
   left of them); `('ping', None)` is the heartbeat; `('close', None)`: the launcher is done
   (the agent ends what is left and removes its directory); `('resume', None)`: a new
-  supervisor of a detached program is ready for the events it missed.
+  supervisor of a detached program is ready for the events it missed. A detached program's
+  supervisor also sends `('claim', {'epoch': n, 'owner': str})` first (see below),
+  `('coordinator', address)`, where the agent's nodes reach the coordinator from now on
+  (COORDINATOR_FILE), and `('copy', {'program_id': id, 'files': {name: bytes}})`, its launch
+  file and persisted state, which a supervisor started on this host from them takes over with
+  (MOVE_SCRIPT).
 - agent -> launcher (the agent's stdout): events, each a line `AGENT_LINE + json`, followed by
   `size` bytes of node output for an `output` event. Events: `hello` (the preflight facts, see
   `agent.main`), `ready` (specs written and nodes forked), `output` (`node`, `size`), `exited`
@@ -23,11 +28,20 @@ A detached program's agent (`--detached`) outlives its supervisor's session: the
 relays to the agent's socket (`launchpad.observe.relay`), and a new supervisor reaches it there
 with `relay_argv`. It then says hello again, with `nodes` (index -> exit code, or None while the
 node runs), and after `resume` sends the events it kept meanwhile.
+
+Fencing: only one supervisor acts on a detached program's agents. Every supervisor claims
+them with an epoch one above the state it started from; an agent takes a claim whose epoch is
+above the last it took, or equal from the same owner (a supervisor reaching it again, or the
+next one its keeper started on the same host), says `refused` (with the new claim's `epoch`
+and `owner`) to the connection it had and drops it; it answers any other claim with `refused`
+(the claim it holds) and closes that connection. A supervisor that is refused leaves without
+touching the nodes: supervision has moved on (`attach --recover --host`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickle
 import struct
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
@@ -50,12 +64,24 @@ HEARTBEAT_INTERVAL = 2.0
 LAUNCHER_SILENCE_TIMEOUT = 30.0
 SERVER_ALIVE_INTERVAL = 5  # ssh's keepalive: it gives up after LAUNCHER_SILENCE_TIMEOUT
 
+DIR_KIND = 'ssh'  # launchpad.process.tempdirs' kind of those directories
+DIR_PREFIX = 'launchpad-ssh-'  # of the private directory on each host and the launcher's own
 SOCKET_NAME = 'agent.sock'  # a detached program's agent listens here, in its private directory
 PENDING_LIMIT = 16 << 20  # bytes of node output an agent keeps for a supervisor to come
 
+# In a detached program's agent directory: where its nodes reach the coordinator now
+# (`coordinator_endpoint`), copies of the supervisor's launch file and state, the claim the agent
+# holds ('EPOCH OWNER'), and MOVE_SCRIPT.format(id=...), which starts a supervisor on this host
+# from those copies (`python -m launchpad.launch attach --recover PROGRAM --host HOST`).
+COORDINATOR_FILE = 'coordinator'
+LAUNCH_COPY, STATE_COPY, CLAIM_FILE = 'launch.pkl', 'state.pkl', 'claim'
+MOVE_SCRIPT = 'move-{id}'
+MOVE_ARGV = ['-m', 'launchpad.launch.supervisor', 'move']  # + the agent's directory
+# On a host, the shell words that match the move scripts of program {id} of every agent there.
+MOVE_SCRIPTS = '"${{TMPDIR:-/tmp}}"/' + DIR_PREFIX + '*/' + MOVE_SCRIPT
+
 AGENT_LINE = b'LPAGENT '
 NODE_ENV = 'LAUNCHPAD_SSH_NODE'  # marks every process of a node (and its children) on a host
-DIR_PREFIX = 'launchpad-ssh-'  # of the private directory on each host and the launcher's own
 
 _LENGTH = struct.Struct('>Q')
 
@@ -89,6 +115,24 @@ def node_command(directory: str, index: int, python: Optional[str] = None,
     argv = specs.worker_argv(f'{directory}/{spec_name(index)}', python)
     env = specs.node_environment(base=base_env, extra={NODE_ENV: node_marker(directory, index)})
     return argv, env
+
+
+def coordinator_endpoint() -> str:
+    """Where a detached program's node reaches its coordinator: what its host's agent was
+    told last (COORDINATOR_FILE). Its spec carries this function instead of an address, which
+    courier calls again once the address it gave stopped answering, so that the nodes follow
+    their supervision to another host."""
+    directory = os.path.dirname(os.environ[NODE_ENV])
+    with open(os.path.join(directory, COORDINATOR_FILE)) as f:
+        return f.read().strip()
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Writes `data` to `path`, readable by this user only, whole or not at all."""
+    temporary = f'{path}.tmp'
+    with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 'wb') as f:
+        f.write(data)
+    os.replace(temporary, path)
 
 
 def spec_fields() -> List[str]:
