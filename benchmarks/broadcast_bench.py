@@ -8,6 +8,8 @@ value of every 4 KiB page (so every page is mapped or copied, as an actor using 
   ``get_params()`` (read-only arrays: one placement in shared memory per update, see
   docs/courier.md); each actor is a courier server whose ``fetch()`` calls
   ``learner.get_params()``. The driver calls ``update`` then every actor's ``fetch``.
+- ours-shared-array: the same, with the learner making each update's parameters in a
+  ``courier.shared_array`` (sent as its own pages: no private copy, no copy per update).
 - ray: the learner actor ``ray.put``s its new parameters once per update; each actor asks it
   for the reference and ``ray.get``s it (zero-copy from Ray's object store). Runs under
   ``LAUNCHPAD_BENCH_RAY_PYTHON`` (benchmarks/README.md) in a private Ray instance.
@@ -63,8 +65,14 @@ import psutil
 _PAGE_FLOATS = 1024  # float32 values per 4 KiB page.
 
 
-def _new_params(base: np.ndarray, version: int) -> np.ndarray:
-    params = np.add(base, np.float32(version))
+def _new_params(base: np.ndarray, version: int, shared: bool = False) -> np.ndarray:
+    """The parameters of an update: in private memory, or in a ``courier.shared_array``."""
+    if shared:
+        import courier  # pylint: disable=import-outside-toplevel
+        params = np.add(base, np.float32(version), out=courier.shared_array(base.shape,
+                                                                             base.dtype))
+    else:
+        params = np.add(base, np.float32(version))
     params.setflags(write=False)
     return params
 
@@ -113,15 +121,17 @@ class _PeakMemory:
 # ----- ours ------------------------------------------------------------------------------------
 
 class _Learner:
-    def __init__(self, mib: int):
+    def __init__(self, mib: int, shared: bool = False):
         self._base = np.random.default_rng(0).random(mib * 2**20 // 4, dtype=np.float32)
         self._version = 0
-        self.params = _new_params(self._base, 0)
+        self._shared = shared
+        self.params = _new_params(self._base, 0, shared)
         self.served = 0
 
     def update(self) -> int:
         self._version += 1
-        self.params = _new_params(self._base, self._version)
+        self.params = None  # Its memory may serve the next parameters once readers let go.
+        self.params = _new_params(self._base, self._version, self._shared)
         return self._version
 
     def get_params(self) -> np.ndarray:
@@ -187,24 +197,35 @@ def _processes(specs: List[tuple], shared_memory: bool = True) -> Iterator[List[
                 process.join()
 
 
-def broadcast_ours(mib: int, actors: int, seconds: float,
-                   shared_memory: bool = True) -> Dict[str, float]:
+def broadcast_ours(mib: int, actors: int, seconds: float, shared_memory: bool = True,
+                   shared_array: bool = False) -> Dict[str, float]:
     import courier  # pylint: disable=import-outside-toplevel
     with tempfile.TemporaryDirectory(prefix='bcast-') as scratch:
         learner_address = f'unix:{scratch}/learner'
-        specs = [(_Learner, (mib,), learner_address)]
+        specs = [(_Learner, (mib, shared_array), learner_address)]
         specs += [(_Actor, (learner_address,), f'unix:{scratch}/actor{i}') for i in range(actors)]
         with _processes(specs, shared_memory) as addresses:
             clients = [courier.Client(address, call_timeout=600) for address in addresses]
             learner, workers = clients[0], clients[1:]
 
+            most_segments = [0]
+
             def one_round():
                 learner.update()
                 for future in [worker.futures.fetch() for worker in workers]:
                     future.result()
+                most_segments[0] = max(most_segments[0], _segments_mapped(pids[0]))
 
             pids = [client.pid() for client in clients]
-            return _measure_rounds(one_round, learner.cpu, pids, pids[1:], mib, seconds)
+            results = _measure_rounds(one_round, learner.cpu, pids, pids[1:], mib, seconds)
+            results['learner_segments'] = most_segments[0]
+            return results
+
+
+def _segments_mapped(pid: int) -> int:
+    """How many segments of shared memory (courier's memfds) process ``pid`` maps."""
+    with open(f'/proc/{pid}/maps') as maps:
+        return len({line.split()[4] for line in maps if '/memfd:courier' in line})
 
 
 def _measure_rounds(one_round, learner_cpu, host_pids, actor_pids, mib, seconds):
@@ -447,8 +468,9 @@ def main() -> None:
     parser.add_argument('--actors', type=int, default=8)
     parser.add_argument('--seconds', type=float, default=5.0)
     parser.add_argument('--echo-mib', nargs='*', type=int, default=[64, 1024])
-    parser.add_argument('--systems', nargs='+', choices=['ours', 'ours-socket', 'ray', *_HOSTS],
-                        default=['ours', 'ours-socket', 'ray'])
+    parser.add_argument('--systems', nargs='+', choices=['ours', 'ours-shared-array', 'ours-socket', 'ray',
+                                                      *_HOSTS],
+                        default=['ours', 'ours-shared-array', 'ours-socket', 'ray'])
     parser.add_argument('--ray-only', action='store_true', help=argparse.SUPPRESS)
     parser.add_argument('--role', choices=sorted(_ROLES), help=argparse.SUPPRESS)
     parser.add_argument('--listen', help=argparse.SUPPRESS)
@@ -486,6 +508,9 @@ def _run_all(args: argparse.Namespace, hosts: Any) -> None:
                         hosts, size, args.actors, args.seconds, relay, same_host=False)
         if 'ours' in args.systems:
             row['ours'] = broadcast_ours(size, args.actors, args.seconds)
+        if 'ours-shared-array' in args.systems:  # The learner's parameters in shared memory.
+            row['ours-shared-array'] = broadcast_ours(size, args.actors, args.seconds,
+                                                      shared_array=True)
         if 'ours-socket' in args.systems:  # COURIER_SHARED_MEMORY=0: through the socket.
             row['ours-socket'] = broadcast_ours(size, args.actors, args.seconds, False)
         if 'ray' in args.systems:
@@ -514,11 +539,15 @@ def _print_broadcast(size: int, row: Dict[str, Any]) -> None:
               f'{numbers["host_pss_growth_copies"]:5.2f} copies)  actors above baseline '
               f'{numbers["actors_pss_growth_copies"]:5.2f} copies'
               + (f'  learner sends/round {numbers["learner_sends_per_round"]:.1f}'
-                 if 'learner_sends_per_round' in numbers else ''), flush=True)
-    ours, ray = row.get('ours'), row.get('ray')
-    if isinstance(ours, dict) and isinstance(ray, dict):
-        print(f'broadcast {size:4} MiB  ours/ray rounds/s {ours["rounds_per_s"] / ray["rounds_per_s"]:.2f}',
-              flush=True)
+                 if 'learner_sends_per_round' in numbers else '')
+              + (f'  learner segments (most) {numbers["learner_segments"]}'
+                 if 'learner_segments' in numbers else ''), flush=True)
+    ray = row.get('ray')
+    for system in ('ours', 'ours-shared-array'):
+        ours = row.get(system)
+        if isinstance(ours, dict) and isinstance(ray, dict):
+            print(f'broadcast {size:4} MiB  {system}/ray rounds/s '
+                  f'{ours["rounds_per_s"] / ray["rounds_per_s"]:.2f}', flush=True)
 
 
 if __name__ == '__main__':

@@ -1,8 +1,8 @@
 """CPU time a blocking call costs on each side, on one host: ours, dm-launchpad, raw pickle.
 
 The CPU a call takes (user plus system time, from ``os.times()`` in the client and the
-server process's own counters read around the same calls) does not depend on how loaded the
-machine is, unlike calls/s. For each system a server process serves a no-op and a client
+server process's own counters read around the same calls; "of it kernel": the system time
+of both) depends less on how loaded the machine is than calls/s do. For each system a server process serves a no-op and a client
 process makes 20,000 blocking calls of it after a warm-up:
 
   raw        a bare pickle ping-pong over a TCP socket on loopback (hosts_bench.py's);
@@ -124,8 +124,10 @@ def measure(system: str, python: str, calls: int) -> Dict[str, float]:
             end_all([process for process in (client, server) if process is not None])
     server_cpu = (after.user - before.user) + (after.system - before.system)
     client_cpu = numbers['user'] + numbers['system']
+    kernel = numbers['system'] + (after.system - before.system)
     return {'client_us': 1e6 * client_cpu / calls, 'server_us': 1e6 * server_cpu / calls,
             'both_us': 1e6 * (client_cpu + server_cpu) / calls,
+            'both_kernel_us': 1e6 * kernel / calls,
             'calls_per_s': calls / numbers['wall']}
 
 
@@ -150,7 +152,8 @@ def main() -> None:
         role_call(args.system, args.address, args.calls)
         return
     results = {}
-    print(f'{"":10} {"client us":>10} {"server us":>10} {"both us":>8} {"calls/s":>9}  (CPU per call)')
+    print(f'{"":10} {"client us":>10} {"server us":>10} {"both us":>8} {"of it kernel":>13} '
+          f'{"calls/s":>9}  (CPU per call)')
     for system in args.systems:
         python = _python(system)
         if not python:
@@ -159,7 +162,8 @@ def main() -> None:
             continue
         numbers = results[system] = measure(system, python, args.calls)
         print(f'{system:10} {numbers["client_us"]:10.1f} {numbers["server_us"]:10.1f} '
-              f'{numbers["both_us"]:8.1f} {numbers["calls_per_s"]:9,.0f}', flush=True)
+              f'{numbers["both_us"]:8.1f} {numbers["both_kernel_us"]:13.1f} '
+              f'{numbers["calls_per_s"]:9,.0f}', flush=True)
     dm = results.get('dmlp')
     if isinstance(dm, dict):
         for system in ('ours-unix', 'ours-tcp', 'raw'):

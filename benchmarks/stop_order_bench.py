@@ -86,7 +86,9 @@ def acme_cases(actors: int, steps: int, checkpoints: str
                ) -> Dict[str, Tuple[str, Callable[[], lp.Program]]]:
     """Acme's distributed DQN as dm-acme 0.4.0 (the index's newest) builds it: its
     `DistributedLayout` with `DQNBuilder`, whose program has a StepsLimiter node that logs
-    "terminating" and calls `lp.stop()` once the `actors` took `steps` steps; checkpoints under `checkpoints`."""
+    "terminating" and calls `lp.stop()` once the `actors` took `steps` steps. Each program
+    checkpoints into a fresh directory under `checkpoints`: one that restored the counter of an
+    earlier run would stop at once, while its nodes still start."""
     try:
         # pylint: disable=import-outside-toplevel
         import gym
@@ -127,7 +129,7 @@ def acme_cases(actors: int, steps: int, checkpoints: str
             num_actors=actors, max_number_of_steps=steps,
             multithreading_colocate_learner_and_reverb=colocate,
             checkpointing_config=distributed_layout.CheckpointingConfig(
-                directory=checkpoints, add_uid=True)).build(name='dqn')
+                directory=tempfile.mkdtemp(dir=checkpoints), add_uid=True)).build(name='dqn')
 
     return {'local_mp': ('local_mp', lambda: build(False)),
             'local_mp, learner+replay colocated': ('local_mp', lambda: build(True)),
