@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -107,6 +108,18 @@ def _stop(process: subprocess.Popen) -> None:
     assert process.returncode == 0, out + err
 
 
+def _end(process: subprocess.Popen) -> None:
+    """Ends a launch that a failed test left running: a Ctrl-C first, so that its nodes stop
+    and its registry entry goes, and the fixture reports the failure, not leftovers of it."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+
+
 def test_stacks_and_waits_of_a_tangled_local_program(runtime_dir, tmp_path, capsys):
     fifo = tmp_path / 'gil'
     os.mkfifo(fifo)
@@ -163,9 +176,7 @@ def test_stacks_and_waits_of_a_tangled_local_program(runtime_dir, tmp_path, caps
                    what='stuck/0 answering again')
         _stop(process)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, 9)
-            process.wait()
+        _end(process)
 
 
 def test_stacks_and_waits_of_nodes_running_as_threads(runtime_dir, tmp_path, capsys):
@@ -192,9 +203,7 @@ def test_stacks_and_waits_of_nodes_running_as_threads(runtime_dir, tmp_path, cap
             served.close()
         _stop(process)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, 9)
-            process.wait()
+        _end(process)
 
 
 def _see_the_deadlock_drawn(served) -> None:
@@ -249,13 +258,17 @@ def test_top_is_a_live_terminal_view(runtime_dir, tmp_path):
         _tmux('new-session', '-d', '-x', '160', '-y', '45',
               f'env {command} {sys.executable} -m launchpad.launch top tangled', socket=socket)
         screen = lambda: _tmux('capture-pane', '-p', socket=socket)  # noqa: E731
-        text = wait_until(lambda: (lambda s: s if 'driver/0' in s and 'running' in s
-                                   and 'RSS' in s else None)(screen()), what='the node table')
+
+        def rows_when_all_run():  # a node may still be starting at top's first look
+            text = screen()
+            rows = {line.split()[0]: line for line in text.splitlines()
+                    if line.split() and line.split()[0] in ('a/0', 'b/0', 'driver/0')}
+            return (text, rows) if 'RSS' in text and len(rows) == 3 and all(
+                ' running ' in row for row in rows.values()) else None
+
+        text, rows = wait_until(rows_when_all_run, what='the node table, every node running')
         for column in ('CPU%', 'THR', 'CALLS/S', 'ERR/S', 'RESTARTS', 'PROGRESS'):
             assert column in text
-        rows = {line.split()[0]: line for line in text.splitlines()
-                if line.split() and line.split()[0] in ('a/0', 'b/0', 'driver/0')}
-        assert all(' running ' in row for row in rows.values())
         assert re.search(r' \d+\.\dM +\d+ ', rows['a/0'])  # RSS, threads: from its process
         _tmux('send-keys', 's', socket=socket)  # the stacks of the first node, a/0
         wait_until(lambda: 'stacks of a/0' in screen() and 'Thread MainThread' in screen(),
@@ -278,9 +291,7 @@ def test_top_is_a_live_terminal_view(runtime_dir, tmp_path):
         _stop(process)
     finally:
         subprocess.run(['tmux', '-S', socket, 'kill-server'], capture_output=True)
-        if process.poll() is None:
-            os.killpg(process.pid, 9)
-            process.wait()
+        _end(process)
 
 
 def test_top_needs_a_terminal(capsys):
