@@ -241,12 +241,23 @@ def ssh_rounds(directory: str, rounds: int) -> Tuple[List[Row], List[float]]:
                         row['steps'] = steps(
                             os.path.join(logs, controller.id, 'supervisor.log'),
                             row['killed_wall'], os.path.join(runtime_dir, f'{controller.id}.json'))
+                        row['steps']['bare ssh'] = bare_ssh(hosts)
                         rows.append({'launch': took, **row})
                     finally:
                         controller.stop()
     finally:
         shutil.rmtree(runtime_dir, ignore_errors=True)
     return rows, attached
+
+
+def bare_ssh(hosts: List[lp.SshHost]) -> float:
+    """Seconds until each of three ssh sessions, one to each of `hosts` at once, ran `true`
+    (the slowest): what ssh alone costs at the load of the moment."""
+    started = time.monotonic()
+    sessions = [subprocess.Popen(host.ssh_argv() + [host.host, 'true']) for host in hosts]
+    for session in sessions:
+        session.wait(timeout=60)
+    return time.monotonic() - started
 
 
 @contextlib.contextmanager
@@ -332,6 +343,12 @@ def kubernetes_rounds(directory: str, rounds: int) -> Tuple[List[Row], List[floa
     rows: List[Row] = []
     attached: List[float] = []
     path = f'{kubectl.install(str(work / "bin"))}{os.pathsep}{os.environ["PATH"]}'
+
+    def no_pods() -> bool:
+        return not subprocess.run(['podman', 'pod', 'ps', '-q', '--filter',
+                                   f'network={bed.network}'], capture_output=True, text=True,
+                                  timeout=60, check=False).stdout.strip()
+
     with _environment(PATH=path), testbeds.podman_network() as bed, \
             PodmanApiServer(PodmanApi(bed, work), work) as server:
         options = dict(launch_type='kubernetes', image=bed.image, python=bed.python,
@@ -344,6 +361,7 @@ def kubernetes_rounds(directory: str, rounds: int) -> Tuple[List[Row], List[floa
                 if how == 'attached':
                     controller.stop()
                     attached.append(took)
+                    _until(no_pods, 120)  # (the next program's pods get the same addresses)
                     continue
                 run = controller.run
                 try:
@@ -357,6 +375,7 @@ def kubernetes_rounds(directory: str, rounds: int) -> Tuple[List[Row], List[floa
                 finally:
                     controller.stop()
                     server.delete('ConfigMap', run)  # (everything of the program goes with it)
+                    _until(no_pods, 120)
     return rows, attached
 
 
@@ -384,10 +403,11 @@ def report(launcher: str, rows: List[Row], attached: List[float]) -> None:
     if rows[0].get('steps'):
         worst_round = max(rows, key=lambda row: row['readoption'])['steps']
         names = [name for name in ('started', 'reaching', 'slowest ssh', 'agents reached',
-                                   're-adopted', 'registered')
+                                   're-adopted', 'registered', 'bare ssh')
                  if all(name in row['steps'] for row in rows)]
         print('  its steps, seconds from the kill (median / the worst round; `reaching` the '
-              'agents and their `slowest ssh` session from its first ssh command): ' + ', '.join(
+              'agents and their `slowest ssh` session from its first ssh command; then, after the '
+              'round, three `bare ssh` sessions running `true`): ' + ', '.join(
             f'{name} {statistics.median(row["steps"][name] for row in rows):.2f} / '
             f'{worst_round[name]:.2f}' for name in names))
     print(f'  longest gap in served calls: {median("gap_before") * 1e3:.0f} ms / '
