@@ -405,9 +405,10 @@ def report(launcher: str, rows: List[Row], attached: List[float]) -> None:
         names = [name for name in ('started', 'reaching', 'slowest ssh', 'agents reached',
                                    're-adopted', 'registered', 'bare ssh')
                  if all(name in row['steps'] for row in rows)]
-        print('  its steps, seconds from the kill (median / the worst round; `reaching` the '
-              'agents and their `slowest ssh` session from its first ssh command; then, after the '
-              'round, three `bare ssh` sessions running `true`): ' + ', '.join(
+        ssh = ('; `reaching` the agents and their `slowest ssh` session from its first ssh '
+               'command; then, after the round, three `bare ssh` sessions running `true`'
+               if launcher == 'ssh' else '')
+        print(f'  its steps, seconds from the kill (median / the worst round{ssh}): ' + ', '.join(
             f'{name} {statistics.median(row["steps"][name] for row in rows):.2f} / '
             f'{worst_round[name]:.2f}' for name in names))
     print(f'  longest gap in served calls: {median("gap_before") * 1e3:.0f} ms / '
