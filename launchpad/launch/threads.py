@@ -183,7 +183,7 @@ class _ThreadRunner(Runner):
         Acme's StepsLimiter does, by a node told at once (no other calls it), it hears the stop
         there before this returns, as a node's main thread does on local_mp: an exception that its
         stop handlers raise in it (Acme's SystemExit) ends it now, not after whatever it does next
-        (Acme's StepsLimiter sleeps a second, which nothing can interrupt in a thread)."""
+        (Acme's StepsLimiter sleeps a second next)."""
         self.coordinator.request_stop(reason)
         if self._current(name) and name in self.coordinator.told_to_stop():
             self.stop_nodes([name])
