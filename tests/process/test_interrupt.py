@@ -10,6 +10,7 @@ import time
 import pytest
 
 from courier.transport import _compat, framed_client
+from launchpad import runtime
 from launchpad.process import interrupt
 from launchpad.process import probe
 from launchpad.process import watchdog
@@ -65,6 +66,49 @@ def test_a_woken_queue_wait_without_an_exception_goes_on_and_loses_no_item():
     for consumer in consumers:
         consumer.join(timeout=10)
     assert sorted(got) == [1, 2]
+
+
+def _sleep_in_a_node_thread(seconds: float, ended: list) -> threading.Thread:
+    """A thread with a node context of its own (as local_mt's) that sleeps `seconds`."""
+    def node():
+        runtime.set_thread_context(object())
+        began = time.monotonic()
+        try:
+            time.sleep(seconds)
+            ended.append(time.monotonic() - began)
+        except _Raised:
+            ended.append('raised')
+
+    thread = threading.Thread(target=node, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_node_thread_s_sleep_is_woken_and_the_raised_exception_lands():
+    """Acme's checkpointing counter sleeps in its node's thread, where its stop handler raises
+    SystemExit: with node threads' sleeps wakeable, the exception lands in the sleep."""
+    ordinary_sleeps, ended = interrupt.wakeable_sleeps(), []
+    try:
+        thread = _sleep_in_a_node_thread(3600, ended)
+        assert wait_until(lambda: _waits_in(thread, threading.Condition.wait), timeout=10)
+        interrupt.raise_in(thread, _Raised)
+        thread.join(timeout=10)
+        assert ended == ['raised']
+    finally:
+        ordinary_sleeps()
+    assert time.sleep is interrupt._SLEEP  # pylint: disable=protected-access
+
+
+def test_a_woken_sleep_without_an_exception_sleeps_its_whole_time():
+    ordinary_sleeps, ended = interrupt.wakeable_sleeps(), []
+    try:
+        thread = _sleep_in_a_node_thread(0.5, ended)
+        assert wait_until(lambda: _waits_in(thread, threading.Condition.wait), timeout=10)
+        interrupt.wake(thread)
+        thread.join(timeout=10)
+        assert len(ended) == 1 and ended[0] >= 0.5
+    finally:
+        ordinary_sleeps()
 
 
 def test_an_event_wait_is_left_alone():
