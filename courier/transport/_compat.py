@@ -9,10 +9,11 @@ no Python code), and returns a completed result without the lock: a measured par
 
 - ``Future``'s instance attributes (``_condition``, ``_state``, ``_result``, ``_exception``,
   ``_waiters``, ``_done_callbacks``) and its state names (``concurrent.futures._base``'s
-  ``PENDING``, ``CANCELLED``, ``FINISHED``), a completed future's ``_exception`` set before
-  its ``_state``;
+  ``PENDING``, ``CANCELLED``, ``CANCELLED_AND_NOTIFIED``, ``FINISHED``), a completed future's
+  ``_exception`` set before its ``_state``;
 - ``threading.Condition``'s methods using no attribute but ``_lock``, ``acquire``,
-  ``release``, ``_release_save``, ``_acquire_restore``, ``_is_owned`` and ``_waiters``;
+  ``release``, ``_release_save``, ``_acquire_restore``, ``_is_owned`` and ``_waiters``, and its
+  ``notify`` releasing the waiter locks it takes out of ``_waiters``;
 - ``_thread.RLock``'s ``_release_save``, ``_acquire_restore`` and ``_is_owned``, and its
   being a type that can be subclassed.
 
