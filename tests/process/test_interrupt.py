@@ -1,7 +1,6 @@
 """Waking a node's thread so that an exception raised in it lands (`launchpad.process.interrupt`):
 a queue wait is woken unseen, with or without such an exception; other waits are left alone."""
 import concurrent.futures
-import functools
 import gc
 import queue
 import sys
@@ -134,9 +133,12 @@ def test_an_exception_raised_in_a_thread_leaves_shared_locks_free(make, use):
     (`raise_in`). Landing while the node's thread is inside launchpad (reporting to the
     coordinator, starting a call with a timeout, waiting for a call's result), it must not
     leave a lock that other threads take held: entered as a Condition, whose __enter__ is Python code, it did, and the
-    launcher's threads then waited for ever (CI: the coordinator's)."""
+    launcher's threads then waited for ever (CI: the coordinator's). And the thread ends by
+    that exception, not another: landing in Condition.wait after it had released the lock, it
+    became `RuntimeError: cannot release un-acquired lock` (a CI warning; here every run of
+    200 attempts, before LightFuture waited on its own)."""
     shared = make()
-    for attempt in range(20):
+    for attempt in range(200):
         running, ended = threading.Event(), []
 
         def node():
@@ -158,52 +160,3 @@ def test_an_exception_raised_in_a_thread_leaves_shared_locks_free(make, use):
         other.join(5)
         assert not other.is_alive(), f'the lock stayed held after exception {attempt + 1}'
 
-
-def _raising_at_instruction(number: int, function) -> BaseException:
-    """Runs `function` in a thread, raising NodeStopped before the `number`th bytecode
-    instruction it runs (as one raised from outside lands); what it raised, or None."""
-    ran, outcome = [0], []
-
-    def step(frame, event, arg):
-        del arg
-        frame.f_trace_opcodes = True
-        if event == 'opcode':
-            ran[0] += 1
-            if ran[0] == number:
-                raise NodeStopped()
-        return step
-
-    def run():
-        sys.settrace(step)
-        try:
-            function()
-        except BaseException as error:  # pylint: disable=broad-except
-            outcome.append(error)
-        finally:
-            sys.settrace(None)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(10)
-    assert not thread.is_alive()
-    return outcome[0] if outcome else None
-
-
-def test_a_stop_landing_anywhere_in_a_call_futures_wait_leaves_it_usable():
-    """A node's thread waiting for a call's result (courier's future) when local_mt's stop
-    lands: at whichever instruction it lands, the thread gets that NodeStopped (CI: Python's
-    Condition.wait had released the lock when it landed there, and its `with` ended the thread
-    by `RuntimeError: cannot release un-acquired lock` instead), and the future stays usable."""
-    landed = 0
-    for number in range(1, 1000):
-        future = _compat.LightFuture()
-        outcome = _raising_at_instruction(number, functools.partial(future.result, timeout=0))
-        if isinstance(outcome, concurrent.futures.TimeoutError):
-            break  # past the last instruction: it waited to the end
-        assert isinstance(outcome, NodeStopped), (number, outcome)
-        landed += 1
-        assert future._condition.acquire(timeout=5)  # pylint: disable=protected-access
-        future._condition.release()  # pylint: disable=protected-access
-        future.set_result('done')  # (a waiter it left in the condition is freed here)
-        assert future.result(timeout=5) == 'done'
-    assert landed > 5
