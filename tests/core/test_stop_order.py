@@ -46,6 +46,7 @@ def wait_raising_system_exit_at_stop(record: str) -> None:
 
     lp.register_stop_handler(raise_system_exit_there)
     try:
+        open(f'{record}.waiting', 'w').close()  # (a stop before its handler would end it at once)
         queue.Queue().get()
     except SystemExit:
         with open(record, 'w') as f:
@@ -59,8 +60,7 @@ def test_a_stop_handler_s_exception_reaches_a_process_node_waiting_in_a_lock(tmp
     program = lp.Program('waiting')
     program.add_node(lp.PyNode(wait_raising_system_exit_at_stop, str(record)), label='learner')
     controller = lp.launch(program, launch_type='test_mp', notice_period=30)
-    assert wait_until(lambda: controller.status()['learner/0'].state is lp.NodeState.RUNNING,
-                      timeout=60)
+    assert wait_until(lambda: (tmp_path / 'ended.txt.waiting').exists(), timeout=60)
     controller.stop()
     assert controller.wait(timeout=60)
     assert controller.status()['learner/0'].state is lp.NodeState.FINISHED
