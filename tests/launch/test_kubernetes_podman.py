@@ -34,7 +34,8 @@ from launchpad.launch.kubernetes.api import AlreadyExists
 from tests.core.conftest import wait_until
 from tests.launch import kubernetes_programs
 
-pytestmark = pytest.mark.timeout(120)
+# The pods start within the waits below (the stand-in plays them after `create` answers).
+pytestmark = pytest.mark.timeout(180)
 GROWTH = 8  # pods of added nodes per group that the stand-in's DNS knows
 
 
@@ -263,7 +264,7 @@ def test_producer_consumer_runs_across_pods_and_ends_by_lp_stop_in_a_pod(podman_
     payload = os.urandom(int(2.5 * kubernetes.SPEC_CHUNK_BYTES))  # split over 3 ConfigMaps
     controller, api = podman_launch(
         kubernetes_programs.producer_consumer(producers=2, count=5, payload=payload))
-    assert controller.wait(timeout=90)
+    assert controller.wait(timeout=150)
     assert {s.state for s in controller.status().values()} == {lp.NodeState.FINISHED}
     out = capfd.readouterr().out
     assert '[consumer-0] consumed 10 items summing to 20' in out, out
@@ -276,7 +277,7 @@ def test_producer_consumer_runs_across_pods_and_ends_by_lp_stop_in_a_pod(podman_
 
 def test_actor_learner_runs_across_pods(podman_launch, capfd):
     controller, _ = podman_launch(kubernetes_programs.actor_learner(actors=2, steps=20))
-    assert controller.wait(timeout=90)
+    assert controller.wait(timeout=150)
     assert {s.state for s in controller.status().values()} == {lp.NodeState.FINISHED}
     out = capfd.readouterr().out
     updates = re.search(r'\[learner-0\] learner: (\d+) updates', out)
@@ -288,7 +289,7 @@ def test_launcher_stop_reaches_the_pods_as_the_stop_signal_and_probes_reach_a_no
         podman_launch):
     controller, _ = podman_launch(kubernetes_programs.actor_learner(actors=1, steps=10 ** 9),
                                   notice_period=5)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while controller.status()['actor/0'].state is lp.NodeState.PENDING:
         assert time.monotonic() < deadline, controller.status()
         time.sleep(0.2)  # until its pod runs (the launcher learns it from the pod's phase)
@@ -311,7 +312,7 @@ def test_launcher_stop_reaches_the_pods_as_the_stop_signal_and_probes_reach_a_no
 def test_launcher_reports_a_failing_pod_with_its_real_log_tail(podman_launch):
     controller, _ = podman_launch(kubernetes_programs.failing())
     with pytest.raises(lp.NodeFailedError) as failure:
-        controller.wait(timeout=90)
+        controller.wait(timeout=150)
     assert failure.value.node_name == 'broken/0'
     assert 'exited with code 1' in failure.value.message
     assert 'ValueError: the reward went negative' in failure.value.remote_traceback
