@@ -14,7 +14,7 @@ import pytest
 
 from tests import testbeds
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(120, func_only=True)  # (not the wait for a bed another holds)
 
 REPORT_ADDRESS = textwrap.dedent('''
     import socket
