@@ -115,9 +115,8 @@ def test_calls_from_many_threads_are_all_counted(server):
     # reused port that is not yet collected shares the table: tables go by address)
 
     def counts():
-        return {role: (_table(role, server.address)['add']['calls'],
-                       sum(_table(role, server.address)['add']['buckets']))
-                for role in ('server', 'client')}
+        tables = {role: _table(role, server.address)['add'] for role in ('server', 'client')}
+        return {role: (added['calls'], sum(added['buckets'])) for role, added in tables.items()}
 
     before = counts()
     threads = [threading.Thread(target=lambda: [client.add(1, 1) for _ in range(200)])
