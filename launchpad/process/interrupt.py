@@ -14,6 +14,11 @@ would wait as long as the node does. `wake` ends such a wait without changing wh
   `put`, `Condition.wait_for`, a semaphore) is woken as if by a notify; it runs Python code, where
   a pending exception lands, and without one it checks its condition and waits again. Other
   waits (an `Event.wait`, a bare `Condition.wait`, a call blocked in C) are left alone.
+- a courier call's wait in a node's thread (`future.result()`, or a blocking call to a server of
+  the same process, as every call between local_mt's nodes is) blocks on a lock in C, but as
+  `Condition.wait` does: on a waiter lock of its own in its future's condition, waiting again
+  unless the future is done. It is woken the same way (a call to another process waits in a
+  socket, which nothing wakes).
 - a sleep in a node's thread: `time.sleep` is a call blocked in C that no signal ends in a
   thread, and Acme's checkpointing counter sleeps a second at a time under its stop handler's
   SystemExit. While node threads run (`wakeable_sleeps`: a thread launch, a thread colocation),
@@ -28,8 +33,10 @@ import queue
 import signal
 import threading
 import time
+from types import FrameType
 from typing import Callable, Hashable, List, Mapping
 
+from courier.transport import _compat
 from launchpad import runtime
 from launchpad.process.coordinator import NodeStopped
 from launchpad.process.frames import current_frames
@@ -46,6 +53,10 @@ RAISED_AT_STOP = (NodeStopped, SystemExit)
 _RECHECKING = frozenset(function.__code__ for function in (
     queue.Queue.get, queue.Queue.put, queue.Queue.join, threading.Condition.wait_for,
     threading.Semaphore.acquire))
+# A courier call's wait for its answer (its future's, a blocking call's to a server of this
+# process), which blocks on a waiter of its own in its future's condition and waits again
+# unless the future is done.
+_FUTURE_WAIT = _compat.LightFuture._wait_done.__code__  # pylint: disable=protected-access
 
 
 _SLEEP = time.sleep  # the interpreter's own
@@ -82,11 +93,7 @@ def wake(thread: threading.Thread) -> None:
             signal.pthread_kill(thread.ident, SIGNAL)
         return
     frame = current_frames().get(thread.ident)
-    if (frame is None or frame.f_code is not threading.Condition.wait.__code__
-            or frame.f_back is None or frame.f_back.f_code not in _RECHECKING):
-        return
-    names = frame.f_locals
-    condition, waiter = names.get('self'), names.get('waiter')
+    condition, waiter = _wakeable_wait(frame) if frame is not None else (None, None)
     if waiter is None or not condition.acquire(timeout=0.1):
         return
     try:
@@ -97,6 +104,20 @@ def wake(thread: threading.Thread) -> None:
             waiter.release()
     finally:
         condition.release()
+
+
+def _wakeable_wait(frame: FrameType) -> tuple:
+    """The condition and waiter lock of the wait that `frame` blocks in, if `wake` may end it
+    (one that waits again unless its condition holds); else (None, None)."""
+    code = frame.f_code
+    if code is _FUTURE_WAIT:
+        names = frame.f_locals
+        return names.get('condition'), names.get('waiter')
+    if (code is threading.Condition.wait.__code__ and frame.f_back is not None
+            and frame.f_back.f_code in _RECHECKING):
+        names = frame.f_locals
+        return names.get('self'), names.get('waiter')
+    return None, None
 
 
 def tell_threads(stops: Mapping[Hashable, runtime.StopSignal],

@@ -111,6 +111,42 @@ def test_a_woken_sleep_without_an_exception_sleeps_its_whole_time():
         ordinary_sleeps()
 
 
+def test_a_thread_waiting_for_a_call_s_future_is_woken_and_the_raised_exception_lands():
+    """A call's future waits on a lock in C, which no exception raised in the thread ends: it is
+    woken as a queue wait is, so that a thread node waiting for a call that does not answer
+    ends with the stop."""
+    future, ended = _base.CallFuture(), []
+
+    def caller():
+        try:
+            ended.append(future.result())
+        except _Raised:
+            ended.append('raised')
+
+    thread = threading.Thread(target=caller, daemon=True)
+    thread.start()
+    waiters = future._condition._waiters  # pylint: disable=protected-access
+    assert wait_until(lambda: waiters, timeout=10)
+    interrupt.raise_in(thread, _Raised)
+    thread.join(timeout=10)
+    assert ended == ['raised']
+
+
+def test_a_woken_future_wait_without_an_exception_waits_on_for_the_result():
+    future, got = _base.CallFuture(), []
+    thread = threading.Thread(target=lambda: got.append(future.result(timeout=60)), daemon=True)
+    thread.start()
+    waiters = future._condition._waiters  # pylint: disable=protected-access
+    assert wait_until(lambda: waiters, timeout=10)
+    first = waiters[0]
+    interrupt.wake(thread)
+    assert wait_until(lambda: waiters and waiters[0] is not first, timeout=10)  # waits again
+    assert got == [] and thread.is_alive()
+    future.set_result(1)
+    thread.join(timeout=10)
+    assert got == [1]
+
+
 def test_an_event_wait_is_left_alone():
     event, ended = threading.Event(), []
 
