@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import signal
 import tempfile
+import threading
 from typing import Iterator
 
 import pytest
@@ -89,7 +91,27 @@ def podman_testbed() -> Iterator[testbeds.PodmanNetwork]:
         yield network
 
 
+def _sigterm_as_ctrl_c(signum, frame) -> None:
+    """SIGTERM (`timeout`, a CI runner's cancel) ends the run as Ctrl-C does, so that fixtures'
+    teardowns run: by default it ends the process at once, and session fixtures leave their
+    directories (`lp-runtime-tests-*`, ...) in the temp dir."""
+    del frame
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _default_sigterm_in_child() -> None:
+    """A process forked from a pytest process (multiprocessing's workers, say) ends at SIGTERM,
+    as it would have without `_sigterm_as_ctrl_c`."""
+    if signal.getsignal(signal.SIGTERM) is _sigterm_as_ctrl_c:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # (in the main process and in each pytest-xdist worker: `timeout` signals them all)
+    if (signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+            and threading.current_thread() is threading.main_thread()):
+        signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
+        os.register_at_fork(after_in_child=_default_sigterm_in_child)
     worker_groups.start(config)
     config.addinivalue_line('markers', 'holds(*beds): keep other processes away from these test '
                                        "beds ('ssh', 'slurm', 'podman') during the test")

@@ -28,6 +28,7 @@ import collections
 import concurrent.futures
 from concurrent.futures import _base as _futures  # pylint: disable=protected-access
 import threading
+import time
 from typing import Any, Callable, ContextManager, List, Optional
 
 PENDING, CANCELLED, FINISHED = _futures.PENDING, _futures.CANCELLED, _futures.FINISHED
@@ -99,25 +100,35 @@ class LightFuture(concurrent.futures.Future):
         release a lock it no longer held, and the thread ended by a RuntimeError instead of the
         exception. Here the lock is held only in blocks entered and left by C code, and the
         thread blocks on a waiter of its own outside them, as ``Condition.wait`` does.
+
+        A waiter released without the future being done (the stop's wake, which takes it out
+        of the waiters as a notify does: ``launchpad.process.interrupt``) waits again, so that
+        an exception raised in the thread lands at once and nothing else changes.
         """
         condition = self._condition
-        with condition:
-            if self._state in DONE:
-                return
-            waiter = _thread.allocate_lock()
-            waiter.acquire()
-            condition._waiters.append(waiter)  # pylint: disable=protected-access
-        try:  # A notify (under the lock) releases the waiter and takes it out of the waiters.
-            if timeout is None:
+        left = timeout
+        deadline = time.monotonic() + timeout if timeout else None
+        while True:
+            with condition:
+                if self._state in DONE:
+                    return
+                if left is not None and left <= 0:
+                    break
+                waiter = _thread.allocate_lock()
                 waiter.acquire()
-            elif timeout > 0:
-                waiter.acquire(True, timeout)
-        finally:
-            with condition:  # not notified: out of the waiters (where a notify would free it)
-                if waiter in condition._waiters:  # pylint: disable=protected-access
-                    condition._waiters.remove(waiter)  # pylint: disable=protected-access
-        if self._state not in DONE:
-            raise concurrent.futures.TimeoutError()
+                condition._waiters.append(waiter)  # pylint: disable=protected-access
+            try:  # A notify (under the lock) releases the waiter and takes it out of the waiters.
+                if left is None:
+                    waiter.acquire()
+                else:
+                    waiter.acquire(True, left)
+            finally:
+                with condition:  # not notified: out of the waiters (where a notify would free it)
+                    if waiter in condition._waiters:  # pylint: disable=protected-access
+                        condition._waiters.remove(waiter)  # pylint: disable=protected-access
+            if deadline is not None:
+                left = deadline - time.monotonic()
+        raise concurrent.futures.TimeoutError()
 
     def locked(self) -> ContextManager[bool]:
         """The future's condition, to hold while changing it (a context manager)."""

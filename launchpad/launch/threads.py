@@ -62,7 +62,7 @@ class _ThreadRunner(Runner):
         self.hung: Optional[Callable[[str, str, str], None]] = None  # a watchdog's report
         # (name, policy) -> the context of a node added to the running program
         self.new_context: Optional[Callable[..., runtime.NodeContext]] = None
-        self._ordinary_sleeps = interrupt.wakeable_sleeps()  # node threads' sleeps can be woken
+        self._release_node_threads = interrupt.hold_for_node_threads()  # see interrupt.py
 
     def add(self, name: str, context: runtime.NodeContext, run: Callable[[], None]) -> None:
         self.contexts[name] = context
@@ -205,7 +205,7 @@ class _ThreadRunner(Runner):
 
     def release(self) -> None:
         self.released.set()
-        self._ordinary_sleeps()
+        self._release_node_threads()
         if self.watchdog is not None:
             self.watchdog.close()
         runtime.clear_process_context(self.context)

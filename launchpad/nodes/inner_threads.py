@@ -67,7 +67,7 @@ class InnerThreads:
             if index != self._here:
                 thread.start()
         self._outer.stop.add_handler(self._heard_stop)
-        ordinary_sleeps = interrupt.wakeable_sleeps()
+        release_node_threads = interrupt.hold_for_node_threads()
         try:
             try:
                 self._run_node(self._here)
@@ -81,7 +81,7 @@ class InnerThreads:
         finally:
             interrupt.cancel_raise(threading.current_thread())
             self._outer.stop.remove_handler(self._heard_stop)
-            ordinary_sleeps()
+            release_node_threads()
         with self._done:
             return self._failures[0] if self._failures else None
 

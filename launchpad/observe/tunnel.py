@@ -241,6 +241,17 @@ class RelayTunnel:
             time.sleep(0.5)
         raise _unreachable(self.entry, self.entry.relay, errors)
 
+    def renew(self) -> None:
+        """Runs the relay of the next connection now, ending a spare one: a relay finds the
+        supervisor as it is when it starts (`entry`: its pid and token), which may be a new
+        one since this tunnel's last relay, and a client made next must carry the token of the
+        supervisor its connection reaches, not that of the one before."""
+        process = self._relay()
+        with self._lock:
+            spare, self._spare = self._spare, process
+        if spare is not None:
+            self._end(spare)
+
     def _adopt(self, supervisor: str) -> None:
         """Takes the supervisor's pid and token from its `up` line (`launchpad.observe.relay`):
         a new supervisor replaced a dead one if they changed."""
@@ -375,7 +386,10 @@ def _refresh(entry: registry.Entry, fields: dict) -> None:
 
 def address_of(entry: registry.Entry, fresh: bool = False) -> str:
     """The courier address at which this process reaches `entry`'s observer: its own for a
-    local program, else a tunnel's (`fresh`: a new tunnel, as after a lost connection).
+    local program, else a tunnel's (`fresh`: a new tunnel, as after a lost connection). A relay
+    tunnel already open runs the relay of the next connection now (`RelayTunnel.renew`), so that
+    `current` names the supervisor that connection reaches (a new one's token, if one replaced
+    the supervisor its last relay reached).
 
     Raises:
       ProgramGoneError, HostUnreachableError: for a remote program.
@@ -389,6 +403,8 @@ def address_of(entry: registry.Entry, fresh: bool = False) -> str:
             tunnel = None
         if tunnel is None:
             tunnel = _tunnels[entry.id] = _open(entry)
+        elif isinstance(tunnel, RelayTunnel):
+            tunnel.renew()
         return f'unix:{tunnel.path}'
 
 

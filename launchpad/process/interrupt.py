@@ -14,22 +14,37 @@ would wait as long as the node does. `wake` ends such a wait without changing wh
   `put`, `Condition.wait_for`, a semaphore) is woken as if by a notify; it runs Python code, where
   a pending exception lands, and without one it checks its condition and waits again. Other
   waits (an `Event.wait`, a bare `Condition.wait`, a call blocked in C) are left alone.
+- a courier call's wait in a node's thread (`future.result()`, or a blocking call to a server of
+  the same process, as every call between local_mt's nodes is) blocks on a lock in C, but as
+  `Condition.wait` does: on a waiter lock of its own in its future's condition, waiting again
+  unless the future is done. It is woken the same way (a call to another process waits in a
+  socket, which nothing wakes).
 - a sleep in a node's thread: `time.sleep` is a call blocked in C that no signal ends in a
   thread, and Acme's checkpointing counter sleeps a second at a time under its stop handler's
-  SystemExit. While node threads run (`wakeable_sleeps`: a thread launch, a thread colocation),
-  `time.sleep` in a thread with a node context of its own (not the main thread, not threads the
-  node started) waits in `Condition.wait_for` instead, which `wake` ends: a pending exception
-  lands, and without one it sleeps on until its time is up, as `time.sleep` would.
+  SystemExit. While node threads run (`hold_for_node_threads`: a thread launch, a thread
+  colocation), `time.sleep` in a thread with a node context of its own (not the main thread,
+  not threads the node started) waits in `Condition.wait_for` instead, which `wake` ends: a
+  pending exception lands, and without one it sleeps on until its time is up, as `time.sleep`
+  would.
+
+An exception raised in a thread lands wherever it runs Python code next, which may be a finalizer
+that a collection runs there (a weakref callback or a `__del__`, such as those that close courier's
+sockets and pipes), and Python drops what a finalizer raises. While node threads run, such an
+exception that landed in a node's thread is raised there again (`sys.unraisablehook`), to land once
+the finalizer is over, rather than a second time half a second later, or never.
 """
 from __future__ import annotations
 
 import ctypes
 import queue
 import signal
+import sys
 import threading
 import time
+from types import FrameType
 from typing import Callable, Hashable, List, Mapping
 
+from courier.transport import _compat
 from launchpad import runtime
 from launchpad.process.coordinator import NodeStopped
 from launchpad.process.frames import current_frames
@@ -46,11 +61,16 @@ RAISED_AT_STOP = (NodeStopped, SystemExit)
 _RECHECKING = frozenset(function.__code__ for function in (
     queue.Queue.get, queue.Queue.put, queue.Queue.join, threading.Condition.wait_for,
     threading.Semaphore.acquire))
+# A courier call's wait for its answer (its future's, a blocking call's to a server of this
+# process), which blocks on a waiter of its own in its future's condition and waits again
+# unless the future is done.
+_FUTURE_WAIT = _compat.LightFuture._wait_done.__code__  # pylint: disable=protected-access
 
 
 _SLEEP = time.sleep  # the interpreter's own
-_sleep_holders = 0  # launches and colocations that need node threads' sleeps wakeable
-_sleep_lock = threading.Lock()
+_holders = 0  # launches and colocations whose node threads run (`hold_for_node_threads`)
+_holders_lock = threading.Lock()
+_unraisable_before = sys.unraisablehook  # the hook `_unraisable` hands what is not its own to
 
 
 def _woken(signum, frame) -> None:
@@ -82,11 +102,7 @@ def wake(thread: threading.Thread) -> None:
             signal.pthread_kill(thread.ident, SIGNAL)
         return
     frame = current_frames().get(thread.ident)
-    if (frame is None or frame.f_code is not threading.Condition.wait.__code__
-            or frame.f_back is None or frame.f_back.f_code not in _RECHECKING):
-        return
-    names = frame.f_locals
-    condition, waiter = names.get('self'), names.get('waiter')
+    condition, waiter = _wakeable_wait(frame) if frame is not None else (None, None)
     if waiter is None or not condition.acquire(timeout=0.1):
         return
     try:
@@ -97,6 +113,20 @@ def wake(thread: threading.Thread) -> None:
             waiter.release()
     finally:
         condition.release()
+
+
+def _wakeable_wait(frame: FrameType) -> tuple:
+    """The condition and waiter lock of the wait that `frame` blocks in, if `wake` may end it
+    (one that waits again unless its condition holds); else (None, None)."""
+    code = frame.f_code
+    if code is _FUTURE_WAIT:
+        names = frame.f_locals
+        return names.get('condition'), names.get('waiter')
+    if (code is threading.Condition.wait.__code__ and frame.f_back is not None
+            and frame.f_back.f_code in _RECHECKING):
+        names = frame.f_locals
+        return names.get('self'), names.get('waiter')
+    return None, None
 
 
 def tell_threads(stops: Mapping[Hashable, runtime.StopSignal],
@@ -116,32 +146,69 @@ def tell_threads(stops: Mapping[Hashable, runtime.StopSignal],
             wake(thread)
 
 
-def wakeable_sleeps() -> Callable[[], None]:
-    """Makes `time.sleep` in node threads one that `wake` ends (see the module docstring) until
-    the returned function is called; holders may nest, and the last one out puts the
-    interpreter's own back (unless someone replaced it since)."""
-    global _sleep_holders
-    with _sleep_lock:
-        _sleep_holders += 1
-        if _sleep_holders == 1 and time.sleep is _SLEEP:
-            time.sleep = _sleep
+def hold_for_node_threads() -> Callable[[], None]:
+    """While node threads run (a thread launch, a thread colocation): makes `time.sleep` in them
+    one that `wake` ends, and has an exception raised in them at the stop that lands in a
+    finalizer land again after it (see the module docstring), until the returned function is
+    called. Holders may nest; the last one out puts the interpreter's own sleep and hook back
+    (unless someone replaced them since)."""
+    global _holders, _unraisable_before
+    with _holders_lock:
+        _holders += 1
+        if _holders == 1:
+            if time.sleep is _SLEEP:
+                time.sleep = _sleep
+            if sys.unraisablehook is not _unraisable:
+                _unraisable_before, sys.unraisablehook = sys.unraisablehook, _unraisable
     released = []
 
     def release() -> None:
-        global _sleep_holders
-        with _sleep_lock:
+        global _holders
+        with _holders_lock:
             if released:
                 return
             released.append(True)
-            _sleep_holders -= 1
-            if _sleep_holders == 0 and time.sleep is _sleep:
-                time.sleep = _SLEEP
+            _holders -= 1
+            if _holders == 0:
+                if time.sleep is _sleep:
+                    time.sleep = _SLEEP
+                if sys.unraisablehook is _unraisable:
+                    sys.unraisablehook = _unraisable_before
 
     return release
 
 
+def _unraisable(unraisable) -> None:
+    """`sys.unraisablehook` while `hold_for_node_threads` is held: an exception raised in a node's
+    thread at the stop that landed in a finalizer run there (a weakref callback or a `__del__`
+    of what a collection found; Python drops what they raise) is raised in the thread again,
+    once it has left this hook (`_raise_again`); anything else goes to the hook before."""
+    if (unraisable.exc_type is not None and issubclass(unraisable.exc_type, RAISED_AT_STOP)
+            and threading.current_thread() is not threading.main_thread()
+            and runtime.thread_context() is not None):
+        threading.Thread(target=_raise_again, args=(threading.current_thread(),
+                                                    unraisable.exc_type),
+                         daemon=True, name='lp-raise-again').start()
+        return
+    _unraisable_before(unraisable)
+
+
+def _raise_again(thread: threading.Thread, error: type) -> None:
+    """Raises `error` in `thread` (`raise_in`) once it is out of `_unraisable`: raised from the
+    hook itself, it would land there, where it would be lost again."""
+    deadline = time.monotonic() + 1.0
+    while thread.is_alive() and time.monotonic() < deadline:
+        frame = current_frames().get(thread.ident)
+        while frame is not None and frame.f_code is not _unraisable.__code__:
+            frame = frame.f_back
+        if frame is None:
+            raise_in(thread, error)
+            return
+        _SLEEP(0.001)
+
+
 def _sleep(seconds) -> None:
-    """`time.sleep` as node threads see it while `wakeable_sleeps` is held."""
+    """`time.sleep` as node threads see it while `hold_for_node_threads` is held."""
     if (not isinstance(seconds, (int, float)) or not 0 < seconds <= threading.TIMEOUT_MAX
             or threading.current_thread() is threading.main_thread()
             or runtime.thread_context() is None):

@@ -168,3 +168,72 @@ def test_a_node_thread_sleeping_under_its_stop_handler_s_system_exit_ends_with_t
     states = {name: status.state for name, status in controller.status().items()}
     assert set(states.values()) == {lp.NodeState.FINISHED}, states
     assert record.read_text() == 'running checkpoint SystemExit'
+
+
+_ANSWER = threading.Event()  # the silent server's calls return once it is set
+
+
+class SilentServer:
+    """A server whose calls do not answer until it is told of the stop (after its callers
+    have ended, in graph order); its stop handler records when that is."""
+
+    def __init__(self, record: str):
+        self._record = record
+        lp.register_stop_handler(self._told)
+
+    def _told(self) -> None:
+        with open(self._record, 'a') as f:
+            f.write('server told')
+        _ANSWER.set()
+
+    def never(self) -> None:
+        open(f'{self._record}.called', 'w').close()
+        _ANSWER.wait(120)
+
+
+def wait_for_an_answer(server, record: str, how: str) -> None:
+    """A caller that waits without a timeout for a call that does not answer (in
+    `future.result()`, or in a blocking call) and does not cooperate with the stop: NodeStopped,
+    raised in its thread, ends it."""
+    try:
+        if how == 'future':
+            server.futures.never().result()
+        else:
+            server.never()
+    except BaseException as error:
+        with open(record, 'a') as f:
+            f.write(f'{type(error).__name__} ')
+        raise
+
+
+@pytest.mark.parametrize('launch_type, how, colocate', [
+    ('test_mt', 'future', False), ('test_mt', 'call', False), ('test_mp', 'future', True)])
+def test_a_node_thread_waiting_for_a_call_ends_with_the_stop(launch_type, how, colocate,
+                                                            tmp_path):
+    """A thread node (local_mt, or an inner node of a thread colocation on a thread of its own)
+    that waits for a call to a server of its process is woken at the stop, so that the NodeStopped
+    raised in it lands there: it ends before the server is told of the stop, and is not killed
+    (without the wake it ended only once the server, told after it was abandoned, answered)."""
+    record = tmp_path / 'ended.txt'
+    program = lp.Program('silent')
+    server_node = lp.CourierNode(SilentServer, str(record))
+    caller_node = lp.PyNode(wait_for_an_answer, server_node.create_handle(), str(record), how)
+    if colocate:  # (the idle node runs on the colocation's thread, the caller on one of its own)
+        program.add_node(lp.MultiThreadingColocation(
+            [lp.PyNode(lp.wait_for_stop), caller_node, server_node]), label='colocated')
+    else:
+        program.add_node(server_node, label='server')
+        program.add_node(caller_node, label='caller')
+    _ANSWER.clear()
+    controller = lp.launch(program, launch_type=launch_type, notice_period=30)
+    try:
+        assert wait_until(lambda: (tmp_path / 'ended.txt.called').exists(), timeout=60)
+        controller.stop()
+        assert controller.wait(timeout=60)
+    finally:
+        _ANSWER.set()
+        controller.stop()  # (done already, unless the test failed before)
+        controller.wait(timeout=60)
+    states = {name: status.state for name, status in controller.status().items()}
+    assert set(states.values()) == {lp.NodeState.FINISHED}, states
+    assert record.read_text() == 'NodeStopped server told'

@@ -5,6 +5,7 @@ detached local_mp program whose registry is another directory, so no test bed is
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -14,7 +15,7 @@ import tempfile
 import pytest
 
 import launchpad as lp
-from launchpad.observe import registry, relay, tunnel
+from launchpad.observe import cli, registry, relay, tunnel
 from tests.launch.detached_program import make_program
 
 
@@ -29,11 +30,12 @@ def two_registries(monkeypatch):
 
 @pytest.mark.timeout(120)
 def test_a_relay_tunnel_reaches_the_supervisor_and_follows_a_new_one(
-        tmp_path, monkeypatch, two_registries):
+        tmp_path, monkeypatch, capsys, two_registries):
     """lp.attach reaches the program through the relay, whose command is run again when it
     ended without a word (its way in failed); when its supervisor is SIGKILLed, the relay
-    waits for the new one, whose pid and token this side's entry then takes; the stop leaves
-    neither entry nor tunnel socket here."""
+    waits for the new one, whose pid and token this side's entry then takes, and a client made
+    next through the open tunnel (`status`, run in this process) carries the new token at
+    once; the stop leaves neither entry nor tunnel socket here."""
     there, here = two_registries
     monkeypatch.setenv('LAUNCHPAD_LOGGING_DIR', str(tmp_path / 'logs'))
     monkeypatch.setenv(registry.ENV, there)
@@ -55,6 +57,8 @@ def test_a_relay_tunnel_reaches_the_supervisor_and_follows_a_new_one(
         assert {s.state.value for s in controller.status().values()} == {'running'}
         killed = controller.supervisor['pid']
         os.kill(killed, signal.SIGKILL)  # its keeper starts a new one
+        assert cli.main(['status', launched.id, '--json']) == 0  # (it was refused once)
+        assert json.loads(capsys.readouterr().out)['controller']['pid'] != killed
         assert {s.restarts for s in controller.status().values()} == {0}
         assert controller.supervisor['pid'] != killed
         [listed] = registry.entries()

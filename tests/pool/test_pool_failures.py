@@ -173,19 +173,44 @@ def test_a_stopped_worker_server_counts_as_lost_and_its_tasks_go_to_the_others(t
         server.bind_object(PoolWorker())
         server.Start()
         servers.append(server)
+    _FIRST_SERVER_STOPPED.clear()
+    _HELD_BY.clear()
+
+    def stop_the_first_while_it_runs_a_task():
+        # (a server stopped with no call in flight is waited for, not lost: its client waits
+        # for it to serve again)
+        deadline = time.monotonic() + 30
+        while (not any(servers[0].address in name for name in _HELD_BY)
+               and time.monotonic() < deadline):
+            time.sleep(0.005)
+        servers[0].Stop()
+        _FIRST_SERVER_STOPPED.set()
+
+    stopper = threading.Thread(target=stop_the_first_while_it_runs_a_task, daemon=True)
     try:
         with lp.Pool(workers=[courier.Client(s.address) for s in servers]) as pool:
-            threading.Timer(0.1, servers[0].Stop).start()
-            results = pool.map(_sleepy_identity, range(60), chunksize=1)
+            stopper.start()
+            results = pool.map(_identity_held_until_a_server_stopped, range(60), chunksize=1)
             assert results == list(range(60))
             assert pool.stats['lost'] >= 1
     finally:
+        _FIRST_SERVER_STOPPED.set()
         for server in servers:
             server.Stop()
+        if stopper.is_alive():
+            stopper.join(30)
 
 
-def _sleepy_identity(x):
-    time.sleep(0.01)
+_FIRST_SERVER_STOPPED = threading.Event()
+_HELD_BY: list = []  # the names of the server threads that run a held task
+
+
+def _identity_held_until_a_server_stopped(x):
+    """x; from x = 30 on, once the test has stopped a worker's server: so the map still runs,
+    with a task in flight on that server, when it does."""
+    if x >= 30:
+        _HELD_BY.append(threading.current_thread().name)
+        _FIRST_SERVER_STOPPED.wait(30)
     return x
 
 

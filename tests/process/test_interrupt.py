@@ -6,6 +6,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -87,7 +88,7 @@ def _sleep_in_a_node_thread(seconds: float, ended: list) -> threading.Thread:
 def test_a_node_thread_s_sleep_is_woken_and_the_raised_exception_lands():
     """Acme's checkpointing counter sleeps in its node's thread, where its stop handler raises
     SystemExit: with node threads' sleeps wakeable, the exception lands in the sleep."""
-    ordinary_sleeps, ended = interrupt.wakeable_sleeps(), []
+    release_node_threads, ended = interrupt.hold_for_node_threads(), []
     try:
         thread = _sleep_in_a_node_thread(3600, ended)
         assert wait_until(lambda: _waits_in(thread, threading.Condition.wait), timeout=10)
@@ -95,12 +96,12 @@ def test_a_node_thread_s_sleep_is_woken_and_the_raised_exception_lands():
         thread.join(timeout=10)
         assert ended == ['raised']
     finally:
-        ordinary_sleeps()
+        release_node_threads()
     assert time.sleep is interrupt._SLEEP  # pylint: disable=protected-access
 
 
 def test_a_woken_sleep_without_an_exception_sleeps_its_whole_time():
-    ordinary_sleeps, ended = interrupt.wakeable_sleeps(), []
+    release_node_threads, ended = interrupt.hold_for_node_threads(), []
     try:
         thread = _sleep_in_a_node_thread(0.5, ended)
         assert wait_until(lambda: _waits_in(thread, threading.Condition.wait), timeout=10)
@@ -108,7 +109,81 @@ def test_a_woken_sleep_without_an_exception_sleeps_its_whole_time():
         thread.join(timeout=10)
         assert len(ended) == 1 and ended[0] >= 0.5
     finally:
-        ordinary_sleeps()
+        release_node_threads()
+
+
+def test_a_thread_waiting_for_a_call_s_future_is_woken_and_the_raised_exception_lands():
+    """A call's future waits on a lock in C, which no exception raised in the thread ends: it is
+    woken as a queue wait is, so that a thread node waiting for a call that does not answer
+    ends with the stop."""
+    future, ended = _base.CallFuture(), []
+
+    def caller():
+        try:
+            ended.append(future.result())
+        except _Raised:
+            ended.append('raised')
+
+    thread = threading.Thread(target=caller, daemon=True)
+    thread.start()
+    waiters = future._condition._waiters  # pylint: disable=protected-access
+    assert wait_until(lambda: waiters, timeout=10)
+    interrupt.raise_in(thread, _Raised)
+    thread.join(timeout=10)
+    assert ended == ['raised']
+
+
+def test_a_woken_future_wait_without_an_exception_waits_on_for_the_result():
+    future, got = _base.CallFuture(), []
+    thread = threading.Thread(target=lambda: got.append(future.result(timeout=60)), daemon=True)
+    thread.start()
+    waiters = future._condition._waiters  # pylint: disable=protected-access
+    assert wait_until(lambda: waiters, timeout=10)
+    first = waiters[0]
+    interrupt.wake(thread)
+    assert wait_until(lambda: waiters and waiters[0] is not first, timeout=10)  # waits again
+    assert got == [] and thread.is_alive()
+    future.set_result(1)
+    thread.join(timeout=10)
+    assert got == [1]
+
+
+def test_a_stop_landing_in_a_finalizer_in_a_node_thread_lands_again_after_it():
+    """A collection runs finalizers (weakref callbacks, `__del__`) in whatever thread it starts
+    in, and Python drops what they raise: NodeStopped raised in a node's thread that lands in
+    one (seen: the finalizer of a courier server's worker pool) is raised there again, and
+    ends the node after the finalizer, not never."""
+    release_node_threads, ended = interrupt.hold_for_node_threads(), []
+
+    class Collected:
+        """What a collection finds in the node's thread."""
+
+    def finalizer():  # the stop comes while it runs, and lands in it
+        interrupt.raise_in(threading.current_thread(), NodeStopped)
+        for _ in range(1000):
+            pass
+
+    def node():
+        runtime.set_thread_context(object())
+        try:
+            collected = Collected()
+            weakref.finalize(collected, finalizer)
+            del collected  # runs the finalizer here
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+            ended.append('went on')
+        except NodeStopped:
+            ended.append('stopped')
+
+    try:
+        thread = threading.Thread(target=node, daemon=True)
+        thread.start()
+        thread.join(timeout=30)
+    finally:
+        release_node_threads()
+    assert ended == ['stopped']
+    assert sys.unraisablehook is not interrupt._unraisable  # pylint: disable=protected-access
 
 
 def test_an_event_wait_is_left_alone():
@@ -181,29 +256,34 @@ def test_an_exception_raised_in_a_thread_leaves_shared_locks_free(make, use):
     launcher's threads then waited for ever (CI: the coordinator's). And the thread ends by
     that exception, not another: landing in Condition.wait after it had released the lock, it
     became `RuntimeError: cannot release un-acquired lock` (a CI warning; here every run of
-    200 attempts, before LightFuture waited on its own)."""
+    200 attempts, before LightFuture waited on its own). The thread is a node's, as local_mt
+    runs it: one landing in a finalizer that a collection runs there lands again after it."""
     shared = make()
-    for attempt in range(200):
-        running, ended = threading.Event(), []
+    release_node_threads = interrupt.hold_for_node_threads()
+    try:
+        for attempt in range(200):
+            running, ended = threading.Event(), []
 
-        def node():
-            try:
-                while True:
-                    use(shared)
-                    running.set()
-            except BaseException as error:  # pylint: disable=broad-except
-                ended.append(error)
+            def node():
+                runtime.set_thread_context(object())
+                try:
+                    while True:
+                        use(shared)
+                        running.set()
+                except BaseException as error:  # pylint: disable=broad-except
+                    ended.append(error)
 
-        thread = threading.Thread(target=node, daemon=True)
-        thread.start()
-        assert running.wait(10)
-        deadline = time.monotonic() + 20
-        while thread.is_alive() and time.monotonic() < deadline:  # one that lands in a
-            interrupt.raise_in(thread, NodeStopped)  # finalizer run there is lost: raised
-            thread.join(2)                           # again, as local_mt does
-        assert [type(error) for error in ended] == [NodeStopped], ended  # as raised, no other
-        other = threading.Thread(target=use, args=(shared,), daemon=True)
-        other.start()
-        other.join(5)
-        assert not other.is_alive(), f'the lock stayed held after exception {attempt + 1}'
-
+            thread = threading.Thread(target=node, daemon=True)
+            thread.start()
+            assert running.wait(10)
+            deadline = time.monotonic() + 20
+            while thread.is_alive() and time.monotonic() < deadline:  # (should one be lost,
+                interrupt.raise_in(thread, NodeStopped)  # it is raised again, as local_mt does)
+                thread.join(2)
+            assert [type(error) for error in ended] == [NodeStopped], ended  # as raised, no other
+            other = threading.Thread(target=use, args=(shared,), daemon=True)
+            other.start()
+            other.join(5)
+            assert not other.is_alive(), f'the lock stayed held after exception {attempt + 1}'
+    finally:
+        release_node_threads()
