@@ -45,6 +45,8 @@ class PodmanApiServer:
         self.token = secrets.token_hex(16)
         self._objects = {}  # (kind, name) -> the object as created
         self.created = []  # (kind, name) of every object created, in order
+        # (kind, name, uid precondition or None, what it did) of every deletion asked, in order
+        self.deletions = []
         self._lock = threading.RLock()
         pki = Pki(['127.0.0.1'])
         self._dir = tmp_path / 'api-server'
@@ -100,12 +102,21 @@ class PodmanApiServer:
             self.created.append((kind, name))
             return created
 
-    def delete(self, kind, name, grace_period_seconds=None):
-        """Deletes the object, and (like the garbage collector) those it owns."""
+    def delete(self, kind, name, grace_period_seconds=None, uid=None, by='a client'):
+        """Deletes the object (only if its uid is `uid`, when given: a precondition), and (like
+        the garbage collector) those it owns; `by`: who asks, for `deletions`."""
         with self._lock:
-            document = self._objects.pop((kind, name), None)
+            document = self._objects.get((kind, name))
             if document is None:
+                self.deletions.append((kind, name, uid, f'{by}: not found'))
                 raise _Refusal(404, f'{kind} {name} not found')
+            if uid is not None and document['metadata']['uid'] != uid:
+                self.deletions.append((kind, name, uid, f'{by}: refused, the uid is '
+                                                        f'{document["metadata"]["uid"]}'))
+                raise _Refusal(409, f'Precondition failed: UID in precondition: {uid}, UID in '
+                                    f'object meta: {document["metadata"]["uid"]}')
+            del self._objects[kind, name]
+            self.deletions.append((kind, name, uid, f'{by}: deleted {document["metadata"]["uid"]}'))
             if kind == 'Pod' and grace_period_seconds is None:
                 grace_period_seconds = document['spec'].get('terminationGracePeriodSeconds', 30)
             self.podman.delete(kind, name, grace_period_seconds)
@@ -113,7 +124,7 @@ class PodmanApiServer:
             for (other_kind, other), obj in list(self._objects.items()):
                 if any(owner.get('uid') == uid
                        for owner in obj['metadata'].get('ownerReferences') or []):
-                    self.delete(other_kind, other)
+                    self.delete(other_kind, other, by=f'the garbage collector ({kind} {name})')
 
     def read_log(self, name, query):
         """What the API answers for the log of pod `name` (`query`: container, timestamps,
@@ -246,7 +257,8 @@ def _handler(server: PodmanApiServer):
                 if self.command == 'POST':
                     return self._answer(201, server.create(body))
                 if self.command == 'DELETE':
-                    server.delete(kind, rest[1], body.get('gracePeriodSeconds'))
+                    server.delete(kind, rest[1], body.get('gracePeriodSeconds'),
+                                  (body.get('preconditions') or {}).get('uid'))
                     return self._answer(200, {})  # read as the object or a Status
                 if self.command == 'GET' and kind == 'Pod' and rest[2:] == ['log']:
                     return self._answer_text(server.read_log(rest[1], query))

@@ -243,6 +243,33 @@ def test_a_restarted_coordinator_readopts_the_node_pods_with_their_restart_budge
     assert readopt.read_state(str(tmp_path)) is None
 
 
+def _node_pod(name: str, node: str):
+    return {'kind': 'Pod', 'metadata': {
+        'name': name, 'labels': {names.PROGRAM_LABEL: 't1', names.ROLE_LABEL: 'node'},
+        'annotations': {names.NODE_NAME_ANNOTATION: node}}, 'spec': {}}
+
+
+def test_a_deletion_for_a_removed_node_never_hits_the_newer_node_that_took_its_pod_name():
+    """Removed node worker/2's pod t1-worker-2 ended and was deleted; added node worker/4 got
+    the free name t1-worker-2. A late kill of worker/2 (its removal's notice passed, say) must
+    not delete worker/4's pod, and worker/2 must not read worker/4's pod as its own: every
+    deletion for a node names its pod's uid (a precondition). Without it, the kill deleted
+    worker/4's pod (the in-cluster flake of the grow-and-shrink test below)."""
+    api = SelectingApi()
+    first = api.create(_node_pod('t1-worker-2', 'worker/2'))
+    runner = in_cluster.InClusterRunner(api, 't1', {'t1-worker-2': first},
+                                        {'worker/2': 't1-worker-2'})
+    assert runner.poll() == {'worker/2': None}  # (its uid is known from now on)
+    api.delete('Pod', 't1-worker-2')
+    newer = api.create(_node_pod('t1-worker-2', 'worker/4'))  # as `add_executable` makes it
+    assert newer['metadata']['uid'] != first['metadata']['uid']
+    runner._listed_at = None  # pylint: disable=protected-access  (list again now)
+    assert runner.poll() == {'worker/2': -9}  # its own pod is gone
+    runner.kill(['worker/2'])
+    assert ('Pod', 't1-worker-2') in api.objects, api.calls
+    assert api.objects['Pod', 't1-worker-2']['metadata']['uid'] == newer['metadata']['uid']
+
+
 def test_a_detached_launcher_follows_the_pod_its_coordinator_pod_creates_again(fake):
     """...and leaves resizing to the coordinator pod, which owns the node pods."""
     fake.statuses['t1-worker-0'] = [running(), exited(1, 'Error')]
@@ -459,12 +486,12 @@ def test_a_detached_program_grows_shrinks_and_stops_in_graph_order_from_its_coor
         _until(lambda: coordinator.running() == ['server/0', 'worker/0', 'worker/1', 'worker/4']
                and controller.status()['worker/4'].state is lp.NodeState.RUNNING,
                'no node for the resize')
-        assert 't1-worker-2' in pods()  # the first free name again
+        assert 't1-worker-2' in pods(), server.deletions  # the first free name again
         assert kubelet.pods['t1-worker-2']['metadata']['annotations'] == {
             names.NODE_NAME_ANNOTATION: 'worker/4'}
 
         server.delete('ConfigMap', 't1')  # kubectl delete configmap t1
-        assert controller.done and server.objects() == []
+        assert controller.done and server.objects() == [], server.deletions
     told_server = kubelet.events.index(('told', 'server/0'))
     assert all(kubelet.events.index(('ended', worker)) < told_server  # once they have ended
                for worker in ('worker/0', 'worker/1', 'worker/4')), kubelet.events

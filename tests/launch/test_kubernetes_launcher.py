@@ -75,10 +75,12 @@ class FakeApi:
             self.objects[key] = created
             return created
 
-    def delete(self, kind, name, grace_period_seconds=None):
+    def delete(self, kind, name, grace_period_seconds=None, uid=None):
         with self.lock:
             self.calls.append(('delete', kind, name, grace_period_seconds))
-            self.objects.pop((kind, name), None)
+            if uid is None or (self.objects.get((kind, name)) or {}).get(
+                    'metadata', {}).get('uid') == uid:  # else: the precondition fails
+                self.objects.pop((kind, name), None)
 
     def list_pods(self, selector):
         with self.lock:

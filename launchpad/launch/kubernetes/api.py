@@ -135,16 +135,23 @@ class KubernetesApi:
                              self.namespace, document)
         return self._dict(created)
 
-    def delete(self, kind: str, name: str, grace_period_seconds: Optional[int] = None) -> None:
-        """Deletes an object (its dependents follow); an object already gone is fine."""
+    def delete(self, kind: str, name: str, grace_period_seconds: Optional[int] = None, *,
+               uid: Optional[str] = None) -> None:
+        """Deletes an object (its dependents follow); an object already gone is fine. `uid`:
+        only that object (a precondition), so that a deletion on behalf of an object that is
+        gone never hits a newer one of the same name."""
         method = re.sub(r'(?<!^)([A-Z])', r'_\1', kind).lower()
         api = self._rbac if kind in ('Role', 'RoleBinding') else self._core
+        options = {} if uid is None else {'body': {'preconditions': {'uid': uid}}}
         try:
             self._call(f'delete {kind} {name}', getattr(api, f'delete_namespaced_{method}'), name,
                        self.namespace, grace_period_seconds=grace_period_seconds,
-                       propagation_policy='Background')
+                       propagation_policy='Background', **options)
         except NotFound:
             pass
+        except AlreadyExists:  # 409: the precondition failed, the name is another object's
+            if uid is None:
+                raise
 
     def list_pods(self, selector: str) -> List[Dict[str, Any]]:
         """The pods matching the label `selector`, with their status."""
@@ -245,17 +252,17 @@ RECREATE_SECONDS = 120.0
 
 
 def recreate_pod(api, document: Mapping[str, Any], *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> Dict[str, Any]:
     """Deletes the pod `document` names at once and creates it again from `document` (same
     name, so same DNS name), retrying while the old pod is still on its way out (at most
-    RECREATE_SECONDS). `api`: a `KubernetesApi`, or what stands in for it."""
+    RECREATE_SECONDS); returns it as created. `api`: a `KubernetesApi`, or what stands in
+    for it."""
     name = document['metadata']['name']
     api.delete('Pod', name, grace_period_seconds=0)
     deadline = clock() + RECREATE_SECONDS
     while True:
         try:
-            api.create(document)
-            return
+            return api.create(document)
         except AlreadyExists:
             if clock() > deadline:
                 raise

@@ -10,9 +10,11 @@ pod again from the manifest the launcher left in the ConfigMap RUN-pods (mounted
 With the program and the launch's plan from that ConfigMap (`Growth`), it creates the spec
 ConfigMap and pod of a node added to an elastic group, made as the launch made the group's pods
 (`LaunchPlan.add_node`), under one of the names the launch set aside for it
-(`LaunchPlan.added_pods`), and deletes a removed node's pod once it ended. Node pods are owned
-by the coordinator pod, so that deleting the program deletes them only after the coordinator
-has stopped them in graph order.
+(`LaunchPlan.added_pods`), and deletes a removed node's pod once it ended. Each deletion on
+behalf of a node names the uid of the node's pod (a precondition): a name set aside for added
+nodes passes from a removed node to a newer one, whose pod a late deletion for the removed
+node must not hit. Node pods are owned by the coordinator pod, so that deleting the program
+deletes them only after the coordinator has stopped them in graph order.
 
 The coordinator pod's service account needs `get`, `list` and `create` on pods, and `delete` on
 the node pods by name; to grow groups, also `create` on ConfigMaps and `delete` on the added
@@ -105,6 +107,11 @@ def exit_code(pod: Mapping[str, Any]) -> Optional[int]:
     return None
 
 
+def _node_of(pod: Mapping[str, Any]) -> Optional[str]:
+    """The node a pod runs, as its annotation names it (None without one)."""
+    return ((pod.get('metadata') or {}).get('annotations') or {}).get(names.NODE_NAME_ANNOTATION)
+
+
 class InClusterRunner(Runner):
     """The node pods of a program, for a controller in its coordinator pod (see the module
     docstring).
@@ -131,6 +138,7 @@ class InClusterRunner(Runner):
         self._codes: Dict[str, Optional[int]] = {name: None for name in node_pods}
         self._ended: Dict[str, str] = {}  # node -> how its pod ended, for its failure message
         self._seen: set = set()  # nodes whose pod the API listed since it was (re)created
+        self._uids: Dict[str, str] = {}  # node -> the uid of its pod, as listed or created
         self._listed_at: Optional[float] = None
         self._unlisted = False  # the last listing failed (said once)
         self._owners: Optional[list] = None  # the coordinator pod's owner references
@@ -142,7 +150,7 @@ class InClusterRunner(Runner):
         pods (`restore`): their names and manifests, and what it knows of how they ended."""
         return {'manifests': self._manifests, 'node_pods': self._node_pods,
                 'added': self._added, 'leaving': self._leaving, 'codes': self._codes,
-                'ended': self._ended, 'seen': self._seen}
+                'ended': self._ended, 'seen': self._seen, 'uids': self._uids}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Takes over the node pods an earlier coordinator container of this pod ran (`state`
@@ -171,12 +179,15 @@ class InClusterRunner(Runner):
             if self._codes[name] is not None:
                 continue
             pod = pods.get(pod_name)
+            if pod is not None and _node_of(pod) not in (None, name):
+                pod = None  # the name passed to a newer node: this node's pod is gone
             if pod is None:
                 if name in self._seen:
                     self._codes[name] = -signal.SIGKILL
                     self._ended[name] = f'its pod {pod_name} was deleted'
                 continue
             self._seen.add(name)
+            self._uids[name] = pod['metadata'].get('uid')
             self._codes[name] = exit_code(pod)
             if self._codes[name] is not None:
                 ended = terminated(pod, names.NODE_CONTAINER) or {}
@@ -198,7 +209,7 @@ class InClusterRunner(Runner):
         owners = self._owner_references()
         if owners:
             document['metadata']['ownerReferences'] = owners
-        recreate_pod(self._api, document, clock=self._clock)
+        self._uids[name] = recreate_pod(self._api, document, clock=self._clock)['metadata']['uid']
         self._codes[name] = None
         self._ended.pop(name, None)
         self._seen.add(name)  # created: from now on, its absence is a deletion
@@ -206,9 +217,9 @@ class InClusterRunner(Runner):
         print(f'created the pod {pod_name} of {name} again', flush=True)
 
     def kill(self, names_: Sequence[str]) -> None:
-        """Deletes the named nodes' pods at once."""
+        """Deletes the named nodes' pods at once (only their own: `_delete_pod`)."""
         for name in names_:
-            self._api.delete('Pod', self._node_pods[name], grace_period_seconds=0)
+            self._delete_pod(name)
 
     def check_add(self, label: str) -> None:
         """Raises, saying why, unless a node can be added to group `label` here now."""
@@ -244,7 +255,7 @@ class InClusterRunner(Runner):
                 document['metadata']['ownerReferences'] = self._owner_references()
             self._api.delete('ConfigMap', configmaps[0]['metadata']['name'])  # a former member's
             self._api.create(configmaps[0])
-            recreate_pod(self._api, pod, clock=self._clock)
+            uid = recreate_pod(self._api, pod, clock=self._clock)['metadata']['uid']
         except BaseException:
             plan.forget(executable.name)
             raise
@@ -252,6 +263,7 @@ class InClusterRunner(Runner):
         self._node_pods[executable.name] = pod_name
         self._added[pod_name] = executable.name
         self._codes[executable.name] = None
+        self._uids[executable.name] = uid
         self._seen.add(executable.name)
         self._persist()
         print(f'created the pod {pod_name} of {executable.name}, added to group {label}',
@@ -281,7 +293,7 @@ class InClusterRunner(Runner):
         self._leaving.discard(name)
         pod_name = self._node_pods[name]
         try:
-            self._api.delete('Pod', pod_name, grace_period_seconds=0)
+            self._delete_pod(name)
             if self._added.pop(pod_name, None) is not None:
                 self._api.delete('ConfigMap', f'{pod_name}-spec-0')
                 self.growth.plan.forget(name)
@@ -289,6 +301,12 @@ class InClusterRunner(Runner):
             logging.warning('Could not delete the pod of removed node %s: %s', name, e)
         else:
             print(f'deleted the pod {pod_name} of removed node {name}', flush=True)
+
+    def _delete_pod(self, name: str) -> None:
+        """Deletes node `name`'s pod at once: the one of its uid if known, so never the pod of
+        a newer node that took the name over."""
+        self._api.delete('Pod', self._node_pods[name], grace_period_seconds=0,
+                         **({'uid': self._uids[name]} if self._uids.get(name) else {}))
 
     def _owner_references(self) -> List[Dict[str, Any]]:
         """The coordinator pod, as the owner of the node pods it creates."""
