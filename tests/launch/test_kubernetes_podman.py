@@ -96,6 +96,10 @@ class PodmanApi:
 
     def _play(self, pod):
         name = pod['metadata']['name']
+        hostname = pod['spec'].get('hostname', name)
+        if hostname != name:  # a Job's pod: a new address, which its DNS name follows
+            self._ips[name] = f'{self._base}.{100 + len(self._ips)}'
+            self._move(hostname, self._ips[name])
         _translate(pod, self._aliases, self._bed.source_dir)
         mounted = [v['configMap']['name'] for v in pod['spec'].get('volumes', [])
                    if 'configMap' in v]
@@ -104,6 +108,23 @@ class PodmanApi:
         self._pods[name] = pod
         ip = self._ips.setdefault(name, f'{self._base}.{100 + len(self._ips)}')  # leave pods
         _podman('kube', 'play', '--network', self._bed.network, '--ip', ip, str(path))
+
+    def _move(self, hostname, ip):
+        """Points the DNS name of pod hostname `hostname` at `ip`, in the hosts file of every
+        pod, as a cluster's DNS follows a pod made again (with a new address: reusing the old
+        one left the other pods' neighbour entries stale, and their connects timed out)."""
+        for alias in self._aliases:
+            if alias['hostnames'][0].startswith(f'{hostname}.'):
+                alias['ip'], fqdn = ip, alias['hostnames'][0]
+                break
+        else:
+            return
+        script = ('sed "/[[:space:]]$1$/d" /etc/hosts > /tmp/lp-hosts && echo "$2 $1" >> '
+                  '/tmp/lp-hosts && cat /tmp/lp-hosts > /etc/hosts')
+        for name, document in list(self._pods.items()):
+            for container in document['spec']['containers']:
+                _podman('exec', f'{name}-{container["name"]}', 'sh', '-c', script, 'sh', fqdn, ip,
+                        check=False)
 
     def delete(self, kind, name, grace_period_seconds=None):
         if kind == 'Secret' and name in self._secrets:
