@@ -54,6 +54,7 @@ class PodmanApiServer:
         # (kind, name, uid precondition or None, what it did) of every deletion asked, in order
         self.deletions = []
         self._lock = threading.RLock()
+        self._data_lock = threading.Lock()  # (see `read`)
         self._jobs = {}  # Job name -> [its pod's name, failures, when it may make the next]
         self._closed = threading.Event()
         pki = Pki(['127.0.0.1'])
@@ -118,18 +119,23 @@ class PodmanApiServer:
                 self._run_job_pod(created)
             return created
 
+    # Reads and patches do not wait for `_lock`, which a pod's creation holds while `kube play`
+    # waits for its init containers: a coordinator reading its state before it serves would
+    # hold up the node pods waiting for it.
+
     def read(self, kind, name):
-        with self._lock:
-            if (kind, name) not in self._objects:
+        with self._data_lock:
+            document = self._objects.get((kind, name))
+            if document is None:
                 raise _Refusal(404, f'{kind} {name} not found')
-            return copy.deepcopy(self._objects[kind, name])
+            return copy.deepcopy(document)
 
     def patch(self, kind, name, body):
         """A merge patch of the object's `data` (what `KubernetesApi.patch_secret` sends)."""
-        with self._lock:
-            if (kind, name) not in self._objects:
+        with self._data_lock:
+            document = self._objects.get((kind, name))
+            if document is None:
                 raise _Refusal(404, f'{kind} {name} not found')
-            document = self._objects[kind, name]
             document.setdefault('data', {}).update(body.get('data') or {})
             return copy.deepcopy(document)
 
@@ -149,11 +155,14 @@ class PodmanApiServer:
     def _control_jobs(self):
         """Replaces a Job's pod that is gone or failed, after the back-off; completes a Job
         whose pod succeeded, fails one past its backoffLimit (see the module docstring)."""
+        phases, looked = {}, 0.0
         while not self._closed.wait(1.0):
             if not self._jobs:
                 continue
-            phases = {pod['metadata']['name']: (pod.get('status') or {}).get('phase')
-                      for pod in self.podman.list_pods('')}
+            if time.monotonic() - looked > 3.0:  # (podman's listing is slow: not too often)
+                looked = time.monotonic()
+                phases = {pod['metadata']['name']: (pod.get('status') or {}).get('phase')
+                          for pod in self.podman.list_pods('')}
             with self._lock:
                 jobs = {name: self._objects.get(('Job', name)) for name in self._jobs}
                 for name, job in jobs.items():
@@ -162,8 +171,8 @@ class PodmanApiServer:
                     kept = self._jobs[name]
                     pod, phase = kept[0], phases.get(kept[0])
                     if phase == 'Succeeded':
-                        job['status'].update(succeeded=1, conditions=[
-                            {'type': 'Complete', 'status': 'True'}])
+                        job['status'] = {**job['status'], 'succeeded': 1, 'conditions': [
+                            {'type': 'Complete', 'status': 'True'}]}  # (new dicts: see `read`)
                         continue
                     failed = phase == 'Failed' and job['spec']['template']['spec'].get(
                         'restartPolicy') == 'Never'  # (else its container restarts in place)
@@ -171,10 +180,10 @@ class PodmanApiServer:
                         continue  # it runs
                     if pod is not None:  # gone or failed: counted once
                         kept[:] = [None, kept[1] + 1, time.monotonic() + JOB_BACKOFF * 2 ** kept[1]]
-                        job['status']['failed'] = kept[1]
+                        job['status'] = {**job['status'], 'failed': kept[1]}
                     if kept[1] > job['spec'].get('backoffLimit', 6):
-                        job['status']['conditions'] = [{'type': 'Failed', 'status': 'True',
-                                                        'reason': 'BackoffLimitExceeded'}]
+                        job['status'] = {**job['status'], 'conditions': [
+                            {'type': 'Failed', 'status': 'True', 'reason': 'BackoffLimitExceeded'}]}
                     elif time.monotonic() >= kept[2]:
                         try:
                             self._run_job_pod(job)
