@@ -322,14 +322,17 @@ def _readopts_once_its_coordinator_pod_is_lost(server, run, log, capsys) -> None
     assert wait_for(lambda: 're-adopted the 4 nodes' in log('coordinator', 'coordinator'), 60), \
         log('coordinator', 'coordinator')
 
-    def answered():
-        capsys.readouterr()
-        if cli.main(['status', run, '--json']) != 0:
+    def answered():  # (lp.attach takes the new coordinator's token from the relay on a refusal)
+        try:
+            return lp.attach(run).status()['prober/0'].state is lp.NodeState.RUNNING
+        except Exception:  # pylint: disable=broad-except  (the new pod does not serve yet)
             return False
-        return json.loads(capsys.readouterr().out)['controller']['host'] == f'job/{run}-coordinator'
-    assert wait_for(answered, 90), capsys.readouterr().err
+    assert wait_for(answered, 90), log('coordinator', 'coordinator')
     print(f'coordinator pod deleted to status answered by the new one: '
           f'{time.monotonic() - deleted_at:.1f} s')
+    capsys.readouterr()
+    assert cli.main(['status', run, '--json']) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)['controller']['host'] == f'job/{run}-coordinator'
     said = coordinator_job.recovery_of_entry(  # what `attach --recover` says
         next(entry for entry in registry.entries() if entry.id == run))
     assert 'lost its pod 1 time' in said, said
