@@ -236,8 +236,8 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
             log('coordinator', 'coordinator')
         assert wait_for(lambda: run not in {e.id for e in registry.entries()}, 30)
         print(f'launch {launched:.1f} s, launch to end {time.monotonic() - started:.1f} s')
-        assert exit_codes() == {f'{run}-{name}': 0
-                                for name in ('coordinator', 'worker-0', 'member-0', 'prober-0')}
+        assert exit_codes() == {f'{run}-{name}': 0 for name in (
+            'coordinator', 'worker-0', 'member-0', 'prober-0')}, server.deletions
         assert wait_for(lambda: server.read('Job', f'{run}-coordinator')['status'].get(
             'succeeded') == 1, 30)
         capsys.readouterr()
@@ -328,8 +328,9 @@ def _readopts_once_its_coordinator_pod_is_lost(server, run, log, capsys) -> None
         except Exception:  # pylint: disable=broad-except  (the new pod does not serve yet)
             return False
     assert wait_for(answered, 90), log('coordinator', 'coordinator')
-    print(f'coordinator pod deleted to status answered by the new one: '
-          f'{time.monotonic() - deleted_at:.1f} s')
+    with capsys.disabled():  # (the test's output, not the commands')
+        print(f'coordinator pod deleted to status answered by the new one: '
+              f'{time.monotonic() - deleted_at:.1f} s')
     capsys.readouterr()
     assert cli.main(['status', run, '--json']) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)['controller']['host'] == f'job/{run}-coordinator'
