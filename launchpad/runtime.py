@@ -193,6 +193,11 @@ def set_thread_context(context: NodeContext) -> None:
     _thread_context.value = context
 
 
+def thread_context() -> Optional[NodeContext]:
+    """The context installed for the calling thread itself (None: it sees the process's)."""
+    return getattr(_thread_context, 'value', None)
+
+
 def set_process_context(context: Optional[NodeContext]) -> None:
     """Installs `context` for every thread of the process that has none of its own."""
     global _process_context
@@ -225,7 +230,7 @@ def get_context() -> NodeContext:
 
     Threads a node starts itself see the process's default context.
     """
-    context = getattr(_thread_context, 'value', None) or _process_context
+    context = thread_context() or _process_context
     if context is None:
         raise RuntimeError('No launchpad program is running here: this function is only available '
                            'inside a node of a launched program.')

@@ -113,7 +113,9 @@ def wait_for_actors(learner, expected: List[str], resize=None) -> Dict[str, obje
     while time.monotonic() < deadline:
         seen = {'members': learner.members(), 'senders': learner.senders(1.0),
                 'answered': learner.answered(1.0)}
-        if (seen['members'] == expected and seen['senders'] == expected
+        # (The group lists its members oldest first: nodes added together, e.g. pods that start
+        # at once, join in any order.)
+        if (sorted(seen['members']) == expected and seen['senders'] == expected
                 and seen['answered'] and all(a == expected for a in seen['answered'])):
             return seen
         time.sleep(0.2)

@@ -9,10 +9,11 @@ no Python code), and returns a completed result without the lock: a measured par
 
 - ``Future``'s instance attributes (``_condition``, ``_state``, ``_result``, ``_exception``,
   ``_waiters``, ``_done_callbacks``) and its state names (``concurrent.futures._base``'s
-  ``PENDING``, ``CANCELLED``, ``FINISHED``), a completed future's ``_exception`` set before
-  its ``_state``;
+  ``PENDING``, ``CANCELLED``, ``CANCELLED_AND_NOTIFIED``, ``FINISHED``), a completed future's
+  ``_exception`` set before its ``_state``;
 - ``threading.Condition``'s methods using no attribute but ``_lock``, ``acquire``,
-  ``release``, ``_release_save``, ``_acquire_restore``, ``_is_owned`` and ``_waiters``;
+  ``release``, ``_release_save``, ``_acquire_restore``, ``_is_owned`` and ``_waiters``, and its
+  ``notify`` releasing the waiter locks it takes out of ``_waiters``;
 - ``_thread.RLock``'s ``_release_save``, ``_acquire_restore`` and ``_is_owned``, and its
   being a type that can be subclassed.
 
@@ -30,6 +31,7 @@ import threading
 from typing import Any, Callable, ContextManager, List, Optional
 
 PENDING, CANCELLED, FINISHED = _futures.PENDING, _futures.CANCELLED, _futures.FINISHED
+DONE = (CANCELLED, _futures.CANCELLED_AND_NOTIFIED, FINISHED)  # what a wait ends on
 
 # What LightCondition provides of threading.Condition's instance attributes.
 CONDITION_ATTRIBUTES = ('_lock', 'acquire', 'release', '_release_save', '_acquire_restore',
@@ -81,7 +83,41 @@ class LightFuture(concurrent.futures.Future):
     def result(self, timeout: Optional[float] = None) -> Any:
         if self._state == FINISHED and self._exception is None:
             return self._result
-        return super().result(timeout)
+        self._wait_done(timeout)
+        return super().result(0)  # done: it neither waits nor releases the condition
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        self._wait_done(timeout)
+        return super().exception(0)
+
+    def _wait_done(self, timeout: Optional[float]) -> None:
+        """Waits until the future is done, or raises TimeoutError after `timeout` seconds.
+
+        ``Future.result`` waits in ``Condition.wait``, which releases the condition's lock
+        inside the ``with`` that took it and takes it again at the end: an exception raised in
+        the thread from outside (a local_mt stop) landing between the two left the ``with`` to
+        release a lock it no longer held, and the thread ended by a RuntimeError instead of the
+        exception. Here the lock is held only in blocks entered and left by C code, and the
+        thread blocks on a waiter of its own outside them, as ``Condition.wait`` does.
+        """
+        condition = self._condition
+        with condition:
+            if self._state in DONE:
+                return
+            waiter = _thread.allocate_lock()
+            waiter.acquire()
+            condition._waiters.append(waiter)  # pylint: disable=protected-access
+        try:  # A notify (under the lock) releases the waiter and takes it out of the waiters.
+            if timeout is None:
+                waiter.acquire()
+            elif timeout > 0:
+                waiter.acquire(True, timeout)
+        finally:
+            with condition:  # not notified: out of the waiters (where a notify would free it)
+                if waiter in condition._waiters:  # pylint: disable=protected-access
+                    condition._waiters.remove(waiter)  # pylint: disable=protected-access
+        if self._state not in DONE:
+            raise concurrent.futures.TimeoutError()
 
     def locked(self) -> ContextManager[bool]:
         """The future's condition, to hold while changing it (a context manager)."""

@@ -197,6 +197,9 @@ def supervise(run_dir: str) -> int:
     if os.path.exists(state_path):
         with open(state_path, 'rb') as f:
             state = pickle.load(f)
+    if state is not None:  # (`benchmarks/recover_bench.py` times the steps from these lines)
+        logging.info('Supervisor pid %d re-adopts program %s from its state.', os.getpid(),
+                     header['program_id'])
     program = pickle.loads(state['program']) if state is not None else launch['program']
     holder: Dict[str, Controller] = {}
     persist = Persister(state_path, program, lambda: {

@@ -3,8 +3,8 @@
 Threads cannot be killed. Ending one at once (a node that does not cooperate with a stop, a hung
 node) raises `NodeStopped` inside it, which ends Python code at its next line but not a call
 blocked in C; a thread still alive after that is abandoned (it is a daemon) and counts as killed.
-A node's thread waiting in a queue when it is told to stop is woken once its stop handlers ran,
-so that an exception they raised in it lands (`launchpad.process.interrupt`).
+A node's thread waiting in a queue or a sleep when it is told to stop is woken once its stop
+handlers ran, so that an exception they raised in it lands (`launchpad.process.interrupt`).
 A restarted node runs in a new thread.
 
     lp-NODE threads      the nodes (a new one per restart, and one per node added while it runs)
@@ -62,6 +62,7 @@ class _ThreadRunner(Runner):
         self.hung: Optional[Callable[[str, str, str], None]] = None  # a watchdog's report
         # (name, policy) -> the context of a node added to the running program
         self.new_context: Optional[Callable[..., runtime.NodeContext]] = None
+        self._ordinary_sleeps = interrupt.wakeable_sleeps()  # node threads' sleeps can be woken
 
     def add(self, name: str, context: runtime.NodeContext, run: Callable[[], None]) -> None:
         self.contexts[name] = context
@@ -182,7 +183,7 @@ class _ThreadRunner(Runner):
         Acme's StepsLimiter does, by a node told at once (no other calls it), it hears the stop
         there before this returns, as a node's main thread does on local_mp: an exception that its
         stop handlers raise in it (Acme's SystemExit) ends it now, not after whatever it does next
-        (Acme's StepsLimiter sleeps a second, which nothing can interrupt in a thread)."""
+        (Acme's StepsLimiter sleeps a second next)."""
         self.coordinator.request_stop(reason)
         if self._current(name) and name in self.coordinator.told_to_stop():
             self.stop_nodes([name])
@@ -204,6 +205,7 @@ class _ThreadRunner(Runner):
 
     def release(self) -> None:
         self.released.set()
+        self._ordinary_sleeps()
         if self.watchdog is not None:
             self.watchdog.close()
         runtime.clear_process_context(self.context)

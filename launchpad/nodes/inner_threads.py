@@ -10,7 +10,8 @@ the replay stops.
 
 The node on the calling thread is one that no other inner node calls (a learner rather than its
 replay): on a process's main thread, its waits can be interrupted once its stop handlers ran
-(`launchpad.process.interrupt`), as a node's in a process of its own.
+(`launchpad.process.interrupt`), as a node's in a process of its own. The others are woken from
+a queue's wait or a sleep, as local_mt's node threads are.
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ class InnerThreads:
             if index != self._here:
                 thread.start()
         self._outer.stop.add_handler(self._heard_stop)
+        ordinary_sleeps = interrupt.wakeable_sleeps()
         try:
             try:
                 self._run_node(self._here)
@@ -79,6 +81,7 @@ class InnerThreads:
         finally:
             interrupt.cancel_raise(threading.current_thread())
             self._outer.stop.remove_handler(self._heard_stop)
+            ordinary_sleeps()
         with self._done:
             return self._failures[0] if self._failures else None
 

@@ -14,6 +14,12 @@ would wait as long as the node does. `wake` ends such a wait without changing wh
   `put`, `Condition.wait_for`, a semaphore) is woken as if by a notify; it runs Python code, where
   a pending exception lands, and without one it checks its condition and waits again. Other
   waits (an `Event.wait`, a bare `Condition.wait`, a call blocked in C) are left alone.
+- a sleep in a node's thread: `time.sleep` is a call blocked in C that no signal ends in a
+  thread, and Acme's checkpointing counter sleeps a second at a time under its stop handler's
+  SystemExit. While node threads run (`wakeable_sleeps`: a thread launch, a thread colocation),
+  `time.sleep` in a thread with a node context of its own (not the main thread, not threads the
+  node started) waits in `Condition.wait_for` instead, which `wake` ends: a pending exception
+  lands, and without one it sleeps on until its time is up, as `time.sleep` would.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import ctypes
 import queue
 import signal
 import threading
+import time
 from typing import Callable, Hashable, List, Mapping
 
 from launchpad import runtime
@@ -39,6 +46,11 @@ RAISED_AT_STOP = (NodeStopped, SystemExit)
 _RECHECKING = frozenset(function.__code__ for function in (
     queue.Queue.get, queue.Queue.put, queue.Queue.join, threading.Condition.wait_for,
     threading.Semaphore.acquire))
+
+
+_SLEEP = time.sleep  # the interpreter's own
+_sleep_holders = 0  # launches and colocations that need node threads' sleeps wakeable
+_sleep_lock = threading.Lock()
 
 
 def _woken(signum, frame) -> None:
@@ -102,3 +114,45 @@ def tell_threads(stops: Mapping[Hashable, runtime.StopSignal],
         thread = threads.get(key)
         if stop.cooperating and thread is not None and thread.is_alive():
             wake(thread)
+
+
+def wakeable_sleeps() -> Callable[[], None]:
+    """Makes `time.sleep` in node threads one that `wake` ends (see the module docstring) until
+    the returned function is called; holders may nest, and the last one out puts the
+    interpreter's own back (unless someone replaced it since)."""
+    global _sleep_holders
+    with _sleep_lock:
+        _sleep_holders += 1
+        if _sleep_holders == 1 and time.sleep is _SLEEP:
+            time.sleep = _sleep
+    released = []
+
+    def release() -> None:
+        global _sleep_holders
+        with _sleep_lock:
+            if released:
+                return
+            released.append(True)
+            _sleep_holders -= 1
+            if _sleep_holders == 0 and time.sleep is _sleep:
+                time.sleep = _SLEEP
+
+    return release
+
+
+def _sleep(seconds) -> None:
+    """`time.sleep` as node threads see it while `wakeable_sleeps` is held."""
+    if (not isinstance(seconds, (int, float)) or not 0 < seconds <= threading.TIMEOUT_MAX
+            or threading.current_thread() is threading.main_thread()
+            or runtime.thread_context() is None):
+        _SLEEP(seconds)  # its errors, its zero sleep, and signals in the main thread
+        return
+    deadline = time.monotonic() + seconds
+    # Nothing else knows this condition, so it is never released: an exception landing anywhere
+    # in its wait leaves nothing to undo.
+    ended = threading.Condition(threading.Lock())
+    ended.acquire()  # pylint: disable=consider-using-with
+    left = seconds
+    while left > 0:  # a timed wait may end a hair early
+        ended.wait_for(lambda: time.monotonic() >= deadline, left)
+        left = deadline - time.monotonic()

@@ -53,24 +53,28 @@ def test_the_launcher_adds_and_removes_nodes(launch_type):
     assert controller.wait(timeout=30)
 
 
-def test_a_removed_node_gets_the_normal_stop(capfd):
+def test_a_removed_node_gets_the_normal_stop(capfd, tmp_path):
     """Its stop handler runs and it gets the notice period; one ignoring it is killed after."""
-    def cooperating():
+    def cooperating(ready):
         lp.register_stop_handler(lambda: print('HANDLER ran', flush=True))
+        open(ready, 'w').close()  # (a removal before its handler would end it at once)
         lp.wait_for_stop()
 
-    def stubborn():
+    def stubborn(ready):
         lp.register_stop_handler(lambda: None)  # cooperates, then never ends
+        open(ready, 'w').close()
         while True:
             time.sleep(0.05)
 
     program = lp.Program('remove')
-    program.add_node(lp.PyNode(cooperating), label='nice')
-    program.add_node(lp.PyNode(stubborn), label='stubborn')
+    program.add_node(lp.PyNode(cooperating, str(tmp_path / 'nice')), label='nice')
+    program.add_node(lp.PyNode(stubborn, str(tmp_path / 'stubborn')), label='stubborn')
     program.add_node(lp.PyNode(lp.wait_for_stop), label='stays')
     controller = lp.launch(program, launch_type='test_mp', notice_period=1.0)
     assert wait_until(lambda: all(s.state is lp.NodeState.RUNNING
                                   for s in controller.status().values()), timeout=60)
+    assert wait_until(lambda: all((tmp_path / name).exists() for name in ('nice', 'stubborn')),
+                      timeout=60)
     started = time.monotonic()
     controller.remove_node('nice/0')
     controller.remove_node('stubborn/0')

@@ -1,6 +1,7 @@
 """Programs launched as threads and as processes (test_mt, test_mp) behave the same."""
 import functools
 import os
+import tempfile
 import threading
 import time
 import unittest
@@ -128,25 +129,27 @@ def test_lp_stop_from_a_node_stops_every_node_and_runs_handlers(launch_type, tmp
     assert (tmp_path / 'stop handler ran').read_text() == 'watcher/0'
 
 
-def ignore_stop():
+def ignore_stop(cooperates: str):
     lp.register_stop_handler(lambda: None)  # it cooperates, so it gets the notice period...
+    open(cooperates, 'w').close()  # (a stop before this line would end it at once)
     while True:  # ...but never ends
         time.sleep(0.05)
 
 
 @pytest.mark.parametrize('launch_type', LAUNCH_TYPES)
-def test_stop_kills_nodes_that_ignore_it_after_the_notice_period(launch_type):
+def test_stop_kills_nodes_that_ignore_it_after_the_notice_period(launch_type, tmp_path):
     program = lp.Program('stubborn')
-    program.add_node(lp.PyNode(ignore_stop), label='stubborn')
+    cooperates = tmp_path / 'cooperates'
+    program.add_node(lp.PyNode(ignore_stop, str(cooperates)), label='stubborn')
     program.add_node(lp.CourierNode(Adder), label='server')
     controller = lp.launch(program, launch_type=launch_type, notice_period=0.5)
     assert wait_until(lambda: all(s.state is lp.NodeState.RUNNING
                                   for s in controller.status().values()), timeout=30)
-    time.sleep(0.2)  # the server is serving once its node runs its object
+    assert wait_until(cooperates.exists, timeout=30)
     started = time.monotonic()
     controller.stop()
     assert controller.done
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # killed after the notice: the stop ended
     status = controller.status()
     assert status['server/0'].state is lp.NodeState.FINISHED
     assert status['stubborn/0'].state is lp.NodeState.KILLED
@@ -233,13 +236,14 @@ def test_courier_node_with_run_ends_when_run_returns(launch_type):
 class TestCaseIntegration(unittest.TestCase):
 
     def test_test_launch_registers_stop_as_cleanup(self):
-        program = lp.make_program(lp.PyNode(ignore_stop))
+        marks = tempfile.TemporaryDirectory()  # pylint: disable=consider-using-with
+        self.addCleanup(marks.cleanup)  # (cleanups run last in, first out: after the stop)
+        cooperates = os.path.join(marks.name, 'cooperates')
+        program = lp.make_program(lp.PyNode(ignore_stop, cooperates))
         controller = lp.launch(program, launch_type='test_mp', test_case=self,
                                notice_period=0.2)
         self.assertFalse(controller.wait(timeout=0.2))
-        self.assertTrue(wait_until(lambda: controller.status()['ignore_stop/0'].state
-                                   is lp.NodeState.RUNNING, timeout=30))
-        time.sleep(0.5)  # it registers its stop handler as it starts: it cooperates
+        self.assertTrue(wait_until(lambda: os.path.exists(cooperates), timeout=30))
         self.doCleanups()
         self.assertTrue(controller.done)
         self.assertIs(controller.status()['ignore_stop/0'].state, lp.NodeState.KILLED)

@@ -150,7 +150,8 @@ def test_nodes_that_join_get_free_devices_and_a_removed_nodes_devices(four_devic
     assert sorted(controller.status()) == [f'actor/{i}' for i in range(4)]  # nothing was added
     given_to_removed = handles['actor'][1].dereference().seen()['cuda']
     controller.remove_node('actor/1')
-    assert wait_until(lambda: controller.status()['actor/1'].state is lp.NodeState.REMOVED)
+    assert wait_until(lambda: controller.status()['actor/1'].state is lp.NodeState.REMOVED,
+                      timeout=60)
     added = controller.add_node(lp.CourierNode(Probe), 'actor')
     assert added.dereference().seen()['cuda'] == given_to_removed
     for i in (0, 2, 3):  # the others kept theirs

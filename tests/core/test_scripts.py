@@ -66,7 +66,7 @@ def node_pids(report_dir):
 def assert_gone(pids):
     assert wait_until(lambda: not any(psutil.pid_exists(p) and
                                       psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                                      for p in pids), timeout=10), f'still alive: {pids}'
+                                      for p in pids), timeout=30), f'still alive: {pids}'
 
 
 @pytest.mark.parametrize('launch_type', ['local_mt', 'local_mp'])
@@ -259,7 +259,7 @@ def test_second_ctrl_c_kills_at_once(tmp_path):
     process, reports = start_script(tmp_path, 'stubborn', notice='60')
     pids = node_pids(reports)
     process.send_signal(signal.SIGINT)
-    assert wait_until(lambda: (reports / 'stop_handler_ran').exists(), timeout=10)
+    assert wait_until(lambda: (reports / 'stop_handler_ran').exists(), timeout=30)
     process.send_signal(signal.SIGINT)
     process.communicate(timeout=15)  # far less than the 60 s notice period
     assert_gone(pids)
@@ -308,7 +308,7 @@ def test_a_sigkilled_local_mt_launchers_directories_go_at_the_next_launch(tmp_pa
         launcher.kill()
         launcher.wait()
     assert inner
-    psutil.wait_procs(inner, timeout=10)
+    psutil.wait_procs(inner, timeout=30)
     assert not any(node.is_running() and node.status() != psutil.STATUS_ZOMBIE
                    for node in inner)
     assert not any('colocation' in path for path in temp_dirs() - before)

@@ -46,6 +46,7 @@ def wait_raising_system_exit_at_stop(record: str) -> None:
 
     lp.register_stop_handler(raise_system_exit_there)
     try:
+        open(f'{record}.waiting', 'w').close()  # (a stop before its handler would end it at once)
         queue.Queue().get()
     except SystemExit:
         with open(record, 'w') as f:
@@ -59,8 +60,7 @@ def test_a_stop_handler_s_exception_reaches_a_process_node_waiting_in_a_lock(tmp
     program = lp.Program('waiting')
     program.add_node(lp.PyNode(wait_raising_system_exit_at_stop, str(record)), label='learner')
     controller = lp.launch(program, launch_type='test_mp', notice_period=30)
-    assert wait_until(lambda: controller.status()['learner/0'].state is lp.NodeState.RUNNING,
-                      timeout=60)
+    assert wait_until(lambda: (tmp_path / 'ended.txt.waiting').exists(), timeout=60)
     controller.stop()
     assert controller.wait(timeout=60)
     assert controller.status()['learner/0'].state is lp.NodeState.FINISHED
@@ -103,3 +103,68 @@ def test_a_thread_node_that_stops_the_program_hears_the_stop_in_its_own_thread(t
     assert controller.wait(timeout=60)
     assert controller.status()['limiter/0'].state is lp.NodeState.FINISHED
     assert record.read_text() == 'checkpoint SystemExit'
+
+
+class CheckpointingCounter:
+    """Acme's counter as its checkpointing runner serves it: its run() sleeps between checkpoints
+    (Acme's a second at a time, here an hour, so that a sleep nothing wakes outlasts the notice
+    period), and its stop handler writes the last checkpoint, then raises SystemExit in the
+    node's thread (`runtime_terminator`), where it lands only once the sleep is over."""
+
+    def __init__(self, record: str):
+        self._record = record
+        self._count = 0
+
+    def increment(self) -> int:
+        self._count += 1
+        return self._count
+
+    def run(self) -> None:
+        node_thread = threading.get_ident()
+
+        def terminate() -> None:
+            with open(self._record, 'a') as f:
+                f.write('checkpoint ')
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(node_thread),
+                                                       ctypes.py_object(SystemExit))
+
+        lp.register_stop_handler(terminate)
+        with open(self._record, 'a') as f:
+            f.write('running ')
+        try:
+            while True:
+                time.sleep(3600)
+        except SystemExit:
+            with open(self._record, 'a') as f:
+                f.write('SystemExit')
+
+
+def count_until_stopped(counter) -> None:
+    """A caller of the counter (Acme's learner): it ends at the stop, before the counter is told."""
+    counter.increment()
+    lp.wait_for_stop()
+
+
+@pytest.mark.parametrize('launch_type, colocate', [('test_mt', False), ('test_mp', True)])
+def test_a_node_thread_sleeping_under_its_stop_handler_s_system_exit_ends_with_the_stop(
+        launch_type, colocate, tmp_path):
+    """Acme's counter in a thread (local_mt, or an inner thread of a thread colocation, next to
+    a node that calls it) sleeps when its stop handler raises SystemExit there: the sleep is
+    woken, so the counter ends with the stop rather than being killed at the end of the notice
+    period, and after its caller (graph order)."""
+    record = tmp_path / 'counter.txt'
+    program = lp.Program('sleeping_counter')
+    counter_node = lp.CourierNode(CheckpointingCounter, str(record))
+    caller_node = lp.PyNode(count_until_stopped, counter_node.create_handle())
+    if colocate:
+        program.add_node(lp.MultiThreadingColocation([caller_node, counter_node]), label='learner')
+    else:
+        program.add_node(counter_node, label='counter')
+        program.add_node(caller_node, label='learner')
+    controller = lp.launch(program, launch_type=launch_type, notice_period=10)
+    assert wait_until(lambda: record.exists() and record.read_text() == 'running ', timeout=60)
+    controller.stop()
+    assert controller.wait(timeout=60)
+    states = {name: status.state for name, status in controller.status().items()}
+    assert set(states.values()) == {lp.NodeState.FINISHED}, states
+    assert record.read_text() == 'running checkpoint SystemExit'

@@ -417,7 +417,9 @@ def test_a_connected_clients_blocking_calls_keep_their_outcomes(make_server, soc
     first = serve_add_and_sleep(make_server, f'unix:{socket_dir}/first.sock')
     second = serve_add_and_sleep(make_server, f'unix:{socket_dir}/second.sock')
     resolver = _ResendingOnce(first.address, second.address)
-    client = courier.Client(resolver, call_timeout=2, wait_for_ready=False)
+    # (Each send of a call may take call_timeout: the sleeps leave seconds to spare either way
+    # on a busy machine, for the stop to come during the first send, and for the second.)
+    client = courier.Client(resolver, call_timeout=4, wait_for_ready=False)
     assert client.add(1, 2) == 3
     with pytest.raises(TypeError):
         client.add(1, 'x')
@@ -425,7 +427,7 @@ def test_a_connected_clients_blocking_calls_keep_their_outcomes(make_server, soc
         client.sleep(10)
     assert client.add(2, 2) == 4 and resolver.asked == []
     threading.Timer(0.5, first.Stop, kwargs={'grace': 0}).start()
-    assert client.sleep(1.5) == 'slept'  # Its server died during it: sent again, to `second`.
+    assert client.sleep(2.5) == 'slept'  # Its server died during it: sent again, to `second`.
     assert resolver.asked == [('sleep', 1)] and client.add(3, 3) == 6
     counts = {table['role']: table['methods'] for table in courier.metrics.snapshot()
               if table['address'] == second.address}
@@ -434,7 +436,7 @@ def test_a_connected_clients_blocking_calls_keep_their_outcomes(make_server, soc
     assert plain.add(1, 1) == 2
     threading.Timer(0.5, second.Stop, kwargs={'grace': 0}).start()
     with pytest.raises(courier.ServerUnavailableError, match="'sleep'.*went away"):
-        plain.sleep(1.5)
+        plain.sleep(2.5)
 
 
 class _Gone(courier.ServerUnavailableError):

@@ -337,22 +337,25 @@ def test_batched_handler_gathers_calls_from_threads_and_futures(make_server, add
 
 
 def test_futures_complete_in_any_order(make_server, address, kind):
-    serve_add_and_sleep(make_server, address)
+    server = serve_add_and_sleep(make_server, address)
+    held = threading.Event()
+    server.Bind('held', held.wait)
     client = courier.Client(address, call_timeout=20)
-    slow = client.futures.sleep(1)
+    slow = client.futures.held(30)
     fast = client.futures.add(1, 2)
-    assert fast.result(timeout=0.9) == 3
+    assert fast.result(timeout=20) == 3
     assert not slow.done()
-    assert slow.result() == 'slept'
+    held.set()
+    assert slow.result() is True
 
 
 def test_a_timed_out_blocking_call_does_not_confuse_the_next_one(make_server, address, kind):
     serve_add_and_sleep(make_server, address)
-    client = courier.Client(address, call_timeout=0.2)
+    client = courier.Client(address, call_timeout=1.0)  # (for an add, even on a busy machine)
     with pytest.raises(courier.CallTimeoutError):
-        client.sleep(0.5)
+        client.sleep(2)
     assert client.add(1, 2) == 3  # Not the late answer of sleep.
-    time.sleep(0.5)
+    time.sleep(1.5)  # (it comes meanwhile)
     assert client.add(2, 2) == 4
 
 

@@ -15,9 +15,12 @@ from typing import Any, Dict
 
 import launchpad as lp
 
+SERVED = 'SERVED '  # starts what a counter without a path prints
 
 class Counter:
-    """Counts the calls it serves; writes {'calls', 'longest_gap'} to `path` every 50 ms."""
+    """Counts the calls it serves; writes {'calls', 'longest_gap'} to `path` every 50 ms, or
+    with no `path` prints it (`SERVED` and its JSON) every 0.5 s, for a node whose files the
+    launching machine cannot read (in a Kubernetes pod)."""
 
     def __init__(self, path: str):
         self._path = path
@@ -36,9 +39,15 @@ class Counter:
             return self._calls
 
     def run(self) -> None:
+        printed = 0.0
         while not lp.wait_for_stop(0.05):
             with self._lock:
                 state = {'calls': self._calls, 'longest_gap': self._longest_gap}
+            if not self._path:
+                if time.monotonic() - printed >= 0.5:
+                    print(f'{SERVED}{json.dumps(state)}', flush=True)
+                    printed = time.monotonic()
+                continue
             with open(self._path + '.tmp', 'w') as f:
                 json.dump(state, f)
             os.replace(self._path + '.tmp', self._path)
@@ -52,6 +61,12 @@ class Counter:
         except (OSError, ValueError):
             return {'calls': 0, 'longest_gap': 0.0}
 
+    @staticmethod
+    def parse(output: str) -> Dict[str, Any]:
+        """What a counter without a path said it served last in its `output`."""
+        said = [line.split(SERVED, 1)[1] for line in output.splitlines() if SERVED in line]
+        return json.loads(said[-1]) if said else {'calls': 0, 'longest_gap': 0.0}
+
 
 def call_forever(counter) -> None:
     while not lp.wait_for_stop(0.01):
@@ -63,7 +78,8 @@ def idle() -> None:
 
 
 def make_program(path: str, name: str = 'detached') -> lp.Program:
-    """The counter at `path`, its caller, and one worker of elastic group 'worker' (1 to 3)."""
+    """The counter at `path` ('': printing), its caller, and one worker of elastic group
+    'worker' (1 to 3)."""
     program = lp.Program(name)
     counter = program.add_node(lp.CourierNode(Counter, path), label='counter')
     program.add_node(lp.PyNode(call_forever, counter), label='caller')

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import time
 
+import courier
 import launchpad as lp
 
 
@@ -78,6 +79,16 @@ class Actor:
         self._id = actor_id
 
     def run(self) -> None:
+        # Pods start in any order, and the learner's clients wait 1 s for it to serve: the
+        # first call is tried again until it serves (a minute at most).
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self._learner.weights()
+                break
+            except courier.ServerUnreachableTimeoutError:
+                if time.monotonic() > deadline or lp.stop_event().is_set():
+                    raise
         episodes = 0
         while not lp.stop_event().is_set():
             try:

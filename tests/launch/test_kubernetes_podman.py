@@ -19,8 +19,10 @@ import json
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -29,9 +31,11 @@ from tests.leftovers import no_new_children
 from launchpad.launch import kubernetes
 from launchpad.launch.kubernetes import launcher as kubernetes_launcher
 from launchpad.launch.kubernetes.api import AlreadyExists
+from tests.core.conftest import wait_until
 from tests.launch import kubernetes_programs
 
-pytestmark = pytest.mark.timeout(120)
+# The pods start within the waits below (the stand-in plays them after `create` answers).
+pytestmark = pytest.mark.timeout(180)
 GROWTH = 8  # pods of added nodes per group that the stand-in's DNS knows
 
 
@@ -42,6 +46,9 @@ class PodmanApi:
     ConfigMaps it mounts, with the translations described at the top of this module; pod
     statuses are read back from the containers' states, logs from `podman logs`, and deleting a
     pod stops it with its grace period (SIGTERM, then SIGKILL), in the background like a kubelet.
+    Like an API server, `create` answers at once and the pod is played in the background, listed
+    as Pending meanwhile: `kube play` can take longer than a client's request timeout (30 s) on
+    a loaded machine, and a coordinator pod adding a node would then fail.
     """
 
     def __init__(self, bed, tmp_path):
@@ -54,6 +61,8 @@ class PodmanApi:
         self._aliases = []
         self._secrets = []
         self._deleting = []
+        self._playing = {}     # pod name -> the thread playing it
+        self.play_errors = {}  # pod name -> why `kube play` failed
         self._followers = []
         self.created = []
 
@@ -107,7 +116,17 @@ class PodmanApi:
         path.write_text(kubernetes.to_yaml([self._configmaps[c] for c in mounted] + [pod]))
         self._pods[name] = pod
         ip = self._ips.setdefault(name, f'{self._base}.{100 + len(self._ips)}')  # leave pods
-        _podman('kube', 'play', '--network', self._bed.network, '--ip', ip, str(path))
+
+        def play():
+            try:
+                _podman('kube', 'play', '--network', self._bed.network, '--ip', ip, str(path))
+            except (AssertionError, subprocess.SubprocessError) as e:
+                self.play_errors[name] = str(e)
+
+        self.play_errors.pop(name, None)
+        thread = threading.Thread(target=play, name=f'play-{name}')
+        self._playing[name] = thread
+        thread.start()
 
     def _move(self, hostname, ip):
         """Points the DNS name of pod hostname `hostname` at `ip`, in the hosts file of every
@@ -136,7 +155,11 @@ class PodmanApi:
         grace = 30 if grace_period_seconds is None else grace_period_seconds
         main = f'{name}-{pod["spec"]["containers"][0]["name"]}'
 
+        playing = self._playing.get(name)
+
         def stop():
+            if playing is not None:
+                playing.join()  # (`_podman` ends it within its timeout)
             # Like a kubelet: the containers get SIGTERM and the grace period while the pod's
             # network stays up (`podman pod stop` would stop its infra container at once).
             _podman('stop', '--time', str(grace), main, check=False)
@@ -148,12 +171,21 @@ class PodmanApi:
 
     def list_pods(self, selector):
         del selector
+        # Which pods are still being played, before podman is asked: a play that ends in between
+        # has made its containers by then.
+        playing = {name for name, thread in list(self._playing.items()) if thread.is_alive()}
         containers = {c['Names'][0]: c for c in json.loads(_podman('ps', '-a', '--format', 'json'))}
         pods = []
         for name, document in list(self._pods.items()):
             main = document['spec']['containers'][0]['name']
             if f'{name}-{main}' in containers:  # gone once deleted, like a pod
                 pods.append({**document, 'status': _status(containers[f'{name}-{main}'], main)})
+            elif name in self.play_errors:
+                pods.append({**document, 'status': {
+                    'phase': 'Failed', 'reason': 'KubePlayFailed',
+                    'message': self.play_errors[name]}})
+            elif name in playing:
+                pods.append({**document, 'status': {'phase': 'Pending'}})
         return pods
 
     def read_log(self, pod, container, tail_lines=None):
@@ -176,9 +208,10 @@ class PodmanApi:
         return result.stdout
 
     def close(self):
-        """Waits for pending deletions, then removes whatever the launcher did not."""
-        for thread in self._deleting:
-            thread.join(60)
+        """Waits for pending plays and deletions, then removes whatever the launcher did not;
+        fails naming the pods `kube play` could not start."""
+        for thread in list(self._playing.values()) + self._deleting:
+            thread.join(120)
         for name in list(self._pods):
             self.delete('Pod', name, 0)
         for thread in self._deleting:
@@ -189,6 +222,7 @@ class PodmanApi:
             _podman('volume', 'rm', name, check=False)
         for process in self._followers:  # `podman logs --follow` ends with its container
             process.wait(30)
+        assert not self.play_errors, f'kube play failed: {self.play_errors}'
 
 
 def _status(container, main):
@@ -251,7 +285,7 @@ def test_producer_consumer_runs_across_pods_and_ends_by_lp_stop_in_a_pod(podman_
     payload = os.urandom(int(2.5 * kubernetes.SPEC_CHUNK_BYTES))  # split over 3 ConfigMaps
     controller, api = podman_launch(
         kubernetes_programs.producer_consumer(producers=2, count=5, payload=payload))
-    assert controller.wait(timeout=90)
+    assert controller.wait(timeout=150)
     assert {s.state for s in controller.status().values()} == {lp.NodeState.FINISHED}
     out = capfd.readouterr().out
     assert '[consumer-0] consumed 10 items summing to 20' in out, out
@@ -264,7 +298,7 @@ def test_producer_consumer_runs_across_pods_and_ends_by_lp_stop_in_a_pod(podman_
 
 def test_actor_learner_runs_across_pods(podman_launch, capfd):
     controller, _ = podman_launch(kubernetes_programs.actor_learner(actors=2, steps=20))
-    assert controller.wait(timeout=90)
+    assert controller.wait(timeout=150)
     assert {s.state for s in controller.status().values()} == {lp.NodeState.FINISHED}
     out = capfd.readouterr().out
     updates = re.search(r'\[learner-0\] learner: (\d+) updates', out)
@@ -276,7 +310,7 @@ def test_launcher_stop_reaches_the_pods_as_the_stop_signal_and_probes_reach_a_no
         podman_launch):
     controller, _ = podman_launch(kubernetes_programs.actor_learner(actors=1, steps=10 ** 9),
                                   notice_period=5)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while controller.status()['actor/0'].state is lp.NodeState.PENDING:
         assert time.monotonic() < deadline, controller.status()
         time.sleep(0.2)  # until its pod runs (the launcher learns it from the pod's phase)
@@ -299,7 +333,7 @@ def test_launcher_stop_reaches_the_pods_as_the_stop_signal_and_probes_reach_a_no
 def test_launcher_reports_a_failing_pod_with_its_real_log_tail(podman_launch):
     controller, _ = podman_launch(kubernetes_programs.failing())
     with pytest.raises(lp.NodeFailedError) as failure:
-        controller.wait(timeout=90)
+        controller.wait(timeout=150)
     assert failure.value.node_name == 'broken/0'
     assert 'exited with code 1' in failure.value.message
     assert 'ValueError: the reward went negative' in failure.value.remote_traceback
@@ -327,3 +361,53 @@ def test_an_elastic_group_grows_and_shrinks_in_pods(podman_launch, capfd):
     assert sorted(p for p in pods if p.endswith('-leave')) == [
         f'{run}-actor-{i}-leave' for i in range(1, 6)]
     assert len(controller.scale_up_times) == 4
+
+
+def test_the_stand_in_answers_a_pod_creation_before_kube_play_ends(tmp_path, monkeypatch):
+    """As an API server does, so that a slow `kube play` on a loaded machine cannot run past a
+    client's request timeout: the pod is listed as Pending while it plays, then as its
+    containers are; a deletion waits for the play; a failed play is a Failed pod, and `close`
+    names it. (A fake podman: no bed needed.)"""
+    plays = {'p': threading.Event(), 'q': threading.Event(), 'bad': threading.Event()}
+    calls, running = [], set()
+
+    def fake_podman(*args, check=True):
+        if args[:2] == ('kube', 'play'):
+            name = os.path.basename(args[-1])[:-len('.yaml')]
+            assert plays[name].wait(10), f'{name} was never let play'
+            if name == 'bad':
+                raise AssertionError('podman kube play failed: no such image')
+            running.add(name)
+        calls.append(args[:2] + args[-1:])
+        if args[:2] == ('pod', 'rm'):
+            running.discard(args[-1])
+        if args == ('ps', '-a', '--format', 'json'):
+            return json.dumps([{'Names': [f'{name}-main'], 'State': 'running'} for name in running])
+        return ''
+
+    monkeypatch.setattr(sys.modules[__name__], '_podman', fake_podman)
+    bed = types.SimpleNamespace(network='lpnet', subnet='10.201.0.0/24', source_dir=str(tmp_path))
+    api = PodmanApi(bed, tmp_path)
+
+    def phases():
+        return {pod['metadata']['name']: pod['status']['phase'] for pod in api.list_pods('')}
+
+    for name in plays:
+        started = time.monotonic()
+        api.create({'kind': 'Pod', 'metadata': {'name': name},
+                    'spec': {'containers': [{'name': 'main', 'command': ['true']}]}})
+        assert time.monotonic() - started < 5  # not after the play (10 s here)
+    assert phases() == {'p': 'Pending', 'q': 'Pending', 'bad': 'Pending'}
+    api.delete('Pod', 'q', grace_period_seconds=0)  # while it plays
+    plays['p'].set()
+    plays['bad'].set()
+    assert wait_until(lambda: phases() == {'p': 'Running', 'bad': 'Failed'}), phases()
+    bad = next(pod for pod in api.list_pods('') if pod['metadata']['name'] == 'bad')
+    assert 'no such image' in bad['status']['message']
+    assert ('pod', 'rm', 'q') not in calls  # its deletion waits for its play
+    plays['q'].set()
+    assert wait_until(lambda: ('pod', 'rm', 'q') in calls), calls
+    assert calls.index(('kube', 'play', str(tmp_path / 'q.yaml'))) < calls.index(('stop', '--time', 'q-main'))
+    with pytest.raises(AssertionError, match="kube play failed: .*'bad'.*no such image"):
+        api.close()
+    assert running == set()

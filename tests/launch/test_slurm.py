@@ -363,18 +363,18 @@ def test_a_restart_asked_again_by_a_new_driver_runs_the_step_once(tmp_path):
         'SRUN_LOG': str(ran)})
     try:
         dead = runner()
-        assert wait_until(lambda: dead.poll()[name] == 3, timeout=10)  # it failed: restarting
+        assert wait_until(lambda: dead.poll()[name] == 3, timeout=30)  # it failed: restarting
         dead.restart(name)
-        assert wait_until(lambda: runs() == 2, timeout=10)  # (the script took the request)
+        assert wait_until(lambda: runs() == 2, timeout=30)  # (the script took the request)
         new = runner()  # the node is still to be restarted, as far as it knows
         new.restart(name)
         coordinator.node_restarted(name)
-        assert wait_until(lambda: new.poll()[name] == 3, timeout=10)  # the second run's code
+        assert wait_until(lambda: new.poll()[name] == 3, timeout=30)  # the second run's code
         assert runs() == 2, ran.read_text()
         coordinator.node_failed(name, 'it failed again')
         new.restart(name)
         assert new.poll()[name] is None  # (not the second run's code)
-        assert wait_until(lambda: new.poll()[name] == 3, timeout=10)
+        assert wait_until(lambda: new.poll()[name] == 3, timeout=30)
         assert runs() == 3, ran.read_text()
     finally:
         shutil.rmtree(run_dir)  # the script stops waiting for restarts

@@ -24,6 +24,7 @@ from launchpad.launch import detached
 from launchpad.launch.launcher import LaunchOptions
 from launchpad.launch.ssh import protocol
 from launchpad.observe import registry, relay
+from tests.core.conftest import wait_until
 from tests.launch.detached_program import Counter
 from tests.launch.test_detach import _calls
 from tests.launch.test_ssh import REPO, host_options, hosts  # pylint: disable=unused-import
@@ -189,9 +190,10 @@ def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
         finally:
             subprocess.run(['ip', 'link', 'set', H3_LINK, 'up'], check=True)
             subprocess.run(['ip', 'addr', 'add', LAUNCHER_ADDRESS, 'dev', BRIDGE], check=True)
-        assert not any(psutil.pid_exists(pid) for pid in brief_nodes)
-        assert not glob.glob(os.path.join(tempfile.gettempdir(),
-                                          f'{detached.RUN_PREFIX}{brief_id}*'))
+        # (Past its grace, which ended during the cut: waited for, the hosts being loaded.)
+        _wait_until_dead(brief_nodes, timeout=30)
+        assert wait_until(lambda: not glob.glob(os.path.join(
+            tempfile.gettempdir(), f'{detached.RUN_PREFIX}{brief_id}*')), timeout=30)
         assert _cli('status', brief_id, check=False).returncode == 1
         assert not glob.glob(str(registry.directory() / f'{brief_id}.*'))
         _wait_for_line(remote / 'logs' / program_id / 'supervisor.log',

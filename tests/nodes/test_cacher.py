@@ -111,7 +111,7 @@ def test_a_failed_refresh_keeps_the_old_result_until_it_is_stale():
 def test_concurrent_misses_reach_the_source_once():
     gate = threading.Event()
     fetch = CountingFetch(gate)
-    cache = Cache(refresh_interval=1.0, stale_after=5.0)
+    cache = Cache(refresh_interval=60.0, stale_after=120.0)  # a late caller gets the cached 1
     results = []
     threads = [threading.Thread(target=lambda: results.append(cache.get('k', fetch)))
                for _ in range(8)]
@@ -189,11 +189,10 @@ def check_cacher(cacher, source):
     requesters, calls_each = 8, 50
     results = in_threads(requesters, lambda _: [cacher.square(3) for _ in range(calls_each)])
     assert results == [[9] * calls_each] * requesters
-    source_calls = source.calls()['square']
-    assert source_calls * 20 <= requesters * calls_each, source_calls
+    assert source.calls()['square'] == 1  # the concurrent misses wait for one fetch
 
     assert (cacher.square(4), cacher.square(x=5), cacher.square(4)) == (16, 25, 16)
-    assert source.calls()['square'] == source_calls + 2
+    assert source.calls()['square'] == 3
 
     assert in_threads(8, lambda _: cacher.slow()) == ['slow'] * 8
     assert source.calls()['slow'] == 1
@@ -209,8 +208,11 @@ def check_cacher(cacher, source):
 def test_requesters_behind_a_cacher_spare_the_source(launch_type):
     program = lp.Program('cacher')
     source = program.add_node(lp.CourierNode(Source), label='source')
+    # Nothing is refreshed while the test runs, however slowly (refreshes: the Cache tests above):
+    # a refresh running behind a served call would reach the source at a moment of its own.
     cacher = program.add_node(
-        lp.CacherNode(source, refresh_interval_ms=1000, stale_after_ms=10000), label='cacher')
+        lp.CacherNode(source, refresh_interval_ms=600_000, stale_after_ms=600_000),
+        label='cacher')
     program.add_node(lp.PyNode(check_cacher, cacher, source), label='check')
     launch_and_wait(program, launch_type)
 

@@ -223,7 +223,8 @@ def test_stopping_the_program_ends_the_sub_processes(launch_type):
     controller = lp.launch(colocated_program('processes', serve_forever),
                            launch_type=launch_type, notice_period=30)
     try:
-        assert wait_until(lambda: controller.status()['colo/0'].state is lp.NodeState.RUNNING)
+        assert wait_until(lambda: controller.status()['colo/0'].state is lp.NodeState.RUNNING,
+                          timeout=60)
         time.sleep(1.0)  # the sub-processes are up
     finally:
         started = time.monotonic()
@@ -258,12 +259,13 @@ def test_a_killed_process_colocation_leaves_no_directory():
                      label='colo')
     controller = lp.launch(program, launch_type='test_mp')
     try:
-        assert wait_until(lambda: controller.status()['colo/0'].state is lp.NodeState.RUNNING)
+        assert wait_until(lambda: controller.status()['colo/0'].state is lp.NodeState.RUNNING,
+                          timeout=60)
         colocation = psutil.Process(controller.status()['colo/0'].pid)
         assert wait_until(colocation.children, timeout=30)  # its inner node runs
         inner = colocation.children()
         colocation.kill()
-        psutil.wait_procs(inner, timeout=10)
+        psutil.wait_procs(inner, timeout=30)
         assert not any(process.is_running() for process in inner)
         assert controller.wait(timeout=30, raise_error=False)  # (a failure ends the program)
     finally:

@@ -74,15 +74,25 @@ def launch(tmp_path, launch_type: str, *args: str) -> subprocess.Popen:
 
 @contextlib.contextmanager
 def launched(tmp_path, launch_type: str, *args: str) -> Iterator[subprocess.Popen]:
-    """PROGRAM running (as `launch` starts it); killed, with its process group, if it still
-    runs at the end of the block."""
+    """PROGRAM running (as `launch` starts it); ended (`end`) if it still runs at the end of
+    the block."""
     process = launch(tmp_path, launch_type, *args)
     try:
         yield process
     finally:
-        if process.poll() is None:
+        end(process)
+
+
+def end(process: subprocess.Popen) -> None:
+    """Ends a launch that a failed test left running: a Ctrl-C first, so that its nodes stop
+    and its registry entry goes, and the fixture reports the failure, not leftovers of it."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            process.communicate()
 
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

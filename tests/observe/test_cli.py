@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from tests.observe.programs import (cli, cli_json, environment, launch, launched, observer_of,
+from tests.observe.programs import (cli, cli_json, end, environment, launch, launched, observer_of,
                                     running, wait_until)
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,14 +35,15 @@ def _look_then_stop(process: subprocess.Popen, launch_type: str) -> dict:
     wait_until(lambda: _busy(observer), what='every node running, calls served')
     wait_until(lambda: len(observer.logs()['lines']) >= 2, what='lines from both producers')
 
-    # Every node answers live probes (`stacks`, `waits`), on every launcher.
-    probed = observer.probe(['stacks', 'process'])
+    # Every node answers live probes (`stacks`, `waits`), on every launcher (within 10 s: on a
+    # busy machine a node may take longer than the 0.5 s the CLI waits).
+    probed = observer.probe(['stacks', 'process'], timeout=10)
     assert all(answer['live'] for answer in probed['nodes'].values()), probed['nodes']
     producing = [[frame[2] for frame in thread['frames']]
                  for thread in probed['nodes']['producer/0']['stacks']]
     assert any('producer' in functions for functions in producing)
     assert probed['nodes']['counter/0']['process']['rss'] > 0
-    assert observer.waits()['silent'] == []
+    assert observer.waits(timeout=10)['silent'] == []
 
     listed = cli_json('list')
     assert [(e['id'], e['name'], e['launch_type'], e['nodes']) for e in listed] == [
@@ -117,9 +118,7 @@ def test_cli_sees_and_stops_a_local_program(runtime_dir, tmp_path):
     try:
         rows = _look_then_stop(process, 'local_mp')
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, 9)
-            process.wait()
+        end(process)
     assert {row['host'] for row in rows.values()} == {os.uname().nodename}
 
 

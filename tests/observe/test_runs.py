@@ -116,9 +116,7 @@ def test_an_ended_run_is_queried_served_read_by_tensorboard_and_forgotten(
                             timeout=30, what='the restart in the run file')
         _, stderr = process.communicate(timeout=90)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        programs.end(process)
     assert process.returncode != 0 and 'flaky gave up, second run' in stderr, stderr
 
     run = entry.id

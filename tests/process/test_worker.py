@@ -154,7 +154,8 @@ def test_a_stop_watchers_poll_that_times_out_dials_again(tmp_path):
     server = serve_coordinator(coordinator, endpoint, auth_token=TOKEN)
     resolved = iter([f'127.0.0.1:{silent.getsockname()[1]}', endpoint])
     watching = worker._Watching(lambda: courier.Client(  # pylint: disable=protected-access
-        next(resolved), call_timeout=1.0, wait_for_ready=False, auth_token=TOKEN))
+        next(resolved), call_timeout=5.0, wait_for_ready=False, auth_token=TOKEN))
+    # (5 s: the call to the successor, in this busy process, must not time out too)
     try:
         with pytest.raises(courier.CallTimeoutError):
             watching.wait_for_stop(0.1, 'worker/0')

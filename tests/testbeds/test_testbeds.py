@@ -14,7 +14,7 @@ import pytest
 
 from tests import testbeds
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(120, func_only=True)  # (not the wait for a bed another holds)
 
 REPORT_ADDRESS = textwrap.dedent('''
     import socket
@@ -72,11 +72,13 @@ def start_sleeping_job(directory: pathlib.Path, *sbatch_args: str) -> tuple[str,
     pidfile = directory / 'job.pid'
     job = run(['sbatch', '--parsable', '--output=/dev/null', *sbatch_args,
                '--wrap', f'echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile} && exec sleep 300'])
-    for _ in range(200):
+    deadline = time.monotonic() + 60  # (slurmctld schedules slowly on a loaded machine)
+    while time.monotonic() < deadline:
         if pidfile.exists():
             return job.strip(), int(pidfile.read_text())
         time.sleep(0.05)
-    raise AssertionError(f'job {job.strip()} did not start within 10 s')
+    raise AssertionError(f'job {job.strip()} did not start within 60 s: '
+                         f'{run(["squeue", "-h", "-j", job.strip(), "-o", "%T %r"]).strip()}')
 
 
 # --- SSH -----------------------------------------------------------------------------------

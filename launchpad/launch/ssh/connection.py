@@ -48,6 +48,8 @@ class Connection:
         without being closed (the network or the host went away); its nodes then run on.
       refused: the agent's `refused` event, if it refused this connection's claim (a newer
         supervisor holds it, see `protocol`).
+      session_at: when a reattached session's shell answered (time.monotonic()): ssh's part of
+        reaching an agent again (a new supervisor logs it).
     """
 
     def __init__(self, host: SshHost, control_path: str, detached: bool = False,
@@ -68,6 +70,7 @@ class Connection:
         self._closing = False
         self._send_lock = threading.Lock()
         self._seen_as: Optional[str] = None  # SSH_CONNECTION of a reattached session
+        self.session_at: Optional[float] = None
         if reattach is not None:  # (its agent's hello tells how the first session saw it)
             command = (f'printf \'{protocol.AGENT_LINE.decode()}{{"event": "session", '
                        '"ssh_connection": "%s"}\\n\' "$SSH_CONNECTION"; '
@@ -118,6 +121,7 @@ class Connection:
                 self.refused = message
             elif message['event'] == 'session':
                 self._seen_as = message['ssh_connection']
+                self.session_at = time.monotonic()
             else:
                 self._events.put(message)
         if self.on_lost is not None and not self._closing:

@@ -82,11 +82,9 @@ class _SshRunner(ProcessRunner):
         self.requested: Dict[str, Resources] = {}
         self.coordinator: Optional[Coordinator] = None
         self.log_dir: Optional[str] = None  # where a detached program's node output goes
-        # A detached program's supervisor: how it persists the program (`supervised_state`),
-        # and how long the agents keep the nodes running without it.
+        # A detached program's supervisor: how it persists it, how long agents keep its nodes.
         self.persist: Optional[Callable[[Callable[[], dict]], None]] = None
-        self.supervisor_grace = 0.0
-        self.run_dir = ''  # its files on its host, which the agents remove if none comes back
+        self.supervisor_grace, self.run_dir = 0.0, ''  # (run_dir: its files on its host)
         self.bind_host = ''  # where the coordinator is served
         self.context: Optional[runtime.NodeContext] = None  # the launching process's
         # A detached program's supervisor: its claim on the agents and the copies it keeps
@@ -178,7 +176,7 @@ class _SshRunner(ProcessRunner):
         self.bind_host, self.hosts, self.turn = saved['bind_host'], saved['hosts'], saved['turn']
         self.next_index, self.requested = saved['next_index'], saved['requested']
         self.devices, self._restarts = saved['devices'], saved['restarts']
-        self.run_dir = run_dir
+        self.run_dir, began = run_dir, time.monotonic()
         for i, (host, nodes, hello) in enumerate(saved['connections']):
             connection = Connection(host, os.path.join(self.local_dir, f'c{i}'), reattach=hello,
                                     claim=self.claim)
@@ -187,6 +185,11 @@ class _SshRunner(ProcessRunner):
         answers = {}
         _in_parallel([lambda c=c: answers.__setitem__(
             id(c), c.expect('hello', protocol.AGENT_START_TIMEOUT)) for c in self.connections])
+        sessions = ' '.join('-' if c.session_at is None else f'{c.session_at - began:.2f}'
+                            for c in self.connections)
+        logging.info('Reached %d of %d agents again after %.2f s (ssh sessions up after: %s s).',
+                     len(list(filter(None, answers.values()))), len(answers),
+                     time.monotonic() - began, sessions)
         for connection in self.connections:
             if connection.refused is not None:
                 raise move.SupervisionMovedError(move.refusal_message(connection.host,
@@ -607,9 +610,8 @@ def _coordinator_host(connections: List[Connection]) -> str:
     """Where to serve the coordinator: the address the hosts see the launcher at, or every
     address if they see it at different ones."""
     seen = {connection.launcher_address for connection in connections}
-    if len(seen) == 1:
-        return seen.pop()
-    return '::' if any(':' in address for address in seen) else '0.0.0.0'
+    return seen.pop() if len(seen) == 1 else (
+        '::' if any(':' in address for address in seen) else '0.0.0.0')
 
 
 def readopt(program: Program, options: LaunchOptions, supervision, state: dict,
