@@ -234,6 +234,16 @@ class Client:
         """
         self._link.close()
 
+    def redial(self) -> None:
+        """Drops the client's connections as if its server had gone away, leaving it open.
+
+        For a server known to have moved while its old connections may stay open and silent
+        (its host or pod went away without a reset): calls waiting on them fail with
+        ``courier.ServerUnavailableError`` (or go again, to where an AddressResolver finds
+        the server next), and the next call connects again, resolving the address anew.
+        """
+        self._link.redial()
+
     def __enter__(self) -> 'Client':
         return self
 
@@ -300,6 +310,13 @@ class _Link:
         with self._lock:
             self._closed = True
             transport = self.transport
+        if transport is not None:
+            transport.close()
+
+    def redial(self) -> None:
+        with self._lock:
+            transport, self.transport = self.transport, None
+            self._unavailable = None
         if transport is not None:
             transport.close()
 

@@ -15,6 +15,7 @@ import pathlib
 import shutil
 import socket
 import tempfile
+import threading
 import time
 
 import pytest
@@ -211,3 +212,55 @@ def subprocess_env():
     """Environment for a child Python process that imports this checkout's courier."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get('PYTHONPATH')]))
     return {**os.environ, 'PYTHONPATH': path}
+
+
+class FreezableRelay:
+    """A loopback TCP relay to the server at `path` (a Unix socket) that `freeze()` silences:
+    it passes nothing on from then, and keeps every connection open. So a server's host or pod
+    lost without a reset looks to its clients: their connections stay up, and nothing answers."""
+
+    def __init__(self, path: str):
+        self._path = path
+        self._listener = socket.create_server(('127.0.0.1', 0))
+        self.address = f'127.0.0.1:{self._listener.getsockname()[1]}'
+        self._frozen = threading.Event()
+        self._sockets = []
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def freeze(self) -> None:
+        self._frozen.set()
+
+    def close(self) -> None:
+        for sock in [self._listener] + self._sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # (wakes the thread reading it)
+            except OSError:
+                pass
+            sock.close()
+        for thread in self._threads:
+            thread.join(10)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            server = socket.socket(socket.AF_UNIX)
+            server.connect(self._path)
+            self._sockets += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                thread = threading.Thread(target=self._pass, args=(source, sink), daemon=True)
+                self._threads.append(thread)
+                thread.start()
+
+    def _pass(self, source: socket.socket, sink: socket.socket) -> None:
+        while True:
+            try:
+                data = source.recv(1 << 16)
+                if not data or self._frozen.is_set():
+                    return  # (frozen: the bytes are dropped, the connections stay open)
+                sink.sendall(data)
+            except OSError:
+                return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import multiprocessing
 import os
@@ -20,7 +21,8 @@ import courier
 from courier import transport
 from tests.core.conftest import wait_until
 from courier.transport import _here
-from tests.courier.conftest import NoServersHere, serve_add, serve_add_and_sleep
+from tests.courier.conftest import (FreezableRelay, NoServersHere, serve_add,
+                                    serve_add_and_sleep)
 
 def _call_in_child(client, queue):
     queue.put(client.add(20, 22))
@@ -339,6 +341,49 @@ def test_an_address_resolver_has_a_call_that_never_reached_its_server_tried_agai
     assert resolver.retries == 3
     assert courier.AddressResolver().retry(0.0) is False  # The default never retries.
 
+
+
+class _Moving(courier.AddressResolver):
+    """Resolves to ``address`` as it is now; any call that lost its server goes again."""
+
+    def __init__(self, address):
+        self.address = address
+
+    def __call__(self):
+        return self.address
+
+    def resends(self, method):
+        return True
+
+    def resend(self, method, sent):
+        return sent < 3
+
+
+def test_redial_sends_calls_hung_on_a_silent_server_to_the_one_found_next(make_server,
+                                                                         socket_dir):
+    """A server gone without a reset (its host or pod lost) leaves its connections open and
+    silent: calls on them wait out their timeout. `redial()` drops them: the calls, which the
+    resolver sends again, reach the server found next at once, and so do later calls. Without
+    it, the calls below would wait their 300 s."""
+    old = serve_add(make_server, address=f'unix:{socket_dir}/old.sock')
+    relay = FreezableRelay(f'{socket_dir}/old.sock')
+    try:
+        resolver = _Moving(relay.address)
+        with courier.Client(resolver, call_timeout=300) as client:
+            calling = concurrent.futures.ThreadPoolExecutor(1)  # (its thread's connection)
+            assert calling.submit(client.add, 1, 1).result(timeout=30) == 2
+            assert client.futures.add(1, 1).result(timeout=30) == 2
+            relay.freeze()
+            resolver.address = serve_add(make_server).address  # its successor
+            hung = calling.submit(client.add, 1, 2)
+            future = client.futures.add(2, 3)
+            assert not wait_until(hung.done, timeout=0.5) and not future.done()
+            client.redial()
+            assert hung.result(timeout=30) == 3 and future.result(timeout=30) == 5
+            assert client.add(2, 2) == 4 and client.address == resolver.address
+    finally:
+        relay.close()
+        old.Stop()
 
 
 class _Resending(courier.AddressResolver):
