@@ -32,7 +32,7 @@ import threading
 import time
 import traceback
 import uuid
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import courier
 
@@ -64,10 +64,14 @@ class _Watching(faces.NodeFaceProxy):
     """The stop watcher's face of a detached program's coordinator. A poll that times out
     drops its connection, so that the next one dials again: a supervisor whose host or pod went
     away without a word leaves the connection open and silent, while its successor listens at
-    the same name elsewhere (a Kubernetes coordinator pod made again has a new address)."""
+    the same name elsewhere (a Kubernetes coordinator pod made again has a new address). The
+    node's other clients of the coordinator (`others`) drop theirs too: a call waiting on such
+    a connection (how the node ended, at a stop) would wait out its timeout, past the notice
+    period; it goes again to the successor (`SupervisorEndpoint`)."""
 
-    def __init__(self, dial: Callable[[], courier.Client]):
+    def __init__(self, dial: Callable[[], courier.Client], others: Sequence[courier.Client] = ()):
         self._dial = dial
+        self._others = others
         super().__init__(dial())
 
     def _call(self, method: str, *args):
@@ -76,6 +80,8 @@ class _Watching(faces.NodeFaceProxy):
         except courier.CallTimeoutError:
             silent, self._target = self._target, self._dial()
             silent.close()
+            for client in self._others:
+                client.redial()
             raise
 
     def wait_for_stop(self, timeout: Optional[float] = None, name: Optional[str] = None) -> bool:
@@ -360,29 +366,31 @@ def _run(spec_path: str) -> int:
     reports = None if spec.coordinator_grace is None else courier.Client(
         address, call_timeout=_REPORT_WAIT, wait_for_ready=True, tls=tls)
     launcher_lost = threading.Event()
-    coordinator = _CoordinatorClient(courier.Client(address, call_timeout=30.0,
-                                                    wait_for_ready=False, tls=tls), reports,
+    calls = courier.Client(address, call_timeout=30.0, wait_for_ready=False, tls=tls)
+    coordinator = _CoordinatorClient(calls, reports,
                                      launcher_lost if reports is not None else None)
-    # The stop watcher sees the coordinator unreachable (and measures the grace) itself.
-    watching = coordinator if spec.coordinator_grace is None else _Watching(functools.partial(
-        courier.Client, spec.coordinator_address, call_timeout=_POLL + _POLL_SLACK,
-        wait_for_ready=False, tls=tls))
     # Address lookups wait for servers to come up, longer than other calls may take. A detached
     # program's node starting (publishing its address, looking up others') while its supervisor
     # is replaced waits for the next one.
     table = spec.address_table
     lookup_deadline = None if table.lookup_timeout is None else table.lookup_timeout + 30.0
-    table.registry = published = _Published(courier.Client(
-        address, call_timeout=lookup_deadline, wait_for_ready=reports is not None, tls=tls))
+    registry = courier.Client(address, call_timeout=lookup_deadline,
+                              wait_for_ready=reports is not None, tls=tls)
+    table.registry = published = _Published(registry)
     stop = runtime.StopSignal(coordinator.request_stop)
     context.stop, context.coordinator = stop, coordinator
     runtime.set_process_context(context)
-    metrics.start_reporting(spec.node_name, courier.Client(
-        spec.coordinator_address, call_timeout=metrics.REPORT_TIMEOUT, wait_for_ready=False,
-        tls=tls))
-    probe.start_answering(spec.node_name, courier.Client(
-        spec.coordinator_address, call_timeout=probe.CALL_TIMEOUT, wait_for_ready=False, tls=tls),
-        context.progress)
+    reporting = courier.Client(spec.coordinator_address, call_timeout=metrics.REPORT_TIMEOUT,
+                               wait_for_ready=False, tls=tls)
+    metrics.start_reporting(spec.node_name, reporting)
+    answering = courier.Client(spec.coordinator_address, call_timeout=probe.CALL_TIMEOUT,
+                               wait_for_ready=False, tls=tls)
+    probe.start_answering(spec.node_name, answering, context.progress)
+    # The stop watcher sees the coordinator unreachable (and measures the grace) itself.
+    watching = coordinator if spec.coordinator_grace is None else _Watching(functools.partial(
+        courier.Client, spec.coordinator_address, call_timeout=_POLL + _POLL_SLACK,
+        wait_for_ready=False, tls=tls), [client for client in (
+            starting, reports, calls, registry, reporting, answering) if client is not None])
     done = threading.Event()
     _handle_signals(coordinator, stop, spec, done, launcher_lost)
     if spec.progress_deadline is not None:

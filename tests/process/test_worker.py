@@ -22,6 +22,7 @@ from launchpad.process.states import NodeState
 from launchpad.process.supervisor_endpoint import SupervisorEndpoint, SupervisorGoneError
 
 from tests.core.conftest import script_env, wait_until
+from tests.courier.conftest import FreezableRelay
 
 TOKEN = 'worker-test-token'
 
@@ -164,3 +165,40 @@ def test_a_stop_watchers_poll_that_times_out_dials_again(tmp_path):
     finally:
         server.Stop()
         silent.close()
+
+
+def test_a_report_hung_on_a_silent_supervisor_goes_to_its_successor_once_the_watcher_dials_again(
+        tmp_path):
+    """The node's connections to a supervisor gone without a word stay open and silent: how the
+    node ended, reported at a stop on such a connection, waited out its call timeout (10 s,
+    past the notice period) and failed, so the node's pod was deleted instead of ending on its
+    own. Once the stop watcher's poll times out and it dials again, the node's other clients of
+    the coordinator drop their connections too: the report goes again, to the successor."""
+    from launchpad.process import worker  # pylint: disable=import-outside-toplevel
+    old, successor = Coordinator(['worker/0']), Coordinator(['worker/0'])
+    servers = [serve_coordinator(old, f'unix:{tmp_path}/old.sock', auth_token=TOKEN),
+               serve_coordinator(successor, f'unix:{tmp_path}/new.sock', auth_token=TOKEN)]
+    relay = FreezableRelay(f'{tmp_path}/old.sock')
+    where = [relay.address]  # the supervisor's name, as the node resolves it now
+    reports = courier.Client(SupervisorEndpoint(lambda: where[0], grace=30.0),
+                             call_timeout=worker._REPORT_WAIT,  # pylint: disable=protected-access
+                             auth_token=TOKEN)
+    watching = worker._Watching(lambda: courier.Client(  # pylint: disable=protected-access
+        lambda: where[0], call_timeout=5.0, wait_for_ready=False, auth_token=TOKEN), [reports])
+    reporting = concurrent.futures.ThreadPoolExecutor(1)  # (its thread's connection)
+    try:
+        reporting.submit(reports.node_started, 'worker/0', 10, 'host', 'i1').result(timeout=30)
+        assert not watching.wait_for_stop(0.1, 'worker/0')
+        relay.freeze()  # the supervisor's pod is lost; the next one serves under the name
+        where[0] = servers[1].address
+        successor.node_started('worker/0', 10, 'host', 'i1')  # (the node, heard again)
+        finished = reporting.submit(reports.node_finished, 'worker/0')
+        with pytest.raises(courier.CallTimeoutError):
+            watching.wait_for_stop(0.1, 'worker/0')
+        assert finished.result(timeout=30) is None
+        assert successor.status()['worker/0'].state is NodeState.FINISHED
+    finally:
+        reports.close()
+        relay.close()
+        for server in servers:
+            server.Stop()
