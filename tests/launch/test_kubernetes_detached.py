@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -231,13 +232,17 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
         assert server.created.count(('Pod', f'{run}-worker-0')) == 2
         assert f'keeping the run file in /launchpad/runs/{run}' in coordinator, coordinator
         _readopts_once_its_coordinator_pod_is_lost(server, run, log, capsys)
-        assert cli.main(['stop', run]) == 0, capsys.readouterr().err
-        assert wait_for(lambda: None not in exit_codes().values(), 60), \
-            log('coordinator', 'coordinator')
+        with _NodeLogs(run) as node_logs:  # (a pod deleted at the stop takes its log along)
+            stopping = time.monotonic()
+            assert cli.main(['stop', run]) == 0, capsys.readouterr().err
+            assert wait_for(lambda: None not in exit_codes().values(), 60), \
+                log('coordinator', 'coordinator')
+            print(f'stop to every pod ended: {time.monotonic() - stopping:.1f} s')
         assert wait_for(lambda: run not in {e.id for e in registry.entries()}, 30)
         print(f'launch {launched:.1f} s, launch to end {time.monotonic() - started:.1f} s')
         assert exit_codes() == {f'{run}-{name}': 0 for name in (
-            'coordinator', 'worker-0', 'member-0', 'prober-0')}, server.deletions
+            'coordinator', 'worker-0', 'member-0', 'prober-0')}, (
+                server.deletions, node_logs.tails(), log('coordinator', 'coordinator')[-3000:])
         assert wait_for(lambda: server.read('Job', f'{run}-coordinator')['status'].get(
             'succeeded') == 1, 30)
         capsys.readouterr()
@@ -254,6 +259,41 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
     assert not set(_podman('pod', 'ps', '--format', '{{.Name}}').split()) & {
         name for kind, name in server.created if kind == 'Pod'}
     assert run not in _podman('secret', 'ls', '--format', '{{.Name}}')
+
+
+class _NodeLogs:
+    """Follows the node containers' logs (with podman's timestamps) while in its block, for
+    the failure message of a node pod that did not end on its own."""
+
+    def __init__(self, run):
+        self._followers = {name: subprocess.Popen(
+            ['podman', 'logs', '--follow', '--timestamps', f'{run}-{name}-node'],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for name in ('worker-0', 'member-0', 'prober-0')}
+        self._lines = {name: [] for name in self._followers}
+        self._readers = [threading.Thread(target=self._lines[name].extend, args=(process.stdout,),
+                                          daemon=True) for name, process in self._followers.items()]
+        for reader in self._readers:
+            reader.start()
+
+    def tails(self):
+        """The last lines of each node's log, without the prober's counts."""
+        return {name: ''.join([line for line in lines if ' CALLS ' not in line][-25:])
+                for name, lines in self._lines.items()}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, failed, *exc_info):
+        for process in self._followers.values():  # (each ends with its container)
+            try:
+                process.wait(0 if failed else 30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            process.stdout.close()
+        for reader in self._readers:
+            reader.join(10)
 
 
 def _calls(log):
