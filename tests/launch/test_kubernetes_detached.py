@@ -237,7 +237,8 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
             assert cli.main(['stop', run]) == 0, capsys.readouterr().err
             assert wait_for(lambda: None not in exit_codes().values(), 60), \
                 log('coordinator', 'coordinator')
-            print(f'stop to every pod ended: {time.monotonic() - stopping:.1f} s')
+            with capsys.disabled():
+                print(f'stop to every pod ended: {time.monotonic() - stopping:.1f} s')
         assert wait_for(lambda: run not in {e.id for e in registry.entries()}, 30)
         print(f'launch {launched:.1f} s, launch to end {time.monotonic() - started:.1f} s')
         assert exit_codes() == {f'{run}-{name}': 0 for name in (
