@@ -239,6 +239,9 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
                 log('coordinator', 'coordinator')
             with capsys.disabled():
                 print(f'stop to every pod ended: {time.monotonic() - stopping:.1f} s')
+                if len(exit_codes()) != 4 or set(exit_codes().values()) != {0}:  # (see below)
+                    print(server.deletions, *node_logs.tails().items(),
+                          log('coordinator', 'coordinator')[-3000:], sep='\n')
         assert wait_for(lambda: run not in {e.id for e in registry.entries()}, 30)
         print(f'launch {launched:.1f} s, launch to end {time.monotonic() - started:.1f} s')
         assert exit_codes() == {f'{run}-{name}': 0 for name in (
