@@ -142,8 +142,10 @@ class PodmanApi:
                   '/tmp/lp-hosts && cat /tmp/lp-hosts > /etc/hosts')
         for name, document in list(self._pods.items()):
             for container in document['spec']['containers']:
-                _podman('exec', f'{name}-{container["name"]}', 'sh', '-c', script, 'sh', fqdn, ip,
-                        check=False)
+                said = _podman('exec', f'{name}-{container["name"]}', 'sh', '-c', script, 'sh',
+                               fqdn, ip, check=False)
+                if said.strip():  # (the move failed there: its pods keep the old address)
+                    print(f'moving {fqdn} to {ip} in {name}: {said.strip()}', flush=True)
 
     def delete(self, kind, name, grace_period_seconds=None):
         if kind == 'Secret' and name in self._secrets:
