@@ -278,11 +278,20 @@ def test_the_supervision_of_a_detached_ssh_program_moves_to_another_host(
                                           f'{detached.RUN_PREFIX}{program_id}*'))
     old = None
     try:
-        status = json.loads(_cli('status', program_id, '--json').stdout)
+        # (`status` shows the supervisor's latest sample, which can predate the nodes' reports)
+        placed = {'counter/0': 'lp-h2', 'caller/0': 'lp-h3'}
+
+        answers = []
+
+        def status_with_hosts() -> bool:
+            answers.append(json.loads(_cli('status', program_id, '--json').stdout))
+            return all(row['host'] for row in answers[-1]['nodes'])
+
+        wait_until(status_with_hosts, timeout=30, interval=0.5)
+        status = answers[-1]
         assert status['controller']['host'] == 'lp-h1'
         nodes = {row['name']: (row['state'], row['host'], row['pid']) for row in status['nodes']}
-        assert {name: host for name, (_, host, _) in nodes.items()} == {
-            'counter/0': 'lp-h2', 'caller/0': 'lp-h3'}
+        assert {name: host for name, (_, host, _) in nodes.items()} == placed
         before = _calls(counter, 0)
 
         # lp-h1 is gone: its supervisor and keeper stop (frozen, as a suspended machine's) and
