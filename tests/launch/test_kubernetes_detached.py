@@ -263,6 +263,8 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
     assert not set(_podman('pod', 'ps', '--format', '{{.Name}}').split()) & {
         name for kind, name in server.created if kind == 'Pod'}
     assert run not in _podman('secret', 'ls', '--format', '{{.Name}}')
+    assert not set(_podman('volume', 'ls', '--format', '{{.Name}}').split()) & {
+        name for kind, name in server.created if kind == 'ConfigMap'}  # (kube play's volumes)
 
 
 class _NodeLogs:
