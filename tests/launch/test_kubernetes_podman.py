@@ -3,7 +3,9 @@
 There is no API server here. `PodmanApi` stands in for the launcher's thin API layer: the launcher
 builds its objects and creates them one by one as on a cluster, and each Pod is played with podman,
 translating only what `kube play` lacks:
-  * cluster DNS: every pod gets the others' DNS names as hostAliases and a fixed IP (`--ip`);
+  * cluster DNS: every pod gets the others' DNS names as hostAliases and a fixed IP (`--ip`); a
+    Job's new pod gets a new IP, and its name moves in the running pods' hosts files
+    (`podman_hosts`);
   * the Secret: podman 4.3 stores a Secret document from the YAML but cannot read it back for
     `secretKeyRef`, so it is created as a podman secret of the same name and key;
   * `containerPort`: podman publishes it on the host, so two pods would collide; it is dropped;
