@@ -29,9 +29,14 @@ node all the time, and an idle worker), detached, --rounds times, and each time
                its API server tests/launch/kubernetes_api_server.py); the supervisor is the
                coordinator process in the coordinator pod, whose container the pod restarts;
                this machine reaches it through an exec in that container. (The counter prints
-               what it served to its pod's log, read with `podman logs`.)
+               what it served to its pod's log, read with `podman logs`.) With --lose pod, the
+               coordinator pod is deleted instead (as `kubectl delete pod` does, through the API
+               stand-in, whose Job controller makes the next pod after its 10 s back-off); the
+               new pod's coordinator re-adopts the nodes from the Secret RUN-state. The new
+               coordinator's log line `re-adopted the N nodes` times its re-adoption there.
 
   python benchmarks/recover_bench.py [--rounds 3] [--launcher local_mp|ssh|slurm|kubernetes]
+                                     [--lose process|pod]
 
 (`--ssh` is the same as `--launcher ssh`.)
 """
@@ -325,12 +330,15 @@ def _until(predicate: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
-def kubernetes_rounds(directory: str, rounds: int) -> Tuple[List[Row], List[float]]:
+def kubernetes_rounds(directory: str, rounds: int,
+                      lose: str = 'process') -> Tuple[List[Row], List[float]]:
     """The rounds on the podman bed, through the API server stand-in of the tests (this
-    process launches, as the tests' launching script does)."""
+    process launches, as the tests' launching script does); `lose`: what of the supervisor is
+    lost, its process (SIGKILL) or its pod (deleted through the API)."""
     # pylint: disable=import-outside-toplevel
     from launchpad.launch.kubernetes import names
     from launchpad.launch.kubernetes.api import KubernetesApi
+    from launchpad.launch.kubernetes.coordinator_job import coordinator_pod_name
     from tests import testbeds
     from tests.launch import kubernetes_kubectl as kubectl
     from tests.launch.kubernetes_api_server import PodmanApiServer
@@ -365,13 +373,28 @@ def kubernetes_rounds(directory: str, rounds: int) -> Tuple[List[Row], List[floa
                     continue
                 run = controller.run
                 try:
-                    coordinator = f'{run}-coordinator-{names.COORDINATOR_CONTAINER}'
+                    pod = coordinator_pod_name(server, run)  # (its Job's pod)
+
+                    def kill() -> None:
+                        if lose == 'pod':  # as `kubectl delete pod` does
+                            server.delete('Pod', pod)
+                        else:
+                            container = f'{pod}-{names.COORDINATOR_CONTAINER}'
+                            os.kill(int(_podman('inspect', '--format', '{{.State.Pid}}',
+                                                container)), signal.SIGKILL)
+
+                    def readopted() -> bool:  # (its log says so: the lost one still answered)
+                        now = coordinator_pod_name(server, run)
+                        if now is not None and (now != pod or lose == 'process') and (
+                                're-adopted the ' in server.podman.read_log(
+                                    now, names.COORDINATOR_CONTAINER)):
+                            return True
+                        time.sleep(0.1)  # (each look lists podman's containers)
+                        return False
                     rows.append({'launch': took, **over_the_kill(
                         controller,
                         lambda: Counter.parse(server.podman.read_log(f'{run}-counter-0', 'node')),
-                        lambda: os.kill(int(_podman('inspect', '--format', '{{.State.Pid}}',
-                                                    coordinator)), signal.SIGKILL),
-                        settle=2.0)})
+                        kill, readopted, settle=2.0)})
                 finally:
                     controller.stop()
                     server.delete('ConfigMap', run)  # (everything of the program goes with it)
@@ -383,20 +406,22 @@ ROUNDS = {'local_mp': local_mp_rounds, 'ssh': ssh_rounds, 'slurm': slurm_rounds,
           'kubernetes': kubernetes_rounds}
 TITLES = {'local_mp': 'local_mp', 'ssh': 'ssh, 3 hosts', 'slurm': 'slurm, 3 nodes',
           'kubernetes': 'kubernetes (podman bed)'}
-WHERE = {'local_mp': 'registered', 'ssh': 'on its host', 'slurm': 'in its job'}
+WHERE = {'local_mp': 'registered', 'ssh': 'on its host', 'slurm': 'in its job',
+         'kubernetes': 'in its pod: its log line'}
 
 
-def report(launcher: str, rows: List[Row], attached: List[float]) -> None:
-    """Prints medians and the worst of `rows` (and of the attached launches)."""
+def report(launcher: str, rows: List[Row], attached: List[float], lost: str) -> None:
+    """Prints medians and the worst of `rows` (and of the attached launches); `lost`: what
+    ended the supervisor."""
     median = lambda key: statistics.median(row[key] for row in rows)  # noqa: E731
     worst = lambda key: max(row[key] for row in rows)  # noqa: E731
     print(f'{TITLES[launcher]}, {len(rows)} rounds (median / worst):')
     if 'readoption' in rows[0]:
-        print(f'  re-adoption after SIGKILL of the supervisor: {median("readoption"):.2f} s / '
+        print(f'  re-adoption after {lost}: {median("readoption"):.2f} s / '
               f'{worst("readoption"):.2f} s until the new one answered ({WHERE[launcher]}); '
               f'`status` here answered after {median("status"):.2f} s / {worst("status"):.2f} s')
     else:
-        print(f'  re-adoption after SIGKILL of the supervisor: `status` here answered after '
+        print(f'  re-adoption after {lost}: `status` here answered after '
               f'{median("status"):.2f} s / {worst("status"):.2f} s')
     print(f'  node restarts: {sum(r["restarts"] for r in rows):g}; each round: ' +
           ', '.join(f'{row.get("readoption", row["status"]):.2f}' for row in rows) + ' s')
@@ -425,13 +450,19 @@ def main() -> None:
     parser.add_argument('--rounds', type=int, default=3)
     parser.add_argument('--launcher', choices=LAUNCHERS, default='local_mp')
     parser.add_argument('--ssh', action='store_true', help='the same as --launcher ssh')
+    parser.add_argument('--lose', choices=('process', 'pod'), default='process',
+                        help='kubernetes: SIGKILL the coordinator process, or delete its pod')
     args = parser.parse_args()
     launcher = 'ssh' if args.ssh else args.launcher
+    if args.lose == 'pod' and launcher != 'kubernetes':
+        parser.error('--lose pod is for --launcher kubernetes (the coordinator pod)')
     with tempfile.TemporaryDirectory(prefix='lpb-') as directory:
         os.environ.setdefault('LAUNCHPAD_LOGGING_DIR', os.path.join(directory, 'logs'))
         os.environ.setdefault('LAUNCHPAD_RUNS_DIR', os.path.join(directory, 'runs'))
-        rows, attached = ROUNDS[launcher](directory, args.rounds)
-    report(launcher, rows, attached)
+        rows, attached = ROUNDS[launcher](directory, args.rounds,
+                                          **({'lose': 'pod'} if args.lose == 'pod' else {}))
+    report(launcher, rows, attached,
+           'deleting the coordinator pod' if args.lose == 'pod' else 'SIGKILL of the supervisor')
 
 
 if __name__ == '__main__':

@@ -496,7 +496,12 @@ def _recover(query: str, host: Optional[str] = None) -> None:
     if host is not None and not (running and running[0].ssh is not None):
         raise RuntimeError(f'--host moves the supervision of a detached SSH program; {query!r} '
                            'is none of those registered here.')
-    if running and registry.is_remote(running[0]):
+    # pylint: disable=import-outside-toplevel  (the Kubernetes client, only for its programs)
+    from launchpad.launch.kubernetes.coordinator_job import recovery_of_entry
+    said = recovery_of_entry(running[0]) if running and host is None else None
+    if said is not None:  # Kubernetes makes its coordinator pods: nothing to start here
+        print(f'Program {running[0].id}: {said}', file=sys.stderr)
+    elif running and registry.is_remote(running[0]):
         _recover_remote(running[0], host)
     else:
         recover_here(query)

@@ -8,7 +8,10 @@ play`. So the real `kubernetes` client talks to it from both sides: a launcher i
 finds its API server (KUBERNETES_SERVICE_HOST/PORT, a service account token and CA certificate
 mounted at /var/run/secrets/kubernetes.io/serviceaccount in pods with a service account). Like a
 cluster's garbage collector, deleting an object deletes the objects that name it as their owner.
-RBAC is not enforced.
+Like a Job controller, it runs a Job's pod (named after the Job, with a random suffix) and makes
+another when that pod is deleted or ends in failure, after the Job's back-off (`JOB_BACKOFF`
+seconds, doubling), until its `backoffLimit`; a pod that succeeds completes the Job. A container
+that restarts in place is not counted. RBAC is not enforced.
 
 The bed's pods cannot reach this machine (their network has no gateway, on purpose), so a pod with
 a service account gets one more container, translated like the rest: it forwards the pod's
@@ -25,6 +28,7 @@ import socketserver
 import ssl
 import subprocess
 import threading
+import time
 import urllib.parse
 
 from launchpad.launch.kubernetes.api import AlreadyExists
@@ -33,7 +37,9 @@ from tests.pki import Pki
 
 _ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount'
 _KINDS = {'configmaps': 'ConfigMap', 'secrets': 'Secret', 'services': 'Service', 'pods': 'Pod',
-          'serviceaccounts': 'ServiceAccount', 'roles': 'Role', 'rolebindings': 'RoleBinding'}
+          'serviceaccounts': 'ServiceAccount', 'roles': 'Role', 'rolebindings': 'RoleBinding',
+          'jobs': 'Job'}
+JOB_BACKOFF = 10.0  # a cluster's Job controller waits 10 s before a pod's first replacement
 
 
 class PodmanApiServer:
@@ -48,6 +54,9 @@ class PodmanApiServer:
         # (kind, name, uid precondition or None, what it did) of every deletion asked, in order
         self.deletions = []
         self._lock = threading.RLock()
+        self._data_lock = threading.Lock()  # (see `read`)
+        self._jobs = {}  # Job name -> [its pod's name, failures, when it may make the next]
+        self._closed = threading.Event()
         pki = Pki(['127.0.0.1'])
         self._dir = tmp_path / 'api-server'
         self._dir.mkdir()
@@ -65,9 +74,13 @@ class PodmanApiServer:
     def __enter__(self) -> 'PodmanApiServer':
         for server in self._servers:
             threading.Thread(target=server.serve_forever, daemon=True).start()
+        self._job_controller = threading.Thread(target=self._control_jobs, daemon=True)
+        self._job_controller.start()
         return self
 
     def __exit__(self, *exc_info) -> None:
+        self._closed.set()
+        self._job_controller.join(30)
         for server in self._servers:
             server.shutdown()
             server.server_close()
@@ -100,7 +113,82 @@ class PodmanApiServer:
             created = self.podman.create(document)  # raises AlreadyExists while terminating
             self._objects[kind, name] = created
             self.created.append((kind, name))
+            if kind == 'Job':
+                created.setdefault('status', {})
+                self._jobs[name] = [None, 0, 0.0]
+                self._run_job_pod(created)
             return created
+
+    # Reads and patches do not wait for `_lock`, which a pod's creation holds while `kube play`
+    # waits for its init containers: a coordinator reading its state before it serves would
+    # hold up the node pods waiting for it.
+
+    def read(self, kind, name):
+        with self._data_lock:
+            document = self._objects.get((kind, name))
+            if document is None:
+                raise _Refusal(404, f'{kind} {name} not found')
+            return copy.deepcopy(document)
+
+    def patch(self, kind, name, body):
+        """A merge patch of the object's `data` (what `KubernetesApi.patch_secret` sends)."""
+        with self._data_lock:
+            document = self._objects.get((kind, name))
+            if document is None:
+                raise _Refusal(404, f'{kind} {name} not found')
+            document.setdefault('data', {}).update(body.get('data') or {})
+            return copy.deepcopy(document)
+
+    def _run_job_pod(self, job):
+        """Creates a pod of `job` from its template, as a Job controller does."""
+        name = job['metadata']['name']
+        template = job['spec']['template']
+        pod = {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {
+            'name': f'{name}-{secrets.token_hex(3)[:5]}', 'namespace': job['metadata']['namespace'],
+            'labels': {**template['metadata'].get('labels', {}), 'job-name': name},
+            'ownerReferences': [{'apiVersion': 'batch/v1', 'kind': 'Job', 'name': name,
+                                 'uid': job['metadata']['uid'], 'controller': True}]},
+            'spec': copy.deepcopy(template['spec'])}
+        self._jobs[name][0] = pod['metadata']['name']
+        self.create(pod)
+
+    def _control_jobs(self):
+        """Replaces a Job's pod that is gone or failed, after the back-off; completes a Job
+        whose pod succeeded, fails one past its backoffLimit (see the module docstring)."""
+        phases, looked = {}, 0.0
+        while not self._closed.wait(1.0):
+            if not self._jobs:
+                continue
+            if time.monotonic() - looked > 3.0:  # (podman's listing is slow: not too often)
+                looked = time.monotonic()
+                phases = {pod['metadata']['name']: (pod.get('status') or {}).get('phase')
+                          for pod in self.podman.list_pods('')}
+            with self._lock:
+                jobs = {name: self._objects.get(('Job', name)) for name in self._jobs}
+                for name, job in jobs.items():
+                    if job is None or job['status'].get('conditions'):
+                        continue
+                    kept = self._jobs[name]
+                    pod, phase = kept[0], phases.get(kept[0])
+                    if phase == 'Succeeded':
+                        job['status'] = {**job['status'], 'succeeded': 1, 'conditions': [
+                            {'type': 'Complete', 'status': 'True'}]}  # (new dicts: see `read`)
+                        continue
+                    failed = phase == 'Failed' and job['spec']['template']['spec'].get(
+                        'restartPolicy') == 'Never'  # (else its container restarts in place)
+                    if pod is not None and ('Pod', pod) in self._objects and not failed:
+                        continue  # it runs
+                    if pod is not None:  # gone or failed: counted once
+                        kept[:] = [None, kept[1] + 1, time.monotonic() + JOB_BACKOFF * 2 ** kept[1]]
+                        job['status'] = {**job['status'], 'failed': kept[1]}
+                    if kept[1] > job['spec'].get('backoffLimit', 6):
+                        job['status'] = {**job['status'], 'conditions': [
+                            {'type': 'Failed', 'status': 'True', 'reason': 'BackoffLimitExceeded'}]}
+                    elif time.monotonic() >= kept[2]:
+                        try:
+                            self._run_job_pod(job)
+                        except Exception as e:  # pylint: disable=broad-except  (counted next)
+                            print(f'the Job {name} could not make its pod: {e}', flush=True)
 
     def delete(self, kind, name, grace_period_seconds=None, uid=None, by='a client'):
         """Deletes the object (only if its uid is `uid`, when given: a precondition), and (like
@@ -256,6 +344,10 @@ def _handler(server: PodmanApiServer):
                 kind = _KINDS[rest[0]]
                 if self.command == 'POST':
                     return self._answer(201, server.create(body))
+                if self.command == 'PATCH':
+                    return self._answer(200, server.patch(kind, rest[1], body))
+                if self.command == 'GET' and kind in ('Secret', 'Job') and len(rest) == 2:
+                    return self._answer(200, server.read(kind, rest[1]))
                 if self.command == 'DELETE':
                     server.delete(kind, rest[1], body.get('gracePeriodSeconds'),
                                   (body.get('preconditions') or {}).get('uid'))
@@ -275,6 +367,6 @@ def _handler(server: PodmanApiServer):
             except Exception as e:  # pylint: disable=broad-except
                 return self._answer(500, {'kind': 'Status', 'message': f'{type(e).__name__}: {e}'})
 
-        do_GET = do_POST = do_DELETE = _handle
+        do_GET = do_POST = do_DELETE = do_PATCH = _handle
 
     return Handler

@@ -3,7 +3,11 @@
 container POD-C:
 
     kubectl --kubeconfig K [--context X] get pod -n NS POD -o jsonpath={.status.phase}
+    kubectl --kubeconfig K [--context X] get job -n NS JOB -o jsonpath=...
     kubectl --kubeconfig K [--context X] exec -i -n NS POD -c C -- COMMAND...
+
+where POD may be job/JOB, a Job's pod that runs (both read from the API server stand-in that K
+names: the types of the Job's true conditions, and its pods).
 
 `install(directory)` writes an executable `kubectl` there that runs this script."""
 import os
@@ -11,6 +15,8 @@ import stat
 import subprocess
 import sys
 
+from launchpad.launch.kubernetes.api import KubernetesApi
+from launchpad.launch.kubernetes.coordinator_job import coordinator_pod_name
 from launchpad.launch.kubernetes.names import COORDINATOR_CONTAINER
 
 _PHASES = {'running': 'Running', 'created': 'Pending', 'configured': 'Pending',
@@ -27,8 +33,26 @@ def install(directory: str) -> str:
 
 
 def main(args) -> int:
+    kubeconfig = None
     while args[0] in ('--kubeconfig', '--context'):
+        kubeconfig = args[1] if args[0] == '--kubeconfig' else kubeconfig
         args = args[2:]
+    if args[:2] == ['get', 'job']:  # get job -n NS JOB -o jsonpath=...
+        job = KubernetesApi(args[3], kubeconfig=kubeconfig).read('Job', args[4])
+        if job is None:
+            print(f'Error from server (NotFound): jobs.batch "{args[4]}" not found',
+                  file=sys.stderr)
+            return 1
+        print(' '.join(c['type'] for c in (job.get('status') or {}).get('conditions') or []
+                       if c.get('status') == 'True'), end='')
+        return 0
+    if args[0] == 'exec' and args[4].startswith('job/'):  # the Job's pod that runs now
+        run = args[4][len('job/'):-len('-coordinator')]
+        pod = coordinator_pod_name(KubernetesApi(args[3], kubeconfig=kubeconfig), run)
+        if pod is None:
+            print(f'error: no running pod of {args[4]}', file=sys.stderr)
+            return 1
+        args[4] = pod
     if args[0] == 'get':  # get pod -n NS POD -o jsonpath=...
         pod = args[4]
         result = subprocess.run(['podman', 'container', 'inspect', '--format',

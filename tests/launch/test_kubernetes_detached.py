@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -21,6 +22,8 @@ import launchpad as lp
 from launchpad.launch import kubernetes
 from launchpad.launch.kubernetes import in_cluster, names, pod, reach
 from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, terminated
+from launchpad.launch.kubernetes import coordinator_job
+from launchpad.launch.kubernetes.coordinator_job import coordinator_pod_name
 from launchpad.observe import cli, registry
 from tests.failure_checks import wait_for
 from tests.launch import kubernetes_kubectl as kubectl
@@ -136,8 +139,8 @@ case $5 in get) [ "$PHASE" = gone ] && { echo 'Error from server (NotFound): pod
 
 
 def test_the_relay_command_says_gone_once_the_coordinator_pod_has_ended(tmp_path, monkeypatch):
-    """`kubectl get pod` first: an ended or deleted pod is `gone` (the tunnel forgets the
-    program), a running one is exec'd into."""
+    """`kubectl get pod` (or job) first: an ended or deleted pod is `gone` (the tunnel forgets
+    the program), a running one is exec'd into."""
     (tmp_path / 'kubectl').write_text(FAKE_KUBECTL)
     (tmp_path / 'kubectl').chmod(0o700)
     monkeypatch.setenv('PATH', f'{tmp_path}{os.pathsep}{os.environ["PATH"]}')
@@ -145,23 +148,30 @@ def test_the_relay_command_says_gone_once_the_coordinator_pod_has_ended(tmp_path
     api.namespace, api._kubeconfig, api._context = 'ns', '/k', 'c'  # pylint: disable=protected-access
     command = api.exec_command('p-coordinator', 'coordinator', ['python3', '-m', 'relay', 'S'])
 
-    def run(phase):
+    def run(phase, command=command):
         return subprocess.run(command, capture_output=True, text=True, check=True,
                               env={**os.environ, 'PHASE': phase}).stdout
     assert run('Succeeded') == run('Failed') == run('gone') == 'gone\n'
     assert run('Running') == ('kubectl --kubeconfig /k --context c exec -i -n ns p-coordinator '
                               '-c coordinator -- python3 -m relay S\n')
+    # The pod of a Job (`coordinator_job`): gone once the Job has ended (its true conditions).
+    job = api.exec_command('job/p-coordinator', 'coordinator', ['python3', '-m', 'relay', 'S'])
+    assert run('Complete', job) == run('Failed', job) == run('gone', job) == 'gone\n'
+    assert run('', job) == run('Suspended', job) == (
+        'kubectl --kubeconfig /k --context c exec -i -n ns job/p-coordinator -c coordinator -- '
+        'python3 -m relay S\n')
 
 
-@pytest.mark.timeout(300, func_only=True)  # (not the wait for a bed another process holds)
+@pytest.mark.timeout(420, func_only=True)  # (not the wait for a bed another process holds)
 def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
         podman_testbed, tmp_path, capsys, monkeypatch):
     """prober/0 grows group member to 2 nodes and shrinks it to 1 (lp.resize): the coordinator
     pod creates the new member's pod and deletes it once removed. Then worker/0 crashes in its first
     attempt (after answering prober/0); the coordinator pod creates its pod again, and prober/0
     gets answers from attempt 1. From the launching machine, `status --json` and `lp.attach`
-    see the program. The coordinator is killed and comes back (`_readopts_once_...`), and `stop`
-    ends the program."""
+    see the program. The coordinator is killed and comes back (`_readopts_once_...`), then its pod
+    is deleted and its Job's next pod takes over (`_readopts_once_its_coordinator_pod_is_lost`),
+    and `stop` ends the program."""
     bin_dir = tmp_path / 'bin'
     bin_dir.mkdir()
     monkeypatch.setenv('PATH', f'{kubectl.install(str(bin_dir))}{os.pathsep}{os.environ["PATH"]}')
@@ -182,11 +192,15 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
         launched = time.monotonic() - started
 
         def log(pod, container='node'):
+            if pod == 'coordinator':  # the pod its Job made last
+                return server.podman.read_log([name for kind, name in server.created if kind == 'Pod'
+                                               and name.startswith(f'{run}-coordinator-')][-1],
+                                              container)
             return server.podman.read_log(f'{run}-{pod}', container)
 
-        def exit_codes():
-            return {pod['metadata']['name']: (terminated(pod, pod['spec']['containers'][0]['name'])
-                                              or {}).get('exitCode')
+        def exit_codes():  # (the Job's pod as RUN-coordinator)
+            return {re.sub(r'-coordinator-\w+$', '-coordinator', pod['metadata']['name']):
+                    (terminated(pod, pod['spec']['containers'][0]['name']) or {}).get('exitCode')
                     for pod in server.list_pods(f'{kubernetes.PROGRAM_LABEL}={run}')}
 
         assert wait_for(lambda: 'PROBE restarted' in log('prober-0'), 120), \
@@ -194,7 +208,7 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
         capsys.readouterr()
         assert cli.main(['status', run, '--json']) == 0, capsys.readouterr().err
         status = json.loads(capsys.readouterr().out)
-        assert status['controller']['host'] == f'{run}-coordinator', status
+        assert status['controller']['host'] == f'job/{run}-coordinator', status
         assert {node['name'] for node in status['nodes']} >= {
             'worker/0', 'member/0', 'prober/0'}, status
         detached_verbs.check_verbs(run, 'prober/0', 'PROBE restarted', 'worker/0',
@@ -205,14 +219,7 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
         member = attached.status()['member/1']  # added, then removed, by the coordinator pod
         assert member.state == lp.NodeState.REMOVED, member
         _readopts_once_its_coordinator_is_killed(server, run, log, attached)
-        assert cli.main(['stop', run]) == 0, capsys.readouterr().err
-        assert wait_for(lambda: None not in exit_codes().values(), 60), \
-            log('coordinator', 'coordinator')
-        assert wait_for(lambda: run not in {e.id for e in registry.entries()}, 30)
-        print(f'launch {launched:.1f} s, launch to end {time.monotonic() - started:.1f} s')
-        assert exit_codes() == {f'{run}-{name}': 0
-                                for name in ('coordinator', 'worker-0', 'member-0', 'prober-0')}
-        coordinator = log('coordinator', 'coordinator')
+        coordinator = log('coordinator', 'coordinator')  # (before the pod goes)
         assert (f'created the pod {run}-member-1 of member/1, added to group member'
                 in coordinator), coordinator
         assert f'deleted the pod {run}-member-1 of removed node member/1' in coordinator
@@ -224,6 +231,24 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
         assert 'PROBE restarted: attempt 1' in prober, prober
         assert server.created.count(('Pod', f'{run}-worker-0')) == 2
         assert f'keeping the run file in /launchpad/runs/{run}' in coordinator, coordinator
+        _readopts_once_its_coordinator_pod_is_lost(server, run, log, capsys)
+        with _NodeLogs(run) as node_logs:  # (a pod deleted at the stop takes its log along)
+            stopping = time.monotonic()
+            assert cli.main(['stop', run]) == 0, capsys.readouterr().err
+            assert wait_for(lambda: None not in exit_codes().values(), 60), \
+                log('coordinator', 'coordinator')
+            with capsys.disabled():
+                print(f'stop to every pod ended: {time.monotonic() - stopping:.1f} s')
+                if len(exit_codes()) != 4 or set(exit_codes().values()) != {0}:  # (see below)
+                    print(server.deletions, *node_logs.tails().items(),
+                          log('coordinator', 'coordinator')[-3000:], sep='\n')
+        assert wait_for(lambda: run not in {e.id for e in registry.entries()}, 30)
+        print(f'launch {launched:.1f} s, launch to end {time.monotonic() - started:.1f} s')
+        assert exit_codes() == {f'{run}-{name}': 0 for name in (
+            'coordinator', 'worker-0', 'member-0', 'prober-0')}, (
+                server.deletions, node_logs.tails(), log('coordinator', 'coordinator')[-3000:])
+        assert wait_for(lambda: server.read('Job', f'{run}-coordinator')['status'].get(
+            'succeeded') == 1, 30)
         capsys.readouterr()
         assert cli.main(['sql', str(runs / run), 'SELECT node, restart FROM restarts',
                          '--json']) == 0, capsys.readouterr().err
@@ -238,6 +263,56 @@ def test_a_detached_program_resizes_and_restarts_from_its_coordinator_pod(
     assert not set(_podman('pod', 'ps', '--format', '{{.Name}}').split()) & {
         name for kind, name in server.created if kind == 'Pod'}
     assert run not in _podman('secret', 'ls', '--format', '{{.Name}}')
+    assert not set(_podman('volume', 'ls', '--format', '{{.Name}}').split()) & {
+        name for kind, name in server.created if kind == 'ConfigMap'}  # (kube play's volumes)
+
+
+class _NodeLogs:
+    """Follows the node containers' logs (with podman's timestamps) while in its block, for
+    the failure message of a node pod that did not end on its own."""
+
+    def __init__(self, run):
+        self._followers = {name: subprocess.Popen(
+            ['podman', 'logs', '--follow', '--timestamps', f'{run}-{name}-node'],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for name in ('worker-0', 'member-0', 'prober-0')}
+        self._lines = {name: [] for name in self._followers}
+        self._readers = [threading.Thread(target=self._lines[name].extend, args=(process.stdout,),
+                                          daemon=True) for name, process in self._followers.items()]
+        for reader in self._readers:
+            reader.start()
+
+    def tails(self):
+        """The last lines of each node's log, without the prober's counts."""
+        return {name: ''.join([line for line in lines if ' CALLS ' not in line][-25:])
+                for name, lines in self._lines.items()}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, failed, *exc_info):
+        for process in self._followers.values():  # (each ends with its container)
+            try:
+                process.wait(0 if failed else 30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            process.stdout.close()
+        for reader in self._readers:
+            reader.join(10)
+
+
+def _calls(log):
+    """prober/0's last count of its calls to worker/0: (answered, failed)."""
+    counted = re.findall(r'CALLS (\d+) answered, (\d+) failed', log('prober-0'))
+    return tuple(map(int, counted[-1])) if counted else (0, 0)
+
+
+def _node_processes(run):
+    """The pid and start time of each node container: the same ones, no node restarted."""
+    return {name: _podman('inspect', '--format', '{{.State.Pid}} {{.State.StartedAt}}',
+                          f'{run}-{name}-node').strip()
+            for name in ('worker-0', 'member-0', 'prober-0')}
 
 
 def _readopts_once_its_coordinator_is_killed(server, run, log, attached) -> None:
@@ -246,17 +321,14 @@ def _readopts_once_its_coordinator_is_killed(server, run, log, attached) -> None
     containers (same pids) served on throughout: prober/0's calls to worker/0 kept being
     answered, none failed; no pod was created again, and worker/0 still has 1 restart."""
     def calls():
-        counted = re.findall(r'CALLS (\d+) answered, (\d+) failed', log('prober-0'))
-        return tuple(map(int, counted[-1])) if counted else (0, 0)
+        return _calls(log)
 
     def node_processes():
-        return {name: _podman('inspect', '--format', '{{.State.Pid}} {{.State.StartedAt}}',
-                              f'{run}-{name}-node').strip()
-                for name in ('worker-0', 'member-0', 'prober-0')}
+        return _node_processes(run)
 
     assert wait_for(lambda: calls()[0] > 0, 30), log('prober-0')
     processes, created = node_processes(), list(server.created)
-    coordinator = f'{run}-coordinator-{names.COORDINATOR_CONTAINER}'
+    coordinator = f'{coordinator_pod_name(server, run)}-{names.COORDINATOR_CONTAINER}'
     # As the OOM killer would: `podman kill` counts as stopped by the user, never restarted.
     os.kill(int(_podman('inspect', '--format', '{{.State.Pid}}', coordinator)), signal.SIGKILL)
     killed_at = calls()
@@ -273,3 +345,49 @@ def _readopts_once_its_coordinator_is_killed(server, run, log, attached) -> None
     assert status['worker/0'].restarts == 1, status
     assert {name: s.state for name, s in status.items() if name != 'member/1'} == {
         name: lp.NodeState.RUNNING for name in ('worker/0', 'member/0', 'prober/0')}, status
+
+
+def _readopts_once_its_coordinator_pod_is_lost(server, run, log, capsys) -> None:
+    """Delete the coordinator pod (`kubectl delete pod`, as an eviction or a lost node would):
+    its Job makes a new pod, with a new address that the nodes' DNS name follows, whose
+    coordinator re-adopts the node pods from the state kept in the Secret RUN-state. The same
+    node containers served on (prober/0's counter kept increasing, no call failed), no node
+    pod was made again, and `status` from the launching machine is answered by the new
+    coordinator."""
+    def calls():
+        return _calls(log)
+
+    def node_processes():
+        return _node_processes(run)
+
+    lost = coordinator_pod_name(server, run)
+    processes, created, before = node_processes(), list(server.created), calls()
+    deleted_at = time.monotonic()
+    server.delete('Pod', lost)
+    assert wait_for(lambda: coordinator_pod_name(server, run) not in (None, lost), 60)
+    assert wait_for(lambda: 're-adopted the 4 nodes' in log('coordinator', 'coordinator'), 60), \
+        log('coordinator', 'coordinator')
+
+    def answered():  # (lp.attach takes the new coordinator's token from the relay on a refusal)
+        try:
+            return lp.attach(run).status()['prober/0'].state is lp.NodeState.RUNNING
+        except Exception:  # pylint: disable=broad-except  (the new pod does not serve yet)
+            return False
+    assert wait_for(answered, 90), log('coordinator', 'coordinator')
+    with capsys.disabled():  # (the test's output, not the commands')
+        print(f'coordinator pod deleted to status answered by the new one: '
+              f'{time.monotonic() - deleted_at:.1f} s')
+    capsys.readouterr()
+    assert cli.main(['status', run, '--json']) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)['controller']['host'] == f'job/{run}-coordinator'
+    said = coordinator_job.recovery_of_entry(  # what `attach --recover` says
+        next(entry for entry in registry.entries() if entry.id == run))
+    assert 'lost its pod 1 time' in said, said
+    assert f'its pod {coordinator_pod_name(server, run)} runs now' in said, said
+    assert wait_for(lambda: calls()[0] > before[0] + 50, 30), log('prober-0')
+    assert calls()[1] == 0, log('prober-0')
+    assert node_processes() == processes  # 0 node restarts
+    assert [c for c in server.created if c not in created] == [
+        ('Pod', coordinator_pod_name(server, run))], server.created  # no node pod made again
+    assert 'reading the state an earlier coordinator pod kept in the Secret' in log(
+        'coordinator', 'coordinator')

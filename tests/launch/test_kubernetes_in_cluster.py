@@ -19,7 +19,7 @@ import pytest
 import launchpad as lp
 from launchpad.launch import detached, kubernetes
 from launchpad.launch.controller import Controller
-from launchpad.launch.kubernetes import in_cluster, names, pod, readopt
+from launchpad.launch.kubernetes import coordinator_job, in_cluster, names, pod, readopt
 from launchpad.launch.kubernetes import launcher as kubernetes_launcher
 from launchpad.launch.kubernetes.api import AlreadyExists
 from launchpad.launch.launcher import LaunchOptions
@@ -88,7 +88,22 @@ def test_a_detached_launch_lets_its_coordinator_pod_recreate_node_pods_and_nothi
         {'apiGroups': [''], 'resources': ['pods'], 'verbs': ['delete'],
          'resourceNames': ['t1-worker-0', 't1-other-0']},
         {'apiGroups': [''], 'resources': ['pods/log'], 'verbs': ['get'],  # (`logs`, `attach`)
-         'resourceNames': ['t1-worker-0', 't1-other-0']}]
+         'resourceNames': ['t1-worker-0', 't1-other-0']},
+        {'apiGroups': [''], 'resources': ['secrets'], 'verbs': ['get', 'patch'],  # its state
+         'resourceNames': ['t1-state']},
+        {'apiGroups': ['batch'], 'resources': ['jobs'], 'verbs': ['get'],  # pod lost, or all?
+         'resourceNames': ['t1-coordinator']}]
+    # The coordinator pod is a Job's, whose next pod re-adopts the nodes if the pod is lost,
+    # from the state kept in the Secret t1-state (`coordinator_job`).
+    job = next(d for d in plan.documents if d['metadata']['name'] == 't1-coordinator')
+    assert job['kind'] == 'Job' and job['spec']['backoffLimit'] == 6
+    assert job['spec']['template']['spec']['hostname'] == 't1-coordinator'  # its DNS name
+    assert job['spec']['template']['metadata']['labels'][names.ROLE_LABEL] == 'coordinator'
+    assert next(d for d in plan.documents if d['metadata']['name'] == 't1-state') == {
+        'apiVersion': 'v1', 'kind': 'Secret', 'type': 'Opaque', 'data': {},
+        'metadata': {'name': 't1-state', 'namespace': 'default', 'labels': {
+            names.PROGRAM_LABEL: 't1', names.ROLE_LABEL: 'state', **names.MANAGED_BY}}}
+    assert settings.job == 't1-coordinator'
     assert _manifests(plan) == {name: plan.pod_document(name)
                                 for name in ('t1-worker-0', 't1-other-0')}
     coordinator = plan.pod_document(plan.coordinator_pod)
@@ -111,7 +126,8 @@ def test_a_detached_launch_lets_its_coordinator_pod_recreate_node_pods_and_nothi
 
     attached = _plan(_program(), attached=True, create_rbac=True)
     assert not _settings(attached).recreates_pods
-    assert _settings(attached).state_dir is None
+    assert _settings(attached).state_dir is None and _settings(attached).job is None
+    assert 'Job' not in [d['kind'] for d in attached.documents]
     assert attached.pod_document(attached.coordinator_pod)['spec']['restartPolicy'] == 'Never'
     assert attached.growth.packer.coordinator_grace is None
     assert 't1-pods' not in [d['metadata']['name'] for d in attached.documents]
@@ -245,6 +261,91 @@ def test_a_restarted_coordinator_readopts_the_node_pods_with_their_restart_budge
     assert readopt.read_state(str(tmp_path)) is None
 
 
+def test_a_new_coordinator_pod_readopts_the_node_pods_from_the_state_kept_in_a_secret(
+        monkeypatch, tmp_path):
+    """The coordinator pod is lost (deleted, evicted): its Job makes a new pod, whose emptyDir
+    is empty. Its coordinator reads the state the old one kept in the Secret t1-state and
+    re-adopts the node pods: it creates and deletes none, worker/0 keeps its restart. The old
+    pod's SIGTERM stopped nothing while the Job lives on; once the Job is gone or being deleted
+    (the program is deleted), a SIGTERM stops the program."""
+    monkeypatch.setattr(in_cluster.InClusterRunner, 'POLL_SECONDS', 0.0)
+    plan = _plan(_program(), create_rbac=True)
+    settings = _settings(plan)
+    api = SelectingApi()
+    for document in plan.documents:
+        if document['metadata']['name'] in ('t1-state', 't1-coordinator', 't1-worker-0',
+                                            't1-other-0'):
+            api.create(document)
+    api.statuses['t1-worker-0'] = [running(), exited(137, 'OOMKilled'), running()]
+    old_pod, new_pod = tmp_path / 'old', tmp_path / 'new'  # each pod's emptyDir
+    old_pod.mkdir()
+    new_pod.mkdir()
+    runner = in_cluster.InClusterRunner(api, 't1', _manifests(plan), plan.node_pods,
+                                        job=settings.job)
+    assert readopt.read_state(str(old_pod), api, 't1') is None  # the program's first
+    coordinator, controller = pod.supervise(settings, runner)
+    readopt.keep_state(str(old_pod), controller, runner, secret=functools.partial(
+        coordinator_job.write_state, api, 't1'))
+    _until(lambda: controller.status()['worker/0'].restarts == 1, 'not restarted')
+    assert api.objects['Pod', 't1-worker-0']['metadata']['ownerReferences'] == [{
+        'apiVersion': 'batch/v1', 'kind': 'Job', 'name': 't1-coordinator',
+        'uid': api.objects['Job', 't1-coordinator']['metadata']['uid']}]  # not the pod's
+    for name in settings.nodes:
+        coordinator.node_started(name, 10, 'pod', 'first')
+
+    def kept():
+        state = readopt.read_state(str(new_pod), api, 't1')
+        return state is not None and {
+            name: (status.state, status.restarts)
+            for name, status in state['coordinator'].status().items()} == {
+                'worker/0': (lp.NodeState.RUNNING, 1), 'other/0': (lp.NodeState.RUNNING, 0)}
+    _until(kept, 'the state was not kept in the Secret')
+    assert coordinator_job.pod_lost_only(api, 't1-coordinator')  # its SIGTERM stops nothing
+    dead = threading.Event()
+    runner.poll = lambda: dead.wait() and {}  # the old pod is gone
+    created = len(api.calls)
+
+    runner = in_cluster.InClusterRunner(api, 't1', _manifests(plan), plan.node_pods,
+                                        job=settings.job)
+    state = readopt.read_state(str(new_pod), api, 't1')
+    readopted, controller = pod.supervise(settings, runner, readopt.resume(runner, state))
+    try:
+        assert controller.status()['worker/0'].restarts == 1
+        readopted.node_started('worker/0', 10, 'pod', 'first')  # the node, reconnecting
+        _until(lambda: sum(c[0] == 'list_pods' for c in api.calls[created:]) >= 3, 'no look')
+        assert not [c for c in api.calls[created:] if c[0] in ('create', 'delete')]
+        assert controller.status()['worker/0'].restarts == 1  # the same process: no restart
+    finally:
+        dead.set()
+        controller.stop()
+    api.objects['Job', 't1-coordinator']['metadata']['deletionTimestamp'] = 'now'
+    assert not coordinator_job.pod_lost_only(api, 't1-coordinator')  # the program's deletion
+    api.delete('Job', 't1-coordinator')
+    assert not coordinator_job.pod_lost_only(api, 't1-coordinator')
+
+
+def test_attach_recover_says_what_the_coordinator_job_did():
+    """Kubernetes makes a detached program's coordinator pods (its Job): `attach --recover`
+    starts nothing, it says how the Job stands."""
+    api = SelectingApi()
+    said = coordinator_job.recovery(api, 't1-coordinator')
+    assert 'Job t1-coordinator is gone (the program was deleted)' in said
+    plan = _plan(_program(), create_rbac=True)
+    api.create(next(d for d in plan.documents if d['kind'] == 'Job'))
+    said = coordinator_job.recovery(api, 't1-coordinator')
+    assert 'was never lost; no pod of it runs right now' in said, said
+    api.objects['Job', 't1-coordinator']['status'] = {'failed': 2}
+    api.create({**plan.pod_document('t1-coordinator'), 'metadata': {
+        **plan.pod_document('t1-coordinator')['metadata'], 'name': 't1-coordinator-x2b4q'}})
+    said = coordinator_job.recovery(api, 't1-coordinator')
+    assert 'lost its pod 2 times (back-off limit 6); its pod t1-coordinator-x2b4q runs' in said
+    api.objects['Job', 't1-coordinator']['status'] = {'failed': 7, 'conditions': [
+        {'type': 'Failed', 'status': 'True', 'reason': 'BackoffLimitExceeded'}]}
+    said = coordinator_job.recovery(api, 't1-coordinator')
+    assert 'failed (BackoffLimitExceeded): its coordinator failed 7 times' in said, said
+    assert 'The nodes stop after the supervisor grace' in said
+
+
 def _node_pod(name: str, node: str):
     return {'kind': 'Pod', 'metadata': {
         'name': name, 'labels': {names.PROGRAM_LABEL: 't1', names.ROLE_LABEL: 'node'},
@@ -273,7 +374,7 @@ def test_a_deletion_for_a_removed_node_never_hits_the_newer_node_that_took_its_p
 
 
 def test_a_detached_launcher_follows_the_pod_its_coordinator_pod_creates_again(fake):
-    """...and leaves resizing to the coordinator pod, which owns the node pods."""
+    """...and leaves resizing to the coordinator pod, whose Job owns the node pods."""
     fake.statuses['t1-worker-0'] = [running(), exited(1, 'Error')]
     program = _program()
     asked = []
@@ -283,9 +384,10 @@ def test_a_detached_launcher_follows_the_pod_its_coordinator_pod_creates_again(f
                    lambda: controller.remove_node('other/0')):
         with pytest.raises(RuntimeError, match='runs detached, supervised by its coordinator pod'):
             change()
-    coordinator = fake.objects[('Pod', 't1-coordinator')]['metadata']
+    coordinator = fake.objects[('Job', 't1-coordinator')]['metadata']  # (here, it makes no pod)
     assert fake.objects[('Pod', 't1-other-0')]['metadata']['ownerReferences'] == [
-        {'apiVersion': 'v1', 'kind': 'Pod', 'name': 't1-coordinator', 'uid': coordinator['uid']}]
+        {'apiVersion': 'batch/v1', 'kind': 'Job', 'name': 't1-coordinator',
+         'uid': coordinator['uid']}]
     assert coordinator['ownerReferences'][0]['kind'] == 'ConfigMap'  # the root
     _until(lambda: controller.status()['worker/0'].state is lp.NodeState.PENDING
            and controller.status()['worker/0'].restarts == 1, 'not marked restarted')
@@ -397,7 +499,7 @@ class SimulatedKubelet:
     def delete(self, kind, name, grace_period_seconds=None):
         if kind != 'Pod':
             return
-        if name.endswith('-coordinator'):
+        if self.pods[name]['metadata']['labels'][names.ROLE_LABEL] == 'coordinator':
             self.coordinator.request_stop('the coordinator pod was deleted')
             self.controller.wait(timeout=grace_period_seconds, raise_error=False)
         with self._lock:
@@ -439,7 +541,8 @@ def test_a_detached_program_grows_shrinks_and_stops_in_graph_order_from_its_coor
         {'apiGroups': [''], 'resources': ['configmaps'], 'verbs': ['delete'],
          'resourceNames': [f'{pod}-spec-0' for pod in added]},
         {'apiGroups': [''], 'resources': ['pods/log'], 'verbs': ['get'], 'resourceNames': [
-            't1-server-0', 't1-worker-0', 't1-worker-1', *added]}]
+            't1-server-0', 't1-worker-0', 't1-worker-1', *added]},
+        *coordinator_job.rbac_rules('t1')]
     settings = _settings(plan)
     assert settings.calls == {'worker/0': ['server/0'], 'worker/1': ['server/0']}
     pods_dir = tmp_path / 'pods'  # RUN-pods as the coordinator pod mounts it
@@ -462,16 +565,17 @@ def test_a_detached_program_grows_shrinks_and_stops_in_graph_order_from_its_coor
             return {name for kind, name in server.objects()
                     if kind == 'ConfigMap' and name.startswith('t1-worker-')}
 
-        coordinator_uid = kubelet.pods['t1-coordinator']['metadata']['uid']
+        job = {'apiVersion': 'batch/v1', 'kind': 'Job', 'name': 't1-coordinator',
+               'uid': server.read('Job', 't1-coordinator')['metadata']['uid']}
+        coordinator_pod = next(name for name in kubelet.pods  # the Job's, a generated name
+                               if name.startswith('t1-coordinator-'))
         size_file.write_text('4')
         _until(lambda: {'t1-worker-2', 't1-worker-3'} <= pods()
                and coordinator.running() == ['server/0', 'worker/0', 'worker/1', 'worker/2',
                                              'worker/3'], 'the group did not grow')
         assert controller.group_size('worker') == 4
         for name in ('t1-worker-2', 't1-worker-3', 't1-worker-0'):
-            assert kubelet.pods[name]['metadata']['ownerReferences'] == [
-                {'apiVersion': 'v1', 'kind': 'Pod', 'name': 't1-coordinator',
-                 'uid': coordinator_uid}]
+            assert kubelet.pods[name]['metadata']['ownerReferences'] == [job]  # not its pod
         assert {'t1-worker-2-spec-0', 't1-worker-3-spec-0'} <= spec_configmaps()
         size_file.write_text('2')
         _until(lambda: not {'t1-worker-2', 't1-worker-3'} & pods()
@@ -499,8 +603,8 @@ def test_a_detached_program_grows_shrinks_and_stops_in_graph_order_from_its_coor
                for worker in ('worker/0', 'worker/1', 'worker/4')), kubelet.events
     assert {status.state for status in controller.status().values()} == {
         lp.NodeState.FINISHED, lp.NodeState.REMOVED}
-    assert kubelet.deleted[kubelet.deleted.index(('t1-coordinator', True)) + 1:] and not [
-        name for name, ran in kubelet.deleted if ran and name != 't1-coordinator']
+    assert kubelet.deleted[kubelet.deleted.index((coordinator_pod, True)) + 1:] and not [
+        name for name, ran in kubelet.deleted if ran and name != coordinator_pod]
     out = capsys.readouterr().out
     assert 'created the pod t1-worker-3 of worker/3, added to group worker' in out
     assert 'deleted the pod t1-worker-3 of removed node worker/3' in out

@@ -82,6 +82,16 @@ class FakeApi:
                     'metadata', {}).get('uid') == uid:  # else: the precondition fails
                 self.objects.pop((kind, name), None)
 
+    def read(self, kind, name):
+        with self.lock:
+            self.calls.append(('read', kind, name))
+            return copy.deepcopy(self.objects.get((kind, name)))
+
+    def patch_secret(self, name, data):
+        with self.lock:
+            self.calls.append(('patch_secret', name))
+            self.objects['Secret', name].setdefault('data', {}).update(data)
+
     def list_pods(self, selector):
         with self.lock:
             self.calls.append(('list_pods', selector))

@@ -66,7 +66,8 @@ def test_every_manifest_validates_strictly_with_every_option():
     _validate(documents)
     kinds = [d['kind'] for d in documents]
     assert kinds[:3] == ['ConfigMap', 'Secret', 'Service']
-    assert kinds.count('Pod') == 5 and {'ServiceAccount', 'Role', 'RoleBinding'} <= set(kinds)
+    assert kinds.count('Pod') == 4 and {'ServiceAccount', 'Role', 'RoleBinding'} <= set(kinds)
+    assert kinds.count('Job') == 1  # the coordinator's pod: a Job's, as no launcher follows it
     queue = next(d for d in documents if d['metadata']['name'] == 'pc-queue-0')
     container = queue['spec']['containers'][0]
     assert container['resources'] == {'requests': {'cpu': '2', 'memory': '4Gi'},
@@ -79,7 +80,7 @@ def test_every_manifest_validates_strictly_with_every_option():
     assert container['imagePullPolicy'] == 'Always'
     assert queue['spec']['serviceAccountName'] == 'trainer'
     coordinator = next(d for d in documents if d['metadata']['name'] == 'pc-coordinator')
-    assert coordinator['spec']['serviceAccountName'] == 'pc'  # the account create_rbac made
+    assert coordinator['spec']['template']['spec']['serviceAccountName'] == 'pc'  # create_rbac's
     assert _spec_of(documents, 'pc-queue-0').flag_overrides == ['--learning_rate=0.1']
 
 

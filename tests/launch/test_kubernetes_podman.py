@@ -3,7 +3,9 @@
 There is no API server here. `PodmanApi` stands in for the launcher's thin API layer: the launcher
 builds its objects and creates them one by one as on a cluster, and each Pod is played with podman,
 translating only what `kube play` lacks:
-  * cluster DNS: every pod gets the others' DNS names as hostAliases and a fixed IP (`--ip`);
+  * cluster DNS: every pod gets the others' DNS names as hostAliases and a fixed IP (`--ip`); a
+    Job's new pod gets a new IP, and its name moves in the running pods' hosts files
+    (`podman_hosts`);
   * the Secret: podman 4.3 stores a Secret document from the YAML but cannot read it back for
     `secretKeyRef`, so it is created as a podman secret of the same name and key;
   * `containerPort`: podman publishes it on the host, so two pods would collide; it is dropped;
@@ -32,7 +34,7 @@ from launchpad.launch import kubernetes
 from launchpad.launch.kubernetes import launcher as kubernetes_launcher
 from launchpad.launch.kubernetes.api import AlreadyExists
 from tests.core.conftest import wait_until
-from tests.launch import kubernetes_programs
+from tests.launch import kubernetes_programs, podman_hosts
 
 # The pods start within the waits below (the stand-in plays them after `create` answers).
 pytestmark = pytest.mark.timeout(180)
@@ -63,6 +65,9 @@ class PodmanApi:
         self._deleting = []
         self._playing = {}     # pod name -> the thread playing it
         self.play_errors = {}  # pod name -> why `kube play` failed
+        self.move_errors = []  # why a move of a DNS name did not take (`_move`)
+        self._hosts_lock = threading.Lock()  # (a move, and a play catching up with the moves)
+        self._played = set()   # pods played, whose hosts files `_move` rewrites
         self._followers = []
         self.created = []
 
@@ -99,13 +104,22 @@ class PodmanApi:
             self._play(document)
         return document
 
+    def address(self, name):
+        """The address pod `name` was given."""
+        return self._ips[name]
+
     def _being_deleted(self, name):
         return any(thread.is_alive() and thread.name == f'delete-{name}'
                    for thread in self._deleting)
 
     def _play(self, pod):
         name = pod['metadata']['name']
+        hostname = pod['spec'].get('hostname', name)
+        if hostname != name:  # a Job's pod: a new address, which its DNS name follows
+            self._ips[name] = f'{self._base}.{100 + len(self._ips)}'
+            self._move(hostname, self._ips[name])
         _translate(pod, self._aliases, self._bed.source_dir)
+        written = {a['hostnames'][0]: a['ip'] for a in pod['spec']['hostAliases']}
         mounted = [v['configMap']['name'] for v in pod['spec'].get('volumes', [])
                    if 'configMap' in v]
         path = self._dir / f'{name}.yaml'
@@ -118,17 +132,52 @@ class PodmanApi:
                 _podman('kube', 'play', '--network', self._bed.network, '--ip', ip, str(path))
             except (AssertionError, subprocess.SubprocessError) as e:
                 self.play_errors[name] = str(e)
+                return
+            with self._hosts_lock:  # the moves made while it played
+                for alias in self._aliases:
+                    if written.get(alias['hostnames'][0], alias['ip']) != alias['ip']:
+                        self._point(name, alias['hostnames'][0], alias['ip'])
+                self._played.add(name)
 
         self.play_errors.pop(name, None)
         thread = threading.Thread(target=play, name=f'play-{name}')
         self._playing[name] = thread
         thread.start()
 
+    def _move(self, hostname, ip):
+        """Points the DNS name of pod hostname `hostname` at `ip`, in the hosts file of every
+        pod, as a cluster's DNS follows a pod made again (with a new address: reusing the old
+        one left the other pods' neighbour entries stale, and their connects timed out). A pod
+        still being played catches up once played; a move that does not take is printed, and
+        `close` fails naming it."""
+        with self._hosts_lock:
+            for alias in self._aliases:
+                if alias['hostnames'][0].startswith(f'{hostname}.'):
+                    alias['ip'], fqdn = ip, alias['hostnames'][0]
+                    break
+            else:
+                return
+            for name in [name for name in list(self._pods) if name in self._played]:
+                self._point(name, fqdn, ip)
+
+    def _point(self, name, fqdn, ip):
+        """`podman_hosts.point` in pod `name`, its failure kept in `move_errors`."""
+        pod = self._pods.get(name)
+        if pod is None:  # deleted meanwhile
+            return
+        try:
+            podman_hosts.point(name, [c['name'] for c in pod['spec']['containers']], fqdn, ip,
+                               self._bed.python, _podman)
+        except AssertionError as e:
+            print(e, flush=True)
+            self.move_errors.append(str(e))
+
     def delete(self, kind, name, grace_period_seconds=None):
         if kind == 'Secret' and name in self._secrets:
             self._secrets.remove(name)
             _podman('secret', 'rm', name, check=False)
         pod = self._pods.pop(name, None) if kind == 'Pod' else None
+        self._played.discard(name)
         if pod is None:
             return
         grace = 30 if grace_period_seconds is None else grace_period_seconds
@@ -202,6 +251,7 @@ class PodmanApi:
         for process in self._followers:  # `podman logs --follow` ends with its container
             process.wait(30)
         assert not self.play_errors, f'kube play failed: {self.play_errors}'
+        assert not self.move_errors, self.move_errors
 
 
 def _status(container, main):
@@ -219,7 +269,7 @@ def _status(container, main):
 def _translate(pod, aliases, source_dir):
     """What `kube play` needs instead of cluster DNS, published ports and an image with our code."""
     spec = pod['spec']
-    spec['hostAliases'] = aliases
+    spec['hostAliases'] = [dict(alias) for alias in aliases]  # (as the pod is played)
     spec.setdefault('volumes', []).append({'name': 'source', 'hostPath': {'path': source_dir}})
     for container in spec['containers'] + spec.get('initContainers', []):
         container.pop('ports', None)
@@ -390,3 +440,55 @@ def test_the_stand_in_answers_a_pod_creation_before_kube_play_ends(tmp_path, mon
     with pytest.raises(AssertionError, match="kube play failed: .*'bad'.*no such image"):
         api.close()
     assert running == set()
+
+
+def test_the_stand_ins_dns_follows_a_jobs_new_pod_into_the_running_pods(podman_testbed,
+                                                                        tmp_path):
+    """A Job's pod made again (the coordinator's) gets a new address, and its DNS name (its
+    hostname in the program's subdomain) resolves to it in a pod that was already running, as
+    a cluster's DNS would: the podman stand-in rewrites that pod's hosts files."""
+    api = PodmanApi(podman_testbed, tmp_path)
+    run, fqdn = 'lpdns', 'lpdns-coordinator.lpdns.default.svc.cluster.local'
+
+    def pod(name, **spec):
+        return {'apiVersion': 'v1', 'kind': 'Pod', 'metadata': {'name': name}, 'spec': {
+            'restartPolicy': 'Never', 'containers': [
+                {'name': 'main', 'image': podman_testbed.image, 'command': ['sleep', '120']}],
+            **spec}}
+
+    def resolved():
+        return _podman('exec', f'{run}-node-0-main', podman_testbed.python, '-c',
+                       podman_hosts.RESOLVE, fqdn, check=False).strip()
+
+    def running(name):
+        return any(p['metadata']['name'] == name and p['status']['phase'] == 'Running'
+                   for p in api.list_pods(''))
+
+    try:
+        api.create({'kind': 'ConfigMap', 'metadata': {
+            'name': run, 'labels': {kubernetes.PROGRAM_LABEL: run}}, 'data': {'pods': json.dumps(
+                {'node/0': f'{run}-node-0', 'coordinator': f'{run}-coordinator'})}})
+        api.create(pod(f'{run}-node-0'))
+        assert wait_until(lambda: running(f'{run}-node-0'), timeout=120)
+        addresses = []
+        for job_pod in (f'{run}-coordinator-a1b2c', f'{run}-coordinator-d3e4f'):
+            api.create(pod(job_pod, hostname=f'{run}-coordinator', subdomain=run))
+            addresses.append(api.address(job_pod))
+            assert wait_until(lambda: resolved() == addresses[-1], timeout=30), (
+                resolved(), addresses)
+            api.delete('Pod', job_pod, grace_period_seconds=0)
+        assert addresses[0] != addresses[1]
+    finally:
+        api.close()
+    assert not api.move_errors
+
+
+def test_a_hosts_file_is_rewritten_in_place(tmp_path):
+    """A bind-mounted /etc/hosts cannot be replaced, only rewritten: the same file (inode) names
+    the new address, other names on a shared line stay."""
+    hosts = tmp_path / 'hosts'
+    hosts.write_text('127.0.0.1 localhost\n10.0.0.5\tp.r.svc # old\n10.0.0.5 q.r.svc p.r.svc\n')
+    inode = hosts.stat().st_ino
+    podman_hosts._rewrite(str(hosts), 'p.r.svc', '10.0.0.9')  # pylint: disable=protected-access
+    assert hosts.read_text() == '127.0.0.1 localhost\n10.0.0.5 q.r.svc\n10.0.0.9\tp.r.svc\n'
+    assert hosts.stat().st_ino == inode

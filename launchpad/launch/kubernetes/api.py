@@ -47,11 +47,15 @@ k() {
   if [ -n "$context" ]; then kubectl --kubeconfig "$kubeconfig" --context "$context" "$@"
   else kubectl --kubeconfig "$kubeconfig" "$@"; fi
 }
-phase=$(k get pod -n "$namespace" "$pod" -o 'jsonpath={.status.phase}' 2>&1) || case $phase in
+case $pod in
+  job/*) what=job; query='{.status.conditions[?(@.status=="True")].type}';;
+  *) what=pod; query='{.status.phase}';;
+esac
+phase=$(k get "$what" -n "$namespace" "${pod#job/}" -o "jsonpath=$query" 2>&1) || case $phase in
   *NotFound*|*"not found"*) echo gone; exit 0;;
   *) echo "$phase" >&2; exit 1;;
 esac
-case $phase in Succeeded|Failed) echo gone; exit 0;; esac
+case " $phase " in *" Succeeded "*|*" Failed "*|*" Complete "*) echo gone; exit 0;; esac
 k exec -i -n "$namespace" "$pod" -c "$container" -- "$@"'''
 
 
@@ -65,7 +69,8 @@ class KubernetesApi:
     _CREATE = {'ConfigMap': 'create_namespaced_config_map', 'Secret': 'create_namespaced_secret',
                'Service': 'create_namespaced_service', 'Pod': 'create_namespaced_pod',
                'ServiceAccount': 'create_namespaced_service_account',
-               'Role': 'create_namespaced_role', 'RoleBinding': 'create_namespaced_role_binding'}
+               'Role': 'create_namespaced_role', 'RoleBinding': 'create_namespaced_role_binding',
+               'Job': 'create_namespaced_job'}
     _TIMEOUT = 30.0
 
     def __init__(self, namespace: str, *, kubeconfig: Optional[str] = None,
@@ -92,6 +97,7 @@ class KubernetesApi:
         self._client = k8s.client.ApiClient(configuration)
         self._core = k8s.client.CoreV1Api(self._client)
         self._rbac = k8s.client.RbacAuthorizationV1Api(self._client)
+        self._batch = k8s.client.BatchV1Api(self._client)
         self._host = self._client.configuration.host
         self._configuration = configuration
         self._exec_lock = threading.Lock()
@@ -130,7 +136,7 @@ class KubernetesApi:
     def create(self, document: Mapping[str, Any]) -> Dict[str, Any]:
         """Creates the object `document` describes; returns it as created (with its uid)."""
         kind, name = document['kind'], document['metadata']['name']
-        api = self._rbac if kind in ('Role', 'RoleBinding') else self._core
+        api = self._api_of(kind)
         created = self._call(f'create {kind} {name}', getattr(api, self._CREATE[kind]),
                              self.namespace, document)
         return self._dict(created)
@@ -141,7 +147,7 @@ class KubernetesApi:
         only that object (a precondition), so that a deletion on behalf of an object that is
         gone never hits a newer one of the same name."""
         method = re.sub(r'(?<!^)([A-Z])', r'_\1', kind).lower()
-        api = self._rbac if kind in ('Role', 'RoleBinding') else self._core
+        api = self._api_of(kind)
         options = {} if uid is None else {'body': {'preconditions': {'uid': uid}}}
         try:
             self._call(f'delete {kind} {name}', getattr(api, f'delete_namespaced_{method}'), name,
@@ -152,6 +158,25 @@ class KubernetesApi:
         except AlreadyExists:  # 409: the precondition failed, the name is another object's
             if uid is None:
                 raise
+
+    def read(self, kind: str, name: str) -> Optional[Dict[str, Any]]:
+        """The object (a Secret or a Job), or None if there is none of that name."""
+        method = re.sub(r'(?<!^)([A-Z])', r'_\1', kind).lower()
+        try:
+            return self._dict(self._call(f'read {kind} {name}', getattr(
+                self._api_of(kind), f'read_namespaced_{method}'), name, self.namespace))
+        except NotFound:
+            return None
+
+    def patch_secret(self, name: str, data: Mapping[str, str]) -> None:
+        """Sets keys of the Secret's data (values in base64)."""
+        self._call(f'write Secret {name}', self._core.patch_namespaced_secret, name,
+                   self.namespace, {'data': dict(data)})
+
+    def _api_of(self, kind: str):
+        if kind in ('Role', 'RoleBinding'):
+            return self._rbac
+        return self._batch if kind == 'Job' else self._core
 
     def list_pods(self, selector: str) -> List[Dict[str, Any]]:
         """The pods matching the label `selector`, with their status."""
@@ -212,7 +237,8 @@ class KubernetesApi:
     def exec_command(self, pod: str, container: str, command: List[str]) -> List[str]:
         """The command line that runs `command` in the container with this machine's stdin and
         stdout joined to it, `kubectl exec -i` (the user needs `create` on `pods/exec`); it
-        says `gone` instead, as `launchpad.observe.relay` does, once the pod has ended."""
+        says `gone` instead, as `launchpad.observe.relay` does, once the pod has ended. `pod`:
+        a pod's name, or job/NAME for the pod that Job runs now (gone once the Job ended)."""
         return ['sh', '-c', _EXEC_SCRIPT, 'launchpad-exec', os.path.expanduser(self._kubeconfig),
                 self._context or '', self.namespace, pod, container, *command]
 

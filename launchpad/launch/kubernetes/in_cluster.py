@@ -13,12 +13,13 @@ ConfigMap and pod of a node added to an elastic group, made as the launch made t
 (`LaunchPlan.added_pods`), and deletes a removed node's pod once it ended. Each deletion on
 behalf of a node names the uid of the node's pod (a precondition): a name set aside for added
 nodes passes from a removed node to a newer one, whose pod a late deletion for the removed
-node must not hit. Node pods are owned by the coordinator pod, so that deleting the program
-deletes them only after the coordinator has stopped them in graph order.
+node must not hit. Node pods are owned by the coordinator pod's Job (`coordinator_job`), so that
+they outlive the pod, and deleting the program deletes them.
 
 The coordinator pod's service account needs `get`, `list` and `create` on pods, and `delete` on
 the node pods by name; to grow groups, also `create` on ConfigMaps and `delete` on the added
-nodes' spec ConfigMaps by name (`manifests.coordinator_rbac_manifests`).
+nodes' spec ConfigMaps by name; to keep its state and see its Job, `get` and `patch` on the
+Secret RUN-state and `get` on the Job (`manifests.coordinator_rbac_manifests`).
 
 Runs in the coordinator pod (`pod.py`), on the controller's monitor thread.
 """
@@ -118,15 +119,22 @@ class InClusterRunner(Runner):
 
     `api`: a `KubernetesApi` of the program's namespace; `manifests`: pod name -> its document
     as the launch created it; `node_pods`: node name -> its pod name; `growth` (an attribute
-    too): what adds nodes to elastic groups (None: none can be added).
+    too): what adds nodes to elastic groups (None: none can be added); `job`: the coordinator
+    pod's Job, which owns the node pods (`coordinator_job`), else the pod does.
     """
+
+    @property
+    def api(self):
+        """The `KubernetesApi` of the program's namespace."""
+        return self._api
 
     POLL_SECONDS = 1.0
 
     def __init__(self, api, run: str, manifests: Mapping[str, Mapping[str, Any]],
                  node_pods: Mapping[str, str], *, growth: Optional[Growth] = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, job: Optional[str] = None):
         self._api = api
+        self._job = job
         self._run = run
         self._manifests = dict(manifests)
         self._node_pods = dict(node_pods)
@@ -309,7 +317,11 @@ class InClusterRunner(Runner):
                          **({'uid': self._uids[name]} if self._uids.get(name) else {}))
 
     def _owner_references(self) -> List[Dict[str, Any]]:
-        """The coordinator pod, as the owner of the node pods it creates."""
+        """The coordinator pod (or its Job), as the owner of the node pods it creates."""
+        if self._owners is None and self._job is not None:
+            job = self._api.read('Job', self._job) or {'metadata': {}}
+            self._owners = [{'apiVersion': 'batch/v1', 'kind': 'Job', 'name': self._job,
+                             'uid': job['metadata'].get('uid')}]
         if self._owners is None:
             coordinators = self._api.list_pods(names.selector(self._run, role='coordinator'))
             self._owners = [{'apiVersion': 'v1', 'kind': 'Pod', 'name': pod['metadata']['name'],

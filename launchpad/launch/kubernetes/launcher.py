@@ -118,7 +118,8 @@ def _reach(api, plan: LaunchPlan, config: KubernetesConfig
     if getattr(api, 'exec_command', None) is None:
         return None
     try:
-        entry = reach.adopt(api, plan.coordinator_pod, plan.run, config.python, REACH_TIMEOUT)
+        entry = reach.adopt(api, plan.coordinator_pod, plan.run, config.python, REACH_TIMEOUT,
+                            job=any(d['kind'] == 'Job' for d in plan.documents))
     except (TimeoutError, PermissionError, ValueError, TypeError) as e:
         logging.warning('`python -m launchpad.launch` and lp.attach cannot reach program %s '
                         'from this machine: %s', plan.run, e)
@@ -160,8 +161,8 @@ class KubernetesController(Controller):
 
 def _create(api, plan: LaunchPlan, *, nodes_owned_by_coordinator: bool = False) -> None:
     """Creates the root object, then everything else owned by it (node pods by the coordinator
-    pod if `nodes_owned_by_coordinator`: deleting the program then deletes them once the
-    coordinator has stopped them); undoes it all on an error."""
+    pod, or its Job, if `nodes_owned_by_coordinator`: deleting the program then deletes them
+    once the coordinator has stopped them); undoes it all on an error."""
     created: List[Mapping[str, Any]] = []
     try:
         root = api.create(plan.documents[0])
@@ -177,9 +178,9 @@ def _create(api, plan: LaunchPlan, *, nodes_owned_by_coordinator: bool = False) 
             made = api.create(document)
             created.append(document)
             if nodes_owned_by_coordinator and document['metadata']['name'] == \
-                    plan.coordinator_pod and document['kind'] == 'Pod':
-                coordinator = {'apiVersion': 'v1', 'kind': 'Pod', 'name': plan.coordinator_pod,
-                               'uid': made['metadata']['uid']}
+                    plan.coordinator_pod and document['kind'] in ('Pod', 'Job'):
+                coordinator = {'apiVersion': document['apiVersion'], 'kind': document['kind'],
+                               'name': plan.coordinator_pod, 'uid': made['metadata']['uid']}
     except BaseException:
         _delete(api, created, 'after the failed launch')
         raise
@@ -316,7 +317,8 @@ class PodRunner(Runner):
             self._stop_sent = True
             # The coordinator turns SIGTERM into the program's stop signal and keeps serving
             # until the nodes have ended or the grace period is over.
-            self._api.delete('Pod', self._plan.coordinator_pod, grace_period_seconds=self._grace)
+            self._api.delete(self._coordinator_kind(), self._plan.coordinator_pod,
+                             grace_period_seconds=self._grace)
         return dict(self._codes)
 
     def let_go(self) -> None:
@@ -349,7 +351,13 @@ class PodRunner(Runner):
                 continue
             self._api.delete('Pod', self._plan.node_pods[name], grace_period_seconds=0)
         if not names or not all(self._mirror.has_left(name) for name in names):
-            self._api.delete('Pod', self._plan.coordinator_pod, grace_period_seconds=0)
+            self._api.delete(self._coordinator_kind(), self._plan.coordinator_pod,
+                             grace_period_seconds=0)
+
+    def _coordinator_kind(self) -> str:
+        """'Job' if the coordinator pod is a Job's (`coordinator_job`: deleting the Job ends
+        its pod, whose coordinator then stops the program), else 'Pod'."""
+        return next((d['kind'] for d in self._plan.documents if d['kind'] == 'Job'), 'Pod')
 
     def release(self) -> None:
         """Deletes every object of the launch, unless it is detached."""
@@ -390,8 +398,9 @@ class PodRunner(Runner):
                 if self._codes[name] is not None and self._mirror.has_left(name):
                     _delete(self._api, self._plan.forget(name), f'of removed node {name}')
         self._end_leave_pods(pods)
-        coordinator = pods.get(self._plan.coordinator_pod)
+        coordinator = pods.get(self._plan.coordinator_pod)  # (a Job's pods: the Job remakes them)
         if ((coordinator is None or terminated(coordinator, COORDINATOR_CONTAINER))
+                and self._coordinator_kind() == 'Pod'
                 and not self._mirror.stopping and None in self._codes.values()):
             self._mirror.request_stop(f'the coordinator pod {self._plan.coordinator_pod} ended')
 

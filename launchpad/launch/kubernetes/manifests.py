@@ -22,7 +22,7 @@ import courier
 from launchpad import runtime
 from launchpad.address import AddressTable
 from launchpad.launch import detached
-from launchpad.launch.kubernetes import in_cluster, names
+from launchpad.launch.kubernetes import coordinator_job, in_cluster, names
 from launchpad.launch.kubernetes.config import KubernetesConfig, KubernetesResources
 from launchpad.launch.launcher import LaunchOptions, executables_of, policies_of
 from launchpad.policy import NodePolicy
@@ -50,7 +50,8 @@ class LaunchPlan:
     Attributes:
       run: the launch name, the value of the program label.
       namespace: where everything goes.
-      documents: the objects, root ConfigMap first, coordinator pod before node pods.
+      documents: the objects, root ConfigMap first, coordinator pod (or its Job: a program no
+        launcher follows, `coordinator_job`) before node pods.
       node_pods: executable name -> its pod name.
       coordinator_pod: the coordinator's pod name.
       policies: executable name -> its restart policy and progress deadline.
@@ -69,9 +70,10 @@ class LaunchPlan:
     added_pods: Dict[str, List[str]] = dataclasses.field(default_factory=dict)
 
     def pod_document(self, pod_name: str) -> Dict[str, Any]:
-        """The Pod `pod_name` as the launch creates it."""
-        return next(document for document in self.documents if document['kind'] == 'Pod'
-                    and document['metadata']['name'] == pod_name)
+        """The Pod `pod_name` as the launch creates it (the coordinator's: as its Job does)."""
+        return coordinator_job.as_pod(next(
+            document for document in self.documents if document['kind'] in ('Pod', 'Job')
+            and document['metadata']['name'] == pod_name))
 
     def add_node(self, label: str, executable, policy: NodePolicy,
                  pod_name: Optional[str] = None) -> List[Dict[str, Any]]:
@@ -264,13 +266,16 @@ def plan_launch(program: Program, options: LaunchOptions, *,
         documents.append(builder.pod_manifests(
             [d for documents_of_node in node_documents for d in documents_of_node
              if d['kind'] == 'Pod'], in_cluster.Growth(program, plan, dict(resources))))
+        documents.append(coordinator_job.state_secret(
+            builder.meta(coordinator_job.state_secret_name(run), 'state')))
     addresses = {node.name: [address.id for address in node.addresses]
                  for node in program.get_all_nodes()}
     calls, group_calls = program.calls([p.node_name for p in pods])
-    documents.append(builder.coordinator_pod(coordinator_pod, [p.node_name for p in pods],
-                                             policies, addresses, recreates_pods,
-                                             not attached and config.runs_volume is not None,
-                                             calls=calls, group_calls=group_calls))
+    coordinator = builder.coordinator_pod(coordinator_pod, [p.node_name for p in pods],
+                                          policies, addresses, recreates_pods,
+                                          not attached and config.runs_volume is not None,
+                                          calls=calls, group_calls=group_calls)
+    documents.append(coordinator_job.job(coordinator) if recreates_pods else coordinator)
     for documents_of_node in node_documents:
         documents += documents_of_node
     plan.documents = documents
@@ -336,6 +341,7 @@ def coordinator_rbac_manifests(run: str, namespace: str,
     if node_pods is not None:
         rules.append({'apiGroups': [''], 'resources': ['pods/log'], 'verbs': ['get'],
                       'resourceNames': [*node_pods, *added_pods]})
+        rules += coordinator_job.rbac_rules(run)
     return [
         {'apiVersion': 'v1', 'kind': 'ServiceAccount', 'metadata': dict(meta)},
         {'apiVersion': 'rbac.authorization.k8s.io/v1', 'kind': 'Role', 'metadata': dict(meta),
@@ -358,7 +364,8 @@ class _ManifestBuilder:
         self._grace = grace_period(notice_period)
         self._coordinator_account = run if config.create_rbac else config.service_account
 
-    def _meta(self, name: str, role: str, node: Optional[str] = None) -> Dict[str, Any]:
+    def meta(self, name: str, role: str, node: Optional[str] = None) -> Dict[str, Any]:
+        """The metadata of an object of the launch: its name, namespace and labels."""
         labels = {names.PROGRAM_LABEL: self._run, names.ROLE_LABEL: role, **names.MANAGED_BY}
         meta: Dict[str, Any] = {'name': name, 'namespace': self._config.namespace,
                                 'labels': labels}
@@ -369,7 +376,7 @@ class _ManifestBuilder:
 
     def root(self, pods: Mapping[str, str]) -> Dict[str, Any]:
         """The program's root object: what it is and which pod runs each node."""
-        meta = self._meta(self._run, 'program')
+        meta = self.meta(self._run, 'program')
         return {'apiVersion': 'v1', 'kind': 'ConfigMap', 'metadata': meta, 'immutable': True,
                 'data': {'program': self._program.name, 'image': self._config.image,
                          'pods': json.dumps(dict(pods), indent=1)}}
@@ -378,12 +385,12 @@ class _ManifestBuilder:
         """The program's courier auth token, random, for every pod's COURIER_AUTH_TOKEN."""
         token = secrets.token_hex(16)
         return {'apiVersion': 'v1', 'kind': 'Secret', 'type': 'Opaque', 'immutable': True,
-                'metadata': self._meta(f'{self._run}-token', 'token'),
+                'metadata': self.meta(f'{self._run}-token', 'token'),
                 'data': {'token': base64.b64encode(token.encode()).decode()}}
 
     def service(self) -> Dict[str, Any]:
         """The headless Service that gives every pod of the program a stable DNS name."""
-        return {'apiVersion': 'v1', 'kind': 'Service', 'metadata': self._meta(self._run, 'dns'),
+        return {'apiVersion': 'v1', 'kind': 'Service', 'metadata': self.meta(self._run, 'dns'),
                 'spec': {'clusterIP': 'None', 'publishNotReadyAddresses': True,
                          'selector': {names.PROGRAM_LABEL: self._run},
                          'ports': [{'name': 'courier', 'port': self._config.port,
@@ -394,7 +401,7 @@ class _ManifestBuilder:
         chunks = [plan.spec[i:i + SPEC_CHUNK_BYTES]
                   for i in range(0, len(plan.spec), SPEC_CHUNK_BYTES)] or [b'']
         return [{'apiVersion': 'v1', 'kind': 'ConfigMap', 'immutable': True,
-                 'metadata': self._meta(f'{plan.name}-spec-{k}', 'spec', plan.node_name),
+                 'metadata': self.meta(f'{plan.name}-spec-{k}', 'spec', plan.node_name),
                  'binaryData': {'spec': base64.b64encode(chunk).decode()}}
                 for k, chunk in enumerate(chunks)]
 
@@ -454,7 +461,7 @@ class _ManifestBuilder:
                 'account for the coordinator (no create_rbac=True or service_account=): its '
                 'failures are then final.')
         return {'apiVersion': 'v1', 'kind': 'ConfigMap', 'immutable': True,
-                'metadata': self._meta(f'{self._run}-pods', 'pods'), 'binaryData': binary}
+                'metadata': self.meta(f'{self._run}-pods', 'pods'), 'binaryData': binary}
 
     def coordinator_pod(self, name: str, node_names: List[str],
                         policies: Mapping[str, NodePolicy],
@@ -474,6 +481,7 @@ class _ManifestBuilder:
             recreates_pods=recreates_pods, program=self._program.name,
             runs_dir=names.RUNS_DIR if keeps_run else None,
             state_dir=names.STATE_DIR if recreates_pods else None,
+            job=name if recreates_pods else None,
             calls={node: sorted(callees) for node, callees in (calls or {}).items() if callees},
             group_calls={node: sorted(labels) for node, labels in (group_calls or {}).items()
                          if labels})
@@ -502,7 +510,7 @@ class _ManifestBuilder:
             spec['restartPolicy'] = 'OnFailure'
         spec['hostname'] = name
         return {'apiVersion': 'v1', 'kind': 'Pod',
-                'metadata': self._meta(name, 'coordinator'), 'spec': spec}
+                'metadata': self.meta(name, 'coordinator'), 'spec': spec}
 
     def leave_pod(self, name: str, node_name: str, coordinator_host: str) -> Dict[str, Any]:
         """The short pod that tells the coordinator node `node_name` is removed."""
@@ -513,7 +521,7 @@ class _ManifestBuilder:
         spec = self._pod_spec([container], service_account=self._config.service_account)
         spec['hostname'] = name
         return {'apiVersion': 'v1', 'kind': 'Pod',
-                'metadata': self._meta(name, names.LEAVE_ROLE, node_name), 'spec': spec}
+                'metadata': self.meta(name, names.LEAVE_ROLE, node_name), 'spec': spec}
 
     def node_pod(self, plan: _PodPlan, group: KubernetesResources, configmaps: List[str],
                  coordinator_host: str, joining: Optional[names.Joining] = None
@@ -563,7 +571,7 @@ class _ManifestBuilder:
         if group.tolerations:
             spec['tolerations'] = [dict(t) for t in group.tolerations]
         return {'apiVersion': 'v1', 'kind': 'Pod',
-                'metadata': self._meta(plan.name, 'node', plan.node_name), 'spec': spec}
+                'metadata': self.meta(plan.name, 'node', plan.node_name), 'spec': spec}
 
 
 def to_yaml(documents: Sequence[Mapping[str, Any]]) -> str:

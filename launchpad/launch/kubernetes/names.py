@@ -106,6 +106,8 @@ class CoordinatorSettings:
         does).
       state_dir: where the coordinator pod keeps what a restarted coordinator container
         re-adopts the running nodes from (STATE_DIR, with `recreates_pods`), or None.
+      job: with `recreates_pods`, the coordinator pod's Job (`coordinator_job`), whose next pod
+        re-adopts the nodes from the state kept in the Secret RUN-state.
     """
     run: str
     namespace: str
@@ -120,6 +122,7 @@ class CoordinatorSettings:
     program: str = ''
     runs_dir: Optional[str] = None
     state_dir: Optional[str] = None
+    job: Optional[str] = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -36,12 +36,14 @@ Threads of the coordinator pod:
     (`readopt`);
   * courier's server threads answer the nodes (each node keeps a `wait_for_stop` call open);
   * deleting the pod sends SIGTERM; its handler raises the stop signal from a new thread rather
-    than take the coordinator's lock inside a signal handler.
+    than take the coordinator's lock inside a signal handler (unless only the pod of the
+    coordinator's Job is lost, `coordinator_job`: it then exits and the next pod takes over).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -55,7 +57,7 @@ import time
 from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 from launchpad.launch.controller import Controller
-from launchpad.launch.kubernetes import names, readopt
+from launchpad.launch.kubernetes import coordinator_job, names, readopt
 from launchpad.launch.kubernetes.api import KubernetesApi, KubernetesError, terminated
 from launchpad.launch.kubernetes.in_cluster import (GROWTH_KEY, POD_MANIFESTS_KEY,
                                                     InClusterRunner, read_growth,
@@ -192,17 +194,21 @@ def run_coordinator(settings: names.CoordinatorSettings) -> None:
     logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s')
     os.environ[registry.ENV] = names.OBSERVER_DIR  # this container's, for `keep_run`
     runner = in_cluster_runner(settings) if settings.recreates_pods else None
-    state = readopt.read_state(settings.state_dir) if runner is not None else None
+    api = runner.api if runner is not None and settings.job is not None else None
+    state = (readopt.read_state(settings.state_dir, api, settings.run)
+             if runner is not None else None)
     coordinator, controller = supervise(
         settings, runner, readopt.resume(runner, state) if state is not None else None)
     server = coordination.serve_coordinator(coordinator, f'0.0.0.0:{settings.port}',
                                             face=PodFace)
     if controller is not None and settings.state_dir is not None:
         readopt.keep_state(settings.state_dir, controller, runner,
-                           state.get('scaler') if state is not None else None)
+                           state.get('scaler') if state is not None else None,
+                           secret=functools.partial(coordinator_job.write_state, api,
+                                                    settings.run) if api is not None else None)
     probes = serve_probes(coordinator, names.PROBE_SOCKET)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(
-        target=coordinator.request_stop, args=('the coordinator pod was deleted',)).start())
+        target=_terminated, args=(coordinator, api, settings.job)).start())
     print(f'serving the coordinator of {len(settings.nodes)} nodes on port {settings.port}',
           flush=True)
     watcher = None
@@ -227,6 +233,17 @@ def run_coordinator(settings: names.CoordinatorSettings) -> None:
         probes.Stop()
     failure = coordinator.failure
     print(f'the program ended{": " + str(failure).splitlines()[0] if failure else ""}', flush=True)
+
+
+def _terminated(coordinator: Coordinator, api, job: Optional[str]) -> None:
+    """This pod is being deleted (SIGTERM): the program stops, unless the pod is a Job's that
+    lives on (`coordinator_job.pod_lost_only`: the pod alone is lost, evicted say), whose next
+    pod re-adopts the nodes; this coordinator then leaves them as they are."""
+    if job is not None and api is not None and coordinator_job.pod_lost_only(api, job):
+        print(f'this coordinator pod is being deleted, not its Job {job}: leaving the nodes to '
+              'the next pod, which re-adopts them', flush=True)
+        os._exit(143)  # (not 0: the Job would count the program as done)
+    coordinator.request_stop('the coordinator pod was deleted')
 
 
 @dataclasses.dataclass
@@ -341,7 +358,8 @@ def in_cluster_runner(settings: names.CoordinatorSettings, api=None,
         if growth is None:
             print('groups do not grow or shrink here: the program did not fit beside the pods\' '
                   'manifests', flush=True)
-    return InClusterRunner(api, settings.run, manifests, node_pods, growth=growth)
+    return InClusterRunner(api, settings.run, manifests, node_pods, growth=growth,
+                           job=settings.job)
 
 
 class PodWatcher:

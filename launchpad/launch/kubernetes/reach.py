@@ -20,7 +20,7 @@ import posixpath
 import time
 from typing import Any
 
-from launchpad.launch.kubernetes import names
+from launchpad.launch.kubernetes import coordinator_job, names
 from launchpad.launch.kubernetes.api import KubernetesError
 from launchpad.observe import registry
 
@@ -32,10 +32,12 @@ def socket_path(run: str) -> str:
     return posixpath.join(names.OBSERVER_DIR, f'{run}.sock')
 
 
-def adopt(api: Any, pod: str, run: str, python: str, timeout: float) -> registry.Entry:
+def adopt(api: Any, pod: str, run: str, python: str, timeout: float,
+          job: bool = False) -> registry.Entry:
     """Waits up to `timeout` seconds for the coordinator pod `pod` of program `run` to serve its
     observer, and registers the program on this machine, reached through the API's exec; its
-    entry names the pod as the supervisor's host.
+    entry names the pod as the supervisor's host. `job`: `pod` is the coordinator's Job, whose
+    pod changes (`coordinator_job`): the relay reaches the one that runs then, job/NAME.
 
     Raises:
       TimeoutError: it did not within `timeout` (the message says what was last seen);
@@ -46,10 +48,14 @@ def adopt(api: Any, pod: str, run: str, python: str, timeout: float) -> registry
     problem = 'its observer was not serving yet'
     while True:
         try:
-            text = api.exec(pod, names.COORDINATOR_CONTAINER, [python, '-c', _READ_ENTRY, path],
-                            30.0).strip()
-            if text:
-                break
+            running = coordinator_job.coordinator_pod_name(api, run) if job else pod
+            if running is not None:
+                text = api.exec(running, names.COORDINATOR_CONTAINER,
+                                [python, '-c', _READ_ENTRY, path], 30.0).strip()
+                if text:
+                    break
+            else:
+                problem = f'its Job {pod} runs no pod yet'
         except KubernetesError as e:  # the pod is not running yet, say
             problem = str(e)
             if 'forbidden' in problem.lower():
@@ -60,6 +66,7 @@ def adopt(api: Any, pod: str, run: str, python: str, timeout: float) -> registry
                                f'{timeout:g} s: {problem}')
         time.sleep(0.5)
     fields = json.loads(text)
+    pod = f'job/{pod}' if job else pod
     entry = registry.Entry(**{**fields, 'host': pod, 'relay': api.exec_command(
         pod, names.COORDINATOR_CONTAINER,
         [python, '-m', 'launchpad.observe.relay', socket_path(run)])})

@@ -15,19 +15,20 @@ the nodes added to it (`in_cluster.Growth`). A restarted container reads it (`re
 and re-adopts the running node pods from it (`resume`): it creates none of them again, and
 their restart budgets and group sizes go on from where they were.
 
-Runs in the coordinator pod (`pod.py`). Not covered: the loss of the coordinator pod itself
-(its Kubernetes node lost, the pod deleted): nothing creates it again, and its node pods,
-which it owns, go with it.
+The coordinator also keeps that state in the Secret RUN-state, from which the next pod of its
+Job re-adopts the nodes when the pod itself is lost (`coordinator_job`).
+
+Runs in the coordinator pod (`pod.py`).
 """
 from __future__ import annotations
 
 import base64
 import os
 import pickle
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from launchpad.launch.controller import Controller
-from launchpad.launch.kubernetes import in_cluster
+from launchpad.launch.kubernetes import coordinator_job, in_cluster
 
 STATE_FILE = 'state.pkl'  # the supervisors' name (`supervisor.STATE_FILE`)
 
@@ -36,14 +37,24 @@ def state_path(state_dir: str) -> str:
     return os.path.join(state_dir, STATE_FILE)
 
 
-def read_state(state_dir: Optional[str]) -> Optional[Dict[str, Any]]:
-    """The state an earlier coordinator container of this pod kept in `state_dir`, or None if
-    there is none (the pod's first coordinator)."""
-    if state_dir is None or not os.path.exists(state_path(state_dir)):
-        return None
+def read_state(state_dir: Optional[str], api: Any = None,
+               run: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """The state an earlier coordinator container of this pod kept in `state_dir`, else (with
+    `api`) the one an earlier pod of the program `run` kept in its Secret, or None if there is
+    none (the program's first coordinator)."""
     try:
-        with open(state_path(state_dir), 'rb') as f:
-            state = pickle.load(f)
+        if state_dir is not None and os.path.exists(state_path(state_dir)):
+            with open(state_path(state_dir), 'rb') as f:
+                data = f.read()
+        elif api is not None:
+            data = coordinator_job.read_state(api, run)
+            if data is None:
+                return None
+            print('reading the state an earlier coordinator pod kept in the Secret '
+                  f'{coordinator_job.state_secret_name(run)}', flush=True)
+        else:
+            return None
+        state = pickle.loads(data)
         if state.get('program'):
             state['growth'] = in_cluster.unpack_growth(bytes(state['program']))
     except Exception as e:  # pylint: disable=broad-except  (a new start beats a crash loop)
@@ -64,8 +75,9 @@ def resume(runner: in_cluster.InClusterRunner, state: Dict[str, Any]):
 
 
 def keep_state(state_dir: str, controller: Controller, runner: in_cluster.InClusterRunner,
-               scaler: Any = None) -> None:
-    """Makes `runner` write the program's state to `state_dir` as it changes; `scaler`: one
+               scaler: Any = None, secret: Optional[Callable[[bytes], None]] = None) -> None:
+    """Makes `runner` write the program's state to `state_dir` as it changes, and give it to
+    `secret` (which keeps it outside the pod: `coordinator_job.write_state`); `scaler`: one
     that a re-adopted state held (its log goes on)."""
     # (Imported only now: the coordinator serves the nodes first, which wait for it.)
     from launchpad.launch import supervisor  # pylint: disable=import-outside-toplevel
@@ -83,5 +95,21 @@ def keep_state(state_dir: str, controller: Controller, runner: in_cluster.InClus
     persist = GrowthPersister(state_path(state_dir), runner.growth,
                               lambda: {'scaler': controller._elastic._scaler})
     coordinator = controller.coordinator
-    runner.persist = lambda: persist(lambda: {'coordinator': coordinator, 'commands': {},
-                                              'runner': runner.state()})
+    kept = [None, '']  # the state given to `secret` last, and its last error
+
+    def keep() -> None:
+        persist(lambda: {'coordinator': coordinator, 'commands': {}, 'runner': runner.state()})
+        last = persist.last
+        if secret is None or last is None or last is kept[0]:
+            return
+        try:
+            secret(last)
+        except Exception as e:  # pylint: disable=broad-except  (tried again at the next change)
+            if str(e) != kept[1]:
+                print(f'cannot keep the program\'s state outside this pod ({e}): losing the pod '
+                      'would leave its nodes without a coordinator', flush=True)
+            kept[1] = str(e)
+        else:
+            kept[:] = [last, '']
+
+    runner.persist = keep
