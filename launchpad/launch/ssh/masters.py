@@ -35,7 +35,9 @@ from typing import Dict, List, Optional, Sequence
 
 from launchpad.launch.ssh import protocol
 
-IDLE = 10  # seconds a master without sessions stays (ssh's ControlPersist)
+# Seconds a master without sessions stays (ssh's ControlPersist): longer than a new supervisor
+# may take to start (unpickling the program imports its modules) before it opens its sessions.
+IDLE = 30
 SESSION_TIMEOUT = 5.0  # seconds a session over a running master may take to open
 NAME = 'ssh'  # the directory of the control sockets in the run directory
 _SUN_PATH = 107  # bytes of a Unix socket's path
