@@ -103,6 +103,8 @@ def master_pids(directory: str) -> dict:
     (`launchpad.launch.ssh.masters`)."""
     pids = {}
     for name in sorted(os.listdir(directory)):
+        if not re.fullmatch(r'h\d+', name):  # (not a master's: 'aN' forwards to an agent)
+            continue
         check = subprocess.run(['ssh', '-F', os.devnull, '-S', os.path.join(directory, name),
                                 '-O', 'check', 'master'], capture_output=True, text=True,
                                timeout=30, check=False)

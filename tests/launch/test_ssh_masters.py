@@ -13,12 +13,13 @@ import subprocess
 import sys
 import tempfile
 
+import psutil
 import pytest
 
 import launchpad as lp
 from launchpad.launch import detached
 from launchpad.launch.ssh import masters
-from launchpad.observe import registry
+from launchpad.observe import registry, relay
 from tests.launch.test_ssh import REPO, host_options, hosts  # pylint: disable=unused-import
 from tests.launch.test_ssh_detach import (  # pylint: disable=unused-import
     LAUNCH_BRIEF, _assert_nothing_left, _cli, _new_supervisor, _wait_for_line, _wait_until_dead,
@@ -76,6 +77,10 @@ def test_a_new_supervisor_opens_its_sessions_over_the_masters_of_the_one_before(
         assert master_pids(sockets) == before
         assert ssh_connections(entry['keeper_pid']) == connections  # no new one
         assert '2 over master connections that ran already' in log.read_text()
+        # ... through forwards to the agents' sockets (relays here): no session on the hosts.
+        relays = [p.info['cmdline'][-1] for p in psutil.process_iter(['cmdline'])
+                  if relay.PLAIN in (p.info['cmdline'] or [])]
+        assert sorted(set(relays)) == [os.path.join(sockets, name) for name in ('a0', 'a1')]
         controller = lp.attach(program_id)
         assert {s.restarts for s in controller.status().values()} == {0}
 

@@ -26,6 +26,7 @@ import queue
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -33,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from launchpad.launch.ssh import masters
 from launchpad.launch.ssh import protocol
 from launchpad.launch.ssh.hosts import SshHost
+from launchpad.observe import relay
 
 
 class Connection:
@@ -59,16 +61,22 @@ class Connection:
 
     def __init__(self, host: SshHost, control_path: str, detached: bool = False,
                  reattach: Optional[dict] = None, claim: Optional[dict] = None,
-                 master: Optional[str] = None):
+                 master: Optional[str] = None, forward: bool = False):
         """`detached`: its agent outlives the connection (a detached program's supervisor
         opens it); `reattach`: the hello of such an agent, which this connection reaches again
         (a new supervisor's), instead of starting one; `claim`: the supervisor's claim on such
         an agent (`protocol`), sent first; `master`: the control socket of the master
-        connection to go over, started by this one if none runs."""
+        connection to go over, started by this one if none runs; `forward`: reaching again
+        over a running master, through a forward to the agent's socket (`masters.forward`, a
+        local relay joining it) rather than a session (which runs the user's shell there, and
+        tells how the host sees this one: its first hello says so for the same host)."""
         self.host = host
         self.control_path = control_path
         self.master = master
         self._over_running_master = master is not None and os.path.exists(master)
+        self._forwarded = (forward and reattach is not None and self._over_running_master
+                           and masters.forward(master, f'{reattach["directory"]}/'
+                                                       f'{protocol.SOCKET_NAME}'))
         self._session_or_end = threading.Event()
         self.nodes: List[int] = []
         self.hello: Optional[dict] = None
@@ -95,6 +103,8 @@ class Connection:
             'ServerAliveCountMax='
             f'{int(protocol.LAUNCHER_SILENCE_TIMEOUT // protocol.SERVER_ALIVE_INTERVAL)}',
             host.host, command]
+        if self._forwarded:
+            argv = [sys.executable, relay.__file__, relay.PLAIN, self._forwarded]
         # The master ends when the agent does, also after the launcher died; the last one to end
         # removes the launch's local directory, which holds nothing but the control sockets (none
         # for sessions over a master connection: `rm` finds nothing, `rmdir` works). A
@@ -103,8 +113,8 @@ class Connection:
         # without it, and a fenced supervisor would never hear that it is).
         os.makedirs(os.path.dirname(control_path), mode=0o700, exist_ok=True)
         self.process = subprocess.Popen(
-            ['sh', '-c', 'ssh "$@"; code=$?; rm -f "$0"; rmdir "${0%/*}" 2>/dev/null; exit $code',
-             control_path] + argv[1:],
+            ['sh', '-c', '"$@"; code=$?; rm -f "$0"; rmdir "${0%/*}" 2>/dev/null; exit $code',
+             control_path] + argv,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)
         self._readers = [
@@ -118,6 +128,9 @@ class Connection:
     def _read_events(self) -> None:
         stream = self.process.stdout
         for line in iter(stream.readline, b''):
+            if self._forwarded and self.session_at is None:  # (the agent's first words)
+                self.session_at = time.monotonic()
+                self._session_or_end.set()
             message = protocol.unpack_event(line)
             if message is None:
                 logging.info('ssh host %s: %s', self.host, line.decode(errors='replace').rstrip())
@@ -265,8 +278,8 @@ class Connection:
         there (the relay says so and exits 1; ssh exits 255 when the host cannot be reached,
         and a connection this process killed says nothing)."""
         self.wait_ended(5.0)
-        code = self.process.returncode
-        return code is not None and code >= 0 and code != 255
+        code = self.process.returncode  # (a forward tells nothing: it reached the master only)
+        return code is not None and code >= 0 and code != 255 and not self._forwarded
 
     @property
     def launcher_address(self) -> str:

@@ -107,13 +107,14 @@ class _SshRunner(ProcessRunner):
         self._swap = threading.Lock()  # a connection reached again replaces a lost one
         threading.Thread(target=self._heartbeat, daemon=True, name='lp-ssh-heartbeat').start()
 
-    def connect(self, host: SshHost, name: str, reattach: Optional[dict] = None) -> Connection:
+    def connect(self, host: SshHost, name: str, reattach: Optional[dict] = None,
+                forward: bool = False) -> Connection:
         """A new connection to `host`; a detached program's over its master (`masters`)."""
         master = (masters.socket_path(self.masters, host, self.hosts)
                   if self.masters and os.path.isdir(self.masters) else None)  # (ssh needs it)
         connection = Connection(host, os.path.join(self.local_dir, name), reattach=reattach,
                                 detached=bool(self.supervisor_grace), claim=self.claim,
-                                master=master)
+                                master=master, forward=forward)
         self.opened.add(connection)
         return connection
 
@@ -189,7 +190,7 @@ class _SshRunner(ProcessRunner):
         self.devices, self._restarts = saved['devices'], saved['restarts']
         self.run_dir, began = run_dir, time.monotonic()
         for i, (host, nodes, hello) in enumerate(saved['connections']):
-            connection = self.connect(host, f'c{i}', reattach=hello)
+            connection = self.connect(host, f'c{i}', reattach=hello, forward=not self.moved)
             connection.nodes, connection.hello = nodes, hello
             self.connections.append(connection)
         answers = {}

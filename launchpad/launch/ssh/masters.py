@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -42,7 +43,7 @@ SESSION_TIMEOUT = 5.0  # seconds a session over a running master may take to ope
 NAME = 'ssh'  # the directory of the control sockets in the run directory
 _SUN_PATH = 107  # bytes of a Unix socket's path
 _BINDING = 17  # ssh binds a master's socket as PATH.<16 random characters>, then renames it
-_SOCKET_NAME = 4  # bytes of a socket's name: 'h' and the host's number
+_SOCKET_NAME = 4  # bytes of a socket's name: 'h' and the host's number ('a': its forward)
 
 
 def directory(run_dir: str) -> Optional[str]:
@@ -93,7 +94,24 @@ def _ssh_key(host) -> str:
 def argv(path: str) -> List[str]:
     """ssh's options for a session over the master at `path`, started by it if none runs."""
     return ['-S', path.replace('%', '%%'), '-o', 'ControlMaster=auto',
-            '-o', f'ControlPersist={IDLE}']
+            '-o', f'ControlPersist={IDLE}', '-o', 'StreamLocalBindUnlink=yes']
+
+
+def forward(path: str, remote: str) -> Optional[str]:
+    """Has the master at `path` forward a local socket beside it to the Unix socket `remote`
+    on its host, each connection over a channel of its own (no remote shell or session:
+    milliseconds, where a session runs the user's shell and its startup files); returns the
+    local socket, or None if the master did not take it (gone, or the server allows no
+    forwarding). A forward that the master has already is kept."""
+    local = os.path.join(os.path.dirname(path), 'a' + os.path.basename(path)[1:])
+    try:
+        done = subprocess.run(['ssh', '-F', os.devnull, '-S', path.replace('%', '%%'), '-O',
+                               'forward', '-L', f'{local}:{remote}', 'master'],
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=10.0,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return local if done.returncode == 0 else None
 
 
 def end(path: str) -> bool:
@@ -123,7 +141,7 @@ def end_all(run_dir: str) -> None:
                 continue
             for name in names:
                 path = os.path.join(place, name)
-                if len(name) <= _SOCKET_NAME and stat.S_ISSOCK(os.lstat(path).st_mode):
+                if re.fullmatch(r'h\d+', name) and stat.S_ISSOCK(os.lstat(path).st_mode):
                     ended += end(path)
             if place != os.path.join(run_dir, NAME):
                 shutil.rmtree(place, ignore_errors=True)
