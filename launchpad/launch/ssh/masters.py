@@ -5,8 +5,10 @@ an ssh session over that host's master connection (OpenSSH's ControlMaster), who
 socket is in a private directory of the program's run directory (`directory`, mode 0700). The
 first session to a host starts its master, which goes to the background (ControlPersist) and is
 handed to the keeper (the subreaper of what the supervisor starts): it outlives the supervisor,
-and the new supervisor that the keeper starts after a death opens its sessions over the same
-masters, with no new TCP connection, key exchange or login (seconds on a loaded machine).
+and the new supervisor that the keeper starts after a death reaches the agents over the same
+masters, with no new TCP connection, key exchange or login (seconds on a loaded machine); and
+with no session either: each master forwards a local socket beside it (`aN` beside `hN`) to its
+host's agent's socket (`forward`), so that no remote shell runs with the user's startup files.
 
 The masters end with the program:
 - at its end (stop, or its last node ended) its supervisor ends them (`end_all`), and so does
