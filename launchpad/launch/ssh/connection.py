@@ -5,7 +5,8 @@ other is in `protocol`.
 
 Each connection is a local `ssh -M` master (under `sh`, in a session of its own) and two threads;
 a detached program's is a session over its host's master connection instead, which outlives the
-supervisor (`masters`):
+supervisor (`masters`), or, for a new supervisor reaching an agent again over a running master,
+a local relay (`launchpad.observe.relay`) to the master's forward of the agent's socket:
 
     send() from any thread (launch, kill, the runner's heartbeat) --lock--> ssh stdin
     ssh stdout --> thread lp-ssh-HOST: node output and exit codes straight to the node's
@@ -182,11 +183,11 @@ class Connection:
 
     def hello_again(self, timeout: float) -> Optional[dict]:
         """The hello of the agent that this connection reaches again (`reattach`), or None if
-        the connection ended first. A running master that opens no session within
-        `masters.SESSION_TIMEOUT` (its host is cut off) is ended, and so is this connection: the
-        next one to the host connects anew."""
+        the connection ended first. A running master through which no session opens, nor the
+        agent answers a forward, within `masters.SESSION_TIMEOUT` (its host is cut off) is
+        ended, and so is this connection: the next one to the host connects anew."""
         if self._over_running_master and not self._session_or_end.wait(masters.SESSION_TIMEOUT):
-            logging.warning('The ssh master connection to %s opened no session within %g s; '
+            logging.warning('The ssh master connection to %s reached no agent within %g s; '
                             'ending it (the host is reached through a new one).', self.host,
                             masters.SESSION_TIMEOUT)
             masters.end(self.master)

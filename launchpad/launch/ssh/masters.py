@@ -18,9 +18,10 @@ The masters end with the program:
   with the supervisor; one whose keeper alone was killed serves its supervisor to the end;
 - a master whose host went away ends after ssh's keepalive (`protocol.LAUNCHER_SILENCE_TIMEOUT`),
   with its sessions, as a connection of its own would;
-- a master that opens no session within SESSION_TIMEOUT (its host is cut off, and its keepalive
-  has not given up yet) is ended by the supervisor that asked (`Connection.hello_again`): the
-  next session to that host connects anew, so a new supervisor is not held up by it.
+- a master through which no session opens, nor a forward answers, within SESSION_TIMEOUT (its
+  host is cut off, and its keepalive has not given up yet) is ended by the supervisor that asked
+  (`Connection.hello_again`): the next connection to that host is a new one, so a new
+  supervisor is not held up by it.
 A short directory outside the run directory, whose keeper and supervisor were both killed, is
 left behind empty (its masters remove their sockets); the run directory goes with the program.
 """
