@@ -18,7 +18,7 @@ import pytest
 
 import launchpad as lp
 from launchpad.launch import detached
-from launchpad.launch.ssh import masters
+from launchpad.launch.ssh import masters, protocol
 from launchpad.observe import registry, relay
 from tests.launch.test_ssh import REPO, host_options, hosts  # pylint: disable=unused-import
 from tests.launch.test_ssh_detach import (  # pylint: disable=unused-import
@@ -64,11 +64,11 @@ def test_a_new_supervisor_opens_its_sessions_over_the_masters_of_the_one_before(
                                           f'{detached.RUN_PREFIX}{program_id}*'))
         sockets = os.path.join(run_dir, masters.NAME)
         assert stat.S_IMODE(os.stat(sockets).st_mode) == 0o700
-        # One master per host, and nothing else of lp-h1's connects to an ssh server.
+        # One master per host, each with its connection to the host's sshd.
         before = master_pids(sockets)
         assert len(before) == 2, before
         connections = ssh_connections(entry['keeper_pid'])
-        assert len(connections) == 2, connections
+        assert len(connections) >= 2, connections
 
         os.kill(entry['pid'], signal.SIGKILL)
         new_supervisor = _new_supervisor(there, entry['pid'])
@@ -77,10 +77,12 @@ def test_a_new_supervisor_opens_its_sessions_over_the_masters_of_the_one_before(
         assert master_pids(sockets) == before
         assert ssh_connections(entry['keeper_pid']) == connections  # no new one
         assert '2 over master connections that ran already' in log.read_text()
-        # ... through forwards to the agents' sockets (relays here): no session on the hosts.
-        relays = [p.info['cmdline'][-1] for p in psutil.process_iter(['cmdline'])
-                  if relay.PLAIN in (p.info['cmdline'] or [])]
-        assert sorted(set(relays)) == [os.path.join(sockets, name) for name in ('a0', 'a1')]
+        # ... through forwards to the agents' sockets (relays to them here), not sessions
+        # (relays there to the agents' sockets).
+        relays = {p.info['cmdline'][-1] for p in psutil.process_iter(['cmdline'])
+                  if relay.PLAIN in (p.info['cmdline'] or [])}
+        assert {os.path.join(sockets, name) for name in ('a0', 'a1')} <= relays
+        assert not [path for path in relays if path.endswith(protocol.SOCKET_NAME)]
         controller = lp.attach(program_id)
         assert {s.restarts for s in controller.status().values()} == {0}
 
