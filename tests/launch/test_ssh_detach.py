@@ -103,7 +103,7 @@ def master_pids(directory: str) -> dict:
     (`launchpad.launch.ssh.masters`)."""
     pids = {}
     for name in sorted(os.listdir(directory)):
-        if not re.fullmatch(r'h\d+', name):  # (not a master's: 'aN' forwards to an agent)
+        if not re.fullmatch(r'h\d+', name):  # (not a master's: 'a...' forwards to an agent)
             continue
         check = subprocess.run(['ssh', '-F', os.devnull, '-S', os.path.join(directory, name),
                                 '-O', 'check', 'master'], capture_output=True, text=True,

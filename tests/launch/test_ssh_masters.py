@@ -81,7 +81,7 @@ def test_a_new_supervisor_opens_its_sessions_over_the_masters_of_the_one_before(
         # (relays there to the agents' sockets).
         relays = {p.info['cmdline'][-1] for p in psutil.process_iter(['cmdline'])
                   if relay.PLAIN in (p.info['cmdline'] or [])}
-        assert {os.path.join(sockets, name) for name in ('a0', 'a1')} <= relays
+        assert len({path for path in relays if os.path.dirname(path) == sockets}) == 2
         assert not [path for path in relays if path.endswith(protocol.SOCKET_NAME)]
         controller = lp.attach(program_id)
         assert {s.restarts for s in controller.status().values()} == {0}

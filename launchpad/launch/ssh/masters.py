@@ -7,8 +7,9 @@ first session to a host starts its master, which goes to the background (Control
 handed to the keeper (the subreaper of what the supervisor starts): it outlives the supervisor,
 and the new supervisor that the keeper starts after a death reaches the agents over the same
 masters, with no new TCP connection, key exchange or login (seconds on a loaded machine); and
-with no session either: each master forwards a local socket beside it (`aN` beside `hN`) to its
-host's agent's socket (`forward`), so that no remote shell runs with the user's startup files.
+with no session either: each master forwards a local socket beside it (`a` and a digest of the
+agent's) to its host's agent's socket (`forward`), so that no remote shell runs with the user's
+startup files.
 
 The masters end with the program:
 - at its end (stop, or its last node ended) its supervisor ends them (`end_all`), and so does
@@ -46,7 +47,7 @@ SESSION_TIMEOUT = 5.0  # seconds a session over a running master may take to ope
 NAME = 'ssh'  # the directory of the control sockets in the run directory
 _SUN_PATH = 107  # bytes of a Unix socket's path
 _BINDING = 17  # ssh binds a master's socket as PATH.<16 random characters>, then renames it
-_SOCKET_NAME = 4  # bytes of a socket's name: 'h' and the host's number ('a': its forward)
+_SOCKET_NAME = 4  # bytes of a master's socket's name: 'h' and the host's number
 
 
 def directory(run_dir: str) -> Optional[str]:
@@ -105,8 +106,10 @@ def forward(path: str, remote: str) -> Optional[str]:
     on its host, each connection over a channel of its own (no remote shell or session:
     milliseconds, where a session runs the user's shell and its startup files); returns the
     local socket, or None if the master did not take it (gone, or the server allows no
-    forwarding). A forward that the master has already is kept."""
-    local = os.path.join(os.path.dirname(path), 'a' + os.path.basename(path)[1:])
+    forwarding). A forward that the master has already is kept. (Named after `remote`: two
+    agents on one host, of hosts that differ in what runs there, share a master.)"""
+    digest = hashlib.sha1(remote.encode()).hexdigest()[:_BINDING - 1]  # (fits as 'hN.' + 16)
+    local = os.path.join(os.path.dirname(path), f'a{digest}')
     try:
         done = subprocess.run(['ssh', '-F', os.devnull, '-S', path.replace('%', '%%'), '-O',
                                'forward', '-L', f'{local}:{remote}', 'master'],
