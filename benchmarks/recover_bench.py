@@ -21,8 +21,9 @@ node all the time, and an idle worker), detached, --rounds times, and each time
   local_mp     this machine; the supervisor is the keeper's child, which the keeper starts again.
   ssh          the SSH bed's three hosts (see benchmarks/ssh_bench.py), the supervisor on the
                first, its keeper starting it again there; its new one reaches the agents on the
-               three hosts again through ssh. local_mp and ssh also time the new supervisor's
-               steps from its log (`steps`).
+               three hosts again through ssh sessions over the master connections of the one
+               before (`launchpad.launch.ssh.masters`). local_mp and ssh also time the new
+               supervisor's steps from its log (`steps`).
   slurm        the multi-node Slurm bed; the supervisor is the driver in the program's job, which
                the batch script starts again; this machine reaches it through a step of the job.
   kubernetes   the podman bed standing in for Kubernetes (tests/launch/test_kubernetes_podman.py,
@@ -181,6 +182,9 @@ def steps(log: str, killed_wall: float, registered: str) -> Dict[str, float]:
                         found['reaching'] = float(sessions.group(1))
                         found['slowest ssh'] = max(map(float, re.findall(r'[\d.]+',
                                                                          sessions.group(2))))
+                    over = re.search(r'(\d+) over master connections', line)
+                    if over:  # (sessions opened over the masters of the supervisor before)
+                        found['over masters'] = int(over.group(1))
     try:
         found['registered'] = os.stat(registered).st_mtime - killed_wall
     except OSError:
@@ -436,6 +440,10 @@ def report(launcher: str, rows: List[Row], attached: List[float], lost: str) -> 
         print(f'  its steps, seconds from the kill (median / the worst round{ssh}): ' + ', '.join(
             f'{name} {statistics.median(row["steps"][name] for row in rows):.2f} / '
             f'{worst_round[name]:.2f}' for name in names))
+    if all('over masters' in row.get('steps', {}) for row in rows):
+        print('  ssh sessions that went over the master connections of the supervisor before '
+              '(ssh.masters), each round: ' + ', '.join(
+                  f'{row["steps"]["over masters"]}' for row in rows))
     print(f'  longest gap in served calls: {median("gap_before") * 1e3:.0f} ms / '
           f'{worst("gap_before") * 1e3:.0f} ms before the kill, '
           f'{median("gap_through") * 1e3:.0f} ms / {worst("gap_through") * 1e3:.0f} ms over '

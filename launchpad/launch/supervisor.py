@@ -9,7 +9,9 @@
                  closed terminal does not end it) and is the child subreaper of what it starts:
                  it runs the supervisor, and starts a new one when it dies (a signal, the OOM
                  killer, an error); it reaps the node processes a dead supervisor leaves,
-                 writing each exit code to RUN_DIR/exits/PID. SIGTERM stops the program.
+                 writing each exit code to RUN_DIR/exits/PID. SIGTERM stops the program. An
+                 SSH program's master connections (`ssh.masters`) are its children too, which
+                 outlive a supervisor for its successor; it ends what is left of them last.
     supervisor   forked by the keeper: launches the program (`processes.launch_supervised`), or,
                  after a death, re-adopts its running nodes (`processes.readopt`) from
                  RUN_DIR/state.pkl, which it rewrites whenever the program changed; serves the
@@ -48,7 +50,7 @@ from courier import serialization
 from launchpad.launch import detached
 from launchpad.launch import processes
 from launchpad.launch.ssh import launcher as ssh
-from launchpad.launch.ssh import move
+from launchpad.launch.ssh import masters, move
 from launchpad.launch.controller import Controller, LaunchSignals
 from launchpad.observe import registry
 from launchpad.observe.observer import Observer
@@ -261,6 +263,7 @@ def keep(run_dir: str) -> None:
         _keep(run_dir)
         code = 0
     finally:
+        masters.end_all(run_dir)  # (a detached SSH program's master connections, if any left)
         os._exit(code)  # pylint: disable=protected-access
 
 

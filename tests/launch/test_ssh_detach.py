@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import pickle
+import re
 import shutil
 import signal
 import socket
@@ -22,7 +23,7 @@ import pytest
 import launchpad as lp
 from launchpad.launch import detached
 from launchpad.launch.launcher import LaunchOptions
-from launchpad.launch.ssh import protocol
+from launchpad.launch.ssh import masters, protocol
 from launchpad.observe import registry, relay
 from tests.core.conftest import wait_until
 from tests.launch.detached_program import Counter
@@ -97,6 +98,22 @@ def _wait_for_line(path: pathlib.Path, text: str, timeout: float = 30.0) -> None
         time.sleep(0.1)
 
 
+def master_pids(directory: str) -> dict:
+    """Socket name -> pid of each ssh master connection in `directory` that answers
+    (`launchpad.launch.ssh.masters`)."""
+    pids = {}
+    for name in sorted(os.listdir(directory)):
+        if not re.fullmatch(r'h\d+', name):  # (not a master's: 'a...' forwards to an agent)
+            continue
+        check = subprocess.run(['ssh', '-F', os.devnull, '-S', os.path.join(directory, name),
+                                '-O', 'check', 'master'], capture_output=True, text=True,
+                               timeout=30, check=False)
+        found = re.search(r'pid=(\d+)', check.stderr)
+        if check.returncode == 0 and found:
+            pids[name] = int(found.group(1))
+    return pids
+
+
 def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run([*PYTHON, *args], capture_output=True, text=True, timeout=60,
                           check=check)
@@ -135,9 +152,14 @@ def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
     print(f'detached SSH launch: {launched:.1f} s')
     try:
         # The brief program's supervisor and keeper die, and no new one comes: its nodes run
-        # on for its grace (10 s), then stop, and their hosts remove its directories.
+        # on for its grace (10 s), then stop, and their hosts remove its directories; its ssh
+        # master connections end once idle.
         brief = json.loads(_cli('status', brief_id, '--json').stdout)
         brief_nodes = [row['pid'] for row in brief['nodes']]
+        brief_run, = glob.glob(os.path.join(tempfile.gettempdir(),
+                                            f'{detached.RUN_PREFIX}{brief_id}*'))
+        brief_masters = list(master_pids(os.path.join(brief_run, masters.NAME)).values())
+        assert len(brief_masters) == 2
         brief_there = remote / 'runtime' / f'{brief_id}.json'
         killed = (json.loads(brief_there.read_text())['keeper_pid'], brief['controller']['pid'])
         for pid in killed:
@@ -191,7 +213,7 @@ def test_a_detached_ssh_program_outlives_its_launcher_and_the_launching_network(
             subprocess.run(['ip', 'link', 'set', H3_LINK, 'up'], check=True)
             subprocess.run(['ip', 'addr', 'add', LAUNCHER_ADDRESS, 'dev', BRIDGE], check=True)
         # (Past its grace, which ended during the cut: waited for, the hosts being loaded.)
-        _wait_until_dead(brief_nodes, timeout=30)
+        _wait_until_dead(brief_nodes + brief_masters, timeout=30)
         assert wait_until(lambda: not glob.glob(os.path.join(
             tempfile.gettempdir(), f'{detached.RUN_PREFIX}{brief_id}*')), timeout=30)
         assert _cli('status', brief_id, check=False).returncode == 1

@@ -28,7 +28,9 @@ Where each part runs:
     agent again;
   on both: `protocol`, the names, timeouts and message framing the two sides share; a detached
     program's `detach` (its supervisor on one of the hosts) and `move` (that supervision
-    moving to another host).
+    moving to another host);
+  on a detached program's supervisor's host: `masters`, the ssh master connections to the
+    hosts, which outlive a supervisor so that the next one opens no new connection.
 
 This package imports the launcher side only; the agent is never imported here, so that it runs
 as a module without a second copy of itself.

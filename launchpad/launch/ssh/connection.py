@@ -3,7 +3,10 @@
 Runs on the launching machine. The agent at the other end is `agent`; what the two say to each
 other is in `protocol`.
 
-Each connection is a local `ssh -M` master (under `sh`, in a session of its own) and two threads:
+Each connection is a local `ssh -M` master (under `sh`, in a session of its own) and two threads;
+a detached program's is a session over its host's master connection instead, which outlives the
+supervisor (`masters`), or, for a new supervisor reaching an agent again over a running master,
+a local relay (`launchpad.observe.relay`) to the master's forward of the agent's socket:
 
     send() from any thread (launch, kill, the runner's heartbeat) --lock--> ssh stdin
     ssh stdout --> thread lp-ssh-HOST: node output and exit codes straight to the node's
@@ -24,12 +27,15 @@ import queue
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from launchpad.launch.ssh import masters
 from launchpad.launch.ssh import protocol
 from launchpad.launch.ssh.hosts import SshHost
+from launchpad.observe import relay
 
 
 class Connection:
@@ -38,6 +44,8 @@ class Connection:
     Attributes:
       host: the host it reaches.
       control_path: its control socket, which the ssh sessions of nodes in tmux windows share.
+      master: a detached program's: the control socket of its host's master connection
+        (`masters`), which it goes over instead.
       nodes: the indices of the executables it runs.
       hello: the agent's hello (the preflight facts), once the preflight has it.
       forked: the nodes the agent forks, by index.
@@ -53,13 +61,24 @@ class Connection:
     """
 
     def __init__(self, host: SshHost, control_path: str, detached: bool = False,
-                 reattach: Optional[dict] = None, claim: Optional[dict] = None):
+                 reattach: Optional[dict] = None, claim: Optional[dict] = None,
+                 master: Optional[str] = None, forward: bool = False):
         """`detached`: its agent outlives the connection (a detached program's supervisor
         opens it); `reattach`: the hello of such an agent, which this connection reaches again
         (a new supervisor's), instead of starting one; `claim`: the supervisor's claim on such
-        an agent (`protocol`), sent first."""
+        an agent (`protocol`), sent first; `master`: the control socket of the master
+        connection to go over, started by this one if none runs; `forward`: reaching again
+        over a running master, through a forward to the agent's socket (`masters.forward`, a
+        local relay joining it) rather than a session (which runs the user's shell there, and
+        tells how the host sees this one: its first hello says so for the same host)."""
         self.host = host
         self.control_path = control_path
+        self.master = master
+        self._over_running_master = master is not None and os.path.exists(master)
+        self._forwarded = (forward and reattach is not None and self._over_running_master
+                           and masters.forward(master, f'{reattach["directory"]}/'
+                                                       f'{protocol.SOCKET_NAME}'))
+        self._session_or_end = threading.Event()
         self.nodes: List[int] = []
         self.hello: Optional[dict] = None
         self._events: 'queue.Queue[Optional[dict]]' = queue.Queue()
@@ -78,21 +97,25 @@ class Connection:
         else:
             command = (f'{host.command(protocol.agent_argv(host.python, detached))} '
                        f'{shlex.quote(host.workdir or "")}')
-        argv = host.ssh_argv() + [
-            '-M', '-S', control_path, '-o', 'ControlPersist=no',
+        control = (['-M', '-S', control_path, '-o', 'ControlPersist=no'] if master is None
+                   else masters.argv(master))
+        argv = host.ssh_argv() + control + [
             '-o', f'ServerAliveInterval={protocol.SERVER_ALIVE_INTERVAL}', '-o',
             'ServerAliveCountMax='
             f'{int(protocol.LAUNCHER_SILENCE_TIMEOUT // protocol.SERVER_ALIVE_INTERVAL)}',
             host.host, command]
+        if self._forwarded:
+            argv = [sys.executable, relay.__file__, relay.PLAIN, self._forwarded]
         # The master ends when the agent does, also after the launcher died; the last one to end
-        # removes the launch's local directory, which holds nothing but the control sockets. A
+        # removes the launch's local directory, which holds nothing but the control sockets (none
+        # for sessions over a master connection: `rm` finds nothing, `rmdir` works). A
         # supervisor whose connections all ended (its host cut off for longer than the keepalive
         # allows) makes the directory again to reach its agents (ssh cannot bind the socket
         # without it, and a fenced supervisor would never hear that it is).
         os.makedirs(os.path.dirname(control_path), mode=0o700, exist_ok=True)
         self.process = subprocess.Popen(
-            ['sh', '-c', 'ssh "$@"; code=$?; rm -f "$0"; rmdir "${0%/*}" 2>/dev/null; exit $code',
-             control_path] + argv[1:],
+            ['sh', '-c', '"$@"; code=$?; rm -f "$0"; rmdir "${0%/*}" 2>/dev/null; exit $code',
+             control_path] + argv,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)
         self._readers = [
@@ -106,6 +129,9 @@ class Connection:
     def _read_events(self) -> None:
         stream = self.process.stdout
         for line in iter(stream.readline, b''):
+            if self._forwarded and self.session_at is None:  # (the agent's first words)
+                self.session_at = time.monotonic()
+                self._session_or_end.set()
             message = protocol.unpack_event(line)
             if message is None:
                 logging.info('ssh host %s: %s', self.host, line.decode(errors='replace').rstrip())
@@ -122,8 +148,10 @@ class Connection:
             elif message['event'] == 'session':
                 self._seen_as = message['ssh_connection']
                 self.session_at = time.monotonic()
+                self._session_or_end.set()
             else:
                 self._events.put(message)
+        self._session_or_end.set()
         if self.on_lost is not None and not self._closing:
             self._events.put(None)
             self.on_lost(self)
@@ -153,6 +181,24 @@ class Connection:
             if message.get('event') == event:
                 return message
 
+    def hello_again(self, timeout: float) -> Optional[dict]:
+        """The hello of the agent that this connection reaches again (`reattach`), or None if
+        the connection ended first. A running master through which no session opens, nor the
+        agent answers a forward, within `masters.SESSION_TIMEOUT` (its host is cut off) is
+        ended, and so is this connection: the next one to the host connects anew."""
+        if self._over_running_master and not self._session_or_end.wait(masters.SESSION_TIMEOUT):
+            logging.warning('The ssh master connection to %s reached no agent within %g s; '
+                            'ending it (the host is reached through a new one).', self.host,
+                            masters.SESSION_TIMEOUT)
+            masters.end(self.master)
+            self.abandon()
+        return self.expect('hello', timeout)
+
+    @property
+    def over_running_master(self) -> bool:
+        """Whether its session opened over a master connection that ran already."""
+        return self._over_running_master and self.session_at is not None
+
     def send(self, kind: str, body: Any) -> bool:
         """Sends a message to the agent; False if the connection is gone."""
         data = protocol.pack_command(kind, body)
@@ -177,7 +223,8 @@ class Connection:
             command = f'cd {shlex.quote(self.host.workdir)} && exec {command}'
         else:
             command = f'exec {command}'
-        return self.host.ssh_argv() + ['-S', self.control_path, '-o', 'ControlMaster=no',
+        return self.host.ssh_argv() + ['-S', self.master or self.control_path,
+                                       '-o', 'ControlMaster=no',
                                        self.host.host, command]
 
     def kill(self, indices: Sequence[int]) -> None:
@@ -226,6 +273,14 @@ class Connection:
             pass
         for reader in self._readers:
             reader.join(1.0)
+
+    def agent_gone(self) -> bool:
+        """True if this ended connection reached a detached program's host and found no agent
+        there (the relay says so and exits 1; ssh exits 255 when the host cannot be reached,
+        and a connection this process killed says nothing)."""
+        self.wait_ended(5.0)
+        code = self.process.returncode  # (a forward tells nothing: it reached the master only)
+        return code is not None and code >= 0 and code != 255 and not self._forwarded
 
     @property
     def launcher_address(self) -> str:
@@ -278,3 +333,11 @@ class ForkedNode:
     def kill(self) -> None:
         """Gives up on it here; the agent kills it on its host."""
         self.end(-signal.SIGKILL)
+
+
+def coordinator_host(connections: List[Connection]) -> str:
+    """Where to serve the coordinator: the address the hosts see the launcher at, or every
+    address if they see it at different ones."""
+    seen = {connection.launcher_address for connection in connections}
+    return seen.pop() if len(seen) == 1 else (
+        '::' if any(':' in address for address in seen) else '0.0.0.0')

@@ -27,6 +27,7 @@ import socket
 import tempfile
 import threading
 import time
+import weakref
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import courier
@@ -38,10 +39,8 @@ from launchpad.launch.controller import Controller
 from launchpad.launch.runner import ProcessRunner
 from launchpad.launch.launcher import (Launcher, LaunchOptions, executables_of, log_dir_of,
                                        launcher_context, policies_of, stop_order_of)
-from launchpad.launch.ssh import detach
-from launchpad.launch.ssh import move
-from launchpad.launch.ssh import protocol
-from launchpad.launch.ssh.connection import Connection, ForkedNode
+from launchpad.launch.ssh import detach, masters, move, protocol
+from launchpad.launch.ssh.connection import Connection, ForkedNode, coordinator_host
 from launchpad.launch.ssh.hosts import SshHost, SshHosts, SshOptions, connection_key, hosts_of
 from launchpad.launch.ssh.preflight import preflight
 from launchpad.process import spec as specs
@@ -85,6 +84,8 @@ class _SshRunner(ProcessRunner):
         # A detached program's supervisor: how it persists it, how long agents keep its nodes.
         self.persist: Optional[Callable[[Callable[[], dict]], None]] = None
         self.supervisor_grace, self.run_dir = 0.0, ''  # (run_dir: its files on its host)
+        self.masters: Optional[str] = None  # its master connections' directory (`masters`)
+        self.opened: 'weakref.WeakSet[Connection]' = weakref.WeakSet()  # (for `fence`)
         self.bind_host = ''  # where the coordinator is served
         self.context: Optional[runtime.NodeContext] = None  # the launching process's
         # A detached program's supervisor: its claim on the agents and the copies it keeps
@@ -105,6 +106,17 @@ class _SshRunner(ProcessRunner):
         self._released = threading.Event()
         self._swap = threading.Lock()  # a connection reached again replaces a lost one
         threading.Thread(target=self._heartbeat, daemon=True, name='lp-ssh-heartbeat').start()
+
+    def connect(self, host: SshHost, name: str, reattach: Optional[dict] = None,
+                forward: bool = False) -> Connection:
+        """A new connection to `host`; a detached program's over its master (`masters`)."""
+        master = (masters.socket_path(self.masters, host, self.hosts)
+                  if self.masters and os.path.isdir(self.masters) else None)  # (ssh needs it)
+        connection = Connection(host, os.path.join(self.local_dir, name), reattach=reattach,
+                                detached=bool(self.supervisor_grace), claim=self.claim,
+                                master=master, forward=forward)
+        self.opened.add(connection)
+        return connection
 
     def _heartbeat(self) -> None:
         while not self._released.wait(protocol.HEARTBEAT_INTERVAL):
@@ -138,11 +150,11 @@ class _SshRunner(ProcessRunner):
 
     def fence(self, host: SshHost, refused: dict) -> None:
         """The agent on `host` refused this supervisor: a newer one holds the program, and this
-        one leaves it (`move.leave`)."""
+        one leaves it (`move.leave`), with every connection it opened (one still connecting to
+        another host would start a master connection that no one ends)."""
         with self._swap:
             self._released.set()
-            connections = list(self.connections)
-        move.leave(self.run_dir, self.local_dir, connections,
+        move.leave(self.run_dir, self.local_dir, list(self.opened),
                    move.refusal_message(host, refused))
 
     def supervised_state(self) -> dict:
@@ -178,18 +190,19 @@ class _SshRunner(ProcessRunner):
         self.devices, self._restarts = saved['devices'], saved['restarts']
         self.run_dir, began = run_dir, time.monotonic()
         for i, (host, nodes, hello) in enumerate(saved['connections']):
-            connection = Connection(host, os.path.join(self.local_dir, f'c{i}'), reattach=hello,
-                                    claim=self.claim)
+            connection = self.connect(host, f'c{i}', reattach=hello, forward=not self.moved)
             connection.nodes, connection.hello = nodes, hello
             self.connections.append(connection)
         answers = {}
         _in_parallel([lambda c=c: answers.__setitem__(
-            id(c), c.expect('hello', protocol.AGENT_START_TIMEOUT)) for c in self.connections])
+            id(c), c.hello_again(protocol.AGENT_START_TIMEOUT)) for c in self.connections])
         sessions = ' '.join('-' if c.session_at is None else f'{c.session_at - began:.2f}'
                             for c in self.connections)
-        logging.info('Reached %d of %d agents again after %.2f s (ssh sessions up after: %s s).',
+        logging.info('Reached %d of %d agents again after %.2f s (ssh sessions up after: %s s), '
+                     '%d over master connections that ran already.',
                      len(list(filter(None, answers.values()))), len(answers),
-                     time.monotonic() - began, sessions)
+                     time.monotonic() - began, sessions,
+                     sum(c.over_running_master for c in self.connections))
         for connection in self.connections:
             if connection.refused is not None:
                 raise move.SupervisionMovedError(move.refusal_message(connection.host,
@@ -227,7 +240,7 @@ class _SshRunner(ProcessRunner):
         place, trying until the supervisor grace has passed; its nodes end with 255 if the
         agent is gone or cannot be reached by then."""
         deadline = time.monotonic() + self.supervisor_grace
-        attempt, gone = 0, _agent_gone(lost)
+        attempt, gone = 0, lost.agent_gone()
         if lost.refused is not None:
             self.fence(lost.host, lost.refused)
         if not gone:
@@ -237,14 +250,14 @@ class _SshRunner(ProcessRunner):
         while not (gone or self._released.is_set() or time.monotonic() > deadline):
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             attempt += 1
-            connection = Connection(lost.host, f'{lost.control_path}.{attempt}',
-                                    reattach=lost.hello, claim=self.claim)
-            hello = connection.expect('hello', min(protocol.AGENT_START_TIMEOUT,
-                                                   max(1.0, deadline - time.monotonic())))
+            connection = self.connect(lost.host, f'{os.path.basename(lost.control_path)}.'
+                                      f'{attempt}', reattach=lost.hello)
+            hello = connection.hello_again(min(protocol.AGENT_START_TIMEOUT,
+                                               max(1.0, deadline - time.monotonic())))
             if hello is not None:
                 self._take_over(lost, connection, hello)
                 return
-            gone = _agent_gone(connection)
+            gone = connection.agent_gone()
             if connection.refused is not None:
                 self.fence(lost.host, connection.refused)
             connection.abandon()
@@ -396,8 +409,7 @@ class _SshRunner(ProcessRunner):
         host = self.next_host(label)
         connection = self.connection_to(host)
         if connection is None:
-            connection = Connection(host, os.path.join(self.local_dir, f'c{len(self.connections)}'),
-                                    detached=bool(self.supervisor_grace), claim=self.claim)
+            connection = self.connect(host, f'c{len(self.connections)}')
             self.connections.append(connection)
             preflight([connection])
             self.tell(connection)
@@ -446,17 +458,12 @@ class _SshRunner(ProcessRunner):
             if self.server is not None:
                 self.server.Stop()
             _in_parallel([connection.close for connection in connections])
+            if self.masters is not None:  # (a detached program's: it has ended)
+                masters.end_all(self.run_dir)
             if self.output is not None:
                 self.output.close()
         finally:
             shutil.rmtree(self.local_dir, ignore_errors=True)
-
-
-def _agent_gone(connection: Connection) -> bool:
-    """True if ended `connection` reached a detached program's host and found no agent there
-    (the relay says so and exits 1; ssh exits 255 when the host cannot be reached)."""
-    connection.wait_ended(5.0)
-    return connection.process.returncode not in (None, 255)
 
 
 def _in_parallel(calls: Sequence[Callable[[], None]]) -> None:
@@ -520,10 +527,7 @@ class SshLauncher(Launcher):
             host = runner.next_host(label)
             pool = connections.setdefault(connection_key(host), [])
             if not pool or len(pool[-1].nodes) >= per_connection:
-                pool.append(Connection(host, os.path.join(runner.local_dir,
-                                                          f'c{len(runner.connections)}'),
-                                       detached=bool(runner.supervisor_grace),
-                                       claim=runner.claim))
+                pool.append(runner.connect(host, f'c{len(runner.connections)}'))
                 runner.connections.append(pool[-1])
             pool[-1].nodes.append(i)
             placed.append((pool[-1], i))
@@ -540,7 +544,7 @@ class SshLauncher(Launcher):
             groups=program.group_limits(),
             stop_order=stop_order_of(program, executables, options.notice_period))
         bind_host = runner.bind_host = (options.settings.coordinator_host
-                                        or _coordinator_host(runner.connections))
+                                        or coordinator_host(runner.connections))
         try:
             runner.server = serve_coordinator(coordinator, tcp_address(bind_host, 0),
                                                auth_token=runner.token, tls=options.tls)
@@ -596,6 +600,7 @@ def launch_supervised(program: Program, options: LaunchOptions,
     if supervision is not None:
         runner.log_dir, runner.persist = supervision.log_dir, supervision.persist
         runner.supervisor_grace, runner.run_dir = supervision.grace, run_dir
+        runner.masters = masters.directory(run_dir)
         runner.mobility = move.Mobility(run_dir, lambda: getattr(runner.persist, 'last', None))
     try:
         return SshLauncher()._launch(  # pylint: disable=protected-access
@@ -604,14 +609,6 @@ def launch_supervised(program: Program, options: LaunchOptions,
         runner.kill([name for name, code in runner.poll().items() if code is None])
         runner.release()
         raise
-
-
-def _coordinator_host(connections: List[Connection]) -> str:
-    """Where to serve the coordinator: the address the hosts see the launcher at, or every
-    address if they see it at different ones."""
-    seen = {connection.launcher_address for connection in connections}
-    return seen.pop() if len(seen) == 1 else (
-        '::' if any(':' in address for address in seen) else '0.0.0.0')
 
 
 def readopt(program: Program, options: LaunchOptions, supervision, state: dict,
@@ -623,6 +620,7 @@ def readopt(program: Program, options: LaunchOptions, supervision, state: dict,
     runner = _SshRunner([], tempfile.mkdtemp(prefix=protocol.DIR_PREFIX))
     runner.log_dir, runner.persist = supervision.log_dir, supervision.persist
     runner.supervisor_grace, runner.options = supervision.grace, options
+    runner.masters = masters.directory(run_dir)
     runner.mobility = move.Mobility(run_dir, lambda: getattr(runner.persist, 'last', None))
     coordinator = runner.coordinator = state['coordinator']
     try:
@@ -631,7 +629,7 @@ def readopt(program: Program, options: LaunchOptions, supervision, state: dict,
         runner.readopt(state, run_dir)
         reached = runner.reached
         if runner.moved:
-            runner.bind_host = _coordinator_host(reached) if reached else '0.0.0.0'
+            runner.bind_host = coordinator_host(reached) if reached else '0.0.0.0'
         runner.server = serve_coordinator(
             coordinator, tcp_address(runner.bind_host, 0 if runner.moved else runner.port),
             auth_token=runner.token, tls=options.tls)

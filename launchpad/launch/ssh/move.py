@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Optional
 from courier import serialization
 
 from launchpad.launch import detached
-from launchpad.launch.ssh import protocol
+from launchpad.launch.ssh import masters, protocol
 from launchpad.observe import registry
 
 STATE_COPY_INTERVAL = 2.0  # seconds between copies of a changed state to the agents
@@ -103,12 +103,13 @@ class Mobility:
 
 def leave(run_dir: str, local_dir: str, connections: List[Any], why: str) -> None:
     """Ends this supervisor, fenced off by a newer one: its connections go without a word to
-    the agents (the nodes run on), its run directory, its connections' `local_dir` and its
-    registry entry go (the entry if still its own), and its keeper, seeing it exit 0, ends
-    too."""
+    the agents (the nodes run on), its master connections (`masters`), its run directory, its
+    connections' `local_dir` and its registry entry go (the entry if still its own), and its
+    keeper, seeing it exit 0, ends too."""
     logging.warning('%s', why)
     for connection in connections:
         connection.abandon()
+    masters.end_all(run_dir)
     program_id = detached.read_header(run_dir)['program_id']
     for directory in (run_dir, local_dir):
         shutil.rmtree(directory, ignore_errors=True)
