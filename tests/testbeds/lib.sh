@@ -87,6 +87,9 @@ _lp_net_up() {  # N: make sure the bridge and namespaces lp-h1..N exist
     ns=lp-h$i
     [ -e "/run/netns/$ns" ] && continue
     ip netns add "$ns"
+    # A veth the kernel has not yet finished removing after an earlier `down` (seen once right
+    # after one as "RTNETLINK answers: File exists") would refuse the name.
+    ip link del "lpv$i" 2>/dev/null || true
     ip link add "lpv$i" type veth peer name eth0 netns "$ns"
     ip link set "lpv$i" master "$LP_BRIDGE" up
     ip -n "$ns" link set lo up
