@@ -179,7 +179,7 @@ def hold_for_node_threads() -> Callable[[], None]:
             if time.sleep is _SLEEP:
                 time.sleep = _sleep
             if threading.Thread.start is _START:
-                threading.Thread.start = _start
+                threading.Thread.start = _start  # type: ignore[method-assign]
             if sys.unraisablehook is not _unraisable:
                 _unraisable_before, sys.unraisablehook = sys.unraisablehook, _unraisable
     released = []
@@ -195,7 +195,7 @@ def hold_for_node_threads() -> Callable[[], None]:
                 if time.sleep is _sleep:
                     time.sleep = _SLEEP
                 if threading.Thread.start is _start:
-                    threading.Thread.start = _START
+                    threading.Thread.start = _START  # type: ignore[method-assign]
                 if sys.unraisablehook is _unraisable:
                     sys.unraisablehook = _unraisable_before
 
