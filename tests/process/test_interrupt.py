@@ -148,6 +148,15 @@ def test_a_woken_future_wait_without_an_exception_waits_on_for_the_result():
     assert got == [1]
 
 
+def _go_on(seconds: float, ended: list) -> None:
+    """Runs Python lines for `seconds` (where an exception raised in the thread lands), then
+    records that it went on."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    ended.append('went on')
+
+
 def test_a_stop_landing_in_a_finalizer_in_a_node_thread_lands_again_after_it():
     """A collection runs finalizers (weakref callbacks, `__del__`) in whatever thread it starts
     in, and Python drops what they raise: NodeStopped raised in a node's thread that lands in
@@ -169,10 +178,7 @@ def test_a_stop_landing_in_a_finalizer_in_a_node_thread_lands_again_after_it():
             collected = Collected()
             weakref.finalize(collected, finalizer)
             del collected  # runs the finalizer here
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                time.sleep(0.01)
-            ended.append('went on')
+            _go_on(10, ended)
         except NodeStopped:
             ended.append('stopped')
 
@@ -205,10 +211,7 @@ def test_an_exception_raised_in_a_thread_that_starts_one_lands_once_the_new_one_
     def node():
         try:
             threading.Thread(target=ran.set, daemon=True).start()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                time.sleep(0.01)
-            ended.append('went on')
+            _go_on(30, ended)
         except NodeStopped:
             ended.append('stopped')
 
