@@ -32,6 +32,14 @@ that a collection runs there (a weakref callback or a `__del__`, such as those t
 sockets and pipes), and Python drops what a finalizer raises. While node threads run, such an
 exception that landed in a node's thread is raised there again (`sys.unraisablehook`), to land once
 the finalizer is over, rather than a second time half a second later, or never.
+
+An exception raised by thread id can also miss its thread when that thread starts one: until a
+new thread runs, CPython 3.11 gives it the id of the thread that starts it, and
+PyThreadState_SetAsyncExc raises in the newest thread of that id, the new one, which it ends
+before it reports that it started, so the starter then waits in `Thread.start` for ever (seen:
+NodeStopped raised in a node thread whose call to a server of its process started one of the
+server's workers). While node threads run, `raise_in` therefore holds back an exception for a
+thread that is starting one, which raises it itself once its start is over (`_start`).
 """
 from __future__ import annotations
 
@@ -42,7 +50,7 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Callable, Hashable, List, Mapping
+from typing import Callable, Dict, Hashable, List, Mapping
 
 from courier.transport import _compat
 from launchpad import runtime
@@ -68,6 +76,10 @@ _FUTURE_WAIT = _compat.LightFuture._wait_done.__code__  # pylint: disable=protec
 
 
 _SLEEP = time.sleep  # the interpreter's own
+_START = threading.Thread.start  # the interpreter's own
+_starts_lock = threading.RLock()  # guards the two below, and `raise_in` against them
+_starting: Dict[int, List[object]] = {}  # thread id -> a token per thread start it is inside
+_held_back: Dict[int, type] = {}  # thread id -> what `raise_in` raised in it while it started one
 _holders = 0  # launches and colocations whose node threads run (`hold_for_node_threads`)
 _holders_lock = threading.Lock()
 _unraisable_before = sys.unraisablehook  # the hook `_unraisable` hands what is not its own to
@@ -83,15 +95,22 @@ def install() -> None:
 
 
 def raise_in(thread: threading.Thread, error: type) -> None:
-    """Raises `error` in `thread` at its next Python line, waking it if it waits (`wake`)."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
-                                               ctypes.py_object(error))
+    """Raises `error` in `thread` at its next Python line, waking it if it waits (`wake`); in a
+    thread that is starting one, once that start is over (see the module docstring)."""
+    with _starts_lock:
+        if _starting.get(thread.ident):
+            _held_back[thread.ident] = error
+            return
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                   ctypes.py_object(error))
     wake(thread)
 
 
 def cancel_raise(thread: threading.Thread) -> None:
     """Withdraws an exception raised in `thread` by `raise_in` that has not landed yet."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), None)
+    with _starts_lock:
+        _held_back.pop(thread.ident, None)
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), None)
 
 
 def wake(thread: threading.Thread) -> None:
@@ -148,16 +167,19 @@ def tell_threads(stops: Mapping[Hashable, runtime.StopSignal],
 
 def hold_for_node_threads() -> Callable[[], None]:
     """While node threads run (a thread launch, a thread colocation): makes `time.sleep` in them
-    one that `wake` ends, and has an exception raised in them at the stop that lands in a
-    finalizer land again after it (see the module docstring), until the returned function is
-    called. Holders may nest; the last one out puts the interpreter's own sleep and hook back
-    (unless someone replaced them since)."""
+    one that `wake` ends, has an exception raised in them at the stop that lands in a
+    finalizer land again after it, and one raised in a thread that starts one land after the
+    start (see the module docstring), until the returned function is called. Holders may nest;
+    the last one out puts the interpreter's own sleep, hook and start back (unless someone
+    replaced them since)."""
     global _holders, _unraisable_before
     with _holders_lock:
         _holders += 1
         if _holders == 1:
             if time.sleep is _SLEEP:
                 time.sleep = _sleep
+            if threading.Thread.start is _START:
+                threading.Thread.start = _start  # type: ignore[method-assign]
             if sys.unraisablehook is not _unraisable:
                 _unraisable_before, sys.unraisablehook = sys.unraisablehook, _unraisable
     released = []
@@ -172,6 +194,8 @@ def hold_for_node_threads() -> Callable[[], None]:
             if _holders == 0:
                 if time.sleep is _sleep:
                     time.sleep = _SLEEP
+                if threading.Thread.start is _start:
+                    threading.Thread.start = _START  # type: ignore[method-assign]
                 if sys.unraisablehook is _unraisable:
                     sys.unraisablehook = _unraisable_before
 
@@ -223,3 +247,24 @@ def _sleep(seconds) -> None:
     while left > 0:  # a timed wait may end a hair early
         ended.wait_for(lambda: time.monotonic() >= deadline, left)
         left = deadline - time.monotonic()
+
+
+def _start(self: threading.Thread) -> None:
+    """`Thread.start` while `hold_for_node_threads` is held: an exception that `raise_in` raises
+    in the starting thread meanwhile is raised once the new thread runs (see the module
+    docstring)."""
+    me, token = threading.get_ident(), object()
+    try:
+        with _starts_lock:
+            _starting.setdefault(me, []).append(token)
+        _START(self)
+    finally:
+        with _starts_lock:
+            tokens = _starting.get(me, [])
+            if token in tokens:
+                tokens.remove(token)
+            if not tokens:
+                _starting.pop(me, None)
+            error = None if tokens else _held_back.pop(me, None)
+        if error is not None:
+            raise error

@@ -237,3 +237,34 @@ def test_a_node_thread_waiting_for_a_call_ends_with_the_stop(launch_type, how, c
     states = {name: status.state for name, status in controller.status().items()}
     assert set(states.values()) == {lp.NodeState.FINISHED}, states
     assert record.read_text() == 'NodeStopped server told'
+
+
+def start_threads_until_stopped(ready: str) -> None:
+    """A node thread that starts threads all the time, as one whose calls to a server of its
+    process start the server's workers, and does not cooperate with the stop."""
+    open(ready, 'w').close()
+    while True:
+        thread = threading.Thread(target=lambda: None, daemon=True)
+        thread.start()
+        thread.join()
+
+
+@pytest.mark.parametrize('launch_type, colocate', [('test_mt', False), ('test_mp', True)])
+def test_a_node_thread_stopped_while_it_starts_a_thread_ends_with_the_stop(
+        launch_type, colocate, tmp_path):
+    """NodeStopped, raised in a node's thread (local_mt's, or a thread colocation's process main
+    thread) while it starts a thread, ends the node, and not the thread it starts: that one would
+    end before it reported that it started, and the node, waiting for that in `Thread.start`,
+    would be killed (before the fix, in most rounds)."""
+    for round_ in range(3):
+        ready = tmp_path / f'ready{round_}'
+        program = lp.Program('starter')
+        starter = lp.PyNode(start_threads_until_stopped, str(ready))
+        if colocate:
+            starter = lp.MultiThreadingColocation([starter, lp.PyNode(lp.wait_for_stop)])
+        program.add_node(starter, label='starter')
+        controller = lp.launch(program, launch_type=launch_type, notice_period=30)
+        assert wait_until(ready.exists, timeout=60)
+        controller.stop()
+        assert controller.wait(timeout=60)
+        assert controller.status()['starter/0'].state is lp.NodeState.FINISHED, round_

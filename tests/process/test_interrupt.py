@@ -148,6 +148,15 @@ def test_a_woken_future_wait_without_an_exception_waits_on_for_the_result():
     assert got == [1]
 
 
+def _go_on(seconds: float, ended: list) -> None:
+    """Runs Python lines for `seconds` (where an exception raised in the thread lands), then
+    records that it went on."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    ended.append('went on')
+
+
 def test_a_stop_landing_in_a_finalizer_in_a_node_thread_lands_again_after_it():
     """A collection runs finalizers (weakref callbacks, `__del__`) in whatever thread it starts
     in, and Python drops what they raise: NodeStopped raised in a node's thread that lands in
@@ -169,10 +178,7 @@ def test_a_stop_landing_in_a_finalizer_in_a_node_thread_lands_again_after_it():
             collected = Collected()
             weakref.finalize(collected, finalizer)
             del collected  # runs the finalizer here
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                time.sleep(0.01)
-            ended.append('went on')
+            _go_on(10, ended)
         except NodeStopped:
             ended.append('stopped')
 
@@ -184,6 +190,44 @@ def test_a_stop_landing_in_a_finalizer_in_a_node_thread_lands_again_after_it():
         release_node_threads()
     assert ended == ['stopped']
     assert sys.unraisablehook is not interrupt._unraisable  # pylint: disable=protected-access
+
+
+def test_an_exception_raised_in_a_thread_that_starts_one_lands_once_the_new_one_runs(
+        monkeypatch):
+    """Until a new thread runs, CPython 3.11 gives it its starter's id, and raises an exception
+    raised by that id in it: it ends before it reports that it started, and its starter waits
+    for ever (seen: NodeStopped raised in a node thread whose call started a courier server's
+    worker). `raise_in` holds the exception back while its thread is inside `Thread.start` (here
+    held there, before the new thread exists): the new thread runs, then the starter gets it."""
+    in_start, go, ran, ended = threading.Event(), threading.Event(), threading.Event(), []
+    start_new_thread = threading._start_new_thread  # pylint: disable=protected-access
+
+    def held_start(function, args):
+        if threading.current_thread() is starter:
+            in_start.set()
+            go.wait(30)
+        return start_new_thread(function, args)
+
+    def node():
+        try:
+            threading.Thread(target=ran.set, daemon=True).start()
+            _go_on(30, ended)
+        except NodeStopped:
+            ended.append('stopped')
+
+    monkeypatch.setattr(threading, '_start_new_thread', held_start)
+    release_node_threads = interrupt.hold_for_node_threads()
+    try:
+        starter = threading.Thread(target=node, daemon=True)
+        starter.start()
+        assert in_start.wait(30)
+        interrupt.raise_in(starter, NodeStopped)
+        go.set()
+        starter.join(30)
+    finally:
+        release_node_threads()
+    assert ran.is_set() and ended == ['stopped']
+    assert threading.Thread.start is interrupt._START  # pylint: disable=protected-access
 
 
 def test_an_event_wait_is_left_alone():
