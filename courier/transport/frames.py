@@ -269,6 +269,8 @@ class FrameReader:
         # A server's TLS socket stays non-blocking (its loop reads it): waits are polls here.
         self._tls_server = self._pending is not None and sock.gettimeout() == 0.0
         if self._tls_server:
+            # Its loop reads it while a worker sends an answer on it: one thread at a time.
+            self._tls_lock = sock.courier_lock = threading.Lock()
             self._receive_waiting = self._receive_tls_waiting
             self._receive_now = self._receive_tls_now
         else:
@@ -494,7 +496,8 @@ class FrameReader:
         """Receives on a non-blocking TLS socket, waiting up to ``wait`` seconds for bytes."""
         while True:
             try:
-                return self._sock.recv_into(view)
+                with self._tls_lock:
+                    return self._sock.recv_into(view)
             except OSError as error:
                 if not _wants(error):
                     raise
@@ -567,14 +570,21 @@ def _send_timeout(sock: socket.socket) -> float:
 
 
 def _send_tls(sock: Any, data: Any) -> None:
-    """Sends all of ``data`` on a TLS socket; a non-blocking one (a server's) waits for room."""
+    """Sends all of ``data`` on a TLS socket; a non-blocking one (a server's) waits for room.
+
+    A server's socket is read by its loop meanwhile: each read and write holds the lock its
+    :class:`FrameReader` gave it, since OpenSSL lets one thread at a time use a connection
+    (two at once corrupt its state: the write fails with SSLEOFError or 'bad length')."""
     if sock.gettimeout() != 0.0:
         sock.sendall(data)
         return
+    lock = sock.courier_lock
     view = memoryview(data).cast('B')
     while view.nbytes:
         try:
-            view = view[sock.send(view):]
+            with lock:
+                sent = sock.send(view)
+            view = view[sent:]
         except OSError as error:
             if not _wants(error):
                 raise

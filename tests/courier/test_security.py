@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pickle
 import socket
+import ssl
+import threading
 
 import numpy as np
 import pytest
@@ -127,6 +129,50 @@ def test_tls_carries_large_arrays_both_ways(make_server, pki, lane):
     futures = [client.futures.twice(array[:1 << 20] + i) for i in range(4)]
     for i, future in enumerate(futures):
         assert np.array_equal(future.result(), (array[:1 << 20] + i) * 2)
+
+
+def test_a_tls_server_socket_is_read_only_while_no_answer_is_being_sent():
+    """OpenSSL lets one thread at a time use a connection: a server's loop reading its TLS
+    socket while a worker sends an answer on it ends the connection at random (SSLEOFError,
+    'bad length'; a CI failure). The read waits until the send returned."""
+    near, far = socket.socketpair()
+    sock = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).wrap_socket(
+        near, server_side=True, do_handshake_on_connect=False)
+    try:
+        sock.setblocking(False)
+        reader = frames.FrameReader(sock)
+        sending, release, overlapped = threading.Event(), threading.Event(), threading.Event()
+
+        def send(data):  # An SSL_write that takes its time.
+            sending.set()
+            release.wait(10)
+            sending.clear()
+            return len(data)
+
+        def recv_into(view):  # An SSL_read that finds nothing yet.
+            if sending.is_set():
+                overlapped.set()
+            raise ssl.SSLWantReadError()
+
+        sock.send, sock.recv_into = send, recv_into
+        sender = threading.Thread(target=frames.send, args=(sock, [b'answer']))
+        sender.start()
+        assert sending.wait(10)
+        loop = threading.Thread(target=_read_without_waiting, args=(reader,))
+        loop.start()
+        overlapped.wait(2)  # Without the lock the read comes at once (with it: never).
+        release.set()
+        sender.join(10)
+        loop.join(10)
+        assert not overlapped.is_set(), 'the loop read the TLS socket while an answer was sent'
+    finally:
+        sock.close()
+        far.close()
+
+
+def _read_without_waiting(reader: frames.FrameReader) -> None:
+    with pytest.raises(BlockingIOError):
+        reader.read_frame(wait=False)
 
 
 def test_tls_clients_silent_in_the_middle_of_a_frame_hold_no_worker(make_server, pki):
