@@ -308,16 +308,23 @@ def shmem_huge_pages() -> bool:
 
 
 def _pmd_mapped(mapping: mmap.mmap) -> Optional[bool]:
-    """Whether most of this process's resident pages of ``mapping`` are mapped as huge pages
-    (None while none is resident: not known yet). Read once per mapping: its sender's pages
-    keep their size while it keeps the segment."""
+    """Whether this process maps most of its resident pages of ``mapping`` as huge pages;
+    None while its first page is not mapped (not known yet: a receiver that does not read
+    a buffer maps none of it). Asked once per mapping: a sender's pages keep their size."""
     if not shmem_huge_pages():
         return False
     import numpy  # pylint: disable=import-outside-toplevel
     address = numpy.frombuffer(mapping, numpy.uint8, 1).__array_interface__['data'][0]
-    sizes: Dict[str, int] = {}
-    inside = False
-    try:
+    try:  # One entry of the page table (/proc/self/smaps costs milliseconds to read).
+        pagemap = os.open('/proc/self/pagemap', os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            entry = os.pread(pagemap, 8, address // mmap.PAGESIZE * 8)
+        finally:
+            os.close(pagemap)
+        if len(entry) == 8 and not int.from_bytes(entry, 'little') >> 63:  # Not present.
+            return None
+        sizes: Dict[str, int] = {}
+        inside = False
         with open('/proc/self/smaps') as smaps:
             for line in smaps:
                 if not line[:1].isupper():  # A mapping's first line: its address range.
@@ -330,9 +337,7 @@ def _pmd_mapped(mapping: mmap.mmap) -> Optional[bool]:
     except OSError:
         return False
     resident = sizes.get('Rss:', 0)
-    if not resident:
-        return None
-    return 2 * sizes.get('ShmemPmdMapped:', 0) >= resident
+    return None if not resident else 2 * sizes.get('ShmemPmdMapped:', 0) >= resident
 
 
 def _locked(fd: int, start: int, length: int) -> bool:
