@@ -29,7 +29,7 @@ shared memory huge pages (``shmem_enabled`` ``advise`` or ``always``; its defaul
 ``never``), a receiver whose last array on a segment goes drops its page tables of it
 (``MADV_DONTNEED``; the pages stay while the sender keeps them): mapping a 64 MiB segment
 again then costs 32 faults, one per 2 MiB page, so an actor holds only the parameters it
-reads. With 4 KiB pages it would cost about 1,000 faults (20-80 ms) per update, so there
+reads. With 4 KiB pages it would cost about 1,000 faults (3-80 ms) per update, so there
 receivers keep their page tables of idle segments.
 
 A value sent to many readers costs one copy:
