@@ -18,7 +18,10 @@ Reported per system and size: rounds/s; the learner process's CPU seconds (user 
 per round; the peak proportional set size (PSS: shared pages counted once) of every process
 of the system together, in MiB and above its size before the first fetch, and of the actors
 alone above their size before the first fetch (sampled between rounds, when all hold the
-same parameters), both as multiples of one copy of the parameters.
+same parameters), both as multiples of one copy of the parameters. The host's is also given
+as sampled between rounds: the peak is taken during rounds, one process after another, and
+where actors map and drop pages during a round (huge pages, docs/courier.md) a page can count
+in two processes' PSS samples at once.
 
 Echo: a float32 array sent to a courier server process on a Unix socket and returned (MB/s
 of array bytes per round trip, as courier_bench.py counts), with shared memory on and off
@@ -233,9 +236,11 @@ def _measure_rounds(one_round, learner_cpu, host_pids, actor_pids, mib, seconds)
     host_before = memory.sample()
     actors_before = memory.sample(actor_pids)
     actors_peak = [0]
+    host_settled = [0]
 
-    def sample_actors():
+    def sample_actors():  # Also the host's, settled: no process maps or drops pages meanwhile.
         actors_peak[0] = max(actors_peak[0], memory.sample(actor_pids))
+        host_settled[0] = max(host_settled[0], memory.sample())
 
     one_round()  # Warm up.
     sample_actors()
@@ -258,6 +263,7 @@ def _measure_rounds(one_round, learner_cpu, host_pids, actor_pids, mib, seconds)
             'learner_cpu_ms_per_round': 1e3 * cpu / rounds,
             'host_pss_peak_mib': memory.peak / 2**20,
             'host_pss_growth_copies': (memory.peak - host_before) / size,
+            'host_pss_settled_growth_copies': (host_settled[0] - host_before) / size,
             'actors_pss_growth_copies': (actors_peak[0] - actors_before) / size}
 
 
@@ -536,7 +542,10 @@ def _print_broadcast(size: int, row: Dict[str, Any]) -> None:
         print(f'broadcast {size:4} MiB  {system:26} {numbers["rounds_per_s"]:8.1f} rounds/s  '
               f'learner CPU {numbers["learner_cpu_ms_per_round"]:7.1f} ms/round  host PSS peak '
               f'{numbers["host_pss_peak_mib"]:7.0f} MiB (above baseline '
-              f'{numbers["host_pss_growth_copies"]:5.2f} copies)  actors above baseline '
+              f'{numbers["host_pss_growth_copies"]:5.2f} copies'
+              + (f', between rounds {numbers["host_pss_settled_growth_copies"]:5.2f}'
+                 if 'host_pss_settled_growth_copies' in numbers else '')
+              + f')  actors above baseline '
               f'{numbers["actors_pss_growth_copies"]:5.2f} copies'
               + (f'  learner sends/round {numbers["learner_sends_per_round"]:.1f}'
                  if 'learner_sends_per_round' in numbers else '')
