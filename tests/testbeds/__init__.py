@@ -446,3 +446,27 @@ def podman_network() -> Iterator[PodmanNetwork]:
         yield PodmanNetwork(image='localhost/lp-python:latest', network='lpnet',
                             subnet='10.201.0.0/24', python='/usr/bin/python3',
                             source_dir=str(REPO_ROOT))
+
+
+SHMEM_ENABLED = pathlib.Path('/sys/kernel/mm/transparent_hugepage/shmem_enabled')
+
+
+@contextlib.contextmanager
+def shmem_huge_pages() -> Iterator[None]:
+    """The kernel gives shared memory advised for it huge pages (`shmem_enabled` set to
+    `advise`) while inside, then its setting as before. Needs root; a machine-wide setting, so
+    held by one process at a time like the other beds (`never`, the usual default, and
+    `advise` differ only for memory advised with MADV_HUGEPAGE)."""
+    try:
+        text = SHMEM_ENABLED.read_text()
+        before = text[text.index('[') + 1:text.index(']')]
+    except (OSError, ValueError):
+        require_testbed(f'no transparent huge pages for shared memory here ({SHMEM_ENABLED})')
+    if os.geteuid() != 0 or not os.access(SHMEM_ENABLED, os.W_OK):
+        require_testbed(f'changing {SHMEM_ENABLED} needs root')
+    with _exclusive('shmem-huge-pages'):
+        SHMEM_ENABLED.write_text('advise')
+        try:
+            yield
+        finally:
+            SHMEM_ENABLED.write_text(before)
