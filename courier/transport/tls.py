@@ -1,4 +1,5 @@
-"""TLS for courier's framed protocol over TCP, with Python's ``ssl``: contexts and handshakes.
+"""TLS for courier's framed protocol over TCP, with Python's ``ssl``: contexts, handshakes, and
+the lock each TLS socket carries (:func:`wrap`).
 
 A TLS server of courier offers two application protocols (ALPN): ``courier`` for
 courier's own clients, which speak the framed protocol, and ``h2`` for gRPC clients,

@@ -172,6 +172,7 @@ def test_a_tls_server_socket_is_read_only_while_no_answer_is_being_sent():
         release.set()
         for thread in [sender, *loop]:
             thread.join(10)
+        # The send returned, nothing was buffered, and no frame came yet.
         assert sorted(map(str, outcomes)) == ['False', 'None', 'no bytes for now']
     finally:
         sock.close()
@@ -231,7 +232,7 @@ def test_a_tls_futures_client_sends_no_call_while_its_reader_thread_reads(pki, m
         client = courier.Client(server.address, call_timeout=10, protocol='framed',
                                 tls=courier.TLSConfig(root_certificates=pki.ca_pem))
         assert client.futures.add(1, 2).result() == 3
-        # The reader thread took the answer; it waits for the next from its next read on.
+        # The reader thread took the answer and went back to waiting for the next one.
         assert wait_until(lambda: reads['started'] > reads['started_at_last_bytes'], 10)
         assert client.futures.add(2, 3).result() == 5
         assert client.futures.add(3, 4).result() == 7
