@@ -241,6 +241,42 @@ def test_a_tls_futures_client_sends_no_call_while_its_reader_thread_reads(pki, m
         server.Stop()
 
 
+def test_a_tls_futures_client_lets_go_of_its_reader_thread_when_closed_or_dropped(pki):
+    """Its reader thread waits for answers in a poll (see above), which its connection's close
+    must end, with a call in flight or none."""
+    import gc  # pylint: disable=import-outside-toplevel
+    server = courier.Server(tls=courier.TLSConfig(certificate_chain=pki.server_pem,
+                                                  private_key=pki.server_key))
+    held = threading.Event()
+    try:
+        server.Bind('add', lambda x, y: x + y)
+        server.Bind('held', lambda: held.wait(30))
+        server.Start()
+        tls_config = courier.TLSConfig(root_certificates=pki.ca_pem)
+        warm = courier.Client(server.address, call_timeout=30, protocol='framed', tls=tls_config)
+        assert warm.futures.add(1, 1).result() == 2
+        closed = courier.Client(server.address, call_timeout=30, protocol='framed',
+                                tls=tls_config)
+        assert closed.futures.add(1, 2).result() == 3
+        in_flight = closed.futures.held()
+        closed.close()
+        with pytest.raises(courier.ServerUnavailableError, match='closed'):
+            in_flight.result(timeout=30)
+        dropped = courier.Client(server.address, call_timeout=30, protocol='framed',
+                                 tls=tls_config)
+        assert dropped.futures.add(2, 3).result() == 5
+        del dropped
+        gc.collect()
+        assert wait_until(lambda: _reader_threads() == 1, 20), _reader_threads()  # warm's
+    finally:
+        held.set()
+        server.Stop()
+
+
+def _reader_threads() -> int:
+    return sum(thread.name.startswith('courier-client ') for thread in threading.enumerate())
+
+
 def test_tls_clients_silent_in_the_middle_of_a_frame_hold_no_worker(make_server, pki):
     server = serve_add(make_server, thread_pool_size=2, stall_timeout=3, tls=courier.TLSConfig(
         certificate_chain=pki.server_pem, private_key=pki.server_key))
