@@ -267,14 +267,17 @@ def test_a_tls_futures_client_lets_go_of_its_reader_thread_when_closed_or_droppe
         assert dropped.futures.add(2, 3).result() == 5
         del dropped
         gc.collect()
-        assert wait_until(lambda: _reader_threads() == 1, 20), _reader_threads()  # warm's
+        # Only warm's is left.
+        assert wait_until(lambda: _reader_threads(server.address) == 1, 20), (
+            _reader_threads(server.address))
     finally:
         held.set()
         server.Stop()
 
 
-def _reader_threads() -> int:
-    return sum(thread.name.startswith('courier-client ') for thread in threading.enumerate())
+def _reader_threads(address: str) -> int:
+    """The futures reader threads of clients of ``address`` (other tests' may still run)."""
+    return sum(thread.name == f'courier-client {address}' for thread in threading.enumerate())
 
 
 def test_tls_clients_silent_in_the_middle_of_a_frame_hold_no_worker(make_server, pki):
