@@ -1,7 +1,7 @@
 """Measures courier call rates, latencies and array throughput.
 
-For each transport (TCP on loopback, Unix domain socket) a courier server runs
-in a separate process and this process calls it:
+For each transport (TCP on loopback, Unix domain socket; TCP with TLS if asked for) a
+courier server runs in a separate process and this process calls it:
 
   sync        calls/s of back-to-back blocking calls of a no-op method, with the
               median (p50) and 99th percentile (p99) latency of one call;
@@ -13,7 +13,7 @@ With --baseline, the same measurements also run against a bare grpcio server
 moving the same bytes without courier (no pickling, no framing), and the table
 shows courier's numbers as a ratio of those: what courier itself costs.
 
-Usage: python benchmarks/courier_bench.py [--seconds 3] [--transports tcp uds]
+Usage: python benchmarks/courier_bench.py [--seconds 3] [--transports tcp uds tls]
            [--repeat 3] [--baseline] [--json results.json]
 """
 
@@ -23,12 +23,14 @@ import argparse
 import collections
 import concurrent.futures
 import contextlib
+import importlib.util
 import json
 import multiprocessing
+import pathlib
 import statistics
 import tempfile
 import time
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -38,9 +40,9 @@ FUTURES_IN_FLIGHT = 64
 _BARE_METHOD = '/bench.Bare/Echo'
 
 
-def _serve_courier(address: str, ready, stop) -> None:
+def _serve_courier(address: str, ready, stop, tls: Optional[courier.TLSConfig] = None) -> None:
     """Server process: serves a no-op and an echo until ``stop`` is set."""
-    server = courier.Server(address=address, thread_pool_size=16)
+    server = courier.Server(address=address, thread_pool_size=16, tls=tls)
     server.Bind('noop', lambda: None)
     server.Bind('echo', lambda value: value)
     server.Start()
@@ -89,11 +91,11 @@ class _BareGrpcClient:
 
 
 @contextlib.contextmanager
-def _server_process(serve: Callable[..., None], address: str) -> Iterator[str]:
+def _server_process(serve: Callable[..., None], address: str, *args: Any) -> Iterator[str]:
     """Runs a server in a child process; always stops and reaps it."""
     context = multiprocessing.get_context('spawn')
     ready, stop = context.Queue(), context.Event()
-    process = context.Process(target=serve, args=(address, ready, stop), daemon=True)
+    process = context.Process(target=serve, args=(address, ready, stop, *args), daemon=True)
     process.start()
     try:
         yield ready.get(timeout=60)
@@ -176,17 +178,31 @@ def run(transports: List[str], seconds: float, sizes: List[int],
     results = {}
     with tempfile.TemporaryDirectory(prefix='courier-bench-') as scratch:
         for transport in transports:
-            address = 'localhost:0' if transport == 'tcp' else f'unix:{scratch}/bench.sock'
-            with _server_process(_serve_courier, address) as served_at:
-                client = courier.Client(served_at, call_timeout=600)
+            address = 'localhost:0' if transport != 'uds' else f'unix:{scratch}/bench.sock'
+            server_tls, client_tls = _tls_configs() if transport == 'tls' else (None, None)
+            with _server_process(_serve_courier, address, server_tls) as served_at:
+                client = courier.Client(served_at, call_timeout=600, tls=client_tls)
                 results[f'courier {transport}'] = _measure(client, client.futures.noop,
                                                            seconds, sizes)
-            if baseline:
+            if baseline and transport != 'tls':
                 with _server_process(_serve_bare_grpc, address) as served_at:
                     client = _BareGrpcClient(served_at)
                     results[f'grpcio {transport}'] = _measure(client, client.submit_noop,
                                                               seconds, sizes)
     return results
+
+
+def _tls_configs():
+    """A server's and its client's TLS configurations, with certificates made now."""
+    # Loaded by its path: the repository's root on sys.path would also shadow the courier
+    # that this process and its servers import (an installed one, or another checkout's).
+    path = pathlib.Path(__file__).resolve().parents[1] / 'tests' / 'pki.py'
+    spec = importlib.util.spec_from_file_location('courier_bench_pki', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pki = module.Pki()
+    return (courier.TLSConfig(certificate_chain=pki.server_pem, private_key=pki.server_key),
+            courier.TLSConfig(root_certificates=pki.ca_pem))
 
 
 def _print_table(results: Dict[str, Dict]) -> None:
@@ -215,8 +231,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--seconds', type=float, default=3.0,
                         help='time spent on each measurement')
-    parser.add_argument('--transports', nargs='+', choices=['tcp', 'uds'],
-                        default=['tcp', 'uds'])
+    parser.add_argument('--transports', nargs='+', choices=['tcp', 'uds', 'tls'],
+                        default=['tcp', 'uds'], help='tls: TCP with TLS (no grpcio baseline)')
     parser.add_argument('--sizes-mib', nargs='+', type=int, default=[1, 64],
                         help='array sizes for the echo measurement')
     parser.add_argument('--repeat', type=int, default=1,

@@ -29,7 +29,7 @@ LAYERS = [
     ('courier.transport.pool', 2),           # the framed server's bounded worker pool
     ('courier.transport.limits', 2),         # the framed server's limits
     ('courier.transport.loop', 2),           # the framed server's event loop
-    ('courier.transport.tls', 2),            # TLS contexts and handshakes (Python's ssl)
+    ('courier.transport.tls', 2),            # TLS contexts, handshakes, sockets' locks (ssl)
     ('courier.transport.relay', 2),          # carries gRPC clients to a TCP server's gRPC service
     ('courier.transport.dial', 2),           # how a framed client connects and says hello
     ('courier.transport.framed_client', 3),  # the transports: never import each other

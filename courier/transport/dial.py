@@ -82,7 +82,7 @@ class Target:
         if self.tls is None:
             return sock
         try:
-            sock = self.context.wrap_socket(sock, server_hostname=self.server_name)
+            sock = self.tls.wrap(self.context, sock, server_hostname=self.server_name)
         except OSError as error:  # Includes ssl.SSLError: not a TLS server, or gone.
             sock.close()
             if deadline_passed(error):
@@ -176,6 +176,13 @@ class DialedConnection:
         poller = select.poll()  # Not select(): it fails on descriptors above 1,024.
         poller.register(self.sock, select.POLLIN)
         return bool(poller.poll(0))
+
+    def for_two_threads(self) -> None:
+        """Readies the connection for a futures pipeline: a reader thread reads it while
+        callers send on it. A TLS socket goes non-blocking, so that each SSL read and write
+        holds its lock and none of the waits does (:func:`.tls.wrap`)."""
+        if hasattr(self.sock, 'courier_lock'):  # (A plain socket takes a reader and a sender.)
+            self.sock.setblocking(False)
 
     def close(self) -> None:
         try:

@@ -389,6 +389,7 @@ class _Pipeline:
             self._connection = connection
         try:
             self._shared = connection.shared
+            connection.for_two_threads()
             self._outbox.sock = connection.sock
             self._outbox.flush()  # What was started while connecting.
             self._outbox.skip.clear()

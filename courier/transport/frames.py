@@ -264,13 +264,11 @@ class FrameReader:
 
     def __init__(self, sock: socket.socket):
         self._sock = sock
-        # A TLS socket may hold decrypted bytes that its file descriptor no longer shows.
-        self._pending = getattr(sock, 'pending', None)
-        # A server's TLS socket stays non-blocking (its loop reads it): waits are polls here.
-        self._tls_server = self._pending is not None and sock.gettimeout() == 0.0
-        if self._tls_server:
-            # Its loop reads it while a worker sends an answer on it: one thread at a time.
-            self._tls_lock = sock.courier_lock = threading.Lock()
+        # A TLS socket's (made by tls.wrap): each SSL read and write of a non-blocking one
+        # holds it, as another thread may be using the socket; see _receive_tls.
+        self._tls_lock: Optional[threading.Lock] = (
+            sock.courier_lock if hasattr(sock, 'pending') else None)
+        if self._tls_lock is not None:
             self._receive_waiting = self._receive_tls_waiting
             self._receive_now = self._receive_tls_now
         else:
@@ -299,8 +297,12 @@ class FrameReader:
     @property
     def buffered(self) -> bool:
         """Whether bytes of the next frame were read already (so no need to wait for the socket)."""
-        return (self._end > self._start or self._frame is not None
-                or (self._pending is not None and self._pending() > 0))
+        if self._end > self._start or self._frame is not None:
+            return True
+        if self._tls_lock is None:
+            return False
+        with self._tls_lock:  # TLS may hold decrypted bytes that the descriptor no longer shows.
+            return self._sock.pending() > 0
 
     @property
     def partial(self) -> bool:
@@ -479,7 +481,7 @@ class FrameReader:
             self._progress = 0
         elif now >= self._impatient_at:
             raise BlockingIOError('the rest of the frame is slow to come')
-        if self._tls_server:
+        if self._tls_lock is not None:
             count = self._receive_tls(view, self._impatient_at - now)
         else:
             count = self._receive_into(view)
@@ -493,16 +495,25 @@ class FrameReader:
         return self._receive_tls(view, 0.0)
 
     def _receive_tls(self, view: memoryview, wait: Optional[float]) -> int:
-        """Receives on a non-blocking TLS socket, waiting up to ``wait`` seconds for bytes."""
+        """Receives on a TLS socket, waiting up to ``wait`` seconds for bytes (None: until they
+        come). A non-blocking one (two threads use it) is read holding its lock, not the waits;
+        a blocking one (one thread's: a caller's connection, a hello) waits as the socket does."""
+        sock = self._sock
+        if sock.gettimeout() != 0.0:
+            return sock.recv_into(view)
+        lock = self._tls_lock
         while True:
+            _take(lock)
             try:
-                with self._tls_lock:
-                    return self._sock.recv_into(view)
+                return sock.recv_into(view)
             except OSError as error:
                 if not _wants(error):
                     raise
-                if not wait or not _ready(self._sock, _WANTS[type(error).__name__], wait):
-                    raise BlockingIOError('no bytes for now') from None
+                events = _WANTS[type(error).__name__]
+            finally:
+                lock.release()
+            if wait == 0.0 or not _ready(sock, events, wait):
+                raise BlockingIOError('no bytes for now')
 
     def _make_room(self, size: int) -> None:
         """Moves what is buffered to the front, in a buffer with room for ``size`` bytes."""
@@ -555,11 +566,15 @@ def _wants(error: OSError) -> bool:
     return type(error).__name__ in _WANTS
 
 
-def _ready(sock: socket.socket, events: int, seconds: float) -> bool:
-    """Whether ``sock`` gets ready for ``events`` within ``seconds``."""
+def _ready(sock: socket.socket, events: int, seconds: Optional[float]) -> bool:
+    """Whether ``sock`` gets ready for ``events`` within ``seconds`` (None: it waits until then;
+    a socket closed meanwhile counts as ready: using it then says so)."""
     poller = select.poll()  # Not select(): it fails on descriptors above 1,024.
-    poller.register(sock, events)
-    return bool(poller.poll(max(1, int(seconds * 1000))))
+    try:
+        poller.register(sock, events)
+    except ValueError:  # Closed (its descriptor is -1).
+        return True
+    return bool(poller.poll(None if seconds is None else max(1, int(seconds * 1000))))
 
 
 def _send_timeout(sock: socket.socket) -> float:
@@ -570,27 +585,37 @@ def _send_timeout(sock: socket.socket) -> float:
 
 
 def _send_tls(sock: Any, data: Any) -> None:
-    """Sends all of ``data`` on a TLS socket; a non-blocking one (a server's) waits for room.
+    """Sends all of ``data`` on a TLS socket; a non-blocking one waits for room.
 
-    A server's socket is read by its loop meanwhile: each read and write holds the lock its
-    :class:`FrameReader` gave it, since OpenSSL lets one thread at a time use a connection
-    (two at once corrupt its state: the write fails with SSLEOFError or 'bad length')."""
+    A non-blocking one is read by another thread meanwhile (a server's loop, a futures client's
+    reader): each write holds its lock (``tls.wrap`` says why), and the waits do not."""
     if sock.gettimeout() != 0.0:
         sock.sendall(data)
         return
     lock = sock.courier_lock
     view = memoryview(data).cast('B')
     while view.nbytes:
+        _take(lock)
         try:
-            with lock:
-                sent = sock.send(view)
-            view = view[sent:]
+            view, events = view[sock.send(view):], 0
         except OSError as error:
             if not _wants(error):
                 raise
-            patience = _send_timeout(sock)
-            if not _ready(sock, _WANTS[type(error).__name__], patience):
-                raise TimeoutError(f'the peer took no bytes for {patience:g} s') from None
+            events = _WANTS[type(error).__name__]
+        finally:
+            lock.release()
+        if events and not _ready(sock, events, _send_timeout(sock)):
+            raise TimeoutError(f'the peer took no bytes for {_send_timeout(sock):g} s')
+
+
+def _take(lock: threading.Lock) -> None:
+    """Takes a TLS socket's lock. Its holder makes one SSL call and needs the GIL to let go: a
+    few yields first cost less than sleeping on the lock (up to 2x the CPU of a futures call)."""
+    for _ in range(8):
+        if lock.acquire(False):
+            return
+        os.sched_yield()  # (It lets go of the GIL.)
+    lock.acquire()
 
 
 def set_receive_timeout(sock: socket.socket, seconds: float) -> None:

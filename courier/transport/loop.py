@@ -458,8 +458,8 @@ class Loop:
             return False
         self._selector.unregister(connection.sock)
         try:
-            connection.sock = self._tls.wrap_socket(connection.sock, server_side=True,
-                                                    do_handshake_on_connect=False)
+            connection.sock = self._tls_module.wrap(self._tls, connection.sock,
+                                                    server_side=True, do_handshake_on_connect=False)
         except OSError:
             self.close(connection)
             return False

@@ -1,4 +1,5 @@
-"""TLS for courier's framed protocol over TCP, with Python's ``ssl``: contexts and handshakes.
+"""TLS for courier's framed protocol over TCP, with Python's ``ssl``: contexts, handshakes, and
+the lock each TLS socket carries (:func:`wrap`).
 
 A TLS server of courier offers two application protocols (ALPN): ``courier`` for
 courier's own clients, which speak the framed protocol, and ``h2`` for gRPC clients,
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import ssl
 import tempfile
-from typing import Optional
+import threading
+from typing import Any, Optional
 
 from courier import security
 
@@ -62,6 +65,21 @@ def client_context(config: security.TLSConfig) -> ssl.SSLContext:
         _load_chain(context, config, 'client')
     context.set_alpn_protocols([COURIER])
     return context
+
+
+def wrap(context: ssl.SSLContext, sock: socket.socket, **options: Any) -> ssl.SSLSocket:
+    """``context.wrap_socket(sock, **options)``, with the lock its reads and writes take.
+
+    OpenSSL lets one thread at a time use a connection (two at once corrupt its state: a write
+    fails with SSLEOFError or 'bad length'), and Python's ``ssl`` takes no lock around them. So
+    a TLS socket that two threads use, a server's (its loop reads while workers send answers)
+    or a futures client's (its reader thread reads while callers send), is non-blocking, and
+    each SSL read and write of it holds ``sock.courier_lock``; the waits for the network
+    between them do not (:mod:`.frames`). A blocking one serves one thread at a time.
+    """
+    sock = context.wrap_socket(sock, **options)
+    sock.courier_lock = threading.Lock()
+    return sock
 
 
 def server_name(config: security.TLSConfig, host: str) -> str:

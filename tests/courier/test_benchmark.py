@@ -11,8 +11,9 @@ def test_benchmark_smoke(capsys, monkeypatch):
     # Importable by name, so that its server process (spawned) can import it too.
     monkeypatch.syspath_prepend(str(REPO / 'benchmarks'))
     bench = importlib.import_module('courier_bench')
-    results = bench.run(['tcp', 'uds'], seconds=0.1, sizes=[1], baseline=True)
-    assert sorted(results) == ['courier tcp', 'courier uds', 'grpcio tcp', 'grpcio uds']
+    results = bench.run(['tcp', 'uds', 'tls'], seconds=0.1, sizes=[1], baseline=True)
+    assert sorted(results) == ['courier tcp', 'courier tls', 'courier uds', 'grpcio tcp',
+                               'grpcio uds']  # (No bare grpcio beside TLS.)
     for numbers in results.values():
         assert numbers['sync']['calls_per_s'] > 0
         assert numbers['sync']['p50_us'] <= numbers['sync']['p99_us']

@@ -18,6 +18,7 @@ import pytest
 import courier
 from courier.transport import frames
 from courier.transport import tls
+from tests.core.conftest import wait_until
 from tests.courier.conftest import hello_frame, serve_add, speak_grpc
 from tests.pki import Pki
 
@@ -133,15 +134,16 @@ def test_tls_carries_large_arrays_both_ways(make_server, pki, lane):
 
 def test_a_tls_server_socket_is_read_only_while_no_answer_is_being_sent():
     """OpenSSL lets one thread at a time use a connection: a server's loop reading its TLS
-    socket while a worker sends an answer on it ends the connection at random (SSLEOFError,
-    'bad length'; a CI failure). The read waits until the send returned."""
+    socket, or asking what it holds, while a worker sends an answer on it ends the connection
+    at random (SSLEOFError, 'bad length'; a CI failure). Both wait until the send returned. The
+    lock comes with the socket (tls.wrap): a send needs no reader made before it."""
     near, far = socket.socketpair()
-    sock = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).wrap_socket(
-        near, server_side=True, do_handshake_on_connect=False)
+    sock = tls.wrap(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), near, server_side=True,
+                    do_handshake_on_connect=False)
     try:
         sock.setblocking(False)
-        reader = frames.FrameReader(sock)
-        sending, release, overlapped = threading.Event(), threading.Event(), threading.Event()
+        sending, release = threading.Event(), threading.Event()
+        overlaps, outcomes = [], []
 
         def send(data):  # An SSL_write that takes its time.
             sending.set()
@@ -151,28 +153,131 @@ def test_a_tls_server_socket_is_read_only_while_no_answer_is_being_sent():
 
         def recv_into(view):  # An SSL_read that finds nothing yet.
             if sending.is_set():
-                overlapped.set()
+                overlaps.append('SSL_read')
             raise ssl.SSLWantReadError()
 
-        sock.send, sock.recv_into = send, recv_into
-        sender = threading.Thread(target=frames.send, args=(sock, [b'answer']))
-        sender.start()
+        def pending():
+            if sending.is_set():
+                overlaps.append('SSL_pending')
+            return 0
+
+        sock.send, sock.recv_into, sock.pending = send, recv_into, pending
+        sender = _recording_thread(outcomes, frames.send, sock, [b'answer'])
         assert sending.wait(10)
-        loop = threading.Thread(target=_read_without_waiting, args=(reader,))
-        loop.start()
-        overlapped.wait(2)  # Without the lock the read comes at once (with it: never).
+        reader = frames.FrameReader(sock)
+        loop = [_recording_thread(outcomes, _read_without_waiting, reader),
+                _recording_thread(outcomes, lambda: reader.buffered)]
+        # Without the lock they come at once (with it: never).
+        assert not wait_until(lambda: overlaps, 2), f'{overlaps} while an answer was sent'
         release.set()
-        sender.join(10)
-        loop.join(10)
-        assert not overlapped.is_set(), 'the loop read the TLS socket while an answer was sent'
+        for thread in [sender, *loop]:
+            thread.join(10)
+        # The send returned, nothing was buffered, and no frame came yet.
+        assert sorted(map(str, outcomes)) == ['False', 'None', 'no bytes for now']
     finally:
         sock.close()
         far.close()
 
 
+def _recording_thread(outcomes: list, function, *args) -> threading.Thread:
+    """Runs ``function(*args)`` on a thread that appends what it returned or raised."""
+    def run():
+        try:
+            outcomes.append(function(*args))
+        except Exception as error:  # pylint: disable=broad-except
+            outcomes.append(error)
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
 def _read_without_waiting(reader: frames.FrameReader) -> None:
-    with pytest.raises(BlockingIOError):
-        reader.read_frame(wait=False)
+    reader.read_frame(wait=False)
+
+
+def test_a_tls_futures_client_sends_no_call_while_its_reader_thread_reads(pki, monkeypatch):
+    """A futures connection's reader thread waits for answers while callers send calls on it.
+    Over TLS (OpenSSL: one thread at a time in a connection) it must not wait inside an SSL read,
+    as a blocking socket does: a caller's send would then always run beside it."""
+    reads = {'running': 0, 'started': 0, 'started_at_last_bytes': 0}  # The client's reads.
+    overlaps = []
+    receive, send = ssl.SSLSocket.recv_into, ssl.SSLSocket.send
+
+    def watched_receive(sock, *args, **kwargs):
+        if sock.server_side:
+            return receive(sock, *args, **kwargs)
+        reads['started'] += 1  # Only the reader thread receives (futures only, here).
+        started = reads['started']
+        reads['running'] += 1
+        try:
+            count = receive(sock, *args, **kwargs)
+        finally:
+            reads['running'] -= 1
+        if count:
+            reads['started_at_last_bytes'] = started
+        return count
+
+    def watched_send(sock, data, *args):
+        if not sock.server_side and reads['running']:
+            overlaps.append(len(data))
+        return send(sock, data, *args)
+
+    monkeypatch.setattr(ssl.SSLSocket, 'recv_into', watched_receive)
+    monkeypatch.setattr(ssl.SSLSocket, 'send', watched_send)
+    server = courier.Server(tls=courier.TLSConfig(certificate_chain=pki.server_pem,
+                                                  private_key=pki.server_key))
+    try:
+        server.Bind('add', lambda x, y: x + y)
+        server.Start()
+        client = courier.Client(server.address, call_timeout=10, protocol='framed',
+                                tls=courier.TLSConfig(root_certificates=pki.ca_pem))
+        assert client.futures.add(1, 2).result() == 3
+        # The reader thread took the answer and went back to waiting for the next one.
+        assert wait_until(lambda: reads['started'] > reads['started_at_last_bytes'], 10)
+        assert client.futures.add(2, 3).result() == 5
+        assert client.futures.add(3, 4).result() == 7
+        assert not overlaps, f'sends of {overlaps} bytes ran beside an SSL read'
+    finally:
+        server.Stop()
+
+
+def test_a_tls_futures_client_lets_go_of_its_reader_thread_when_closed_or_dropped(pki):
+    """Its reader thread waits for answers in a poll (see above), which its connection's close
+    must end, with a call in flight or none."""
+    import gc  # pylint: disable=import-outside-toplevel
+    server = courier.Server(tls=courier.TLSConfig(certificate_chain=pki.server_pem,
+                                                  private_key=pki.server_key))
+    held = threading.Event()
+    try:
+        server.Bind('add', lambda x, y: x + y)
+        server.Bind('held', lambda: held.wait(30))
+        server.Start()
+        tls_config = courier.TLSConfig(root_certificates=pki.ca_pem)
+        warm = courier.Client(server.address, call_timeout=30, protocol='framed', tls=tls_config)
+        assert warm.futures.add(1, 1).result() == 2
+        closed = courier.Client(server.address, call_timeout=30, protocol='framed',
+                                tls=tls_config)
+        assert closed.futures.add(1, 2).result() == 3
+        in_flight = closed.futures.held()
+        closed.close()
+        with pytest.raises(courier.ServerUnavailableError, match='closed'):
+            in_flight.result(timeout=30)
+        dropped = courier.Client(server.address, call_timeout=30, protocol='framed',
+                                 tls=tls_config)
+        assert dropped.futures.add(2, 3).result() == 5
+        del dropped
+        gc.collect()
+        # Only warm's is left.
+        assert wait_until(lambda: _reader_threads(server.address) == 1, 20), (
+            _reader_threads(server.address))
+    finally:
+        held.set()
+        server.Stop()
+
+
+def _reader_threads(address: str) -> int:
+    """The futures reader threads of clients of ``address`` (other tests' may still run)."""
+    return sum(thread.name == f'courier-client {address}' for thread in threading.enumerate())
 
 
 def test_tls_clients_silent_in_the_middle_of_a_frame_hold_no_worker(make_server, pki):
