@@ -19,7 +19,7 @@ import pytest
 import launchpad as lp
 from launchpad.launch import detached
 from launchpad.launch.ssh import masters, protocol
-from launchpad.observe import registry, relay
+from launchpad.observe import cli, registry, relay
 from tests.core.conftest import wait_until
 from tests.launch.detached_program import idle
 from tests.launch.test_ssh import REPO, host_options, hosts  # pylint: disable=unused-import
@@ -45,7 +45,7 @@ def ssh_connections(pid: int) -> set:
 
 @pytest.mark.timeout(120, func_only=True)  # (not the wait for a bed another process holds)
 def test_a_new_supervisor_opens_its_sessions_over_the_masters_of_the_one_before(
-        ssh_testbed, hosts, short_tmp_path):
+        ssh_testbed, hosts, short_tmp_path, capsys):
     remote = short_tmp_path  # (the hosts' registry and logs, as in test_ssh_detach)
     options = {}
     for bed_host in ssh_testbed:
@@ -72,8 +72,13 @@ def test_a_new_supervisor_opens_its_sessions_over_the_masters_of_the_one_before(
         connections = ssh_connections(entry['keeper_pid'])
         assert len(connections) >= 2, connections
 
+        controller = lp.attach(program_id)  # (this process's tunnel reaches the supervisor)
         os.kill(entry['pid'], signal.SIGKILL)
         new_supervisor = _new_supervisor(there, entry['pid'])
+        # A client made next through the open tunnel carries the new supervisor's token
+        # (`status`, run in this process: it was refused).
+        assert cli.main(['status', program_id, '--json']) == 0
+        assert json.loads(capsys.readouterr().out)['controller']['pid'] == new_supervisor
         log = remote / 'logs' / program_id / 'supervisor.log'
         _wait_for_line(log, f'Supervisor pid {new_supervisor} re-adopted program')
         assert master_pids(sockets) == before
@@ -85,7 +90,6 @@ def test_a_new_supervisor_opens_its_sessions_over_the_masters_of_the_one_before(
                   if relay.PLAIN in (p.info['cmdline'] or [])}
         assert len({path for path in relays if os.path.dirname(path) == sockets}) == 2
         assert not [path for path in relays if path.endswith(protocol.SOCKET_NAME)]
-        controller = lp.attach(program_id)
         assert {s.restarts for s in controller.status().values()} == {0}
 
         # At the program's end its supervisor ends them.
