@@ -42,6 +42,12 @@ server's workers). While node threads run, `raise_in` therefore holds back an ex
 thread that is starting one, which raises it itself once its start is over (`_start`); and so
 does `_set_async_exc`, which is `ctypes.pythonapi.PyThreadState_SetAsyncExc` meanwhile, for a
 stop handler that raises by thread id itself (as Acme's `runtime_terminator` raises SystemExit).
+
+A thread's id passes to the next thread the system starts once it has ended, so `raise_in` raises
+in a thread only while it is in `threading`'s list of running threads, which it leaves before it
+ends (checked right before the raise, not under that list's lock: a signal handler may run inside
+`threading`'s own code that holds it): an exception for a node thread that ended just before
+(`_raise_again`'s, say) does not land in one that started with its id since.
 """
 from __future__ import annotations
 
@@ -104,6 +110,8 @@ def raise_in(thread: threading.Thread, error: type) -> None:
     with _starts_lock:
         if _hold_back(thread.ident, error):
             return
+        if threading._active.get(thread.ident) is not thread:  # pylint: disable=protected-access
+            return  # it has ended, and its id may be another thread's now
         _SET_ASYNC_EXC(ident, raised)
     wake(thread)
 

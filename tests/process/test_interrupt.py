@@ -239,6 +239,30 @@ def test_an_exception_raised_in_a_thread_that_starts_one_lands_once_the_new_one_
         interrupt._SET_ASYNC_EXC  # pylint: disable=protected-access
 
 
+def test_an_exception_for_a_thread_that_ended_lands_in_no_thread_that_took_its_id():
+    """Once a thread has ended, the system gives its id to a thread it starts next: raised in
+    the ended thread (a node thread that ended just before `raise_in`), the exception lands
+    nowhere, not in the new thread (here given the old one's id as the system would)."""
+    ended, go, outcome = threading.Thread(target=lambda: None), threading.Event(), []
+    ended.start()
+    ended.join()
+
+    def new_thread():
+        try:
+            go.wait(30)
+            _go_on(0.2, outcome)
+        except _Raised:
+            outcome.append('raised')
+
+    taker = threading.Thread(target=new_thread, daemon=True)
+    taker.start()
+    ended._ident = taker.ident  # pylint: disable=protected-access
+    interrupt.raise_in(ended, _Raised)
+    go.set()
+    taker.join(30)
+    assert outcome == ['went on']
+
+
 def test_an_event_wait_is_left_alone():
     event, ended = threading.Event(), []
 
