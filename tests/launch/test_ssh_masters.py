@@ -43,10 +43,9 @@ def ssh_connections(pid: int) -> set:
     return found
 
 
-@pytest.mark.timeout(120, func_only=True)  # (not the wait for a bed another process holds)
-def test_a_new_supervisor_opens_its_sessions_over_the_masters_of_the_one_before(
-        ssh_testbed, hosts, short_tmp_path, capsys):
-    remote = short_tmp_path  # (the hosts' registry and logs, as in test_ssh_detach)
+def _launch_brief(ssh_testbed, remote) -> str:
+    """Launches `LAUNCH_BRIEF` (two idle nodes on lp-h1 and lp-h3, supervised on lp-h1), whose
+    hosts keep their registry, runs and logs in `remote`; returns its id."""
     options = {}
     for bed_host in ssh_testbed:
         options[bed_host.name] = host_options(bed_host)
@@ -54,11 +53,17 @@ def test_a_new_supervisor_opens_its_sessions_over_the_masters_of_the_one_before(
             'LAUNCHPAD_RUNTIME_DIR': str(remote / 'runtime'),
             'LAUNCHPAD_RUNS_DIR': str(remote / 'runs'),
             'LAUNCHPAD_LOGGING_DIR': str(remote / 'logs')})
-    # Two idle nodes on lp-h1 and lp-h3, supervised on lp-h1.
     launched = subprocess.run([sys.executable, '-c', LAUNCH_BRIEF, json.dumps(options)],
                               capture_output=True, text=True, cwd=REPO, timeout=120)
     assert launched.stdout.startswith('LAUNCHED'), launched.stderr
-    program_id = launched.stdout.split()[1]
+    return launched.stdout.split()[1]
+
+
+@pytest.mark.timeout(120, func_only=True)  # (not the wait for a bed another process holds)
+def test_a_new_supervisor_opens_its_sessions_over_the_masters_of_the_one_before(
+        ssh_testbed, hosts, short_tmp_path, capsys):
+    remote = short_tmp_path  # (the hosts' registry and logs, as in test_ssh_detach)
+    program_id = _launch_brief(ssh_testbed, remote)
     try:
         there = remote / 'runtime' / f'{program_id}.json'
         entry = json.loads(there.read_text())
@@ -160,19 +165,8 @@ def test_a_killed_master_is_replaced_by_a_new_connection_and_nothing_of_it_is_le
     supervisor reaches lp-h3's agent again through a new connection, which takes the killed
     master's place at its socket, and the program's commands reach lp-h3 through it; at the
     stop no master, socket or ssh process is left."""
-    remote = short_tmp_path
-    options = {}
-    for bed_host in ssh_testbed:
-        options[bed_host.name] = host_options(bed_host)
-        options[bed_host.name]['env'].update({
-            'LAUNCHPAD_RUNTIME_DIR': str(remote / 'runtime'),
-            'LAUNCHPAD_RUNS_DIR': str(remote / 'runs'),
-            'LAUNCHPAD_LOGGING_DIR': str(remote / 'logs')})
-    # Two idle nodes on lp-h1 and lp-h3, supervised on lp-h1.
-    launched = subprocess.run([sys.executable, '-c', LAUNCH_BRIEF, json.dumps(options)],
-                              capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert launched.stdout.startswith('LAUNCHED'), launched.stderr
-    program_id = launched.stdout.split()[1]
+    remote = short_tmp_path  # (the hosts' registry and logs, as in test_ssh_detach)
+    program_id = _launch_brief(ssh_testbed, remote)
     try:
         run_dir, = glob.glob(os.path.join(tempfile.gettempdir(),
                                           f'{detached.RUN_PREFIX}{program_id}*'))
