@@ -163,8 +163,9 @@ def test_a_killed_master_is_replaced_by_a_new_connection_and_nothing_of_it_is_le
         ssh_testbed, hosts, short_tmp_path):
     """The master connection to lp-h3 is SIGKILLed mid-run (its agent's session with it): the
     supervisor reaches lp-h3's agent again through a new connection, which takes the killed
-    master's place at its socket, and the program's commands reach lp-h3 through it; at the
-    stop no master, socket or ssh process is left."""
+    master's place at its socket, and the program's commands reach lp-h3 through it. The socket
+    of lp-h1's master is removed meanwhile (its session goes on). At the stop no master, socket
+    or ssh process is left (the masters end with the program)."""
     remote = short_tmp_path  # (the hosts' registry and logs, as in test_ssh_detach)
     program_id = _launch_brief(ssh_testbed, remote)
     try:
@@ -175,13 +176,15 @@ def test_a_killed_master_is_replaced_by_a_new_connection_and_nothing_of_it_is_le
             sockets, hosts['lp-h3'], {'idle': [hosts['lp-h1'], hosts['lp-h3']]}))
         before = master_pids(sockets)
         assert set(before) == {'h0', 'h1'} and h3 in before, before
+        h1, = set(before) - {h3}
+        os.unlink(os.path.join(sockets, h1))
         os.kill(before[h3], signal.SIGKILL)
         _wait_until_dead([before[h3]])
 
         log = remote / 'logs' / program_id / 'supervisor.log'
         _wait_for_line(log, 'Reached the agent on lp-h3 again')
         after = master_pids(sockets)
-        assert after.keys() == before.keys() and after[h3] != before[h3]  # (a new connection)
+        assert list(after) == [h3] and after[h3] != before[h3]  # (a new connection)
         controller = lp.attach(program_id)
         assert {(s.host, s.state.value, s.restarts)
                 for s in controller.status().values()} == {('lp-h1', 'running', 0),
@@ -196,7 +199,7 @@ def test_a_killed_master_is_replaced_by_a_new_connection_and_nothing_of_it_is_le
 
         assert 'Stopped' in _cli('stop', program_id).stdout
         assert controller.wait(timeout=30)
-        _wait_until_dead(list(after.values()), timeout=30)
+        _wait_until_dead([after[h3], before[h1]], timeout=10)  # (not idle for masters.IDLE s)
     finally:
         if program_id in [e.id for e in registry.entries()]:
             _cli('stop', program_id, check=False)
