@@ -24,7 +24,8 @@ carry the entry's token.
 
 A dead SSH supervisor is replaced by its keeper there, whose new supervisor registers anew
 (another pid and token): the check waits for it while the keeper lives and sends the host's
-entry, which `Tunnel` copies to this machine's; a Slurm relay's `up` line does the same.
+entry, which `Tunnel` copies to this machine's (again before each client made through an open
+tunnel, `address_of`); a Slurm relay's `up` line does the same.
 """
 from __future__ import annotations
 
