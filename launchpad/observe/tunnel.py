@@ -24,7 +24,8 @@ carry the entry's token.
 
 A dead SSH supervisor is replaced by its keeper there, whose new supervisor registers anew
 (another pid and token): the check waits for it while the keeper lives and sends the host's
-entry, which `Tunnel` copies to this machine's; a Slurm relay's `up` line does the same.
+entry, which `Tunnel` copies to this machine's (again before each client made through an open
+tunnel, `address_of`); a Slurm relay's `up` line does the same.
 """
 from __future__ import annotations
 
@@ -118,10 +119,11 @@ class Tunnel:
         remote = entry.address.split(':', 1)[1]
         *ssh, host = entry.ssh
         # The remote shell says whether the supervisor still runs (waiting while its keeper
-        # starts a new one), with the host's entry of it, then holds the session open until
-        # this process closes its input (or ends).
+        # starts a new one), with the host's entry of it, and says it again for each line of
+        # its input (`renew`), until this process closes its input (or ends).
         pid = r's/^ *"%s": \([0-9]*\).*/\1/p'
-        check = ('alive() { kill -0 "$1" 2>/dev/null && '  # (a zombie is not)
+        check = ('check() { '
+                 'alive() { kill -0 "$1" 2>/dev/null && '  # (a zombie is not)
                  '! grep -qs "^[0-9]* (.*) Z" /proc/"$1"/stat; }; '
                  f'e={shlex.quote(remote[:-len(".sock")] + ".json")}; '
                  f'a=starting; for i in $(seq {_NEW_SUPERVISOR_WAIT}); do '
@@ -132,13 +134,30 @@ class Tunnel:
                  'if ! alive "$k"; then a=gone; '
                  f'for r in {RECOVER_SCRIPTS.format(id=entry.id)}; do '
                  'test -f "$r" && a=orphaned; done; break; fi; sleep 0.1; done; '
-                 'echo "$a"; exec cat >/dev/null')
+                 'echo "$a"; }; check; while read -r _; do check; done')
         self._process = subprocess.Popen(
             [*ssh, '-o', 'ExitOnForwardFailure=yes', '-o', 'ControlPath=none',
              '-L', f'{self.path}:{remote}', host, check],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)  # Ctrl-C here ends it through its input, not a signal
-        answer = self._first_line()
+        self._take(self._first_line())
+
+    def renew(self) -> None:
+        """Asks the host again which supervisor the socket reaches: a new one may have replaced
+        the one this tunnel found (its socket has the same path), and a client made next must
+        carry its token. A round trip over the open session; raises as opening does."""
+        try:
+            self._process.stdin.write(b'\n')
+            self._process.stdin.flush()
+        except (OSError, ValueError):
+            pass  # (its session ended: no answer comes)
+        self._take(_read_line(self._process.stdout.fileno(),
+                              time.monotonic() + _ANSWER_TIMEOUT))
+
+    def _take(self, answer: str) -> None:
+        """Takes the host's `answer` of whether the supervisor runs: its entry there (a new
+        supervisor's pid and token), or the error it means (the tunnel is then closed)."""
+        entry = self.entry
         if answer.startswith('up '):
             there = json.loads(answer[3:])
             _refresh(entry, {key: value for key, value in there.items()  # (this machine's own)
@@ -386,10 +405,10 @@ def _refresh(entry: registry.Entry, fields: dict) -> None:
 
 def address_of(entry: registry.Entry, fresh: bool = False) -> str:
     """The courier address at which this process reaches `entry`'s observer: its own for a
-    local program, else a tunnel's (`fresh`: a new tunnel, as after a lost connection). A relay
-    tunnel already open runs the relay of the next connection now (`RelayTunnel.renew`), so that
-    `current` names the supervisor that connection reaches (a new one's token, if one replaced
-    the supervisor its last relay reached).
+    local program, else a tunnel's (`fresh`: a new tunnel, as after a lost connection). A tunnel
+    already open finds out now which supervisor the next connection reaches (`renew`: a relay
+    tunnel runs that connection's relay, an ssh tunnel asks the host), so that `current` names
+    it (a new one's token, if one replaced the supervisor the tunnel found before).
 
     Raises:
       ProgramGoneError, HostUnreachableError: for a remote program.
@@ -403,7 +422,7 @@ def address_of(entry: registry.Entry, fresh: bool = False) -> str:
             tunnel = None
         if tunnel is None:
             tunnel = _tunnels[entry.id] = _open(entry)
-        elif isinstance(tunnel, RelayTunnel):
+        else:
             tunnel.renew()
         return f'unix:{tunnel.path}'
 

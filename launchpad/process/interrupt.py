@@ -39,7 +39,15 @@ PyThreadState_SetAsyncExc raises in the newest thread of that id, the new one, w
 before it reports that it started, so the starter then waits in `Thread.start` for ever (seen:
 NodeStopped raised in a node thread whose call to a server of its process started one of the
 server's workers). While node threads run, `raise_in` therefore holds back an exception for a
-thread that is starting one, which raises it itself once its start is over (`_start`).
+thread that is starting one, which raises it itself once its start is over (`_start`); and so
+does `_set_async_exc`, which is `ctypes.pythonapi.PyThreadState_SetAsyncExc` meanwhile, for a
+stop handler that raises by thread id itself (as Acme's `runtime_terminator` raises SystemExit).
+
+A thread's id passes to the next thread the system starts once it has ended, so `raise_in` raises
+in a thread only while it is in `threading`'s list of running threads, which it leaves before it
+ends (checked right before the raise, not under that list's lock: a signal handler may run inside
+`threading`'s own code that holds it): an exception for a node thread that ended just before
+(`_raise_again`'s, say) does not land in one that started with its id since.
 """
 from __future__ import annotations
 
@@ -50,7 +58,7 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Callable, Dict, Hashable, List, Mapping
+from typing import Any, Callable, Dict, Hashable, List, Mapping
 
 from courier.transport import _compat
 from launchpad import runtime
@@ -77,9 +85,10 @@ _FUTURE_WAIT = _compat.LightFuture._wait_done.__code__  # pylint: disable=protec
 
 _SLEEP = time.sleep  # the interpreter's own
 _START = threading.Thread.start  # the interpreter's own
+_SET_ASYNC_EXC = ctypes.pythonapi.PyThreadState_SetAsyncExc  # the interpreter's own
 _starts_lock = threading.RLock()  # guards the two below, and `raise_in` against them
 _starting: Dict[int, List[object]] = {}  # thread id -> a token per thread start it is inside
-_held_back: Dict[int, type] = {}  # thread id -> what `raise_in` raised in it while it started one
+_held_back: Dict[int, Any] = {}  # thread id -> what was raised in it while it started one
 _holders = 0  # launches and colocations whose node threads run (`hold_for_node_threads`)
 _holders_lock = threading.Lock()
 _unraisable_before = sys.unraisablehook  # the hook `_unraisable` hands what is not its own to
@@ -97,13 +106,43 @@ def install() -> None:
 def raise_in(thread: threading.Thread, error: type) -> None:
     """Raises `error` in `thread` at its next Python line, waking it if it waits (`wake`); in a
     thread that is starting one, once that start is over (see the module docstring)."""
+    ident, raised = ctypes.c_ulong(thread.ident), ctypes.py_object(error)
     with _starts_lock:
-        if _starting.get(thread.ident):
-            _held_back[thread.ident] = error
+        if _hold_back(thread.ident, error):
             return
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
-                                                   ctypes.py_object(error))
+        if threading._active.get(thread.ident) is not thread:  # pylint: disable=protected-access
+            return  # it has ended, and its id may be another thread's now
+        _SET_ASYNC_EXC(ident, raised)
     wake(thread)
+
+
+def _hold_back(ident: int, error) -> bool:
+    """(Under `_starts_lock`) holds `error` back for thread `ident` if it is starting a thread,
+    to be raised once that start is over (`_start`); True if it did."""
+    if not _starting.get(ident):
+        return False
+    _held_back[ident] = error
+    return True
+
+
+def _set_async_exc(ident, error) -> int:
+    """`ctypes.pythonapi.PyThreadState_SetAsyncExc` while `hold_for_node_threads` is held: an
+    exception raised through it (by a stop handler itself) in a thread that is starting one is
+    held back as `raise_in` holds it; the rest, and withdrawals, go to the interpreter's own."""
+    number = getattr(ident, 'value', ident)
+    try:
+        raised = getattr(error, 'value', error)
+    except ValueError:  # (a NULL py_object: a withdrawal)
+        raised = None
+    raising = isinstance(raised, BaseException) or (isinstance(raised, type)
+                                                    and issubclass(raised, BaseException))
+    with _starts_lock:
+        if not raising:
+            _held_back.pop(number, None)
+        elif _hold_back(number, raised):
+            return 1  # (as many threads as it reached)
+        return _SET_ASYNC_EXC(ctypes.c_ulong(number),
+                              ctypes.py_object(raised) if raised is not None else None)
 
 
 def cancel_raise(thread: threading.Thread) -> None:
@@ -168,10 +207,10 @@ def tell_threads(stops: Mapping[Hashable, runtime.StopSignal],
 def hold_for_node_threads() -> Callable[[], None]:
     """While node threads run (a thread launch, a thread colocation): makes `time.sleep` in them
     one that `wake` ends, has an exception raised in them at the stop that lands in a
-    finalizer land again after it, and one raised in a thread that starts one land after the
-    start (see the module docstring), until the returned function is called. Holders may nest;
-    the last one out puts the interpreter's own sleep, hook and start back (unless someone
-    replaced them since)."""
+    finalizer land again after it, and one raised in a thread that starts one (by `raise_in`
+    or through ctypes) land after the start (see the module docstring), until the returned
+    function is called. Holders may nest; the last one out puts the interpreter's own sleep,
+    hook, start and ctypes function back (unless someone replaced them since)."""
     global _holders, _unraisable_before
     with _holders_lock:
         _holders += 1
@@ -180,6 +219,8 @@ def hold_for_node_threads() -> Callable[[], None]:
                 time.sleep = _sleep
             if threading.Thread.start is _START:
                 threading.Thread.start = _start  # type: ignore[method-assign]
+            if ctypes.pythonapi.PyThreadState_SetAsyncExc is _SET_ASYNC_EXC:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc = _set_async_exc
             if sys.unraisablehook is not _unraisable:
                 _unraisable_before, sys.unraisablehook = sys.unraisablehook, _unraisable
     released = []
@@ -196,6 +237,8 @@ def hold_for_node_threads() -> Callable[[], None]:
                     time.sleep = _SLEEP
                 if threading.Thread.start is _start:
                     threading.Thread.start = _START  # type: ignore[method-assign]
+                if ctypes.pythonapi.PyThreadState_SetAsyncExc is _set_async_exc:
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc = _SET_ASYNC_EXC
                 if sys.unraisablehook is _unraisable:
                     sys.unraisablehook = _unraisable_before
 

@@ -1,6 +1,7 @@
 """Waking a node's thread so that an exception raised in it lands (`launchpad.process.interrupt`):
 a queue wait is woken unseen, with or without such an exception; other waits are left alone."""
 import concurrent.futures
+import ctypes
 import gc
 import queue
 import sys
@@ -192,13 +193,15 @@ def test_a_stop_landing_in_a_finalizer_in_a_node_thread_lands_again_after_it():
     assert sys.unraisablehook is not interrupt._unraisable  # pylint: disable=protected-access
 
 
+@pytest.mark.parametrize('raised_by', ['raise_in', 'ctypes'])
 def test_an_exception_raised_in_a_thread_that_starts_one_lands_once_the_new_one_runs(
-        monkeypatch):
+        monkeypatch, raised_by):
     """Until a new thread runs, CPython 3.11 gives it its starter's id, and raises an exception
     raised by that id in it: it ends before it reports that it started, and its starter waits
     for ever (seen: NodeStopped raised in a node thread whose call started a courier server's
     worker). `raise_in` holds the exception back while its thread is inside `Thread.start` (here
-    held there, before the new thread exists): the new thread runs, then the starter gets it."""
+    held there, before the new thread exists): the new thread runs, then the starter gets it; so
+    does a stop handler's own raise through ctypes (Acme's `runtime_terminator`)."""
     in_start, go, ran, ended = threading.Event(), threading.Event(), threading.Event(), []
     start_new_thread = threading._start_new_thread  # pylint: disable=protected-access
 
@@ -221,13 +224,43 @@ def test_an_exception_raised_in_a_thread_that_starts_one_lands_once_the_new_one_
         starter = threading.Thread(target=node, daemon=True)
         starter.start()
         assert in_start.wait(30)
-        interrupt.raise_in(starter, NodeStopped)
+        if raised_by == 'raise_in':
+            interrupt.raise_in(starter, NodeStopped)
+        else:
+            assert ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_long(starter.ident), ctypes.py_object(NodeStopped)) == 1
         go.set()
         starter.join(30)
     finally:
         release_node_threads()
     assert ran.is_set() and ended == ['stopped']
     assert threading.Thread.start is interrupt._START  # pylint: disable=protected-access
+    assert ctypes.pythonapi.PyThreadState_SetAsyncExc is \
+        interrupt._SET_ASYNC_EXC  # pylint: disable=protected-access
+
+
+def test_an_exception_for_a_thread_that_ended_lands_in_no_thread_that_took_its_id():
+    """Once a thread has ended, the system gives its id to a thread it starts next: raised in
+    the ended thread (a node thread that ended just before `raise_in`), the exception lands
+    nowhere, not in the new thread (here given the old one's id as the system would)."""
+    ended, go, outcome = threading.Thread(target=lambda: None), threading.Event(), []
+    ended.start()
+    ended.join()
+
+    def new_thread():
+        try:
+            go.wait(30)
+            _go_on(0.2, outcome)
+        except _Raised:
+            outcome.append('raised')
+
+    taker = threading.Thread(target=new_thread, daemon=True)
+    taker.start()
+    ended._ident = taker.ident  # pylint: disable=protected-access
+    interrupt.raise_in(ended, _Raised)
+    go.set()
+    taker.join(30)
+    assert outcome == ['went on']
 
 
 def test_an_event_wait_is_left_alone():

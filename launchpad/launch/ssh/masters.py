@@ -25,6 +25,8 @@ The masters end with the program:
   supervisor is not held up by it.
 A short directory outside the run directory, whose keeper and supervisor were both killed, is
 left behind empty (its masters remove their sockets); the run directory goes with the program.
+A master whose socket was removed while it ran (its sessions go on; a new connection to its host
+starts a new master) is found at the end by the title OpenSSH gives it (`ssh: SOCKET [mux]`).
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ import stat
 import subprocess
 import tempfile
 from typing import Dict, List, Optional, Sequence
+
+import psutil
 
 from launchpad.launch.ssh import protocol
 
@@ -139,6 +143,7 @@ def end_all(run_dir: str) -> None:
     """Ends the masters of the program run from `run_dir` and removes the directory of their
     sockets where it is not in the run directory. Raises nothing: a keeper calls it last."""
     try:
+        unreachable = _unreachable(_places(run_dir))
         ended = 0
         for place in _places(run_dir):
             try:
@@ -151,7 +156,27 @@ def end_all(run_dir: str) -> None:
                     ended += end(path)
             if place != os.path.join(run_dir, NAME):
                 shutil.rmtree(place, ignore_errors=True)
+        for process in unreachable:
+            try:
+                process.terminate()
+                ended += 1
+            except psutil.NoSuchProcess:
+                pass
         if ended:
             logging.info('Ended %d ssh master connections of %s.', ended, run_dir)
     except Exception:  # pylint: disable=broad-except
         logging.exception('Could not end the ssh master connections of %s.', run_dir)
+
+
+def _unreachable(places: List[str]) -> List[psutil.Process]:
+    """This user's masters of sockets in `places` whose socket is gone (removed while they
+    ran), found by their title."""
+    titles = re.compile(r'ssh: ((?:%s)/h\d+) \[mux\]' % '|'.join(map(re.escape, places)))
+    found = []
+    for process in psutil.process_iter(['cmdline', 'uids']):
+        title = titles.fullmatch(' '.join(process.info['cmdline'] or []).strip())
+        uids = process.info['uids']
+        if title and uids is not None and uids.real == os.getuid() and not os.path.exists(
+                title.group(1)):
+            found.append(process)
+    return found
