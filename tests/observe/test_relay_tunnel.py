@@ -16,6 +16,7 @@ import pytest
 
 import launchpad as lp
 from launchpad.observe import cli, registry, relay, tunnel
+from tests.failure_checks import wait_for
 from tests.launch.detached_program import make_program
 
 
@@ -72,3 +73,49 @@ def test_a_relay_tunnel_reaches_the_supervisor_and_follows_a_new_one(
         monkeypatch.setenv(registry.ENV, there)
         if not launched.done:
             launched.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_controller_reaches_a_new_supervisor_through_two_relays(
+        tmp_path, monkeypatch, two_registries):
+    """A controller whose supervisor was replaced calls the new one after two runs of the
+    relay command (a `kubectl exec` each, on Kubernetes): the one its client's new connection
+    runs, whose up line names the new supervisor (its token refuses the call), and the one of
+    the connection of a client that carries the new token; not a third for a new tunnel."""
+    there, here = two_registries
+    monkeypatch.setenv('LAUNCHPAD_LOGGING_DIR', str(tmp_path / 'logs'))
+    monkeypatch.setenv(registry.ENV, there)
+    launched = lp.launch(make_program(str(tmp_path / 'counter.json')), launch_type='local_mp',
+                         detach=True, supervisor_grace=60)
+    try:
+        entry = registry.find(launched.id)
+        monkeypatch.setenv(registry.ENV, here)
+        runs = tmp_path / 'runs'  # a line for each run of the relay command
+        registry.register(dataclasses.replace(entry, relay=[
+            'sh', '-c', 'echo run >> "$0"; exec "$@"', str(runs), sys.executable,
+            relay.__file__, entry.address.split(':', 1)[1]]))
+        controller = lp.attach(launched.id)
+        assert {s.restarts for s in controller.status().values()} == {0}
+        os.kill(entry.pid, signal.SIGKILL)  # its keeper starts a new one
+        assert wait_for(lambda: _registered_anew(there, entry))
+        # The relay of the client's connection has ended with the supervisor it reached.
+        assert wait_for(lambda: not tunnel._tunnels[entry.id]._processes)  # pylint: disable=protected-access
+        before = len(runs.read_text().splitlines())
+        assert {s.restarts for s in controller.status().values()} == {0}
+        assert len(runs.read_text().splitlines()) - before == 2
+        assert controller.supervisor['pid'] != entry.pid
+        controller.stop()
+    finally:
+        monkeypatch.setenv(registry.ENV, there)
+        if not launched.done:
+            launched.stop()
+
+
+def _registered_anew(directory: str, entry: registry.Entry) -> bool:
+    """Whether a supervisor other than `entry`'s is registered in `directory` and listens."""
+    try:
+        with open(os.path.join(directory, f'{entry.id}.json')) as f:
+            pid = json.load(f)['pid']
+    except (OSError, ValueError, KeyError):
+        return False
+    return pid != entry.pid and os.path.exists(entry.address.split(':', 1)[1])
