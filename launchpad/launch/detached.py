@@ -252,13 +252,11 @@ class AttachedController(Controller):
     def _reconnect(self, method: str, fresh: bool = True) -> courier.Client:
         """A client of a remote supervisor whose connection failed or refused the call,
         through a new tunnel (`fresh`), or the open one, whose relays reach a supervisor that
-        replaced the one before; closes the client before. Raises ProgramEndedError if the
-        supervisor is gone."""
+        replaced the one before. Raises ProgramEndedError if the supervisor is gone."""
         self._failed_calls += 1
         if self._failed_calls > 20:
             raise RuntimeError(f'the supervisor of program {self.program_name} ({self.id}) on '
                                f'{self._entry.host} does not answer {method}().')
-        self._client.close()  # (its connection's relay, an exec session into the pod, say)
         if fresh:
             time.sleep(0.1)
         try:
