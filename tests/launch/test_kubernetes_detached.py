@@ -110,8 +110,9 @@ def test_a_detached_program_is_reached_through_an_exec_in_its_coordinator_pod(
 def _reach_and_stop(api, plan, coordinator, controller, observer, capsys) -> None:
     try:
         entry = reach.adopt(api, plan.coordinator_pod, 't1', sys.executable, 10)
-        assert entry.relay == [sys.executable, '-m', 'launchpad.observe.relay',
-                               reach.socket_path('t1')]
+        assert entry.relay[:2] == [sys.executable, '-c']
+        assert entry.relay[3:] == [reach.socket_path('t1')]
+        _relay_imports_no_launchpad(entry.relay)
         assert [e.id for e in registry.entries()] == ['t1']
         capsys.readouterr()
         assert cli.main(['list']) == 0
@@ -129,6 +130,19 @@ def _reach_and_stop(api, plan, coordinator, controller, observer, capsys) -> Non
     finally:
         controller.stop()
         observer.program_ended()
+
+
+def _relay_imports_no_launchpad(command) -> None:
+    """The relay command starts as a script: the launchpad package (a second of imports, for
+    each connection of a tunnel) is not imported."""
+    ran = subprocess.run([*command[:-1], reach.socket_path('t1') + '.none'], capture_output=True,
+                         text=True, timeout=60, check=True,
+                         env={**os.environ, 'PYTHONPROFILEIMPORTTIME': '1'})
+    assert ran.stdout == 'gone\n'  # (no observer there)
+    imported = {line.rsplit('|', 1)[-1].strip() for line in ran.stderr.splitlines()
+                if line.startswith('import time:')}
+    assert 'json' in imported
+    assert not {name for name in imported if name.split('.')[0] == 'launchpad'}
 
 
 FAKE_KUBECTL = '''#!/bin/sh

@@ -99,7 +99,8 @@ def test_a_controller_reaches_a_new_supervisor_through_two_relays(
         os.kill(entry.pid, signal.SIGKILL)  # its keeper starts a new one
         assert wait_for(lambda: _registered_anew(there, entry))
         # The relay of the client's connection has ended with the supervisor it reached.
-        assert wait_for(lambda: not tunnel._tunnels[entry.id]._processes)  # pylint: disable=protected-access
+        relays = tunnel._tunnels[entry.id]._processes  # pylint: disable=protected-access
+        assert wait_for(lambda: not relays)
         before = len(runs.read_text().splitlines())
         assert {s.restarts for s in controller.status().values()} == {0}
         assert len(runs.read_text().splitlines()) - before == 2
