@@ -214,15 +214,17 @@ class AttachedController(Controller):
                 self._failed_calls = 0
                 return result
             except courier.PermissionDeniedError:
-                # (A relay tunnel may have taken a new supervisor's token into the entry
-                # during this very call: compare with the token the call carried.)
-                token = self._token
-                if registry.is_remote(self._entry):  # a new tunnel brings the host's entry
-                    self._client = self._reconnect(method)
-                    entry = self._entry
-                else:
-                    entry = next((e for e in registry.entries() if e.id == self.id),
-                                 self._entry)
+                token = self._token  # (the one the refused call carried)
+                if registry.is_remote(self._entry):
+                    # The relay of the refused call's connection may have found the new
+                    # supervisor already (its token is then the tunnel's): the open tunnel's
+                    # next relay reaches it. Else a new tunnel brings the host's entry.
+                    self._client = self._reconnect(
+                        method, fresh=tunnel.current(self._entry).token == token)
+                    if self._token == token:
+                        raise
+                    continue
+                entry = next((e for e in registry.entries() if e.id == self.id), self._entry)
                 if entry.token == token:
                     raise
                 self._entry, self._client = entry, _client_of(entry)  # a new supervisor's
@@ -247,16 +249,18 @@ class AttachedController(Controller):
                 self._client = _client_of(self._entry)
                 self._token = self._entry.token
 
-    def _reconnect(self, method: str) -> courier.Client:
-        """A client through a new tunnel to a remote supervisor whose connection failed; raises
-        ProgramEndedError if it is gone."""
+    def _reconnect(self, method: str, fresh: bool = True) -> courier.Client:
+        """A client of a remote supervisor whose connection failed or refused the call,
+        through a new tunnel (`fresh`), or the open one, whose relays reach a supervisor that
+        replaced the one before. Raises ProgramEndedError if the supervisor is gone."""
         self._failed_calls += 1
         if self._failed_calls > 20:
             raise RuntimeError(f'the supervisor of program {self.program_name} ({self.id}) on '
                                f'{self._entry.host} does not answer {method}().')
-        time.sleep(0.1)
+        if fresh:
+            time.sleep(0.1)
         try:
-            client = _client_of(self._entry, fresh=True)
+            client = _client_of(self._entry, fresh)
             self._token = tunnel.current(self._entry).token
             return client
         except tunnel.ProgramGoneError:

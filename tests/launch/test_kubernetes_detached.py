@@ -110,8 +110,9 @@ def test_a_detached_program_is_reached_through_an_exec_in_its_coordinator_pod(
 def _reach_and_stop(api, plan, coordinator, controller, observer, capsys) -> None:
     try:
         entry = reach.adopt(api, plan.coordinator_pod, 't1', sys.executable, 10)
-        assert entry.relay == [sys.executable, '-m', 'launchpad.observe.relay',
-                               reach.socket_path('t1')]
+        assert entry.relay[:2] == [sys.executable, '-c']
+        assert entry.relay[3:] == [reach.socket_path('t1')]
+        _relay_imports_no_launchpad(entry.relay)
         assert [e.id for e in registry.entries()] == ['t1']
         capsys.readouterr()
         assert cli.main(['list']) == 0
@@ -131,32 +132,56 @@ def _reach_and_stop(api, plan, coordinator, controller, observer, capsys) -> Non
         observer.program_ended()
 
 
+def _relay_imports_no_launchpad(command) -> None:
+    """The relay command starts as a script: the launchpad package (a second of imports, for
+    each connection of a tunnel) is not imported."""
+    ran = subprocess.run([*command[:-1], reach.socket_path('t1') + '.none'], capture_output=True,
+                         text=True, timeout=60, check=True,
+                         env={**os.environ, 'PYTHONPROFILEIMPORTTIME': '1'})
+    assert ran.stdout == 'gone\n'  # (no observer there)
+    imported = {line.rsplit('|', 1)[-1].strip() for line in ran.stderr.splitlines()
+                if line.startswith('import time:')}
+    assert 'json' in imported
+    assert not {name for name in imported if name.split('.')[0] == 'launchpad'}
+
+
 FAKE_KUBECTL = '''#!/bin/sh
-case $5 in get) [ "$PHASE" = gone ] && { echo 'Error from server (NotFound): pods "p" not found' >&2; exit 1; }
-                printf %s "$PHASE";;
-           *) echo "kubectl $*";; esac
+echo "kubectl $*" >> "$CALLS"
+case $PHASE in gone) echo 'Error from server (NotFound): pods "p" not found' >&2; exit 1;; esac
+case $5 in get) printf %s "$PHASE";;
+           *) case $PHASE in Running|''|Suspended) echo "kubectl $*";;
+                             *) echo "error: cannot exec in a $PHASE pod" >&2; exit 1;; esac;; esac
 '''
 
 
 def test_the_relay_command_says_gone_once_the_coordinator_pod_has_ended(tmp_path, monkeypatch):
-    """`kubectl get pod` (or job) first: an ended or deleted pod is `gone` (the tunnel forgets
-    the program), a running one is exec'd into."""
+    """`kubectl exec` first, alone while it runs; when it cannot, `kubectl get pod` (or job): an
+    ended or deleted pod is `gone` (the tunnel forgets the program), one that has not ended yet
+    (Pending) is a relay that ended without a word (tried again)."""
     (tmp_path / 'kubectl').write_text(FAKE_KUBECTL)
     (tmp_path / 'kubectl').chmod(0o700)
     monkeypatch.setenv('PATH', f'{tmp_path}{os.pathsep}{os.environ["PATH"]}')
     api = object.__new__(KubernetesApi)  # (its client is not needed here)
     api.namespace, api._kubeconfig, api._context = 'ns', '/k', 'c'  # pylint: disable=protected-access
     command = api.exec_command('p-coordinator', 'coordinator', ['python3', '-m', 'relay', 'S'])
+    calls = tmp_path / 'calls'
 
-    def run(phase, command=command):
-        return subprocess.run(command, capture_output=True, text=True, check=True,
-                              env={**os.environ, 'PHASE': phase}).stdout
+    def run(phase, command=command, code=0):
+        calls.write_text('')
+        ran = subprocess.run(command, capture_output=True, text=True, check=False,
+                             env={**os.environ, 'PHASE': phase, 'CALLS': str(calls)})
+        assert ran.returncode == code, ran.stderr
+        return ran.stdout
     assert run('Succeeded') == run('Failed') == run('gone') == 'gone\n'
+    assert run('Pending', code=1) == ''
+    assert calls.read_text().split('\n')[1].split()[5:7] == ['get', 'pod']
     assert run('Running') == ('kubectl --kubeconfig /k --context c exec -i -n ns p-coordinator '
                               '-c coordinator -- python3 -m relay S\n')
+    assert len(calls.read_text().splitlines()) == 1  # (the exec alone)
     # The pod of a Job (`coordinator_job`): gone once the Job has ended (its true conditions).
     job = api.exec_command('job/p-coordinator', 'coordinator', ['python3', '-m', 'relay', 'S'])
     assert run('Complete', job) == run('Failed', job) == run('gone', job) == 'gone\n'
+    assert calls.read_text().split('\n')[1].split()[5:7] == ['get', 'job']
     assert run('', job) == run('Suspended', job) == (
         'kubectl --kubeconfig /k --context c exec -i -n ns job/p-coordinator -c coordinator -- '
         'python3 -m relay S\n')

@@ -179,6 +179,44 @@ def test_the_last_lines_of_a_lagging_log_are_printed_before_wait_returns(fake, c
     assert '[consumer-0] consumed 10 items summing to 20' in capfd.readouterr().out
 
 
+def test_the_logs_of_pods_that_end_together_are_waited_for_together(fake, monkeypatch):
+    """Four pods end in one poll while their logs stay open: the poll waits for their last
+    lines FOLLOWER_WAIT seconds in all, not that for each pod, one after another."""
+    fake.statuses = {f't1-{n}': [running(), exited(0)] for n in (
+        'queue-0', 'producer-0', 'producer-1', 'consumer-0')}
+    ended, joins = threading.Event(), []  # (the logs end after the poll's four waits)
+    fake.open_log = lambda pod, container: io.BufferedReader(_HeldLog(ended))
+
+    class Follower(threading.Thread):
+        def join(self, timeout=None):
+            super().join(timeout)
+            joins.append(timeout)
+            if len(joins) == 4:
+                ended.set()
+    monkeypatch.setattr(kubernetes_launcher, 'threading',
+                        type('Threading', (), {'Thread': Follower, 'Lock': threading.Lock}))
+    try:
+        assert launch(kubernetes_programs.producer_consumer()).wait(timeout=50)
+    finally:
+        ended.set()
+    assert sum(joins[:4]) <= kubernetes_launcher.PodRunner.FOLLOWER_WAIT + 0.1, joins
+
+
+class _HeldLog(io.RawIOBase):
+    """A log stream that ends once `ended` is set."""
+
+    def __init__(self, ended: threading.Event):
+        super().__init__()
+        self._ended = ended
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        self._ended.wait()
+        return 0
+
+
 def test_objects_are_owned_by_the_root_so_deleting_it_deletes_the_program(fake):
     fake.statuses = {f't1-{n}': [exited(0)] for n in ('queue-0', 'producer-0', 'producer-1',
                                                        'consumer-0')}

@@ -39,14 +39,18 @@ def _import_kubernetes():
     return kubernetes
 
 
-# Arguments: KUBECONFIG CONTEXT NAMESPACE POD CONTAINER COMMAND...: says `gone` (for the relay
-# tunnel) if POD has ended or is deleted, else runs COMMAND in its CONTAINER through kubectl.
+# Arguments: KUBECONFIG CONTEXT NAMESPACE POD CONTAINER COMMAND...: runs COMMAND in POD's
+# CONTAINER through kubectl, passing on what it writes; if it wrote nothing (the exec failed),
+# says `gone` (for the relay tunnel) if POD has ended or is deleted. (The exec first: a kubectl
+# call before it would double the cost of every connection a relay tunnel opens.)
 _EXEC_SCRIPT = '''kubeconfig=$1 context=$2 namespace=$3 pod=$4 container=$5
 shift 5
 k() {
   if [ -n "$context" ]; then kubectl --kubeconfig "$kubeconfig" --context "$context" "$@"
   else kubectl --kubeconfig "$kubeconfig" "$@"; fi
 }
+k exec -i -n "$namespace" "$pod" -c "$container" -- "$@" |
+  { IFS= read -r line || exit 1; printf '%s\\n' "$line"; exec cat; } && exit 0
 case $pod in
   job/*) what=job; query='{.status.conditions[?(@.status=="True")].type}';;
   *) what=pod; query='{.status.phase}';;
@@ -56,7 +60,7 @@ phase=$(k get "$what" -n "$namespace" "${pod#job/}" -o "jsonpath=$query" 2>&1) |
   *) echo "$phase" >&2; exit 1;;
 esac
 case " $phase " in *" Succeeded "*|*" Failed "*|*" Complete "*) echo gone; exit 0;; esac
-k exec -i -n "$namespace" "$pod" -c "$container" -- "$@"'''
+exit 1'''
 
 
 class KubernetesApi:

@@ -240,6 +240,7 @@ class PodRunner(Runner):
 
     POLL_SECONDS = 1.0
     LOG_DRAIN_SECONDS = 10.0  # how long release() waits, in all, for the logs' last lines
+    FOLLOWER_WAIT = 2.0  # how long a poll waits, in all, for those of the pods that ended in it
 
     def __init__(self, api, plan: LaunchPlan, mirror: Coordinator, config: KubernetesConfig,
                  notice_period: float, *, clock: Callable[[], float] = time.monotonic):
@@ -254,6 +255,7 @@ class PodRunner(Runner):
         self._stop_sent = False
         self._unschedulable_since: Dict[str, float] = {}
         self._followers: Dict[str, threading.Thread] = {}
+        self._followers_due: Optional[float] = None  # (`_join_follower`, in this poll)
         self._colors = {pod: i for i, pod in enumerate([plan.coordinator_pod]
                                                        + list(plan.node_pods.values()))}
         self._notice_period = notice_period
@@ -382,6 +384,7 @@ class PodRunner(Runner):
                           self._plan.run, '\n  '.join(problems), _delete_command(self._plan))
 
     def _refresh(self, now: float) -> None:
+        self._followers_due = None
         pods = {pod['metadata']['name']: pod for pod in self._api.list_pods(self._plan.selector())}
         self._follow(self._plan.coordinator_pod, COORDINATOR_CONTAINER,
                      pods.get(self._plan.coordinator_pod))
@@ -546,9 +549,15 @@ class PodRunner(Runner):
         thread.start()
 
     def _join_follower(self, pod_name: str) -> None:
+        """Waits for the log follower of a pod that ended, so that its last lines are printed
+        before it counts as ended: the followers of the pods that ended in one poll wait
+        together, FOLLOWER_WAIT seconds in all (each its own, one after another, added up)."""
         thread = self._followers.get(pod_name)
-        if thread is not None:
-            thread.join(2.0)  # its last lines are printed before it counts as ended
+        if thread is None:
+            return
+        if self._followers_due is None:
+            self._followers_due = time.monotonic() + self.FOLLOWER_WAIT
+        thread.join(max(0.0, self._followers_due - time.monotonic()))
 
 
 class _SizeRequests:

@@ -6,12 +6,13 @@ In a detached launch the coordinator pod serves the program's observer, with the
 the program on the launching machine (`adopt`), with a relay command by which
 `launchpad.observe.tunnel` reaches that socket:
 
-    kubectl exec -i -n NAMESPACE POD -c coordinator -- PYTHON -m launchpad.observe.relay SOCKET
+    kubectl exec -i -n NAMESPACE POD -c coordinator -- PYTHON -c RUN_RELAY SOCKET
 
 (the API object writes it: `exec_command`), whose stdin and stdout `launchpad.observe.relay`
-joins to the socket. So every command of the launching machine (`list`, `status`, `attach`,
-`logs`, `stacks`, `waits`, `top`, `stop`, `lp.attach`) reaches the program as long as the user
-may exec into its pods; the nodes' output is what the pod reads of their logs (`pod_logs`).
+(run as a script: `_RUN_RELAY`) joins to the socket. So every command of the launching machine
+(`list`, `status`, `attach`, `logs`, `stacks`, `waits`, `top`, `stop`, `lp.attach`) reaches the
+program as long as the user may exec into its pods; the nodes' output is what the pod reads of
+their logs (`pod_logs`).
 """
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ from launchpad.launch.kubernetes.api import KubernetesError
 from launchpad.observe import registry
 
 _READ_ENTRY = 'import sys\ntry:\n print(open(sys.argv[1]).read())\nexcept OSError:\n print("")'
+# Runs `launchpad.observe.relay` of the container's launchpad as a script: a module would import
+# the launchpad package first, which takes a second (every connection of a tunnel runs one).
+_RUN_RELAY = ('import importlib.util, os, runpy, sys\n'
+              'sys.argv[0] = os.path.join(os.path.dirname(importlib.util.find_spec('
+              '"launchpad").origin), "observe", "relay.py")\n'
+              'runpy.run_path(sys.argv[0], run_name="__main__")')
 
 
 def socket_path(run: str) -> str:
@@ -69,6 +76,6 @@ def adopt(api: Any, pod: str, run: str, python: str, timeout: float,
     pod = f'job/{pod}' if job else pod
     entry = registry.Entry(**{**fields, 'host': pod, 'relay': api.exec_command(
         pod, names.COORDINATOR_CONTAINER,
-        [python, '-m', 'launchpad.observe.relay', socket_path(run)])})
+        [python, '-c', _RUN_RELAY, socket_path(run)])})
     registry.register(entry)
     return entry
