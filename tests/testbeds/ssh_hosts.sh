@@ -83,6 +83,11 @@ AcceptEnv LANG LC_*
 PrintMotd no
 Subsystem sftp internal-sftp
 LogLevel ERROR
+# A client that went away while its host was cut off (its FIN lost) is noticed once the network
+# is back, at the next of these probes, and its session ends; a cut shorter than a minute
+# (the tests' are) ends no session of a client that is still there.
+ClientAliveInterval 5
+ClientAliveCountMax 12
 EOF
   { echo "Host $LP_SUBNET.* lp-h*"; client_options; } >"$STATE/ssh_config"
 
