@@ -149,7 +149,7 @@ def cancel_raise(thread: threading.Thread) -> None:
     """Withdraws an exception raised in `thread` by `raise_in` that has not landed yet."""
     with _starts_lock:
         _held_back.pop(thread.ident, None)
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), None)
+        _SET_ASYNC_EXC(ctypes.c_ulong(thread.ident), None)
 
 
 def wake(thread: threading.Thread) -> None:
@@ -215,12 +215,7 @@ def hold_for_node_threads() -> Callable[[], None]:
     with _holders_lock:
         _holders += 1
         if _holders == 1:
-            if time.sleep is _SLEEP:
-                time.sleep = _sleep
-            if threading.Thread.start is _START:
-                threading.Thread.start = _start  # type: ignore[method-assign]
-            if ctypes.pythonapi.PyThreadState_SetAsyncExc is _SET_ASYNC_EXC:
-                ctypes.pythonapi.PyThreadState_SetAsyncExc = _set_async_exc
+            _swap(installing=True)
             if sys.unraisablehook is not _unraisable:
                 _unraisable_before, sys.unraisablehook = sys.unraisablehook, _unraisable
     released = []
@@ -233,16 +228,24 @@ def hold_for_node_threads() -> Callable[[], None]:
             released.append(True)
             _holders -= 1
             if _holders == 0:
-                if time.sleep is _sleep:
-                    time.sleep = _SLEEP
-                if threading.Thread.start is _start:
-                    threading.Thread.start = _START  # type: ignore[method-assign]
-                if ctypes.pythonapi.PyThreadState_SetAsyncExc is _set_async_exc:
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc = _SET_ASYNC_EXC
+                _swap(installing=False)
                 if sys.unraisablehook is _unraisable:
                     sys.unraisablehook = _unraisable_before
 
     return release
+
+
+def _swap(installing: bool) -> None:
+    """(Under `_holders_lock`) puts this module's sleep, thread start and ctypes raise in place
+    of the interpreter's own (`installing`), or the interpreter's own back; a function that
+    someone else replaced meanwhile is left as it is."""
+    for owner, name, own, ours in ((time, 'sleep', _SLEEP, _sleep),
+                                   (threading.Thread, 'start', _START, _start),
+                                   (ctypes.pythonapi, 'PyThreadState_SetAsyncExc',
+                                    _SET_ASYNC_EXC, _set_async_exc)):
+        before, after = (own, ours) if installing else (ours, own)
+        if getattr(owner, name) is before:
+            setattr(owner, name, after)
 
 
 def _unraisable(unraisable) -> None:
